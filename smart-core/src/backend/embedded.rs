@@ -1,0 +1,267 @@
+//! The embedded backend: memory blades living in this process.
+//!
+//! Posting enqueues the batch on its QP's send queue; the thread's next
+//! `poll` executes queued batches in order against the blade's region and
+//! produces their completions, the way an RNIC processes a send queue
+//! between doorbell and CQE. With no contention this path takes no lock,
+//! allocates nothing and makes no syscall.
+//!
+//! **Chaos mode** ([`ChaosConfig`]) exists for tests: multi-line READs and
+//! WRITEs are copied one 8-byte word at a time with random pauses between
+//! cache lines (READs sometimes top-down), so concurrent writers really tear
+//! what readers see; completions are randomly delayed to later polls; and QPs
+//! are served in random order, so completions of different QPs are reordered
+//! (never within one QP).
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::{validate_batch, BladeInfo, Endpoint, LocalMem, Transport};
+use crate::layout;
+use crate::region::{LinePacer, NoPause, Region};
+use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
+use crate::{Error, Result};
+
+/// Parameters of chaos mode.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChaosConfig {
+    /// Seed of the per-thread random generators (thread i uses seed ^ i).
+    pub seed: u64,
+    /// Upper bound of the spin pause between two cache lines, in spin-loop
+    /// iterations.
+    pub max_line_pause: u32,
+    /// Probability of yielding the OS thread between two cache lines.
+    pub yield_prob: f64,
+    /// Probability that a QP's pending batches are left for a later poll.
+    pub delay_prob: f64,
+}
+
+impl ChaosConfig {
+    /// Defaults that tear often yet keep tests fast.
+    pub fn new(seed: u64) -> Self {
+        ChaosConfig { seed, max_line_pause: 200, yield_prob: 0.05, delay_prob: 0.3 }
+    }
+}
+
+/// Memory blades in this process.
+#[derive(Debug)]
+pub struct EmbeddedTransport {
+    regions: Vec<Arc<Region>>,
+    infos: Vec<BladeInfo>,
+    chaos: Option<ChaosConfig>,
+}
+
+impl EmbeddedTransport {
+    /// `blades` anonymous blades of `size` bytes each, formatted.
+    ///
+    /// # Errors
+    /// If mapping fails or `size` cannot hold a superblock.
+    pub fn new(blades: usize, size: u64) -> Result<Self> {
+        let regions = (0..blades)
+            .map(|_| Region::anonymous(size).map(Arc::new).map_err(|e| Error::Io { peer: "embedded blade".into(), source: e }))
+            .collect::<Result<Vec<_>>>()?;
+        Self::from_regions(regions)
+    }
+
+    /// Serves existing regions (formatting any that are zero).
+    ///
+    /// # Errors
+    /// If a region holds a foreign or mismatched superblock.
+    pub fn from_regions(regions: Vec<Arc<Region>>) -> Result<Self> {
+        if regions.is_empty() || regions.len() > crate::addr::MAX_BLADES {
+            return Err(Error::Unsupported(format!("{} blades: need 1 to {}", regions.len(), crate::addr::MAX_BLADES)));
+        }
+        let mut infos = Vec::with_capacity(regions.len());
+        for (i, r) in regions.iter().enumerate() {
+            layout::format_or_check(r).map_err(|source| Error::Layout { blade: i as u16, source })?;
+            infos.push(BladeInfo { size: r.len(), rkey: rand::random::<u32>() | 1 });
+        }
+        Ok(EmbeddedTransport { regions, infos, chaos: None })
+    }
+
+    /// Turns chaos mode on for every endpoint opened afterwards.
+    pub fn with_chaos(mut self, chaos: ChaosConfig) -> Self {
+        self.chaos = Some(chaos);
+        self
+    }
+
+    /// The region of blade `i` (for local inspection in tests and loaders).
+    pub fn region(&self, i: usize) -> &Arc<Region> {
+        &self.regions[i]
+    }
+}
+
+impl Transport for EmbeddedTransport {
+    fn name(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn blades(&self) -> &[BladeInfo] {
+        &self.infos
+    }
+
+    fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>> {
+        let qps = self
+            .regions
+            .iter()
+            .zip(&self.infos)
+            .map(|(r, i)| Qp { region: r.clone(), info: *i, sq: VecDeque::new(), batches: VecDeque::new(), error: false })
+            .collect();
+        let chaos = self
+            .chaos
+            .map(|cfg| Chaos { cfg, rng: SmallRng::seed_from_u64(cfg.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) });
+        Ok(Box::new(EmbeddedEndpoint { local: LocalMem::new(local_bytes)?, qps, chaos, order: Vec::new() }))
+    }
+}
+
+#[derive(Debug)]
+struct Qp {
+    region: Arc<Region>,
+    info: BladeInfo,
+    /// The send queue: WRs of posted batches, in order.
+    sq: VecDeque<WorkRequest>,
+    /// (wr_id, WR count) of each posted batch, in order.
+    batches: VecDeque<(u64, u16)>,
+    error: bool,
+}
+
+#[derive(Debug)]
+struct Chaos {
+    cfg: ChaosConfig,
+    rng: SmallRng,
+}
+
+impl LinePacer for Chaos {
+    fn between_lines(&mut self) {
+        let spins = self.rng.random_range(0..=self.cfg.max_line_pause);
+        for _ in 0..spins {
+            std::hint::spin_loop();
+        }
+        if self.rng.random_bool(self.cfg.yield_prob) {
+            std::thread::yield_now();
+        }
+    }
+
+    fn reverse_read(&mut self) -> bool {
+        self.rng.random_bool(0.5)
+    }
+}
+
+/// One thread's endpoint on the embedded blades.
+#[derive(Debug)]
+struct EmbeddedEndpoint {
+    local: Rc<LocalMem>,
+    qps: Vec<Qp>,
+    chaos: Option<Chaos>,
+    order: Vec<usize>,
+}
+
+impl Qp {
+    /// Executes the next queued batch; returns its completion.
+    fn run_batch(&mut self, local: &LocalMem, pacer: &mut impl LinePacer) -> Option<Completion> {
+        let (wr_id, n) = self.batches.pop_front()?;
+        let mut status = Ok(());
+        for i in 0..n {
+            let wr = self.sq.pop_front().expect("send queue holds every posted WR");
+            if status.is_err() {
+                continue;
+            }
+            let r = if self.error { Err(WcStatus::Flushed) } else { execute(&self.region, self.info.rkey, &wr, local, pacer) };
+            if let Err(s) = r {
+                self.error = true;
+                status = Err((s, i));
+            }
+        }
+        Some(Completion { wr_id, status })
+    }
+}
+
+/// Executes one WR against a region, with `local` as the local side.
+fn execute(region: &Region, rkey: u32, wr: &WorkRequest, local: &LocalMem, pacer: &mut impl LinePacer) -> Result<(), WcStatus> {
+    if wr.rkey != rkey {
+        return Err(WcStatus::RemoteAccess);
+    }
+    let off = wr.remote.offset();
+    match wr.op {
+        Opcode::Read => {
+            region.check(off, u64::from(wr.len))?;
+            // SAFETY: the range was validated at post and belongs to the
+            // in-flight batch's slot, which nobody else touches until this
+            // completion is delivered.
+            let dst = unsafe { local.bytes_mut(wr.local_off, wr.len) };
+            region.read_into(off, dst, pacer);
+        }
+        Opcode::Write => {
+            region.check(off, u64::from(wr.len))?;
+            // SAFETY: as above; the slot's bytes are not written while in flight.
+            let src = unsafe { local.bytes(wr.local_off, wr.len) };
+            region.write_from(off, src, pacer);
+        }
+        Opcode::Cas | Opcode::Faa => {
+            if wr.len != 8 {
+                return Err(WcStatus::RemoteInvalidRequest);
+            }
+            let old = if wr.op == Opcode::Cas { region.cas(off, wr.compare_add, wr.swap)? } else { region.faa(off, wr.compare_add)? };
+            // SAFETY: as above.
+            unsafe { local.bytes_mut(wr.local_off, 8) }.copy_from_slice(&old.to_ne_bytes());
+        }
+    }
+    Ok(())
+}
+
+impl Endpoint for EmbeddedEndpoint {
+    fn local(&self) -> &Rc<LocalMem> {
+        &self.local
+    }
+
+    fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> Result<()> {
+        let nqp = self.qps.len();
+        let q = self.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, nqp))?;
+        validate_batch(&self.local, qp, wrs)?;
+        q.sq.extend(wrs.iter().copied());
+        q.batches.push_back((wr_id, wrs.len() as u16));
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
+        let before = out.len();
+        match &mut self.chaos {
+            None => {
+                for q in &mut self.qps {
+                    while let Some(c) = q.run_batch(&self.local, &mut NoPause) {
+                        out.push(c);
+                    }
+                }
+            }
+            Some(chaos) => {
+                self.order.clear();
+                self.order.extend(0..self.qps.len());
+                for i in (1..self.order.len()).rev() {
+                    let j = chaos.rng.random_range(0..=i);
+                    self.order.swap(i, j);
+                }
+                for &i in &self.order {
+                    let q = &mut self.qps[i];
+                    while !q.batches.is_empty() && !chaos.rng.random_bool(chaos.cfg.delay_prob) {
+                        out.extend(q.run_batch(&self.local, chaos));
+                    }
+                }
+            }
+        }
+        out.len() - before
+    }
+
+    fn reset_qp(&mut self, qp: u16) -> Result<()> {
+        let nqp = self.qps.len();
+        let q = self.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, nqp))?;
+        if !q.batches.is_empty() {
+            return Err(Error::QpBusy(qp));
+        }
+        q.error = false;
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! Backends: the one interface that every transport implements.
+//!
+//! A [`Transport`] is the process-wide part (an RNIC context with its
+//! protection domain and connections to the memory blades); each worker
+//! thread opens an [`Endpoint`] from it (its CQ, its QPs — one per memory
+//! blade — and its registered local memory). The runtime only talks to the
+//! `Endpoint` trait, so the embedded, TCP and verbs backends are
+//! interchangeable at start-up.
+
+pub mod embedded;
+pub mod tcp;
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+use memmap2::MmapMut;
+
+use crate::verbs::{Completion, WorkRequest};
+use crate::{Error, Result};
+
+pub use embedded::{ChaosConfig, EmbeddedTransport};
+pub use tcp::TcpTransport;
+
+/// What a compute blade knows of one memory blade after connecting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BladeInfo {
+    /// Bytes in the blade's registered region.
+    pub size: u64,
+    /// The region's remote key; WRs with another key fail.
+    pub rkey: u32,
+}
+
+/// The process-wide part of a backend.
+pub trait Transport: Send + Sync + fmt::Debug {
+    /// Short name for reports ("embedded", "tcp", "verbs").
+    fn name(&self) -> &'static str;
+
+    /// The memory blades, indexed by [`GlobalAddr::blade`](crate::GlobalAddr::blade).
+    fn blades(&self) -> &[BladeInfo];
+
+    /// Opens the endpoint of one worker thread, with `local_bytes` of
+    /// registered local memory. Call it on the thread that will use it.
+    ///
+    /// # Errors
+    /// If connecting to a blade or registering memory fails.
+    fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>>;
+}
+
+/// One thread's view of a backend: a CQ, one QP per blade, local memory.
+///
+/// Contract: WRs of one `post` go to one QP, execute in order, and complete
+/// with exactly one [`Completion`] carrying `wr_id`; batches on one QP
+/// complete in posting order; nothing is ordered across QPs. After a failed
+/// WR the QP is in the error state: later batches complete with
+/// [`WcStatus::Flushed`](crate::WcStatus::Flushed) until [`Endpoint::reset_qp`].
+pub trait Endpoint: fmt::Debug {
+    /// The thread's registered local memory.
+    fn local(&self) -> &Rc<LocalMem>;
+
+    /// Posts one batch to the QP of blade `qp` (one doorbell).
+    ///
+    /// # Errors
+    /// [`Error::InvalidWr`] if a WR's local range is outside local memory or
+    /// it targets another blade; I/O errors of the transport. Remote errors
+    /// (bounds, rkey) are reported as error completions instead.
+    fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> Result<()>;
+
+    /// Moves finished completions into `out` (appending); returns how many.
+    fn poll(&mut self, out: &mut Vec<Completion>) -> usize;
+
+    /// Called when the executor has nothing to run and `poll` found nothing
+    /// several times in a row: a backend whose completions arrive from
+    /// elsewhere may block here briefly instead of spinning.
+    fn idle(&mut self) {}
+
+    /// Brings an errored QP back to a working state (RESET → RTS).
+    ///
+    /// # Errors
+    /// [`Error::QpBusy`] if batches are still in flight on that QP.
+    fn reset_qp(&mut self, qp: u16) -> Result<()>;
+}
+
+/// A thread's registered local memory: the buffers WRs read from and
+/// land in.
+///
+/// Backends write into it when WRs complete while the runtime holds other
+/// parts of it, so it hands out raw views; the runtime's slot discipline
+/// (each in-flight batch owns a disjoint range until its completion) is what
+/// makes those views exclusive.
+pub struct LocalMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    _map: MmapMut,
+}
+
+impl fmt::Debug for LocalMem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalMem").field("len", &self.len).finish()
+    }
+}
+
+impl LocalMem {
+    /// Allocates `len` zeroed bytes (page-aligned).
+    ///
+    /// # Errors
+    /// If the mapping fails.
+    pub fn new(len: usize) -> Result<Rc<LocalMem>> {
+        let mut map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::Io { peer: "local memory".into(), source: e })?;
+        let ptr = NonNull::new(map.as_mut_ptr()).expect("mmap never returns null");
+        Ok(Rc::new(LocalMem { ptr, len, _map: map }))
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Base address (for registration with an RNIC).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Whether `[off, off+len)` lies inside.
+    pub fn contains(&self, off: u32, len: u32) -> bool {
+        (off as usize).checked_add(len as usize).is_some_and(|e| e <= self.len)
+    }
+
+    /// A shared view of `[off, off+len)`.
+    ///
+    /// # Safety
+    /// The range must be inside, and nothing may write it while the view
+    /// lives (no WR in flight lands there, no `bytes_mut` view overlaps).
+    pub unsafe fn bytes(&self, off: u32, len: u32) -> &[u8] {
+        debug_assert!(self.contains(off, len));
+        // SAFETY: in bounds and unaliased by writers, per the caller.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off as usize), len as usize) }
+    }
+
+    /// An exclusive view of `[off, off+len)`.
+    ///
+    /// # Safety
+    /// The range must be inside and no other view of it may exist while this
+    /// one lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self, off: u32, len: u32) -> &mut [u8] {
+        debug_assert!(self.contains(off, len));
+        // SAFETY: in bounds and exclusive, per the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off as usize), len as usize) }
+    }
+}
+
+/// Checks the local ranges and blade of a batch before it is posted.
+pub(crate) fn validate_batch(local: &LocalMem, qp: u16, wrs: &[WorkRequest]) -> Result<()> {
+    if wrs.is_empty() {
+        return Err(Error::InvalidWr("empty batch"));
+    }
+    for wr in wrs {
+        if !local.contains(wr.local_off, wr.len) {
+            return Err(Error::InvalidWr("local range outside registered local memory"));
+        }
+        if wr.remote.blade() != qp {
+            return Err(Error::InvalidWr("WR targets another blade than its QP"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! The memory-blade server of the TCP software RNIC.
+//!
+//! The blade stays passive, as in memory disaggregation: it runs no
+//! application logic, only executes the one-sided verbs that arrive, in
+//! order per connection (a connection is a QP), with real atomics on its
+//! region. Each connection has its own thread; a batch arrives as one frame
+//! and all responses to the frames of one `read` leave in one `write`.
+//!
+//! Robustness: every WR is checked for bounds, alignment and region key; a
+//! bad WR gets an error completion and puts only that connection's QP in the
+//! error state (later batches are flushed until the client resets it). A
+//! malformed, truncated or oversized frame, or a failed handshake, closes
+//! only that connection, with the reason on stderr; the blade keeps serving.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::layout;
+use crate::region::{NoPause, Region};
+use crate::verbs::{Opcode, WcStatus};
+use crate::wire::{self, Header, Welcome, WrDesc, HEADER_LEN, MAX_FRAME, WR_DESC_LEN};
+
+/// A memory blade serving its region over TCP.
+#[derive(Debug)]
+pub struct BladeServer {
+    listener: TcpListener,
+    region: Arc<Region>,
+    rkey: u32,
+    stop: Arc<AtomicBool>,
+}
+
+/// A blade server running on a background thread; stops when dropped.
+#[derive(Debug)]
+pub struct BladeHandle {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl BladeHandle {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for BladeHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl BladeServer {
+    /// Binds `addr` (e.g. `127.0.0.1:0`) to serve `region`, formatting it if
+    /// it is blank.
+    ///
+    /// # Errors
+    /// If binding fails or the region holds an incompatible superblock.
+    pub fn bind(addr: &str, region: Arc<Region>) -> io::Result<BladeServer> {
+        layout::format_or_check(&region).map_err(io::Error::other)?;
+        let listener = TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        Ok(BladeServer { listener, region, rkey: rand::random::<u32>() | 1, stop: Arc::new(AtomicBool::new(false)) })
+    }
+
+    /// The bound address.
+    ///
+    /// # Errors
+    /// From the socket.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// A flag that makes [`BladeServer::serve`] return when set.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Accepts and serves connections until the stop flag is set.
+    ///
+    /// # Errors
+    /// If accepting fails for a reason other than a passing one.
+    pub fn serve(&self) -> io::Result<()> {
+        while !self.stop.load(Ordering::Relaxed) {
+            match self.listener.accept() {
+                Ok((stream, peer)) => {
+                    let region = self.region.clone();
+                    let (rkey, stop) = (self.rkey, self.stop.clone());
+                    std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
+                        if let Err(reason) = serve_conn(stream, &region, rkey, &stop) {
+                            eprintln!("memory-blade: closing connection from {peer}: {reason}");
+                        }
+                    })?;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) if matches!(e.kind(), ErrorKind::ConnectionAborted | ErrorKind::Interrupted) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs [`BladeServer::serve`] on a background thread.
+    ///
+    /// # Errors
+    /// If the address cannot be read or the thread cannot start.
+    pub fn spawn(self) -> io::Result<BladeHandle> {
+        let addr = self.local_addr()?;
+        let stop = self.stop.clone();
+        let thread = std::thread::Builder::new().name("blade-accept".into()).spawn(move || self.serve())?;
+        Ok(BladeHandle { addr, stop, thread: Some(thread) })
+    }
+}
+
+/// Serves one connection; `Err` carries the reason for closing it early.
+fn serve_conn(mut s: TcpStream, region: &Region, rkey: u32, stop: &AtomicBool) -> Result<(), String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    let mut hello = [0u8; wire::HELLO_LEN];
+    s.read_exact(&mut hello).map_err(|e| format!("handshake: {e}"))?;
+    let version = wire::parse_hello(&hello)?;
+    let ok = version == wire::PROTOCOL_VERSION;
+    let status = if ok { wire::STATUS_OK } else { wire::STATUS_VERSION_MISMATCH };
+    let welcome = Welcome { version: wire::PROTOCOL_VERSION, status, size: region.len(), rkey };
+    s.write_all(&welcome.encode()).map_err(|e| format!("handshake: {e}"))?;
+    if !ok {
+        return Err(format!("client speaks protocol version {version}, this blade speaks {}", wire::PROTOCOL_VERSION));
+    }
+    // Wake up now and then to notice a stop request.
+    s.set_read_timeout(Some(Duration::from_millis(200))).map_err(|e| e.to_string())?;
+    let mut conn = Conn { region, rkey, qp_error: false, out: Vec::with_capacity(64 << 10) };
+    let mut buf = vec![0u8; 256 << 10];
+    let (mut start, mut end) = (0usize, 0usize);
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if end == buf.len() {
+            // Make room: drop consumed bytes, then grow up to one largest frame.
+            buf.copy_within(start..end, 0);
+            end -= start;
+            start = 0;
+            if end == buf.len() {
+                buf.resize((buf.len() * 2).min(HEADER_LEN + MAX_FRAME), 0);
+            }
+        }
+        let n = match s.read(&mut buf[end..]) {
+            Ok(0) if start == end => return Ok(()),
+            Ok(0) => return Err(format!("connection closed inside a frame ({} bytes of it received)", end - start)),
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => continue,
+            Err(e) => return Err(e.to_string()),
+        };
+        end += n;
+        conn.out.clear();
+        while end - start >= HEADER_LEN {
+            let h = Header::get(&buf[start..]);
+            if h.len as usize > MAX_FRAME {
+                return Err(format!("frame length {} exceeds the limit of {MAX_FRAME} bytes", h.len));
+            }
+            let total = HEADER_LEN + h.len as usize;
+            if end - start < total {
+                break;
+            }
+            conn.frame(h, &buf[start + HEADER_LEN..start + total])?;
+            start += total;
+        }
+        if start == end {
+            start = 0;
+            end = 0;
+        }
+        if !conn.out.is_empty() {
+            s.write_all(&conn.out).map_err(|e| format!("sending responses: {e}"))?;
+        }
+    }
+}
+
+struct Conn<'r> {
+    region: &'r Region,
+    rkey: u32,
+    qp_error: bool,
+    out: Vec<u8>,
+}
+
+impl Conn<'_> {
+    /// Handles one request frame, appending its response to `out`.
+    fn frame(&mut self, h: Header, body: &[u8]) -> Result<(), String> {
+        match h.kind {
+            wire::KIND_RESET => {
+                if h.count != 0 || !body.is_empty() {
+                    return Err("malformed reset frame".into());
+                }
+                self.qp_error = false;
+                Header { len: 0, kind: 0, count: 0, wr_id: h.wr_id }.put(&mut self.out);
+                Ok(())
+            }
+            wire::KIND_BATCH => self.batch(h, body),
+            k => Err(format!("unknown frame kind {k}")),
+        }
+    }
+
+    fn batch(&mut self, h: Header, body: &[u8]) -> Result<(), String> {
+        let n = h.count as usize;
+        if n == 0 || n > wire::MAX_WRS {
+            return Err(format!("batch of {n} WRs (must be 1 to {})", wire::MAX_WRS));
+        }
+        // First pass: the frame's structure must be exact before any WR runs.
+        let mut p = 0usize;
+        for _ in 0..n {
+            let d = WrDesc::get(body.get(p..p + WR_DESC_LEN).ok_or("frame ends inside a WR descriptor")?);
+            p += WR_DESC_LEN + d.payload_len();
+            if p > body.len() {
+                return Err("frame ends inside a WRITE payload".into());
+            }
+        }
+        if p != body.len() {
+            return Err(format!("frame has {} stray bytes after its WRs", body.len() - p));
+        }
+        let head = self.out.len();
+        Header { len: 0, kind: 0, count: 0, wr_id: h.wr_id }.put(&mut self.out);
+        let mut status = Ok(());
+        let mut failed = 0u16;
+        let mut p = 0usize;
+        for i in 0..n {
+            let d = WrDesc::get(&body[p..p + WR_DESC_LEN]);
+            p += WR_DESC_LEN;
+            let payload = &body[p..p + d.payload_len()];
+            p += d.payload_len();
+            let r = if self.qp_error { Err(WcStatus::Flushed) } else { self.execute(&d, payload, head) };
+            if let Err(s) = r {
+                self.qp_error = true;
+                status = Err(s);
+                failed = i as u16;
+                break;
+            }
+        }
+        let len = (self.out.len() - head - HEADER_LEN) as u32;
+        let hdr = Header { len, kind: wire::status_byte(status), count: failed, wr_id: h.wr_id };
+        self.out[head..head + HEADER_LEN].copy_from_slice(&hdr.encode());
+        Ok(())
+    }
+
+    fn execute(&mut self, d: &WrDesc, payload: &[u8], head: usize) -> Result<(), WcStatus> {
+        let op = Opcode::from_u8(d.op).ok_or(WcStatus::RemoteInvalidRequest)?;
+        if d.rkey != self.rkey {
+            return Err(WcStatus::RemoteAccess);
+        }
+        match op {
+            Opcode::Read => {
+                self.region.check(d.remote, u64::from(d.len))?;
+                let at = self.out.len();
+                if at - head - HEADER_LEN + d.len as usize > MAX_FRAME {
+                    return Err(WcStatus::RemoteInvalidRequest);
+                }
+                self.out.resize(at + d.len as usize, 0);
+                self.region.read_into(d.remote, &mut self.out[at..], &mut NoPause);
+            }
+            Opcode::Write => {
+                self.region.check(d.remote, u64::from(d.len))?;
+                self.region.write_from(d.remote, payload, &mut NoPause);
+            }
+            Opcode::Cas | Opcode::Faa => {
+                if d.len != 8 {
+                    return Err(WcStatus::RemoteInvalidRequest);
+                }
+                let old = if op == Opcode::Cas { self.region.cas(d.remote, d.compare_add, d.swap)? } else { self.region.faa(d.remote, d.compare_add)? };
+                self.out.extend_from_slice(&old.to_le_bytes());
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,379 @@
+//! The benchmark driver: T worker threads × C coroutines on one transport,
+//! a warmup, a timed run with a progress line per second, and a report
+//! merged over all threads.
+//!
+//! Each worker thread builds its own [`Runtime`]; each coroutine receives a
+//! [`Worker`] through which it asks whether to go on and records its
+//! operations. Only operations finished during the measured phase count;
+//! verb counters are taken as the difference between a snapshot when the
+//! thread first saw the measured phase and one when it first saw the stop.
+//! Latencies go to a per-thread HDR histogram; the report merges the
+//! histograms (percentiles over all operations, not averages).
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use serde::Serialize;
+
+use crate::backend::Transport;
+use crate::runtime::{Ctx, Runtime, RuntimeConfig};
+use crate::stats::{Latency, LatencySummary, VerbStats};
+use crate::{Error, Result};
+
+const WARMUP: u8 = 0;
+const MEASURE: u8 = 1;
+const STOP: u8 = 2;
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Worker threads.
+    pub threads: usize,
+    /// Coroutines per thread.
+    pub coroutines: usize,
+    /// Measured time.
+    pub duration: Duration,
+    /// Time before measuring.
+    pub warmup: Duration,
+    /// Sizes of each thread's runtime.
+    pub runtime: RuntimeConfig,
+    /// Print a line per second on stderr.
+    pub progress: bool,
+}
+
+struct ThreadRec {
+    hist: Latency,
+    ops: u64,
+    retries: u64,
+    errors: u64,
+    phase_seen: u8,
+    at_measure: VerbStats,
+    at_stop: VerbStats,
+}
+
+/// A coroutine's link to the driver.
+#[derive(Clone)]
+pub struct Worker {
+    ctx: Ctx,
+    coroutine: usize,
+    phase: Arc<AtomicU8>,
+    rec: Rc<RefCell<ThreadRec>>,
+    progress: Arc<[CachePadded<AtomicU64>]>,
+    clock: quanta::Clock,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("thread", &self.ctx.thread()).field("coroutine", &self.coroutine).finish()
+    }
+}
+
+impl Worker {
+    /// The thread's runtime handle.
+    pub fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
+
+    /// Index of the worker thread.
+    pub fn thread(&self) -> usize {
+        self.ctx.thread()
+    }
+
+    /// Index of the coroutine within its thread.
+    pub fn coroutine(&self) -> usize {
+        self.coroutine
+    }
+
+    /// Whether the run goes on (false once the measured time is over).
+    #[inline]
+    pub fn running(&self) -> bool {
+        self.observe() != STOP
+    }
+
+    /// A timestamp from the calibrated cycle counter, to pass to
+    /// [`Worker::record`].
+    #[inline]
+    pub fn now(&self) -> quanta::Instant {
+        self.clock.now()
+    }
+
+    #[inline]
+    fn observe(&self) -> u8 {
+        let p = self.phase.load(Ordering::Relaxed);
+        let mut r = self.rec.borrow_mut();
+        if p != r.phase_seen {
+            let now = self.ctx.stats();
+            if r.phase_seen == WARMUP {
+                r.at_measure = now;
+            }
+            if p == STOP {
+                if r.phase_seen == WARMUP {
+                    r.at_measure = now;
+                }
+                r.at_stop = now;
+            }
+            r.phase_seen = p;
+        }
+        p
+    }
+
+    /// Records `n` operations that started at `start` (latency per call).
+    #[inline]
+    pub fn record(&self, start: quanta::Instant, n: u64) {
+        if self.observe() != MEASURE {
+            return;
+        }
+        let ns = self.clock.now().saturating_duration_since(start).as_nanos() as u64;
+        let mut r = self.rec.borrow_mut();
+        r.ops += n;
+        r.hist.record(ns);
+        self.progress[self.ctx.thread()].store(r.ops, Ordering::Relaxed);
+    }
+
+    /// Records `n` retries (e.g. failed CAS) in the measured phase.
+    #[inline]
+    pub fn retry(&self, n: u64) {
+        if self.observe() == MEASURE {
+            self.rec.borrow_mut().retries += n;
+        }
+    }
+}
+
+/// The merged outcome of a run.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    /// Worker threads.
+    pub threads: usize,
+    /// Coroutines per thread.
+    pub coroutines: usize,
+    /// Measured seconds.
+    pub duration_s: f64,
+    /// Operations finished in the measured phase.
+    pub ops: u64,
+    /// Verbs posted in the measured phase.
+    pub verbs: VerbStats,
+    /// Latency of operations.
+    pub latency: Latency,
+    /// Retries in the measured phase.
+    pub retries: u64,
+    /// Coroutines that ended with an error.
+    pub errors: u64,
+    /// The first such error.
+    pub first_error: Option<String>,
+}
+
+impl RunReport {
+    /// Million operations per second.
+    pub fn mops(&self) -> f64 {
+        self.ops as f64 / self.duration_s.max(1e-9) / 1e6
+    }
+
+    fn per_op(&self, x: u64) -> f64 {
+        if self.ops == 0 {
+            0.0
+        } else {
+            x as f64 / self.ops as f64
+        }
+    }
+
+    /// The common fields of the result record.
+    pub fn record(&self) -> Record {
+        Record {
+            duration_s: self.duration_s,
+            ops: self.ops,
+            throughput_mops: self.mops(),
+            latency_us: self.latency.summary(),
+            verbs_per_op: self.per_op(self.verbs.wrs),
+            doorbells_per_op: self.per_op(self.verbs.doorbells),
+            retries_per_op: self.per_op(self.retries),
+            errors: self.errors + self.verbs.error_completions,
+            verbs: self.verbs,
+        }
+    }
+
+    /// A one-line human summary.
+    pub fn summary_line(&self) -> String {
+        let l = self.latency.summary();
+        format!(
+            "{:.3} Mop/s over {:.1}s ({} ops) | latency us p50 {:.1} p99 {:.1} p999 {:.1} max {:.1} | verbs/op {:.2} doorbells/op {:.2} retries/op {:.3} | errors {}",
+            self.mops(),
+            self.duration_s,
+            self.ops,
+            l.p50,
+            l.p99,
+            l.p999,
+            l.max,
+            self.per_op(self.verbs.wrs),
+            self.per_op(self.verbs.doorbells),
+            self.per_op(self.retries),
+            self.errors + self.verbs.error_completions
+        )
+    }
+}
+
+/// The measured fields every result record carries (see DESIGN.md).
+#[derive(Clone, Debug, Serialize)]
+pub struct Record {
+    /// Measured seconds.
+    pub duration_s: f64,
+    /// Operations.
+    pub ops: u64,
+    /// Million operations per second.
+    pub throughput_mops: f64,
+    /// Latency percentiles in microseconds.
+    pub latency_us: LatencySummary,
+    /// Work requests per operation.
+    pub verbs_per_op: f64,
+    /// Doorbells (batches) per operation.
+    pub doorbells_per_op: f64,
+    /// Retries per operation.
+    pub retries_per_op: f64,
+    /// Failed coroutines plus error completions.
+    pub errors: u64,
+    /// Verb counters of the measured phase.
+    pub verbs: VerbStats,
+}
+
+/// Runs `body` on `cfg.threads` × `cfg.coroutines` coroutines.
+///
+/// `body` is called once per coroutine on its worker thread and should loop
+/// while [`Worker::running`], calling [`Worker::record`] per operation.
+///
+/// # Errors
+/// If a worker thread cannot open its endpoint.
+pub fn run<F, Fut>(transport: &dyn Transport, cfg: &RunConfig, body: F) -> Result<RunReport>
+where
+    F: Fn(Worker) -> Fut + Sync,
+    Fut: Future<Output = Result<()>> + 'static,
+{
+    if cfg.threads == 0 || cfg.coroutines == 0 {
+        return Err(Error::Unsupported("need at least one thread and one coroutine".into()));
+    }
+    let phase = Arc::new(AtomicU8::new(WARMUP));
+    let progress: Arc<[CachePadded<AtomicU64>]> = (0..cfg.threads).map(|_| CachePadded::new(AtomicU64::new(0))).collect();
+    let ready = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let first_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let clock = quanta::Clock::new();
+    let (report, measured) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..cfg.threads)
+            .map(|t| {
+                let (phase, progress, ready, failed, first_error, body, clock) =
+                    (phase.clone(), progress.clone(), &ready, &failed, first_error.clone(), &body, clock.clone());
+                std::thread::Builder::new()
+                    .name(format!("worker-{t}"))
+                    .spawn_scoped(s, move || -> Result<(VerbStats, Latency, u64, u64, u64)> {
+                        let mut rt = match Runtime::new(transport, t, cfg.runtime) {
+                            Ok(rt) => rt,
+                            Err(e) => {
+                                failed.store(true, Ordering::Relaxed);
+                                ready.fetch_add(1, Ordering::Release);
+                                return Err(e);
+                            }
+                        };
+                        let rec = Rc::new(RefCell::new(ThreadRec {
+                            hist: Latency::default(),
+                            ops: 0,
+                            retries: 0,
+                            errors: 0,
+                            phase_seen: WARMUP,
+                            at_measure: VerbStats::default(),
+                            at_stop: VerbStats::default(),
+                        }));
+                        for c in 0..cfg.coroutines {
+                            let w = Worker { ctx: rt.ctx(), coroutine: c, phase: phase.clone(), rec: rec.clone(), progress: progress.clone(), clock: clock.clone() };
+                            let fut = body(w.clone());
+                            let first_error = first_error.clone();
+                            rt.spawn(async move {
+                                if let Err(e) = fut.await {
+                                    w.rec.borrow_mut().errors += 1;
+                                    let mut fe = first_error.lock().expect("no panics while holding it");
+                                    fe.get_or_insert_with(|| format!("thread {} coroutine {}: {e}", w.thread(), w.coroutine));
+                                }
+                            });
+                        }
+                        ready.fetch_add(1, Ordering::Release);
+                        while ready.load(Ordering::Acquire) < cfg.threads {
+                            std::thread::yield_now();
+                        }
+                        rt.run();
+                        let ctx = rt.ctx();
+                        let mut r = rec.borrow_mut();
+                        if r.phase_seen != STOP {
+                            // Every coroutine ended before the stop (errors or a
+                            // bounded body): count up to now.
+                            let now = ctx.stats();
+                            if r.phase_seen == WARMUP {
+                                r.at_measure = now;
+                            }
+                            r.at_stop = now;
+                        }
+                        let verbs = r.at_stop.since(&r.at_measure);
+                        Ok((verbs, std::mem::take(&mut r.hist), r.ops, r.retries, r.errors))
+                    })
+                    .expect("spawn worker thread")
+            })
+            .collect();
+        while ready.load(Ordering::Acquire) < cfg.threads {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut measured = Duration::ZERO;
+        if !failed.load(Ordering::Relaxed) {
+            if cfg.progress && !cfg.warmup.is_zero() {
+                eprintln!("warming up for {:.1}s", cfg.warmup.as_secs_f64());
+            }
+            std::thread::sleep(cfg.warmup);
+            phase.store(MEASURE, Ordering::Relaxed);
+            let t0 = Instant::now();
+            let mut last = 0u64;
+            let mut tick = 1u64;
+            loop {
+                let next = t0 + Duration::from_secs(tick).min(cfg.duration);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                let total: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
+                let elapsed = t0.elapsed();
+                if cfg.progress {
+                    let span = elapsed.as_secs_f64() - (tick - 1) as f64;
+                    eprintln!("[{:>5.1}s] {:>8.3} Mop/s  ({total} ops)", elapsed.as_secs_f64(), (total - last) as f64 / span.max(1e-9) / 1e6);
+                }
+                last = total;
+                tick += 1;
+                if elapsed >= cfg.duration {
+                    break;
+                }
+            }
+            phase.store(STOP, Ordering::Relaxed);
+            measured = t0.elapsed();
+        } else {
+            phase.store(STOP, Ordering::Relaxed);
+        }
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("worker thread panicked")).collect();
+        (results, measured)
+    });
+    let mut out = RunReport {
+        threads: cfg.threads,
+        coroutines: cfg.coroutines,
+        duration_s: measured.as_secs_f64(),
+        ops: 0,
+        verbs: VerbStats::default(),
+        latency: Latency::default(),
+        retries: 0,
+        errors: 0,
+        first_error: None,
+    };
+    for r in report {
+        let (verbs, hist, ops, retries, errors) = r?;
+        out.verbs.merge(&verbs);
+        out.latency.merge(&hist);
+        out.ops += ops;
+        out.retries += retries;
+        out.errors += errors;
+    }
+    out.first_error = first_error.lock().expect("no poisoned lock").take();
+    Ok(out)
+}

@@ -1,0 +1,88 @@
+//! The error type of smart-core.
+
+use crate::layout::LayoutError;
+use crate::verbs::WcStatus;
+
+/// Everything that can go wrong in smart-core.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A work request completed with an error; the batch's earlier WRs took
+    /// effect, this one and the later ones did not.
+    #[error("work request {index} of the batch failed: {status}")]
+    Wc {
+        /// The completion status.
+        status: WcStatus,
+        /// Index of the failing WR in its batch.
+        index: u16,
+    },
+    /// An I/O error on the connection to a memory blade.
+    #[error("memory blade {peer}: {source}")]
+    Io {
+        /// The blade's address.
+        peer: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The peer is not a compatible memory blade.
+    #[error("handshake with memory blade {peer} failed: {reason}")]
+    Handshake {
+        /// The blade's address.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
+    /// A blade's superblock is missing or incompatible.
+    #[error("memory blade {blade}: {source}")]
+    Layout {
+        /// Which blade.
+        blade: u16,
+        /// The cause.
+        source: LayoutError,
+    },
+    /// A batch needs more WRs or local bytes than a slot holds.
+    #[error("batch too large: {what} (raise RuntimeConfig::{knob})")]
+    BatchTooLarge {
+        /// What overflowed.
+        what: String,
+        /// The configuration value that bounds it.
+        knob: &'static str,
+    },
+    /// A WR named a blade that this transport does not reach.
+    #[error("no memory blade {0} (the transport has {1})")]
+    NoSuchBlade(u16, usize),
+    /// One batch named two blades; a batch goes to one QP, hence one blade.
+    #[error("a batch must target one memory blade, got {0} and {1}")]
+    BatchSpansBlades(u16, u16),
+    /// The blade's heap is exhausted.
+    #[error("memory blade {blade} is out of memory (asked {bytes} bytes, size {size})")]
+    OutOfMemory {
+        /// Which blade.
+        blade: u16,
+        /// Bytes asked for.
+        bytes: u64,
+        /// The blade's size.
+        size: u64,
+    },
+    /// The named-root table is full.
+    #[error("memory blade {0}: named-root table is full")]
+    RootsFull(u16),
+    /// A malformed work request (a bug in the caller).
+    #[error("invalid work request: {0}")]
+    InvalidWr(&'static str),
+    /// An operation that needs an idle QP found work in flight.
+    #[error("queue pair to blade {0} still has work requests in flight")]
+    QpBusy(u16),
+    /// The requested backend or feature is not available.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl Error {
+    /// Whether this is a completion error with the given status.
+    pub fn is_wc(&self, status: WcStatus) -> bool {
+        matches!(self, Error::Wc { status: s, .. } if *s == status)
+    }
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

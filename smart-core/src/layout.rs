@@ -1,0 +1,156 @@
+//! The memory blade's layout: a superblock at offset 0, then the heap.
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic  "SMARTBLD"
+//!      8     8  layout version
+//!     16     8  region size in bytes
+//!     24     8  heap bump pointer (next free offset; compute blades FAA it)
+//!     32    32  reserved
+//!     64  1024  named roots: 64 entries of {name tag u64, GlobalAddr u64}
+//!   4096     -  heap (chunks handed out by the bump pointer)
+//! ```
+//! The memory blade formats a zero region once; afterwards only compute
+//! blades change it, through verbs. A named root is claimed in two CASes: the
+//! entry's tag (an FNV-1a hash of the name, never 0) from 0, then its address
+//! from 0; whoever's address CAS wins defines the root, and everyone else
+//! learns the winner from the CAS's old value.
+
+use crate::region::Region;
+
+/// "SMARTBLD" as a little-endian word.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"SMARTBLD");
+/// Version of this layout; a blade with another version is refused.
+pub const LAYOUT_VERSION: u64 = 1;
+/// Offset of the magic word.
+pub const OFF_MAGIC: u64 = 0;
+/// Offset of the layout version.
+pub const OFF_VERSION: u64 = 8;
+/// Offset of the region size.
+pub const OFF_SIZE: u64 = 16;
+/// Offset of the heap bump pointer.
+pub const OFF_HEAP: u64 = 24;
+/// Offset of the named-root table.
+pub const OFF_ROOTS: u64 = 64;
+/// Entries in the named-root table.
+pub const ROOT_ENTRIES: u64 = 64;
+/// Bytes per named-root entry.
+pub const ROOT_ENTRY_SIZE: u64 = 16;
+/// First heap byte.
+pub const HEAP_START: u64 = 4096;
+
+const _: () = assert!(OFF_ROOTS + ROOT_ENTRIES * ROOT_ENTRY_SIZE <= HEAP_START);
+
+/// What went wrong with a blade's superblock.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// The region is too small to hold a superblock and any heap.
+    #[error("region of {0} bytes is too small (need more than {HEAP_START})")]
+    TooSmall(u64),
+    /// The region holds something other than a Smart-rs blade.
+    #[error("region is not a Smart-rs memory blade (magic {0:#018x})")]
+    BadMagic(u64),
+    /// The blade was formatted by another layout version.
+    #[error("blade layout version {found}, this build speaks {LAYOUT_VERSION}")]
+    Version {
+        /// The version found.
+        found: u64,
+    },
+    /// The recorded size disagrees with the region.
+    #[error("superblock records {recorded} bytes but the region has {actual}")]
+    Size {
+        /// Size in the superblock.
+        recorded: u64,
+        /// Size of the region.
+        actual: u64,
+    },
+}
+
+/// Formats `region` if it is all-zero at the superblock, else checks it.
+/// Returns whether it formatted.
+///
+/// # Errors
+/// If the region is too small, or holds a foreign or mismatched superblock.
+pub fn format_or_check(region: &Region) -> Result<bool, LayoutError> {
+    if region.len() <= HEAP_START {
+        return Err(LayoutError::TooSmall(region.len()));
+    }
+    let word = |off| region.load_u64(off).expect("superblock in bounds");
+    let magic = word(OFF_MAGIC);
+    if magic == 0 {
+        let put = |off, v| region.store_u64(off, v).expect("superblock in bounds");
+        put(OFF_VERSION, LAYOUT_VERSION);
+        put(OFF_SIZE, region.len());
+        put(OFF_HEAP, HEAP_START);
+        put(OFF_MAGIC, MAGIC);
+        return Ok(true);
+    }
+    check_words(magic, word(OFF_VERSION), word(OFF_SIZE), region.len())?;
+    Ok(false)
+}
+
+/// Checks the first three superblock words against what the peer reported.
+///
+/// # Errors
+/// As [`format_or_check`].
+pub fn check_words(magic: u64, version: u64, size: u64, actual: u64) -> Result<(), LayoutError> {
+    if magic != MAGIC {
+        return Err(LayoutError::BadMagic(magic));
+    }
+    if version != LAYOUT_VERSION {
+        return Err(LayoutError::Version { found: version });
+    }
+    if size != actual {
+        return Err(LayoutError::Size { recorded: size, actual });
+    }
+    Ok(())
+}
+
+/// The tag under which a named root is stored: FNV-1a of the name, never 0.
+pub fn root_tag(name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h.max(1)
+}
+
+/// Offset of root-table entry `i`.
+pub fn root_entry(i: u64) -> u64 {
+    OFF_ROOTS + (i % ROOT_ENTRIES) * ROOT_ENTRY_SIZE
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn superblock_offsets_are_pinned() {
+        assert_eq!((OFF_MAGIC, OFF_VERSION, OFF_SIZE, OFF_HEAP, OFF_ROOTS), (0, 8, 16, 24, 64));
+        assert_eq!(root_entry(0), 64);
+        assert_eq!(root_entry(ROOT_ENTRIES), 64);
+        assert_eq!(root_entry(63), 64 + 63 * 16);
+        assert_eq!(&MAGIC.to_le_bytes(), b"SMARTBLD");
+    }
+
+    #[test]
+    fn format_then_check() {
+        let r = Region::anonymous(1 << 20).unwrap();
+        assert_eq!(format_or_check(&r), Ok(true));
+        assert_eq!(format_or_check(&r), Ok(false));
+        assert_eq!(r.load_u64(OFF_HEAP), Ok(HEAP_START));
+        r.store_u64(OFF_VERSION, 99).unwrap();
+        assert_eq!(format_or_check(&r), Err(LayoutError::Version { found: 99 }));
+        r.store_u64(OFF_MAGIC, 7).unwrap();
+        assert_eq!(format_or_check(&r), Err(LayoutError::BadMagic(7)));
+        assert_eq!(format_or_check(&Region::anonymous(4096).unwrap()), Err(LayoutError::TooSmall(4096)));
+    }
+
+    #[test]
+    fn root_tags_are_nonzero_and_distinct() {
+        assert_ne!(root_tag(""), 0);
+        assert_ne!(root_tag("race"), root_tag("ford"));
+    }
+}

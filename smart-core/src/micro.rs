@@ -1,0 +1,169 @@
+//! The verbs micro-benchmark (`compute-blade micro`).
+//!
+//! Every coroutine posts batches of `batch` WRs of one kind, as fast as
+//! completions return, to random `size`-aligned places in an area allocated
+//! on each blade — or, with `contended`, all to one 8-byte word:
+//!
+//! * READ / WRITE: one operation per WR.
+//! * FAA: adds 1; contended, the final counter must equal the number of FAAs
+//!   that completed (any difference is a violation).
+//! * CAS: uncontended, a CAS 0 → 0 (changes nothing); contended, a
+//!   CAS-increment: read the counter, CAS old → old+1, and on failure retry
+//!   with the value the CAS returned (each failure is a retry). One
+//!   operation is one successful increment; the final counter must equal
+//!   their number.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::backend::Transport;
+use crate::driver::{self, RunConfig, RunReport};
+use crate::runtime::{Runtime, MAX_BATCH};
+use crate::verbs::Opcode;
+use crate::{Error, GlobalAddr, Result};
+
+/// What to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MicroConfig {
+    /// The verb.
+    pub op: Opcode,
+    /// Bytes per READ or WRITE (atomics are always 8).
+    pub size: u32,
+    /// WRs per batch.
+    pub batch: usize,
+    /// All coroutines target one word.
+    pub contended: bool,
+    /// Bytes of the area on each blade that uncontended WRs spread over.
+    pub area: u64,
+}
+
+/// The report of a micro run.
+#[derive(Clone, Debug)]
+pub struct MicroReport {
+    /// Throughput, latency, verbs.
+    pub run: RunReport,
+    /// Contended FAA/CAS: successful increments over the whole run
+    /// (warmup included), to compare with the counter.
+    pub increments: u64,
+    /// Contended FAA/CAS: the counter's final value.
+    pub counter: u64,
+    /// Counter mismatches (must be 0).
+    pub violations: u64,
+}
+
+/// Runs the micro-benchmark.
+///
+/// # Errors
+/// Bad parameters, allocation or connection failures.
+pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Result<MicroReport> {
+    let size = if m.op.is_atomic() { 8 } else { m.size };
+    if size == 0 {
+        return Err(Error::Unsupported("--size must be at least 1 byte".into()));
+    }
+    if m.batch == 0 || m.batch > MAX_BATCH {
+        return Err(Error::Unsupported(format!("--batch must be 1 to {MAX_BATCH}")));
+    }
+    if m.contended && m.op == Opcode::Cas && m.batch != 1 {
+        return Err(Error::Unsupported("a contended CAS-increment is one CAS at a time: use --batch 1".into()));
+    }
+    if u64::from(size) * m.batch as u64 > cfg.runtime.slot_bytes as u64 {
+        return Err(Error::Unsupported(format!("--size × --batch exceeds the {} local bytes of a slot", cfg.runtime.slot_bytes)));
+    }
+    let stride = u64::from(size).next_multiple_of(8);
+    if m.area < stride {
+        return Err(Error::Unsupported("the area must hold at least one WR".into()));
+    }
+    // Set up on the driving thread: an area per blade, the counter zeroed.
+    let nblades = transport.blades().len();
+    let mut setup = Runtime::new(transport, usize::MAX, cfg.runtime)?;
+    let ctx = setup.ctx();
+    let area = m.area;
+    let areas: Vec<GlobalAddr> = setup.block_on(async move {
+        let mut v = Vec::with_capacity(nblades);
+        for b in 0..nblades as u16 {
+            ctx.check_blade(b).await?;
+            let a = ctx.alloc(b, area, 4096).await?;
+            ctx.write(a, &0u64.to_le_bytes()).await?;
+            v.push(a);
+        }
+        Ok::<_, Error>(v)
+    })?;
+    let counter = areas[0];
+    let slots = m.area / stride;
+    let increments = Arc::new(AtomicU64::new(0));
+    let m = *m;
+    let areas: Arc<[GlobalAddr]> = areas.into();
+    let run = driver::run(transport, cfg, |w| {
+        let areas = areas.clone();
+        let increments = increments.clone();
+        async move {
+            let ctx = w.ctx().clone();
+            let mut rng = SmallRng::seed_from_u64((w.thread() as u64) << 32 | w.coroutine() as u64);
+            let payload = vec![0xa5u8; size as usize];
+            let done = Rc::new(Cell::new(0u64));
+            let result = async {
+                if m.contended && m.op == Opcode::Cas {
+                    let mut expected = ctx.read_u64(counter).await?;
+                    while w.running() {
+                        let t0 = w.now();
+                        loop {
+                            let old = ctx.cas(counter, expected, expected + 1).await?;
+                            if old == expected {
+                                expected += 1;
+                                break;
+                            }
+                            expected = old;
+                            w.retry(1);
+                        }
+                        done.set(done.get() + 1);
+                        w.record(t0, 1);
+                    }
+                    return Ok(());
+                }
+                while w.running() {
+                    let t0 = w.now();
+                    let mut b = ctx.batch();
+                    for _ in 0..m.batch {
+                        let at = if m.contended {
+                            counter
+                        } else {
+                            areas[rng.random_range(0..areas.len())].add(rng.random_range(0..slots) * stride)
+                        };
+                        match m.op {
+                            Opcode::Read => {
+                                b.read(at, size as usize);
+                            }
+                            Opcode::Write => b.write(at, &payload),
+                            Opcode::Cas => {
+                                b.cas(at, 0, 0);
+                            }
+                            Opcode::Faa => {
+                                b.faa(at, 1);
+                            }
+                        }
+                    }
+                    b.post().await?;
+                    if m.contended && m.op == Opcode::Faa {
+                        done.set(done.get() + m.batch as u64);
+                    }
+                    w.record(t0, m.batch as u64);
+                }
+                Ok(())
+            }
+            .await;
+            increments.fetch_add(done.get(), Ordering::Relaxed);
+            result
+        }
+    })?;
+    let ctx = setup.ctx();
+    let final_counter = setup.block_on(async move { ctx.read_u64(counter).await })?;
+    let checked = m.contended && m.op.is_atomic();
+    let increments = increments.load(Ordering::Relaxed);
+    let violations = u64::from(checked && final_counter != increments);
+    Ok(MicroReport { run, increments, counter: if checked { final_counter } else { 0 }, violations })
+}

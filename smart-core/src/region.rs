@@ -1,0 +1,330 @@
+//! A memory blade's registered region and the execution of verbs on it.
+//!
+//! Every access goes through atomic loads and stores of 8-byte words (bytes
+//! at unaligned edges), so concurrent READs, WRITEs and atomics from many
+//! threads are free of data races in Rust's memory model, and a multi-word
+//! READ or WRITE can tear exactly as on an RNIC: at 8-byte granularity, never
+//! inside an aligned word (SPEC.md §5). Only CAS and FAA are atomic as wholes.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use memmap2::{MmapMut, MmapOptions};
+
+use crate::verbs::WcStatus;
+
+/// Bytes per cache line: the unit in which chaos mode pauses while copying.
+pub const CACHE_LINE: usize = 64;
+
+/// A contiguous region of blade memory (anonymous or backed by a file).
+#[derive(Debug)]
+pub struct Region {
+    map: MmapMut,
+    file: Option<File>,
+}
+
+/// How a multi-word copy is paced, so tests can make tearing happen.
+pub(crate) trait LinePacer {
+    /// Called between two cache lines of one READ or WRITE.
+    fn between_lines(&mut self);
+    /// Whether a READ should copy its lines from the highest address down
+    /// (an RNIC does not promise address order for READs).
+    fn reverse_read(&mut self) -> bool;
+}
+
+/// No pauses: the fast path.
+pub(crate) struct NoPause;
+
+impl LinePacer for NoPause {
+    #[inline]
+    fn between_lines(&mut self) {}
+    #[inline]
+    fn reverse_read(&mut self) -> bool {
+        false
+    }
+}
+
+impl Region {
+    /// An anonymous, zero-filled region of `size` bytes.
+    ///
+    /// # Errors
+    /// If the mapping fails.
+    pub fn anonymous(size: u64) -> io::Result<Region> {
+        let len = usize::try_from(size).map_err(|_| io::Error::other("size too large"))?;
+        let map = MmapOptions::new().len(len.max(1)).map_anon()?;
+        Ok(Region { map, file: None })
+    }
+
+    /// A region backed by the file at `path`, created (zero-filled) with
+    /// `size` bytes if it does not exist. An existing file keeps its contents
+    /// and size; `size`, if given, must then match it.
+    ///
+    /// # Errors
+    /// If the file cannot be opened or mapped, or its size differs from `size`.
+    pub fn file_backed(path: &Path, size: Option<u64>) -> io::Result<Region> {
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        let existing = file.metadata()?.len();
+        let len = match (existing, size) {
+            (0, Some(s)) => {
+                file.set_len(s)?;
+                s
+            }
+            (0, None) => {
+                return Err(io::Error::other(format!(
+                    "backing file {} is new or empty: give --size",
+                    path.display()
+                )))
+            }
+            (e, Some(s)) if e != s => {
+                return Err(io::Error::other(format!(
+                    "backing file {} holds {e} bytes but --size asks for {s}; \
+                     omit --size to reuse the file as it is",
+                    path.display()
+                )))
+            }
+            (e, _) => e,
+        };
+        // SAFETY: the file is ours for the life of the process by convention
+        // (one memory-blade per backing file); all access to the mapping goes
+        // through atomics, so a concurrent external writer could change values
+        // but never cause a data race in this process's view.
+        let map = unsafe { MmapOptions::new().len(len as usize).map_mut(&file)? };
+        Ok(Region { map, file: Some(file) })
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Writes the mapping back to its file (no-op when anonymous).
+    ///
+    /// # Errors
+    /// If `msync` or `fsync` fails.
+    pub fn flush(&self) -> io::Result<()> {
+        if let Some(f) = &self.file {
+            self.map.flush()?;
+            f.sync_all()?;
+        }
+        Ok(())
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.map.as_ptr() as *mut u8
+    }
+
+    /// Checks that `[off, off+len)` lies inside the region.
+    #[inline]
+    pub fn check(&self, off: u64, len: u64) -> Result<(), WcStatus> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(WcStatus::RemoteAccess),
+        }
+    }
+
+    #[inline]
+    fn word(&self, off: u64) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= self.len());
+        // SAFETY: `off` is in bounds and 8-aligned (the map is page-aligned),
+        // the mapping lives as long as `self`, and every access to the region
+        // is atomic, so shared references to atomics over it are sound.
+        unsafe { AtomicU64::from_ptr(self.base().add(off as usize).cast()) }
+    }
+
+    #[inline]
+    fn byte(&self, off: u64) -> &AtomicU8 {
+        debug_assert!(off < self.len());
+        // SAFETY: in bounds, and all access is atomic (see `word`).
+        unsafe { AtomicU8::from_ptr(self.base().add(off as usize)) }
+    }
+
+    /// Reads `dst.len()` bytes at `off` (bounds already checked).
+    #[inline]
+    pub(crate) fn read_into(&self, off: u64, dst: &mut [u8], pacer: &mut impl LinePacer) {
+        if dst.len() <= CACHE_LINE || !pacer.reverse_read() {
+            self.read_span(off, dst, pacer);
+            return;
+        }
+        // Copy line-aligned pieces from the top down.
+        let mut end = dst.len();
+        while end > 0 {
+            let abs_end = off + end as u64;
+            let line_start = if abs_end % CACHE_LINE as u64 == 0 {
+                abs_end - CACHE_LINE as u64
+            } else {
+                abs_end - abs_end % CACHE_LINE as u64
+            };
+            let start = line_start.max(off) - off;
+            self.read_span(off + start, &mut dst[start as usize..end], &mut NoPause);
+            end = start as usize;
+            if end > 0 {
+                pacer.between_lines();
+            }
+        }
+    }
+
+    fn read_span(&self, off: u64, dst: &mut [u8], pacer: &mut impl LinePacer) {
+        let mut i = 0usize;
+        let n = dst.len();
+        while i < n {
+            let a = off + i as u64;
+            if a % 8 == 0 && n - i >= 8 {
+                let v = self.word(a).load(Ordering::Relaxed);
+                dst[i..i + 8].copy_from_slice(&v.to_ne_bytes());
+                i += 8;
+            } else {
+                dst[i] = self.byte(a).load(Ordering::Relaxed);
+                i += 1;
+            }
+            if i < n && (off + i as u64) % CACHE_LINE as u64 == 0 {
+                pacer.between_lines();
+            }
+        }
+    }
+
+    /// Writes `src` at `off` in address order (bounds already checked).
+    #[inline]
+    pub(crate) fn write_from(&self, off: u64, src: &[u8], pacer: &mut impl LinePacer) {
+        let mut i = 0usize;
+        let n = src.len();
+        while i < n {
+            let a = off + i as u64;
+            if a % 8 == 0 && n - i >= 8 {
+                let v = u64::from_ne_bytes(src[i..i + 8].try_into().expect("8 bytes"));
+                self.word(a).store(v, Ordering::Relaxed);
+                i += 8;
+            } else {
+                self.byte(a).store(src[i], Ordering::Relaxed);
+                i += 1;
+            }
+            if i < n && (off + i as u64) % CACHE_LINE as u64 == 0 {
+                pacer.between_lines();
+            }
+        }
+    }
+
+    /// Atomic compare-and-swap of the aligned word at `off`; returns the old
+    /// value whether or not the swap happened.
+    #[inline]
+    pub fn cas(&self, off: u64, compare: u64, swap: u64) -> Result<u64, WcStatus> {
+        self.check_atomic(off)?;
+        Ok(match self.word(off).compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(v) | Err(v) => v,
+        })
+    }
+
+    /// Atomic fetch-and-add of the aligned word at `off`; returns the old value.
+    #[inline]
+    pub fn faa(&self, off: u64, add: u64) -> Result<u64, WcStatus> {
+        self.check_atomic(off)?;
+        Ok(self.word(off).fetch_add(add, Ordering::AcqRel))
+    }
+
+    /// Atomic load of the aligned word at `off` (local access by the blade).
+    pub fn load_u64(&self, off: u64) -> Result<u64, WcStatus> {
+        self.check_atomic(off)?;
+        Ok(self.word(off).load(Ordering::Acquire))
+    }
+
+    /// Atomic store of the aligned word at `off` (local access by the blade).
+    pub fn store_u64(&self, off: u64, v: u64) -> Result<(), WcStatus> {
+        self.check_atomic(off)?;
+        self.word(off).store(v, Ordering::Release);
+        Ok(())
+    }
+
+    #[inline]
+    fn check_atomic(&self, off: u64) -> Result<(), WcStatus> {
+        if off % 8 != 0 {
+            return Err(WcStatus::RemoteInvalidRequest);
+        }
+        self.check(off, 8)
+    }
+
+    /// Copies `dst.len()` bytes at `off` with bounds checking (blade-local).
+    ///
+    /// # Errors
+    /// [`WcStatus::RemoteAccess`] if out of bounds.
+    pub fn read(&self, off: u64, dst: &mut [u8]) -> Result<(), WcStatus> {
+        self.check(off, dst.len() as u64)?;
+        self.read_into(off, dst, &mut NoPause);
+        Ok(())
+    }
+
+    /// Writes `src` at `off` with bounds checking (blade-local).
+    ///
+    /// # Errors
+    /// [`WcStatus::RemoteAccess`] if out of bounds.
+    pub fn write(&self, off: u64, src: &[u8]) -> Result<(), WcStatus> {
+        self.check(off, src.len() as u64)?;
+        self.write_from(off, src, &mut NoPause);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Reverse(usize);
+    impl LinePacer for Reverse {
+        fn between_lines(&mut self) {
+            self.0 += 1;
+        }
+        fn reverse_read(&mut self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn unaligned_and_reverse_copies_round_trip() {
+        let r = Region::anonymous(4096).unwrap();
+        let src: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+        r.write(13, &src).unwrap();
+        let mut fwd = vec![0; 300];
+        r.read(13, &mut fwd).unwrap();
+        assert_eq!(fwd, src);
+        let mut rev = vec![0; 300];
+        let mut p = Reverse(0);
+        r.read_into(13, &mut rev, &mut p);
+        assert_eq!(rev, src);
+        assert!(p.0 >= 4, "a 300-byte unaligned read spans at least 5 lines");
+    }
+
+    #[test]
+    fn bounds_and_alignment_are_checked() {
+        let r = Region::anonymous(4096).unwrap();
+        assert_eq!(r.read(4090, &mut [0; 8]), Err(WcStatus::RemoteAccess));
+        assert_eq!(r.write(u64::MAX - 2, &[0; 8]), Err(WcStatus::RemoteAccess));
+        assert_eq!(r.cas(4, 0, 1), Err(WcStatus::RemoteInvalidRequest));
+        assert_eq!(r.faa(4096, 1), Err(WcStatus::RemoteAccess));
+        assert_eq!(r.cas(8, 0, 5), Ok(0));
+        assert_eq!(r.cas(8, 0, 6), Ok(5));
+        assert_eq!(r.faa(8, 2), Ok(5));
+        assert_eq!(r.load_u64(8), Ok(7));
+    }
+
+    #[test]
+    fn file_backed_region_checks_sizes() {
+        let dir = std::env::temp_dir().join(format!("smart-region-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        assert!(Region::file_backed(&dir, None).is_err());
+        {
+            let r = Region::file_backed(&dir, Some(8192)).unwrap();
+            r.store_u64(64, 42).unwrap();
+            r.flush().unwrap();
+        }
+        let e = Region::file_backed(&dir, Some(4096)).unwrap_err();
+        assert!(e.to_string().contains("8192"), "{e}");
+        let r = Region::file_backed(&dir, None).unwrap();
+        assert_eq!(r.load_u64(64), Ok(42));
+        std::fs::remove_file(&dir).unwrap();
+    }
+}

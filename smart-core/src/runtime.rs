@@ -1,0 +1,804 @@
+//! The per-thread coroutine runtime.
+//!
+//! One [`Runtime`] per worker thread owns that thread's
+//! [`Endpoint`](crate::backend::Endpoint) and runs its coroutines (futures)
+//! on a single-threaded executor. A coroutine builds a [`Batch`] and awaits
+//! [`Batch::post`]; when no coroutine can run, the executor polls the CQ and
+//! wakes the coroutines whose batches completed — the Smart coroutine model.
+//!
+//! **Slots.** Every in-flight batch occupies a *slot*: a fixed range of the
+//! thread's registered local memory holding its WRITE payloads and receiving
+//! its READ data and atomic results, plus the waker of its coroutine. A slot
+//! moves Free → InFlight → Done → Free; if the awaiting future is dropped
+//! while its batch is in flight the slot becomes Orphaned and is only freed
+//! when the completion arrives, so the backend never writes into memory that
+//! someone else already reuses. Slots and local memory are allocated once
+//! when the runtime starts; posting allocates nothing and takes no lock.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use crate::backend::{BladeInfo, Endpoint, LocalMem, Transport};
+use crate::layout;
+use crate::stats::VerbStats;
+use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
+use crate::{Error, GlobalAddr, Result};
+
+/// Most WRs in one batch.
+pub const MAX_BATCH: usize = 16;
+
+/// Sizes of a thread's runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// Most batches in flight at once on this thread (a coroutine waits for a
+    /// free slot when all are taken).
+    pub slots: usize,
+    /// Local bytes per slot: bounds the READ and WRITE bytes of one batch.
+    pub slot_bytes: usize,
+    /// Bytes taken from a blade's heap at a time by [`Ctx::alloc`].
+    pub chunk_bytes: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig { slots: 256, slot_bytes: 16 << 10, chunk_bytes: 1 << 20 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    InFlight,
+    Done(Result<(), (WcStatus, u16)>),
+    /// Completed and viewed by a live [`Done`].
+    Held,
+    Orphaned,
+}
+
+#[derive(Debug)]
+struct Slot {
+    state: SlotState,
+    generation: u32,
+    waker: Option<Waker>,
+}
+
+#[derive(Debug)]
+struct Slots {
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    waiters: VecDeque<Waker>,
+}
+
+impl Slots {
+    fn release(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        s.state = SlotState::Free;
+        s.waker = None;
+        s.generation = s.generation.wrapping_add(1);
+        self.free.push(i);
+        if let Some(w) = self.waiters.pop_front() {
+            w.wake();
+        }
+    }
+}
+
+struct Inner {
+    ep: RefCell<Box<dyn Endpoint>>,
+    local: Rc<LocalMem>,
+    blades: Vec<BladeInfo>,
+    cfg: RuntimeConfig,
+    slots: RefCell<Slots>,
+    stats: Cell<VerbStats>,
+    chunks: RefCell<Vec<(u64, u64)>>,
+    thread: usize,
+}
+
+/// A coroutine's handle on its thread's runtime: cheap to clone, not `Send`.
+#[derive(Clone)]
+pub struct Ctx(Rc<Inner>);
+
+impl fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ctx").field("thread", &self.0.thread).field("blades", &self.0.blades.len()).finish()
+    }
+}
+
+/// Where a READ's data will be in a [`Done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadRef {
+    off: u32,
+    len: u32,
+}
+
+/// Where a CAS's or FAA's old value will be in a [`Done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtomicRef {
+    off: u32,
+}
+
+const EMPTY_WR: WorkRequest =
+    WorkRequest { op: Opcode::Read, local_off: 0, len: 0, remote: GlobalAddr::NULL, rkey: 0, compare_add: 0, swap: 0 };
+
+/// A batch of WRs to one memory blade: one doorbell, executed in order.
+///
+/// ```
+/// # use smart_core::*;
+/// # let t = EmbeddedTransport::new(1, 1 << 20).unwrap();
+/// # let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+/// # let ctx = rt.ctx();
+/// rt.block_on(async move {
+///     let a = ctx.alloc(0, 16, 8).await.unwrap();
+///     let mut b = ctx.batch();
+///     b.write(a, &1u64.to_le_bytes());
+///     let cas = b.cas(a, 1, 2);
+///     let rd = b.read(a, 16);
+///     let done = b.post().await.unwrap();
+///     assert_eq!(done.old(cas), 1);
+///     assert_eq!(&done.bytes(rd)[..8], &2u64.to_le_bytes());
+/// });
+/// ```
+pub struct Batch<'a> {
+    ctx: &'a Ctx,
+    wrs: [WorkRequest; MAX_BATCH],
+    payloads: [&'a [u8]; MAX_BATCH],
+    n: usize,
+    bytes: u32,
+    blade: Option<u16>,
+    error: Option<Error>,
+}
+
+impl fmt::Debug for Batch<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch").field("wrs", &&self.wrs[..self.n]).field("error", &self.error).finish()
+    }
+}
+
+impl<'a> Batch<'a> {
+    fn push(&mut self, op: Opcode, remote: GlobalAddr, len: u32, compare_add: u64, swap: u64, payload: &'a [u8]) -> u32 {
+        if self.error.is_some() {
+            return 0;
+        }
+        if let Some(b) = self.blade {
+            if b != remote.blade() {
+                self.error = Some(Error::BatchSpansBlades(b, remote.blade()));
+                return 0;
+            }
+        }
+        let Some(info) = self.ctx.0.blades.get(remote.blade() as usize) else {
+            self.error = Some(Error::NoSuchBlade(remote.blade(), self.ctx.0.blades.len()));
+            return 0;
+        };
+        let off = self.bytes;
+        let end = u64::from(off) + u64::from(len).next_multiple_of(8);
+        if self.n == MAX_BATCH {
+            self.error = Some(Error::BatchTooLarge { what: format!("more than {MAX_BATCH} WRs"), knob: "slots (MAX_BATCH is fixed)" });
+            return 0;
+        }
+        if end > self.ctx.0.cfg.slot_bytes as u64 {
+            self.error = Some(Error::BatchTooLarge {
+                what: format!("{end} local bytes, a slot holds {}", self.ctx.0.cfg.slot_bytes),
+                knob: "slot_bytes",
+            });
+            return 0;
+        }
+        self.blade = Some(remote.blade());
+        self.wrs[self.n] = WorkRequest { op, local_off: off, len, remote, rkey: info.rkey, compare_add, swap };
+        self.payloads[self.n] = payload;
+        self.n += 1;
+        self.bytes = end as u32;
+        off
+    }
+
+    /// Adds a READ of `len` bytes at `addr`.
+    pub fn read(&mut self, addr: GlobalAddr, len: usize) -> ReadRef {
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
+        ReadRef { off: self.push(Opcode::Read, addr, len, 0, 0, &[]), len }
+    }
+
+    /// Adds a WRITE of `data` at `addr` (copied into registered memory at post).
+    pub fn write(&mut self, addr: GlobalAddr, data: &'a [u8]) {
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        self.push(Opcode::Write, addr, len, 0, 0, data);
+    }
+
+    /// Adds a CAS of the 8-byte word at `addr`: `expected` → `new`.
+    pub fn cas(&mut self, addr: GlobalAddr, expected: u64, new: u64) -> AtomicRef {
+        AtomicRef { off: self.push(Opcode::Cas, addr, 8, expected, new, &[]) }
+    }
+
+    /// Adds an FAA of `add` to the 8-byte word at `addr`.
+    pub fn faa(&mut self, addr: GlobalAddr, add: u64) -> AtomicRef {
+        AtomicRef { off: self.push(Opcode::Faa, addr, 8, add, 0, &[]) }
+    }
+
+    /// WRs in the batch.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether the batch has no WR.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Posts the batch with one doorbell and waits for its completion.
+    /// The batch is empty afterwards and may be refilled.
+    ///
+    /// # Errors
+    /// [`Error::Wc`] if a WR completed with an error (the QP is then in the
+    /// error state, see [`Ctx::reset_qp`]); errors of building the batch
+    /// (too large, two blades, unknown blade); transport errors.
+    pub fn post(&mut self) -> Post<'_, 'a> {
+        Post { batch: self, slot: None }
+    }
+}
+
+/// The future of [`Batch::post`].
+#[must_use = "a batch is posted only when the future is awaited"]
+pub struct Post<'b, 'a> {
+    batch: &'b mut Batch<'a>,
+    slot: Option<u16>,
+}
+
+impl fmt::Debug for Post<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Post").field("slot", &self.slot).finish()
+    }
+}
+
+impl<'a> Future for Post<'_, 'a> {
+    type Output = Result<Done<'a>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let inner = &this.batch.ctx.0;
+        if let Some(slot) = this.slot {
+            let mut slots = inner.slots.borrow_mut();
+            let s = &mut slots.slots[slot as usize];
+            return match s.state {
+                SlotState::Done(status) => {
+                    this.slot = None;
+                    match status {
+                        Ok(()) => {
+                            s.state = SlotState::Held;
+                            Poll::Ready(Ok(Done { ctx: this.batch.ctx, slot, base: slot_base(inner, slot) }))
+                        }
+                        Err((status, index)) => {
+                            slots.release(slot);
+                            Poll::Ready(Err(Error::Wc { status, index }))
+                        }
+                    }
+                }
+                _ => {
+                    if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        s.waker = Some(cx.waker().clone());
+                    }
+                    Poll::Pending
+                }
+            };
+        }
+        let b = &mut *this.batch;
+        if let Some(e) = b.error.take() {
+            b.n = 0;
+            b.bytes = 0;
+            b.blade = None;
+            return Poll::Ready(Err(e));
+        }
+        if b.n == 0 {
+            return Poll::Ready(Err(Error::InvalidWr("empty batch")));
+        }
+        let slot = {
+            let mut slots = inner.slots.borrow_mut();
+            match slots.free.pop() {
+                Some(s) => s,
+                None => {
+                    slots.waiters.push_back(cx.waker().clone());
+                    return Poll::Pending;
+                }
+            }
+        };
+        let base = slot_base(inner, slot);
+        let mut st = inner.stats.get();
+        for (wr, payload) in b.wrs[..b.n].iter_mut().zip(&b.payloads[..b.n]) {
+            wr.local_off += base;
+            match wr.op {
+                Opcode::Read => {
+                    st.reads += 1;
+                    st.bytes_read += u64::from(wr.len);
+                }
+                Opcode::Write => {
+                    // SAFETY: the slot was just taken from the free list, so no
+                    // WR is in flight into it and no `Done` views it.
+                    unsafe { inner.local.bytes_mut(wr.local_off, wr.len) }.copy_from_slice(payload);
+                    st.writes += 1;
+                    st.bytes_written += u64::from(wr.len);
+                }
+                Opcode::Cas => st.cas += 1,
+                Opcode::Faa => st.faa += 1,
+            }
+        }
+        st.wrs += b.n as u64;
+        st.doorbells += 1;
+        let generation = inner.slots.borrow().slots[slot as usize].generation;
+        let wr_id = u64::from(generation) << 16 | u64::from(slot);
+        let blade = b.blade.expect("a non-empty batch has a blade");
+        let posted = inner.ep.borrow_mut().post(blade, wr_id, &b.wrs[..b.n]);
+        b.n = 0;
+        b.bytes = 0;
+        b.blade = None;
+        let mut slots = inner.slots.borrow_mut();
+        if let Err(e) = posted {
+            slots.release(slot);
+            return Poll::Ready(Err(e));
+        }
+        inner.stats.set(st);
+        let s = &mut slots.slots[slot as usize];
+        s.state = SlotState::InFlight;
+        s.waker = Some(cx.waker().clone());
+        this.slot = Some(slot);
+        Poll::Pending
+    }
+}
+
+impl Drop for Post<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            // Dropped while in flight: the backend may still write into the
+            // slot, so keep it until the completion arrives (or free it now if
+            // the completion already came).
+            let mut slots = self.batch.ctx.0.slots.borrow_mut();
+            match slots.slots[slot as usize].state {
+                SlotState::Done(_) => slots.release(slot),
+                _ => {
+                    slots.slots[slot as usize].state = SlotState::Orphaned;
+                    slots.slots[slot as usize].waker = None;
+                }
+            }
+        }
+    }
+}
+
+fn slot_base(inner: &Inner, slot: u16) -> u32 {
+    (slot as usize * inner.cfg.slot_bytes) as u32
+}
+
+/// A completed batch: read results and old values of atomics. Holds its slot
+/// until dropped.
+pub struct Done<'a> {
+    ctx: &'a Ctx,
+    slot: u16,
+    base: u32,
+}
+
+impl fmt::Debug for Done<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Done").field("slot", &self.slot).finish()
+    }
+}
+
+impl Done<'_> {
+    /// The bytes a READ fetched.
+    pub fn bytes(&self, r: ReadRef) -> &[u8] {
+        assert!(r.off as usize + r.len as usize <= self.ctx.0.cfg.slot_bytes, "ReadRef of another batch");
+        // SAFETY: the slot's batch completed and this `Done` owns the slot
+        // until it is dropped, so nothing writes the range meanwhile.
+        unsafe { self.ctx.0.local.bytes(self.base + r.off, r.len) }
+    }
+
+    /// The old value returned by a CAS or FAA (a CAS succeeded iff it equals
+    /// the expected value).
+    pub fn old(&self, a: AtomicRef) -> u64 {
+        assert!(a.off as usize + 8 <= self.ctx.0.cfg.slot_bytes, "AtomicRef of another batch");
+        // SAFETY: as in `bytes`.
+        let b = unsafe { self.ctx.0.local.bytes(self.base + a.off, 8) };
+        u64::from_ne_bytes(b.try_into().expect("8 bytes"))
+    }
+}
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.ctx.0.slots.borrow_mut().release(self.slot);
+    }
+}
+
+impl Ctx {
+    /// An empty batch.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch { ctx: self, wrs: [EMPTY_WR; MAX_BATCH], payloads: [&[]; MAX_BATCH], n: 0, bytes: 0, blade: None, error: None }
+    }
+
+    /// Index of this worker thread.
+    pub fn thread(&self) -> usize {
+        self.0.thread
+    }
+
+    /// The memory blades.
+    pub fn blades(&self) -> &[BladeInfo] {
+        &self.0.blades
+    }
+
+    /// The runtime's sizes.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.0.cfg
+    }
+
+    /// Counters of this thread so far.
+    pub fn stats(&self) -> VerbStats {
+        self.0.stats.get()
+    }
+
+    /// READs `dst.len()` bytes at `addr`.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn read(&self, addr: GlobalAddr, dst: &mut [u8]) -> Result<()> {
+        let mut b = self.batch();
+        let r = b.read(addr, dst.len());
+        let done = b.post().await?;
+        dst.copy_from_slice(done.bytes(r));
+        Ok(())
+    }
+
+    /// READs the 8-byte little-endian word at `addr`.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn read_u64(&self, addr: GlobalAddr) -> Result<u64> {
+        let mut w = [0u8; 8];
+        self.read(addr, &mut w).await?;
+        Ok(u64::from_le_bytes(w))
+    }
+
+    /// WRITEs `src` at `addr`.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn write(&self, addr: GlobalAddr, src: &[u8]) -> Result<()> {
+        let mut b = self.batch();
+        b.write(addr, src);
+        b.post().await.map(drop)
+    }
+
+    /// CAS at `addr`; returns the old value (success iff it equals `expected`).
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn cas(&self, addr: GlobalAddr, expected: u64, new: u64) -> Result<u64> {
+        let mut b = self.batch();
+        let a = b.cas(addr, expected, new);
+        let done = b.post().await?;
+        Ok(done.old(a))
+    }
+
+    /// FAA at `addr`; returns the old value.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn faa(&self, addr: GlobalAddr, add: u64) -> Result<u64> {
+        let mut b = self.batch();
+        let a = b.faa(addr, add);
+        let done = b.post().await?;
+        Ok(done.old(a))
+    }
+
+    /// Brings this thread's QP to `blade` back from the error state.
+    ///
+    /// # Errors
+    /// [`Error::QpBusy`] while batches are in flight on it.
+    pub fn reset_qp(&self, blade: u16) -> Result<()> {
+        self.0.ep.borrow_mut().reset_qp(blade)
+    }
+
+    /// Checks blade `blade`'s superblock (magic, layout version, size).
+    ///
+    /// # Errors
+    /// [`Error::Layout`] naming what is wrong; verb errors.
+    pub async fn check_blade(&self, blade: u16) -> Result<()> {
+        let size = self.0.blades.get(blade as usize).ok_or(Error::NoSuchBlade(blade, self.0.blades.len()))?.size;
+        let mut sb = [0u8; 24];
+        self.read(GlobalAddr::new(blade, 0), &mut sb).await?;
+        let w = |i: usize| u64::from_le_bytes(sb[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        layout::check_words(w(0), w(1), w(2), size).map_err(|source| Error::Layout { blade, source })
+    }
+
+    /// Allocates `size` bytes aligned to `align` (a power of two ≤ 4096) on
+    /// blade `blade`. Small allocations come from a chunk this thread took
+    /// from the blade's heap with one FAA; large ones take their own FAA.
+    /// Memory is never returned to the blade (applications recycle it).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the blade's heap is exhausted.
+    pub async fn alloc(&self, blade: u16, size: u64, align: u64) -> Result<GlobalAddr> {
+        let info = *self.0.blades.get(blade as usize).ok_or(Error::NoSuchBlade(blade, self.0.blades.len()))?;
+        assert!(align.is_power_of_two() && align <= 4096, "align must be a power of two up to 4096");
+        let size = size.max(1);
+        let chunk = self.0.cfg.chunk_bytes;
+        let oom = || Error::OutOfMemory { blade, bytes: size, size: info.size };
+        if size > chunk / 4 {
+            let take = size.next_multiple_of(4096);
+            let off = self.faa(GlobalAddr::new(blade, layout::OFF_HEAP), take).await?;
+            return if off.checked_add(take).is_some_and(|e| e <= info.size) { Ok(GlobalAddr::new(blade, off)) } else { Err(oom()) };
+        }
+        loop {
+            {
+                let mut chunks = self.0.chunks.borrow_mut();
+                let (cur, end) = &mut chunks[blade as usize];
+                let at = cur.next_multiple_of(align);
+                if at + size <= *end {
+                    *cur = at + size;
+                    return Ok(GlobalAddr::new(blade, at));
+                }
+            }
+            let off = self.faa(GlobalAddr::new(blade, layout::OFF_HEAP), chunk).await?;
+            if off.checked_add(chunk).is_none_or(|e| e > info.size) {
+                return Err(oom());
+            }
+            // Another coroutine of this thread may have refilled meanwhile;
+            // the newest chunk wins and the rest of the older one is left.
+            self.0.chunks.borrow_mut()[blade as usize] = (off, off + chunk);
+        }
+    }
+
+    /// Looks up the named root `name` on `blade`.
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn root(&self, blade: u16, name: &str) -> Result<Option<GlobalAddr>> {
+        let tag = layout::root_tag(name);
+        let mut table = [0u8; (layout::ROOT_ENTRIES * layout::ROOT_ENTRY_SIZE) as usize];
+        self.read(GlobalAddr::new(blade, layout::OFF_ROOTS), &mut table).await?;
+        let word = |i: u64| u64::from_le_bytes(table[i as usize * 8..i as usize * 8 + 8].try_into().expect("8 bytes"));
+        for probe in 0..layout::ROOT_ENTRIES {
+            let e = (tag + probe) % layout::ROOT_ENTRIES;
+            match word(2 * e) {
+                0 => return Ok(None),
+                t if t == tag => {
+                    let a = word(2 * e + 1);
+                    return Ok((a != 0).then(|| GlobalAddr::from_raw(a)));
+                }
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Sets the named root `name` on `blade` to `addr` unless it is set
+    /// already; returns the root's value (the winner's, under a race).
+    ///
+    /// # Errors
+    /// [`Error::RootsFull`]; verb errors.
+    pub async fn set_root(&self, blade: u16, name: &str, addr: GlobalAddr) -> Result<GlobalAddr> {
+        assert!(!addr.is_null(), "a root cannot be null");
+        let tag = layout::root_tag(name);
+        for probe in 0..layout::ROOT_ENTRIES {
+            let e = layout::root_entry(tag + probe);
+            let old = self.cas(GlobalAddr::new(blade, e), 0, tag).await?;
+            if old == 0 || old == tag {
+                let prev = self.cas(GlobalAddr::new(blade, e + 8), 0, addr.raw()).await?;
+                return Ok(if prev == 0 { addr } else { GlobalAddr::from_raw(prev) });
+            }
+        }
+        Err(Error::RootsFull(blade))
+    }
+}
+
+/// Yields once to the thread's other coroutines.
+pub fn yield_now() -> YieldNow {
+    YieldNow(false)
+}
+
+/// The future of [`yield_now`].
+#[derive(Debug)]
+pub struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// Bitmask of runnable tasks, set by wakers.
+#[derive(Debug)]
+struct ReadySet {
+    words: Vec<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct TaskWaker {
+    ready: Arc<ReadySet>,
+    idx: usize,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.ready.words[self.idx / 64].fetch_or(1 << (self.idx % 64), Ordering::Release);
+    }
+}
+
+/// Most tasks one runtime runs.
+pub const MAX_TASKS: usize = 4096;
+
+type Task = Pin<Box<dyn Future<Output = ()>>>;
+
+/// A single-threaded executor bound to one thread's endpoint.
+pub struct Runtime {
+    ctx: Ctx,
+    tasks: Vec<Option<Task>>,
+    wakers: Vec<Waker>,
+    ready: Arc<ReadySet>,
+    live: usize,
+    cq: Vec<Completion>,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime").field("ctx", &self.ctx).field("live", &self.live).finish()
+    }
+}
+
+impl Runtime {
+    /// Opens worker thread `thread`'s endpoint on `transport` and builds its
+    /// runtime. Call it on the thread that will run it.
+    ///
+    /// # Errors
+    /// If the endpoint cannot be opened, or the config is out of range.
+    pub fn new(transport: &dyn Transport, thread: usize, cfg: RuntimeConfig) -> Result<Runtime> {
+        if cfg.slots == 0 || cfg.slots > 1 << 16 || cfg.slot_bytes < 64 || cfg.slot_bytes % 8 != 0 {
+            return Err(Error::Unsupported(format!("runtime config out of range: {cfg:?}")));
+        }
+        if cfg.slots as u64 * cfg.slot_bytes as u64 > u64::from(u32::MAX) {
+            return Err(Error::Unsupported("slots × slot_bytes must stay below 4 GiB".into()));
+        }
+        let ep = transport.open_thread(thread, cfg.slots * cfg.slot_bytes)?;
+        let local = ep.local().clone();
+        let slots = Slots {
+            slots: (0..cfg.slots).map(|_| Slot { state: SlotState::Free, generation: 0, waker: None }).collect(),
+            free: (0..cfg.slots as u16).rev().collect(),
+            waiters: VecDeque::with_capacity(64),
+        };
+        let blades = transport.blades().to_vec();
+        let inner = Inner {
+            ep: RefCell::new(ep),
+            local,
+            chunks: RefCell::new(vec![(0, 0); blades.len()]),
+            blades,
+            cfg,
+            slots: RefCell::new(slots),
+            stats: Cell::new(VerbStats::default()),
+            thread,
+        };
+        Ok(Runtime {
+            ctx: Ctx(Rc::new(inner)),
+            tasks: Vec::new(),
+            wakers: Vec::new(),
+            ready: Arc::new(ReadySet { words: (0..MAX_TASKS / 64).map(|_| AtomicU64::new(0)).collect() }),
+            live: 0,
+            cq: Vec::with_capacity(cfg.slots),
+        })
+    }
+
+    /// A handle for coroutines of this runtime.
+    pub fn ctx(&self) -> Ctx {
+        self.ctx.clone()
+    }
+
+    /// Adds a coroutine; it starts at the next [`Runtime::run`].
+    ///
+    /// # Panics
+    /// Past [`MAX_TASKS`] coroutines.
+    pub fn spawn(&mut self, fut: impl Future<Output = ()> + 'static) {
+        let idx = match self.tasks.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                assert!(self.tasks.len() < MAX_TASKS, "at most {MAX_TASKS} coroutines per runtime");
+                self.tasks.push(None);
+                self.wakers.push(Waker::from(Arc::new(TaskWaker { ready: self.ready.clone(), idx: self.tasks.len() - 1 })));
+                self.tasks.len() - 1
+            }
+        };
+        self.tasks[idx] = Some(Box::pin(fut));
+        self.live += 1;
+        self.wakers[idx].wake_by_ref();
+    }
+
+    /// Runs until every spawned coroutine has finished.
+    pub fn run(&mut self) {
+        self.run_until(|| false);
+    }
+
+    /// Runs `fut` (and any other spawned coroutines meanwhile) to completion.
+    pub fn block_on<F: Future + 'static>(&mut self, fut: F) -> F::Output {
+        let out = Rc::new(RefCell::new(None));
+        let slot = out.clone();
+        self.spawn(async move {
+            *slot.borrow_mut() = Some(fut.await);
+        });
+        self.run_until(|| out.borrow().is_some());
+        let v = out.borrow_mut().take();
+        v.expect("block_on future finished")
+    }
+
+    fn run_until(&mut self, done: impl Fn() -> bool) {
+        let mut idle = 0u32;
+        while self.live > 0 && !done() {
+            let mut ran = false;
+            let used = self.tasks.len().div_ceil(64);
+            for w in 0..used {
+                let mut bits = self.ready.words[w].swap(0, Ordering::Acquire);
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    ran = true;
+                    if let Some(task) = self.tasks[i].as_mut() {
+                        let mut cx = Context::from_waker(&self.wakers[i]);
+                        if task.as_mut().poll(&mut cx).is_ready() {
+                            self.tasks[i] = None;
+                            self.live -= 1;
+                        }
+                    }
+                }
+            }
+            if self.poll_cq() > 0 || ran {
+                idle = 0;
+            } else {
+                idle += 1;
+                if idle >= 64 {
+                    self.ctx.0.ep.borrow_mut().idle();
+                }
+            }
+        }
+    }
+
+    /// Polls the CQ once and wakes the owners of finished batches.
+    fn poll_cq(&mut self) -> usize {
+        self.cq.clear();
+        let n = self.ctx.0.ep.borrow_mut().poll(&mut self.cq);
+        if n == 0 {
+            return 0;
+        }
+        let inner = &self.ctx.0;
+        let mut slots = inner.slots.borrow_mut();
+        let mut errors = 0;
+        for c in &self.cq {
+            let idx = (c.wr_id & 0xffff) as u16;
+            let generation = (c.wr_id >> 16) as u32;
+            let Some(s) = slots.slots.get_mut(idx as usize) else { continue };
+            if s.generation != generation {
+                continue;
+            }
+            errors += u64::from(c.status.is_err());
+            match s.state {
+                SlotState::Orphaned => slots.release(idx),
+                SlotState::InFlight => {
+                    s.state = SlotState::Done(c.status);
+                    if let Some(w) = s.waker.take() {
+                        w.wake();
+                    }
+                }
+                SlotState::Free | SlotState::Done(_) | SlotState::Held => {}
+            }
+        }
+        if errors > 0 {
+            let mut st = inner.stats.get();
+            st.error_completions += errors;
+            inner.stats.set(st);
+        }
+        n
+    }
+}

@@ -1,0 +1,258 @@
+//! `compute-blade`: runs benchmarks against memory blades.
+//!
+//! Without `--blades` the memory blade is embedded in this process.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+use smart_core::driver::{RunConfig, RunReport};
+use smart_core::micro::{self, MicroConfig};
+use smart_core::size::parse_size;
+use smart_core::{EmbeddedTransport, Opcode, RuntimeConfig, TcpTransport, Transport};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Smart-rs compute blade: benchmarks over one-sided verbs")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Verbs micro-benchmark: READ, WRITE, CAS or FAA as fast as possible.
+    Micro(MicroArgs),
+}
+
+/// Options every subcommand takes.
+#[derive(Args, Debug)]
+struct Common {
+    /// Memory blades (HOST:PORT,...); omit for an embedded blade in this process.
+    #[arg(long, value_delimiter = ',')]
+    blades: Vec<String>,
+    /// Transport to the --blades.
+    #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
+    transport: TransportArg,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Coroutines per worker thread.
+    #[arg(long, default_value_t = 8)]
+    coroutines: usize,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Seconds of warmup before measuring.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Smart techniques to enable: all, none, or a list of thd-res-alloc,
+    /// work-req-throt, conflict-avoid, spec-lookup.
+    #[arg(long, default_value = "none")]
+    smart: String,
+    /// QP policy: shared, multiplexed:K, per-thread-qp, per-thread-db.
+    #[arg(long, default_value = "per-thread-qp")]
+    qp_policy: String,
+    /// Write the result record (JSON) to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Size of each embedded blade (without --blades).
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    blade_size: u64,
+    /// Number of embedded blades (without --blades).
+    #[arg(long, default_value_t = 1)]
+    embedded_blades: usize,
+    /// No per-second progress lines.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum TransportArg {
+    Tcp,
+    Verbs,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OpArg {
+    Read,
+    Write,
+    Cas,
+    Faa,
+}
+
+#[derive(Args, Debug)]
+struct MicroArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The verb.
+    #[arg(long, value_enum, default_value_t = OpArg::Read)]
+    op: OpArg,
+    /// Bytes per READ or WRITE (atomics are 8).
+    #[arg(long, default_value = "8", value_parser = parse_size)]
+    size: u64,
+    /// WRs per batch (one doorbell).
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// All WRs on one 8-byte word (CAS becomes a CAS-increment loop).
+    #[arg(long)]
+    contended: bool,
+    /// Bytes per blade that uncontended WRs spread over.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    area: u64,
+}
+
+/// The Smart techniques as the result record names them.
+const TECHNIQUES: [&str; 4] = ["thd-res-alloc", "work-req-throt", "conflict-avoid", "spec-lookup"];
+
+/// What the common options resolve to.
+struct Setup {
+    transport: Arc<dyn Transport>,
+    run: RunConfig,
+    smart: [bool; 4],
+    qp_policy: String,
+}
+
+fn parse_smart(s: &str) -> Result<[bool; 4]> {
+    let mut on = [false; 4];
+    match s {
+        "none" => {}
+        "all" => on = [true; 4],
+        list => {
+            for name in list.split(',').map(str::trim) {
+                let i = TECHNIQUES.iter().position(|t| *t == name).with_context(|| {
+                    format!("--smart: unknown technique {name:?}; use all, none, or a list of {}", TECHNIQUES.join(","))
+                })?;
+                on[i] = true;
+            }
+        }
+    }
+    Ok(on)
+}
+
+fn resolve(c: &Common) -> Result<Setup> {
+    let smart = parse_smart(&c.smart)?;
+    if smart.iter().any(|&b| b) {
+        bail!(
+            "--smart {}: the Smart techniques are not built yet (issue 3); only --smart none runs today",
+            c.smart
+        );
+    }
+    match c.qp_policy.as_str() {
+        "per-thread-qp" => {}
+        "shared" | "per-thread-db" => bail!("--qp-policy {}: not built yet (issue 3); only per-thread-qp runs today", c.qp_policy),
+        p if p.starts_with("multiplexed:") => bail!("--qp-policy {p}: not built yet (issue 3); only per-thread-qp runs today"),
+        p => bail!("--qp-policy {p:?}: use shared, multiplexed:K, per-thread-qp or per-thread-db"),
+    }
+    if c.threads == 0 || c.coroutines == 0 {
+        bail!("--threads and --coroutines must be at least 1");
+    }
+    if !(c.duration > 0.0 && c.duration.is_finite()) || !(c.warmup >= 0.0 && c.warmup.is_finite()) {
+        bail!("--duration must be positive and --warmup non-negative");
+    }
+    let transport: Arc<dyn Transport> = if c.blades.is_empty() {
+        if let TransportArg::Verbs = c.transport {
+            bail!("--transport verbs needs --blades");
+        }
+        Arc::new(EmbeddedTransport::new(c.embedded_blades, c.blade_size).context("creating the embedded blade")?)
+    } else {
+        match c.transport {
+            TransportArg::Tcp => Arc::new(TcpTransport::connect(&c.blades).context("connecting to the memory blades")?),
+            TransportArg::Verbs => bail!(
+                "--transport verbs is not built yet (RDMA verbs backend: issue 5); \
+                 use --transport tcp against a memory-blade, or omit --blades for the embedded backend"
+            ),
+        }
+    };
+    let run = RunConfig {
+        threads: c.threads,
+        coroutines: c.coroutines,
+        duration: Duration::from_secs_f64(c.duration),
+        warmup: Duration::from_secs_f64(c.warmup),
+        runtime: RuntimeConfig::default(),
+        progress: !c.quiet,
+    };
+    Ok(Setup { transport, run, smart, qp_policy: c.qp_policy.clone() })
+}
+
+/// The fields every result record carries, then the bench's own.
+fn record(bench: &str, app: &str, workload: &str, s: &Setup, r: &RunReport, extra: Value) -> Result<Value> {
+    let mut v = json!({
+        "bench": bench,
+        "app": app,
+        "workload": workload,
+        "transport": s.transport.name(),
+        "blades": s.transport.blades().len(),
+        "threads": s.run.threads,
+        "coroutines": s.run.coroutines,
+        "smart": {
+            "thd_res_alloc": s.smart[0],
+            "work_req_throt": s.smart[1],
+            "conflict_avoid": s.smart[2],
+            "spec_lookup": s.smart[3],
+        },
+        "qp_policy": s.qp_policy,
+        "first_error": r.first_error,
+    });
+    let obj = v.as_object_mut().expect("object");
+    for val in [serde_json::to_value(r.record())?, extra] {
+        if let Value::Object(m) = val {
+            obj.extend(m);
+        }
+    }
+    Ok(v)
+}
+
+fn finish(c: &Common, rec: &Value, r: &RunReport) -> Result<()> {
+    println!("{}", r.summary_line());
+    if let Some(e) = &r.first_error {
+        eprintln!("compute-blade: {} coroutine(s) failed; first: {e}", r.errors);
+    }
+    if let Some(p) = &c.json {
+        std::fs::write(p, serde_json::to_string_pretty(rec)? + "\n").with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn micro_cmd(a: &MicroArgs) -> Result<bool> {
+    let s = resolve(&a.common)?;
+    let op = match a.op {
+        OpArg::Read => Opcode::Read,
+        OpArg::Write => Opcode::Write,
+        OpArg::Cas => Opcode::Cas,
+        OpArg::Faa => Opcode::Faa,
+    };
+    let size = u32::try_from(a.size).context("--size must fit 32 bits")?;
+    let m = MicroConfig { op, size, batch: a.batch, contended: a.contended, area: a.area };
+    let rep = micro::run(&*s.transport, &s.run, &m)?;
+    let name = format!("{:?}", a.op).to_lowercase();
+    let workload = format!("{name}-{}{}", if op.is_atomic() { 8 } else { size }, if a.contended { "-contended" } else { "" });
+    let extra = json!({
+        "op": name,
+        "size": if op.is_atomic() { 8 } else { size },
+        "batch": a.batch,
+        "contended": a.contended,
+        "increments": rep.increments,
+        "counter": rep.counter,
+        "violations": rep.violations,
+    });
+    let rec = record("micro", "micro", &workload, &s, &rep.run, extra)?;
+    finish(&a.common, &rec, &rep.run)?;
+    if rep.violations > 0 {
+        eprintln!("compute-blade: VIOLATION: counter is {} but {} increments completed", rep.counter, rep.increments);
+    }
+    Ok(rep.violations == 0 && rep.run.first_error.is_none())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let ok = match &cli.cmd {
+        Cmd::Micro(a) => micro_cmd(a)?,
+    };
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}
