@@ -156,7 +156,9 @@ fn serve_conn(mut s: TcpStream, region: &Region, rkey: u32, stop: &AtomicBool) -
             Ok(0) if start == end => return Ok(()),
             Ok(0) => return Err(format!("connection closed inside a frame ({} bytes of it received)", end - start)),
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                continue
+            }
             Err(e) => return Err(e.to_string()),
         };
         end += n;
@@ -271,7 +273,11 @@ impl Conn<'_> {
                 if d.len != 8 {
                     return Err(WcStatus::RemoteInvalidRequest);
                 }
-                let old = if op == Opcode::Cas { self.region.cas(d.remote, d.compare_add, d.swap)? } else { self.region.faa(d.remote, d.compare_add)? };
+                let old = if op == Opcode::Cas {
+                    self.region.cas(d.remote, d.compare_add, d.swap)?
+                } else {
+                    self.region.faa(d.remote, d.compare_add)?
+                };
                 self.out.extend_from_slice(&old.to_le_bytes());
             }
         }

@@ -255,16 +255,26 @@ where
         return Err(Error::Unsupported("need at least one thread and one coroutine".into()));
     }
     let phase = Arc::new(AtomicU8::new(WARMUP));
-    let progress: Arc<[CachePadded<AtomicU64>]> = (0..cfg.threads).map(|_| CachePadded::new(AtomicU64::new(0))).collect();
+    let progress: Arc<[CachePadded<AtomicU64>]> =
+        (0..cfg.threads).map(|_| CachePadded::new(AtomicU64::new(0))).collect();
     let ready = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let clock = quanta::Clock::new();
     let (report, measured) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..cfg.threads)
             .map(|t| {
-                let (phase, progress, ready, failed, first_error, body, clock) =
-                    (phase.clone(), progress.clone(), &ready, &failed, first_error.clone(), &body, clock.clone());
+                let (phase, progress, ready, finished, failed, first_error, body, clock) = (
+                    phase.clone(),
+                    progress.clone(),
+                    &ready,
+                    &finished,
+                    &failed,
+                    first_error.clone(),
+                    &body,
+                    clock.clone(),
+                );
                 std::thread::Builder::new()
                     .name(format!("worker-{t}"))
                     .spawn_scoped(s, move || -> Result<(VerbStats, Latency, u64, u64, u64)> {
@@ -286,14 +296,23 @@ where
                             at_stop: VerbStats::default(),
                         }));
                         for c in 0..cfg.coroutines {
-                            let w = Worker { ctx: rt.ctx(), coroutine: c, phase: phase.clone(), rec: rec.clone(), progress: progress.clone(), clock: clock.clone() };
+                            let w = Worker {
+                                ctx: rt.ctx(),
+                                coroutine: c,
+                                phase: phase.clone(),
+                                rec: rec.clone(),
+                                progress: progress.clone(),
+                                clock: clock.clone(),
+                            };
                             let fut = body(w.clone());
                             let first_error = first_error.clone();
                             rt.spawn(async move {
                                 if let Err(e) = fut.await {
                                     w.rec.borrow_mut().errors += 1;
                                     let mut fe = first_error.lock().expect("no panics while holding it");
-                                    fe.get_or_insert_with(|| format!("thread {} coroutine {}: {e}", w.thread(), w.coroutine));
+                                    fe.get_or_insert_with(|| {
+                                        format!("thread {} coroutine {}: {e}", w.thread(), w.coroutine)
+                                    });
                                 }
                             });
                         }
@@ -302,6 +321,7 @@ where
                             std::thread::yield_now();
                         }
                         rt.run();
+                        finished.fetch_add(1, Ordering::Release);
                         let ctx = rt.ctx();
                         let mut r = rec.borrow_mut();
                         if r.phase_seen != STOP {
@@ -334,16 +354,24 @@ where
             let mut tick = 1u64;
             loop {
                 let next = t0 + Duration::from_secs(tick).min(cfg.duration);
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                // Sleep to the next tick, but end early once every thread's
+                // coroutines have returned.
+                while Instant::now() < next && finished.load(Ordering::Acquire) < cfg.threads {
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()).min(Duration::from_millis(5)));
+                }
                 let total: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
                 let elapsed = t0.elapsed();
                 if cfg.progress {
                     let span = elapsed.as_secs_f64() - (tick - 1) as f64;
-                    eprintln!("[{:>5.1}s] {:>8.3} Mop/s  ({total} ops)", elapsed.as_secs_f64(), (total - last) as f64 / span.max(1e-9) / 1e6);
+                    eprintln!(
+                        "[{:>5.1}s] {:>8.3} Mop/s  ({total} ops)",
+                        elapsed.as_secs_f64(),
+                        (total - last) as f64 / span.max(1e-9) / 1e6
+                    );
                 }
                 last = total;
                 tick += 1;
-                if elapsed >= cfg.duration {
+                if elapsed >= cfg.duration || finished.load(Ordering::Acquire) == cfg.threads {
                     break;
                 }
             }

@@ -121,7 +121,6 @@ pub fn root_entry(i: u64) -> u64 {
     OFF_ROOTS + (i % ROOT_ENTRIES) * ROOT_ENTRY_SIZE
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

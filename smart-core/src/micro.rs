@@ -72,7 +72,10 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
         return Err(Error::Unsupported("a contended CAS-increment is one CAS at a time: use --batch 1".into()));
     }
     if u64::from(size) * m.batch as u64 > cfg.runtime.slot_bytes as u64 {
-        return Err(Error::Unsupported(format!("--size × --batch exceeds the {} local bytes of a slot", cfg.runtime.slot_bytes)));
+        return Err(Error::Unsupported(format!(
+            "--size × --batch exceeds the {} local bytes of a slot",
+            cfg.runtime.slot_bytes
+        )));
     }
     let stride = u64::from(size).next_multiple_of(8);
     if m.area < stride {

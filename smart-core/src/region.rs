@@ -72,10 +72,7 @@ impl Region {
                 s
             }
             (0, None) => {
-                return Err(io::Error::other(format!(
-                    "backing file {} is new or empty: give --size",
-                    path.display()
-                )))
+                return Err(io::Error::other(format!("backing file {} is new or empty: give --size", path.display())))
             }
             (e, Some(s)) if e != s => {
                 return Err(io::Error::other(format!(

@@ -135,8 +135,9 @@ const EMPTY_WR: WorkRequest =
 /// # let ctx = rt.ctx();
 /// rt.block_on(async move {
 ///     let a = ctx.alloc(0, 16, 8).await.unwrap();
+///     let one = 1u64.to_le_bytes();
 ///     let mut b = ctx.batch();
-///     b.write(a, &1u64.to_le_bytes());
+///     b.write(a, &one);
 ///     let cas = b.cas(a, 1, 2);
 ///     let rd = b.read(a, 16);
 ///     let done = b.post().await.unwrap();
@@ -161,7 +162,15 @@ impl fmt::Debug for Batch<'_> {
 }
 
 impl<'a> Batch<'a> {
-    fn push(&mut self, op: Opcode, remote: GlobalAddr, len: u32, compare_add: u64, swap: u64, payload: &'a [u8]) -> u32 {
+    fn push(
+        &mut self,
+        op: Opcode,
+        remote: GlobalAddr,
+        len: u32,
+        compare_add: u64,
+        swap: u64,
+        payload: &'a [u8],
+    ) -> u32 {
         if self.error.is_some() {
             return 0;
         }
@@ -178,7 +187,10 @@ impl<'a> Batch<'a> {
         let off = self.bytes;
         let end = u64::from(off) + u64::from(len).next_multiple_of(8);
         if self.n == MAX_BATCH {
-            self.error = Some(Error::BatchTooLarge { what: format!("more than {MAX_BATCH} WRs"), knob: "slots (MAX_BATCH is fixed)" });
+            self.error = Some(Error::BatchTooLarge {
+                what: format!("more than {MAX_BATCH} WRs"),
+                knob: "slots (MAX_BATCH is fixed)",
+            });
             return 0;
         }
         if end > self.ctx.0.cfg.slot_bytes as u64 {
@@ -411,7 +423,15 @@ impl Drop for Done<'_> {
 impl Ctx {
     /// An empty batch.
     pub fn batch(&self) -> Batch<'_> {
-        Batch { ctx: self, wrs: [EMPTY_WR; MAX_BATCH], payloads: [&[]; MAX_BATCH], n: 0, bytes: 0, blade: None, error: None }
+        Batch {
+            ctx: self,
+            wrs: [EMPTY_WR; MAX_BATCH],
+            payloads: [&[]; MAX_BATCH],
+            n: 0,
+            bytes: 0,
+            blade: None,
+            error: None,
+        }
     }
 
     /// Index of this worker thread.
@@ -510,7 +530,10 @@ impl Ctx {
 
     /// Allocates `size` bytes aligned to `align` (a power of two ≤ 4096) on
     /// blade `blade`. Small allocations come from a chunk this thread took
-    /// from the blade's heap with one FAA; large ones take their own FAA.
+    /// from the blade's heap with one FAA (the last chunk may be partial);
+    /// large ones (over a quarter chunk) are cut with a CAS loop that never
+    /// moves the heap pointer past the end, so a failed large request leaves
+    /// the rest of the heap usable. Chunks are at most 1/64 of the blade.
     /// Memory is never returned to the blade (applications recycle it).
     ///
     /// # Errors
@@ -519,12 +542,19 @@ impl Ctx {
         let info = *self.0.blades.get(blade as usize).ok_or(Error::NoSuchBlade(blade, self.0.blades.len()))?;
         assert!(align.is_power_of_two() && align <= 4096, "align must be a power of two up to 4096");
         let size = size.max(1);
-        let chunk = self.0.cfg.chunk_bytes;
+        let chunk = self.0.cfg.chunk_bytes.min(info.size / 64).next_multiple_of(4096);
         let oom = || Error::OutOfMemory { blade, bytes: size, size: info.size };
+        let heap = GlobalAddr::new(blade, layout::OFF_HEAP);
         if size > chunk / 4 {
             let take = size.next_multiple_of(4096);
-            let off = self.faa(GlobalAddr::new(blade, layout::OFF_HEAP), take).await?;
-            return if off.checked_add(take).is_some_and(|e| e <= info.size) { Ok(GlobalAddr::new(blade, off)) } else { Err(oom()) };
+            let mut cur = self.read_u64(heap).await?;
+            loop {
+                let end = cur.checked_add(take).filter(|e| *e <= info.size).ok_or_else(oom)?;
+                match self.cas(heap, cur, end).await? {
+                    old if old == cur => return Ok(GlobalAddr::new(blade, cur)),
+                    old => cur = old,
+                }
+            }
         }
         loop {
             {
@@ -532,17 +562,18 @@ impl Ctx {
                 let (cur, end) = &mut chunks[blade as usize];
                 let at = cur.next_multiple_of(align);
                 if at + size <= *end {
+                    // (`at` cannot overflow: chunks end inside the blade.)
                     *cur = at + size;
                     return Ok(GlobalAddr::new(blade, at));
                 }
             }
-            let off = self.faa(GlobalAddr::new(blade, layout::OFF_HEAP), chunk).await?;
-            if off.checked_add(chunk).is_none_or(|e| e > info.size) {
+            let off = self.faa(heap, chunk).await?;
+            if off >= info.size {
                 return Err(oom());
             }
             // Another coroutine of this thread may have refilled meanwhile;
             // the newest chunk wins and the rest of the older one is left.
-            self.0.chunks.borrow_mut()[blade as usize] = (off, off + chunk);
+            self.0.chunks.borrow_mut()[blade as usize] = (off, (off + chunk).min(info.size));
         }
     }
 
@@ -708,7 +739,8 @@ impl Runtime {
             None => {
                 assert!(self.tasks.len() < MAX_TASKS, "at most {MAX_TASKS} coroutines per runtime");
                 self.tasks.push(None);
-                self.wakers.push(Waker::from(Arc::new(TaskWaker { ready: self.ready.clone(), idx: self.tasks.len() - 1 })));
+                self.wakers
+                    .push(Waker::from(Arc::new(TaskWaker { ready: self.ready.clone(), idx: self.tasks.len() - 1 })));
                 self.tasks.len() - 1
             }
         };

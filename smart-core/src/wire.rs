@@ -95,7 +95,12 @@ impl Welcome {
         if b[..8] != WELCOME_MAGIC {
             return Err(format!("peer is not a Smart-rs memory blade (answer starts {:02x?})", &b[..8]));
         }
-        Ok(Welcome { version: le32(&b[8..12]), status: le32(&b[12..16]), size: le64(&b[16..24]), rkey: le32(&b[24..28]) })
+        Ok(Welcome {
+            version: le32(&b[8..12]),
+            status: le32(&b[12..16]),
+            size: le64(&b[16..24]),
+            rkey: le32(&b[24..28]),
+        })
     }
 }
 
@@ -166,7 +171,14 @@ impl WrDesc {
 
     /// Decodes [`WR_DESC_LEN`] bytes.
     pub fn get(b: &[u8]) -> WrDesc {
-        WrDesc { op: b[0], rkey: le32(&b[4..8]), remote: le64(&b[8..16]), len: le32(&b[16..20]), compare_add: le64(&b[24..32]), swap: le64(&b[32..40]) }
+        WrDesc {
+            op: b[0],
+            rkey: le32(&b[4..8]),
+            remote: le64(&b[8..16]),
+            len: le32(&b[16..20]),
+            compare_add: le64(&b[24..32]),
+            swap: le64(&b[32..40]),
+        }
     }
 
     /// Bytes of payload that follow this descriptor in a request.

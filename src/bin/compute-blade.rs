@@ -135,21 +135,22 @@ fn parse_smart(s: &str) -> Result<[bool; 4]> {
 fn resolve(c: &Common) -> Result<Setup> {
     let smart = parse_smart(&c.smart)?;
     if smart.iter().any(|&b| b) {
-        bail!(
-            "--smart {}: the Smart techniques are not built yet (issue 3); only --smart none runs today",
-            c.smart
-        );
+        bail!("--smart {}: the Smart techniques are not built yet (issue 3); only --smart none runs today", c.smart);
     }
     match c.qp_policy.as_str() {
         "per-thread-qp" => {}
-        "shared" | "per-thread-db" => bail!("--qp-policy {}: not built yet (issue 3); only per-thread-qp runs today", c.qp_policy),
-        p if p.starts_with("multiplexed:") => bail!("--qp-policy {p}: not built yet (issue 3); only per-thread-qp runs today"),
+        "shared" | "per-thread-db" => {
+            bail!("--qp-policy {}: not built yet (issue 3); only per-thread-qp runs today", c.qp_policy)
+        }
+        p if p.starts_with("multiplexed:") => {
+            bail!("--qp-policy {p}: not built yet (issue 3); only per-thread-qp runs today")
+        }
         p => bail!("--qp-policy {p:?}: use shared, multiplexed:K, per-thread-qp or per-thread-db"),
     }
     if c.threads == 0 || c.coroutines == 0 {
         bail!("--threads and --coroutines must be at least 1");
     }
-    if !(c.duration > 0.0 && c.duration.is_finite()) || !(c.warmup >= 0.0 && c.warmup.is_finite()) {
+    if !(c.duration > 0.0 && c.duration.is_finite() && c.warmup >= 0.0 && c.warmup.is_finite()) {
         bail!("--duration must be positive and --warmup non-negative");
     }
     let transport: Arc<dyn Transport> = if c.blades.is_empty() {
@@ -211,7 +212,8 @@ fn finish(c: &Common, rec: &Value, r: &RunReport) -> Result<()> {
         eprintln!("compute-blade: {} coroutine(s) failed; first: {e}", r.errors);
     }
     if let Some(p) = &c.json {
-        std::fs::write(p, serde_json::to_string_pretty(rec)? + "\n").with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(rec)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
 }
@@ -228,7 +230,8 @@ fn micro_cmd(a: &MicroArgs) -> Result<bool> {
     let m = MicroConfig { op, size, batch: a.batch, contended: a.contended, area: a.area };
     let rep = micro::run(&*s.transport, &s.run, &m)?;
     let name = format!("{:?}", a.op).to_lowercase();
-    let workload = format!("{name}-{}{}", if op.is_atomic() { 8 } else { size }, if a.contended { "-contended" } else { "" });
+    let workload =
+        format!("{name}-{}{}", if op.is_atomic() { 8 } else { size }, if a.contended { "-contended" } else { "" });
     let extra = json!({
         "op": name,
         "size": if op.is_atomic() { 8 } else { size },

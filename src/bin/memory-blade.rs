@@ -56,10 +56,14 @@ fn main() -> Result<()> {
             Region::file_backed(p, args.size).with_context(|| format!("opening backing file {}", p.display()))?,
             format!("file {}", p.display()),
         ),
-        None => (Region::anonymous(args.size.unwrap_or(1 << 30)).context("mapping anonymous memory")?, "anonymous".to_string()),
+        None => (
+            Region::anonymous(args.size.unwrap_or(1 << 30)).context("mapping anonymous memory")?,
+            "anonymous".to_string(),
+        ),
     };
     let region = Arc::new(region);
-    let server = BladeServer::bind(&args.listen, region.clone()).with_context(|| format!("listening on {}", args.listen))?;
+    let server =
+        BladeServer::bind(&args.listen, region.clone()).with_context(|| format!("listening on {}", args.listen))?;
     let stop = server.stop_flag();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;

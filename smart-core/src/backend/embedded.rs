@@ -62,7 +62,11 @@ impl EmbeddedTransport {
     /// If mapping fails or `size` cannot hold a superblock.
     pub fn new(blades: usize, size: u64) -> Result<Self> {
         let regions = (0..blades)
-            .map(|_| Region::anonymous(size).map(Arc::new).map_err(|e| Error::Io { peer: "embedded blade".into(), source: e }))
+            .map(|_| {
+                Region::anonymous(size)
+                    .map(Arc::new)
+                    .map_err(|e| Error::Io { peer: "embedded blade".into(), source: e })
+            })
             .collect::<Result<Vec<_>>>()?;
         Self::from_regions(regions)
     }
@@ -109,11 +113,18 @@ impl Transport for EmbeddedTransport {
             .regions
             .iter()
             .zip(&self.infos)
-            .map(|(r, i)| Qp { region: r.clone(), info: *i, sq: VecDeque::new(), batches: VecDeque::new(), error: false })
+            .map(|(r, i)| Qp {
+                region: r.clone(),
+                info: *i,
+                sq: VecDeque::new(),
+                batches: VecDeque::new(),
+                error: false,
+            })
             .collect();
-        let chaos = self
-            .chaos
-            .map(|cfg| Chaos { cfg, rng: SmallRng::seed_from_u64(cfg.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) });
+        let chaos = self.chaos.map(|cfg| Chaos {
+            cfg,
+            rng: SmallRng::seed_from_u64(cfg.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        });
         Ok(Box::new(EmbeddedEndpoint { local: LocalMem::new(local_bytes)?, qps, chaos, order: Vec::new() }))
     }
 }
@@ -170,7 +181,11 @@ impl Qp {
             if status.is_err() {
                 continue;
             }
-            let r = if self.error { Err(WcStatus::Flushed) } else { execute(&self.region, self.info.rkey, &wr, local, pacer) };
+            let r = if self.error {
+                Err(WcStatus::Flushed)
+            } else {
+                execute(&self.region, self.info.rkey, &wr, local, pacer)
+            };
             if let Err(s) = r {
                 self.error = true;
                 status = Err((s, i));
@@ -181,7 +196,13 @@ impl Qp {
 }
 
 /// Executes one WR against a region, with `local` as the local side.
-fn execute(region: &Region, rkey: u32, wr: &WorkRequest, local: &LocalMem, pacer: &mut impl LinePacer) -> Result<(), WcStatus> {
+fn execute(
+    region: &Region,
+    rkey: u32,
+    wr: &WorkRequest,
+    local: &LocalMem,
+    pacer: &mut impl LinePacer,
+) -> Result<(), WcStatus> {
     if wr.rkey != rkey {
         return Err(WcStatus::RemoteAccess);
     }
@@ -205,7 +226,11 @@ fn execute(region: &Region, rkey: u32, wr: &WorkRequest, local: &LocalMem, pacer
             if wr.len != 8 {
                 return Err(WcStatus::RemoteInvalidRequest);
             }
-            let old = if wr.op == Opcode::Cas { region.cas(off, wr.compare_add, wr.swap)? } else { region.faa(off, wr.compare_add)? };
+            let old = if wr.op == Opcode::Cas {
+                region.cas(off, wr.compare_add, wr.swap)?
+            } else {
+                region.faa(off, wr.compare_add)?
+            };
             // SAFETY: as above.
             unsafe { local.bytes_mut(wr.local_off, 8) }.copy_from_slice(&old.to_ne_bytes());
         }

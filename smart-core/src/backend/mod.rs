@@ -106,7 +106,8 @@ impl LocalMem {
     /// # Errors
     /// If the mapping fails.
     pub fn new(len: usize) -> Result<Rc<LocalMem>> {
-        let mut map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::Io { peer: "local memory".into(), source: e })?;
+        let mut map =
+            MmapMut::map_anon(len.max(1)).map_err(|e| Error::Io { peer: "local memory".into(), source: e })?;
         let ptr = NonNull::new(map.as_mut_ptr()).expect("mmap never returns null");
         Ok(Rc::new(LocalMem { ptr, len, _map: map }))
     }

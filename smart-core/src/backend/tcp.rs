@@ -1,10 +1,15 @@
 //! The TCP backend: a software RNIC talking to `memory-blade` processes.
 //!
 //! Each worker thread opens one connection per memory blade (its QP to that
-//! blade). Posting encodes the batch as one frame and sends it with one
-//! `write` (the doorbell); polling reads whatever responses have arrived,
-//! without blocking, and scatters READ data and atomic results into the
-//! thread's local memory. When the runtime is idle it blocks in `poll(2)`
+//! blade). Posting encodes the batch as one frame into the connection's send
+//! buffer (the doorbell); the runtime's next CQ poll, which follows the
+//! executor round in which coroutines posted, sends all frames queued on a
+//! connection with one `write` — so a batch never costs more than one
+//! syscall, and the coroutines of a thread share them, the way doorbell
+//! batching lets WRs share an MMIO. (Sending each frame at once made the
+//! blade thread wake per frame; measured in the README.) Polling then reads
+//! whatever responses have arrived, without blocking, and scatters READ data
+//! and atomic results into the thread's local memory. When the runtime is idle it blocks in `poll(2)`
 //! for up to a millisecond instead of spinning, which matters on machines
 //! where the blade and the compute threads share few cores.
 //!
@@ -26,6 +31,9 @@ use crate::{Error, Result};
 /// How long connecting and the handshake may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Queued request bytes past which `post` sends at once.
+const SEND_NOW: usize = 256 << 10;
+
 /// wr_id of the internal reset frame (never a runtime wr_id, whose top 16
 /// bits are zero).
 const RESET_WR_ID: u64 = u64::MAX;
@@ -46,7 +54,11 @@ impl TcpTransport {
     /// If a blade is unreachable, not a memory blade, or of another version.
     pub fn connect(addrs: &[String]) -> Result<TcpTransport> {
         if addrs.is_empty() || addrs.len() > crate::addr::MAX_BLADES {
-            return Err(Error::Unsupported(format!("{} blade addresses: need 1 to {}", addrs.len(), crate::addr::MAX_BLADES)));
+            return Err(Error::Unsupported(format!(
+                "{} blade addresses: need 1 to {}",
+                addrs.len(),
+                crate::addr::MAX_BLADES
+            )));
         }
         let mut infos = Vec::with_capacity(addrs.len());
         for a in addrs {
@@ -64,11 +76,7 @@ impl TcpTransport {
 pub fn handshake(peer: &str, version: u32) -> Result<(TcpStream, BladeInfo)> {
     let io = |source| Error::Io { peer: peer.to_string(), source };
     let hs = |reason: String| Error::Handshake { peer: peer.to_string(), reason };
-    let addr = peer
-        .to_socket_addrs()
-        .map_err(io)?
-        .next()
-        .ok_or_else(|| hs("address resolves to nothing".into()))?;
+    let addr = peer.to_socket_addrs().map_err(io)?.next().ok_or_else(|| hs("address resolves to nothing".into()))?;
     let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(io)?;
     s.set_nodelay(true).map_err(io)?;
     s.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(io)?;
@@ -101,7 +109,10 @@ impl Transport for TcpTransport {
         for (peer, info) in self.peers.iter().zip(&self.infos) {
             let (stream, now) = handshake(peer, wire::PROTOCOL_VERSION)?;
             if now.size != info.size {
-                return Err(Error::Handshake { peer: peer.clone(), reason: "blade changed size since the transport connected".into() });
+                return Err(Error::Handshake {
+                    peer: peer.clone(),
+                    reason: "blade changed size since the transport connected".into(),
+                });
             }
             stream.set_nonblocking(true).map_err(|source| Error::Io { peer: peer.clone(), source })?;
             conns.push(Conn {
@@ -230,8 +241,13 @@ impl Conn {
                     if i >= ok_wrs {
                         continue;
                     }
-                    let len = WrDesc { op: wr.op as u8, len: wr.len, rkey: 0, remote: 0, compare_add: 0, swap: 0 }.response_len();
-                    let data = self.inb.get(p..p + len).filter(|_| p + len <= body_at + h.len as usize).ok_or("response shorter than its WRs")?;
+                    let len = WrDesc { op: wr.op as u8, len: wr.len, rkey: 0, remote: 0, compare_add: 0, swap: 0 }
+                        .response_len();
+                    let data = self
+                        .inb
+                        .get(p..p + len)
+                        .filter(|_| p + len <= body_at + h.len as usize)
+                        .ok_or("response shorter than its WRs")?;
                     p += len;
                     match wr.op {
                         // SAFETY: the range belongs to this in-flight batch's
@@ -274,14 +290,22 @@ impl Endpoint for TcpEndpoint {
             self.failed.push(Completion { wr_id, status: Err((WcStatus::Transport, 0)) });
             return Ok(());
         }
-        let body: usize = wrs.iter().map(|w| WR_DESC_LEN + if w.op == Opcode::Write { w.len as usize } else { 0 }).sum();
+        let body: usize =
+            wrs.iter().map(|w| WR_DESC_LEN + if w.op == Opcode::Write { w.len as usize } else { 0 }).sum();
         if body > MAX_FRAME || wrs.len() > wire::MAX_WRS {
             return Err(Error::BatchTooLarge { what: format!("frame of {body} bytes"), knob: "slot_bytes" });
         }
         Header { len: body as u32, kind: wire::KIND_BATCH, count: wrs.len() as u16, wr_id }.put(&mut c.out);
         for w in wrs {
-            WrDesc { op: w.op as u8, rkey: w.rkey, remote: w.remote.offset(), len: w.len, compare_add: w.compare_add, swap: w.swap }
-                .put(&mut c.out);
+            WrDesc {
+                op: w.op as u8,
+                rkey: w.rkey,
+                remote: w.remote.offset(),
+                len: w.len,
+                compare_add: w.compare_add,
+                swap: w.swap,
+            }
+            .put(&mut c.out);
             if w.op == Opcode::Write {
                 // SAFETY: validated range of the batch's slot, not written
                 // while the batch is in flight.
@@ -290,8 +314,12 @@ impl Endpoint for TcpEndpoint {
         }
         c.sq.extend(wrs.iter().copied());
         c.batches.push_back((wr_id, wrs.len() as u16));
-        if let Err(e) = c.flush() {
-            c.fail(format!("sending: {e}"), &mut self.failed);
+        // Sent by the next `poll`, together with the other frames of this
+        // executor round; a frame too large to wait goes now.
+        if c.out.len() >= SEND_NOW {
+            if let Err(e) = c.flush() {
+                c.fail(format!("sending: {e}"), &mut self.failed);
+            }
         }
         Ok(())
     }
@@ -339,7 +367,10 @@ impl Endpoint for TcpEndpoint {
             return Err(Error::QpBusy(qp));
         }
         if let Some(reason) = &c.broken {
-            return Err(Error::Handshake { peer: c.peer.clone(), reason: format!("connection lost ({reason}); reconnect") });
+            return Err(Error::Handshake {
+                peer: c.peer.clone(),
+                reason: format!("connection lost ({reason}); reconnect"),
+            });
         }
         Header { len: 0, kind: wire::KIND_RESET, count: 0, wr_id: RESET_WR_ID }.put(&mut c.out);
         c.batches.push_back((RESET_WR_ID, 0));

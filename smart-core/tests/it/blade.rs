@@ -1,0 +1,171 @@
+//! The TCP memory blade: hostile peers, version mismatch, restarts.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smart_core::backend::tcp::handshake;
+use smart_core::blade::BladeServer;
+use smart_core::region::Region;
+use smart_core::wire::{self, Header, WrDesc};
+use smart_core::{Error, Runtime, RuntimeConfig, TcpTransport, Transport};
+
+fn serve(region: Region) -> smart_core::blade::BladeHandle {
+    BladeServer::bind("127.0.0.1:0", Arc::new(region)).unwrap().spawn().unwrap()
+}
+
+/// Whether the blade closed `s` (reads EOF or a reset within 5 s).
+fn closed(mut s: TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 64];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+fn frame(h: Header, descs: &[WrDesc], payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    h.put(&mut v);
+    for d in descs {
+        d.put(&mut v);
+    }
+    v.extend_from_slice(payload);
+    v
+}
+
+#[test]
+fn blade_survives_hostile_peers_and_keeps_serving() {
+    let h = serve(Region::anonymous(1 << 20).unwrap());
+    let addr = h.addr().to_string();
+    let t = TcpTransport::connect(std::slice::from_ref(&addr)).unwrap();
+    // A healthy client connected before the attacks.
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let a = rt.block_on({
+        let ctx = ctx.clone();
+        async move { ctx.alloc(0, 64, 8).await.unwrap() }
+    });
+    let rkey = t.blades()[0].rkey;
+    // 1. Garbage instead of a greeting.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert!(closed(s), "garbage greeting");
+    // 2. A huge length field after a valid handshake.
+    let (mut s, _) = handshake(&addr, wire::PROTOCOL_VERSION).unwrap();
+    s.write_all(&frame(Header { len: u32::MAX, kind: wire::KIND_BATCH, count: 1, wr_id: 1 }, &[], &[])).unwrap();
+    assert!(closed(s), "huge length");
+    // 3. A truncated frame, then the peer hangs up.
+    let (mut s, _) = handshake(&addr, wire::PROTOCOL_VERSION).unwrap();
+    let d = WrDesc { op: 2, rkey, remote: a.offset(), len: 64, compare_add: 0, swap: 0 };
+    let f = frame(
+        Header { len: (wire::WR_DESC_LEN + 64) as u32, kind: wire::KIND_BATCH, count: 1, wr_id: 1 },
+        &[d],
+        &[7; 64],
+    );
+    s.write_all(&f[..f.len() - 10]).unwrap();
+    drop(s);
+    // 4. A frame whose WR count does not match its body, and a WRITE whose
+    //    payload runs past the frame: closed, and nothing was written.
+    for bad in [
+        frame(Header { len: wire::WR_DESC_LEN as u32, kind: wire::KIND_BATCH, count: 2, wr_id: 1 }, &[d], &[]),
+        frame(
+            Header { len: (wire::WR_DESC_LEN + 8) as u32, kind: wire::KIND_BATCH, count: 1, wr_id: 1 },
+            &[d],
+            &[9; 8],
+        ),
+        frame(Header { len: 0, kind: 77, count: 0, wr_id: 1 }, &[], &[]),
+    ] {
+        let (mut s, _) = handshake(&addr, wire::PROTOCOL_VERSION).unwrap();
+        s.write_all(&bad).unwrap();
+        assert!(closed(s), "malformed frame");
+    }
+    // 5. Random bytes after a valid handshake.
+    let (mut s, _) = handshake(&addr, wire::PROTOCOL_VERSION).unwrap();
+    let junk: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let _ = s.write_all(&junk);
+    assert!(closed(s), "junk frames");
+    // The old client and a new one still work, and no attack wrote anything.
+    let v = rt.block_on(async move {
+        let mut buf = [0u8; 64];
+        ctx.read(a, &mut buf).await.unwrap();
+        assert_eq!(buf, [0; 64], "a rejected frame must not execute any WR");
+        ctx.faa(a, 1).await.unwrap();
+        ctx.read_u64(a).await.unwrap()
+    });
+    assert_eq!(v, 1);
+    let t2 = TcpTransport::connect(&[addr]).unwrap();
+    let mut rt2 = Runtime::new(&t2, 0, RuntimeConfig::default()).unwrap();
+    let ctx2 = rt2.ctx();
+    assert_eq!(rt2.block_on(async move { ctx2.faa(a, 1).await.unwrap() }), 1);
+}
+
+#[test]
+fn handshake_rejects_other_versions_and_non_blades() {
+    let h = serve(Region::anonymous(1 << 20).unwrap());
+    let addr = h.addr().to_string();
+    let e = handshake(&addr, wire::PROTOCOL_VERSION + 1).unwrap_err();
+    assert!(matches!(&e, Error::Handshake { reason, .. } if reason.contains("version mismatch")), "{e}");
+    // A listener that is not a memory blade: answers with something else.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = l.local_addr().unwrap().to_string();
+    let srv = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 16];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n").unwrap();
+    });
+    let e = TcpTransport::connect(&[other]).unwrap_err();
+    assert!(e.to_string().contains("not a Smart-rs memory blade"), "{e}");
+    srv.join().unwrap();
+    // Nothing listening: a clear I/O error, quickly.
+    let e = TcpTransport::connect(&["127.0.0.1:1".to_string()]).unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+}
+
+#[test]
+fn restarted_blade_on_the_same_backing_file_keeps_the_data() {
+    let path = std::env::temp_dir().join(format!("smart-it-backing-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let payload: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+    let a = {
+        let region = Region::file_backed(&path, Some(4 << 20)).unwrap();
+        let h = serve(region);
+        let t = TcpTransport::connect(&[h.addr().to_string()]).unwrap();
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        let p = payload.clone();
+        rt.block_on(async move {
+            let a = ctx.alloc(0, 3000, 64).await.unwrap();
+            ctx.write(a, &p).await.unwrap();
+            ctx.set_root(0, "it", a).await.unwrap();
+            a
+        })
+        // The handle drops here: the server stops; the mapping is released.
+    };
+    let h = serve(Region::file_backed(&path, None).unwrap());
+    let t = TcpTransport::connect(&[h.addr().to_string()]).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let (root, back, fresh) = rt.block_on(async move {
+        ctx.check_blade(0).await.unwrap();
+        let root = ctx.root(0, "it").await.unwrap();
+        let mut back = vec![0u8; 3000];
+        ctx.read(a, &mut back).await.unwrap();
+        // The heap pointer survived too: new allocations do not overlap.
+        let fresh = ctx.alloc(0, 64, 8).await.unwrap();
+        (root, back, fresh)
+    });
+    assert_eq!(root, Some(a));
+    assert_eq!(back, payload);
+    assert!(fresh.offset() >= a.offset() + 3000);
+    drop(h);
+    std::fs::remove_file(&path).unwrap();
+}

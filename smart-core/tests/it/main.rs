@@ -1,0 +1,7 @@
+//! Integration tests of smart-core through its public API (one binary).
+
+mod backends;
+mod blade;
+mod chaos;
+mod concurrency;
+mod semantics;

@@ -1,0 +1,221 @@
+//! The binaries as a user runs them: processes over loopback TCP.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BLADE: &str = env!("CARGO_BIN_EXE_memory-blade");
+const COMPUTE: &str = env!("CARGO_BIN_EXE_compute-blade");
+
+/// A memory-blade process, killed when dropped.
+struct Blade {
+    child: Child,
+    addr: String,
+}
+
+impl Blade {
+    fn start(args: &[&str]) -> Blade {
+        let mut child = Command::new(BLADE)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start memory-blade");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.strip_prefix("ready ").unwrap_or_else(|| panic!("first line {line:?}")).trim().to_string();
+        Blade { child, addr }
+    }
+
+    /// SIGTERM, then wait (bounded) for a clean exit.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "memory-blade ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Blade {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn compute(args: &[&str]) -> Output {
+    Command::new(COMPUTE).args(args).output().expect("run compute-blade")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("smart-cli-{}-{name}", std::process::id()))
+}
+
+fn record(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn micro_over_tcp_writes_a_complete_record() {
+    let blade = Blade::start(&["--size", "64MiB"]);
+    let json = tmp("tcp.json");
+    let out = compute(&[
+        "micro",
+        "--blades",
+        &blade.addr,
+        "--op",
+        "faa",
+        "--contended",
+        "--threads",
+        "2",
+        "--coroutines",
+        "4",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0.2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Mop/s"), "no progress line: {stderr}");
+    let r = record(&json);
+    for key in [
+        "bench",
+        "app",
+        "workload",
+        "transport",
+        "threads",
+        "coroutines",
+        "smart",
+        "qp_policy",
+        "duration_s",
+        "ops",
+        "throughput_mops",
+        "latency_us",
+        "verbs_per_op",
+        "doorbells_per_op",
+        "retries_per_op",
+        "errors",
+        "violations",
+    ] {
+        assert!(r.get(key).is_some(), "record lacks {key}: {r}");
+    }
+    assert_eq!(r["transport"], "tcp");
+    assert_eq!(r["threads"], 2);
+    assert_eq!(r["violations"], 0);
+    assert_eq!(r["errors"], 0);
+    assert!(r["ops"].as_u64().unwrap() > 0);
+    assert_eq!(r["counter"], r["increments"]);
+    for p in ["p50", "p99", "p999", "max"] {
+        assert!(r["latency_us"][p].as_f64().unwrap() > 0.0);
+    }
+    std::fs::remove_file(json).unwrap();
+}
+
+#[test]
+fn embedded_default_runs_each_verb() {
+    for op in ["read", "write", "cas", "faa"] {
+        let json = tmp(&format!("emb-{op}.json"));
+        let out = compute(&[
+            "micro",
+            "--op",
+            op,
+            "--size",
+            "256",
+            "--batch",
+            "4",
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0",
+            "--quiet",
+            "--blade-size",
+            "32MiB",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{op}: {}", String::from_utf8_lossy(&out.stderr));
+        let r = record(&json);
+        assert_eq!(r["transport"], "embedded");
+        assert_eq!(r["doorbells_per_op"].as_f64().unwrap(), 0.25, "{op}: 4 WRs per doorbell");
+        assert_eq!(r["verbs_per_op"].as_f64().unwrap(), 1.0);
+        std::fs::remove_file(json).unwrap();
+    }
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["micro", "--op", "nope"], "invalid value"),
+        (&["micro", "--size", "12 parsecs"], "unknown unit"),
+        (&["micro", "--batch", "0"], "--batch"),
+        (&["micro", "--threads", "0"], "--threads"),
+        (&["micro", "--smart", "warp-drive"], "unknown technique"),
+        (&["micro", "--qp-policy", "bogus"], "--qp-policy"),
+        (&["micro", "--op", "cas", "--contended", "--batch", "2"], "--batch 1"),
+        (&["micro", "--blades", "127.0.0.1:1"], "connecting"),
+        (&["micro", "--blades", "127.0.0.1:1", "--transport", "verbs"], "not built yet"),
+    ];
+    for (args, needle) in cases {
+        let out = compute(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let out = Command::new(BLADE).args(["--listen", "127.0.0.1:0", "--size", "1KiB"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("too small"));
+}
+
+#[test]
+fn blade_flushes_its_backing_file_on_sigterm_and_restarts_with_the_data() {
+    use smart_core::{Runtime, RuntimeConfig, TcpTransport};
+    let file = tmp("backing");
+    let _ = std::fs::remove_file(&file);
+    let f = file.to_str().unwrap();
+    let blade = Blade::start(&["--backing-file", f, "--size", "8MiB"]);
+    let t = TcpTransport::connect(std::slice::from_ref(&blade.addr)).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let a = rt.block_on(async move {
+        let a = ctx.alloc(0, 4096, 64).await.unwrap();
+        ctx.write(a, &[0x5a; 4096]).await.unwrap();
+        ctx.set_root(0, "cli", a).await.unwrap();
+        a
+    });
+    drop(rt);
+    drop(t);
+    assert!(blade.terminate().success(), "memory-blade did not exit cleanly on SIGTERM");
+    // A size that disagrees with the file is refused ...
+    let out =
+        Command::new(BLADE).args(["--listen", "127.0.0.1:0", "--backing-file", f, "--size", "4MiB"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("8388608"));
+    // ... and without --size the file is served as it is.
+    let blade = Blade::start(&["--backing-file", f]);
+    let t = TcpTransport::connect(std::slice::from_ref(&blade.addr)).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let (root, data) = rt.block_on(async move {
+        let root = ctx.root(0, "cli").await.unwrap();
+        let mut data = vec![0u8; 4096];
+        ctx.read(a, &mut data).await.unwrap();
+        (root, data)
+    });
+    assert_eq!(root, Some(a));
+    assert!(data.iter().all(|b| *b == 0x5a));
+    drop(blade);
+    std::fs::remove_file(&file).unwrap();
+}

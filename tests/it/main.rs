@@ -1,0 +1,3 @@
+//! End-to-end tests of the `memory-blade` and `compute-blade` binaries.
+
+mod cli;
