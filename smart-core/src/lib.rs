@@ -44,6 +44,8 @@ pub mod driver;
 mod error;
 pub mod layout;
 pub mod micro;
+mod primitive;
+mod ready;
 pub mod region;
 pub mod runtime;
 pub mod size;

@@ -21,12 +21,12 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use crate::backend::{BladeInfo, Endpoint, LocalMem, Transport};
 use crate::layout;
+use crate::ready::ReadySet;
 use crate::stats::VerbStats;
 use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
 use crate::{Error, GlobalAddr, Result};
@@ -641,12 +641,6 @@ impl Future for YieldNow {
     }
 }
 
-/// Bitmask of runnable tasks, set by wakers.
-#[derive(Debug)]
-struct ReadySet {
-    words: Vec<AtomicU64>,
-}
-
 #[derive(Debug)]
 struct TaskWaker {
     ready: Arc<ReadySet>,
@@ -658,7 +652,7 @@ impl Wake for TaskWaker {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        self.ready.words[self.idx / 64].fetch_or(1 << (self.idx % 64), Ordering::Release);
+        self.ready.wake(self.idx);
     }
 }
 
@@ -718,7 +712,7 @@ impl Runtime {
             ctx: Ctx(Rc::new(inner)),
             tasks: Vec::new(),
             wakers: Vec::new(),
-            ready: Arc::new(ReadySet { words: (0..MAX_TASKS / 64).map(|_| AtomicU64::new(0)).collect() }),
+            ready: Arc::new(ReadySet::new(MAX_TASKS / 64)),
             live: 0,
             cq: Vec::with_capacity(cfg.slots),
         })
@@ -772,7 +766,7 @@ impl Runtime {
             let mut ran = false;
             let used = self.tasks.len().div_ceil(64);
             for w in 0..used {
-                let mut bits = self.ready.words[w].swap(0, Ordering::Acquire);
+                let mut bits = self.ready.take(w);
                 while bits != 0 {
                     let i = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
