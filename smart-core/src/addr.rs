@@ -86,7 +86,7 @@ impl fmt::Display for GlobalAddr {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

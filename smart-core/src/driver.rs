@@ -21,7 +21,7 @@ use crossbeam_utils::CachePadded;
 use serde::Serialize;
 
 use crate::backend::Transport;
-use crate::runtime::{Ctx, Runtime, RuntimeConfig};
+use crate::runtime::{Ctx, Runtime, RuntimeConfig, SmartState};
 use crate::stats::{Latency, LatencySummary, VerbStats};
 use crate::{Error, Result};
 
@@ -49,7 +49,6 @@ pub struct RunConfig {
 struct ThreadRec {
     hist: Latency,
     ops: u64,
-    retries: u64,
     errors: u64,
     phase_seen: u8,
     at_measure: VerbStats,
@@ -134,14 +133,6 @@ impl Worker {
         r.hist.record(ns);
         self.progress[self.ctx.thread()].store(r.ops, Ordering::Relaxed);
     }
-
-    /// Records `n` retries (e.g. failed CAS) in the measured phase.
-    #[inline]
-    pub fn retry(&self, n: u64) {
-        if self.observe() == MEASURE {
-            self.rec.borrow_mut().retries += n;
-        }
-    }
 }
 
 /// The merged outcome of a run.
@@ -159,8 +150,8 @@ pub struct RunReport {
     pub verbs: VerbStats,
     /// Latency of operations.
     pub latency: Latency,
-    /// Retries in the measured phase.
-    pub retries: u64,
+    /// The adaptive state of the Smart techniques per thread, at the end.
+    pub smart: Vec<SmartState>,
     /// Coroutines that ended with an error.
     pub errors: u64,
     /// The first such error.
@@ -190,9 +181,10 @@ impl RunReport {
             latency_us: self.latency.summary(),
             verbs_per_op: self.per_op(self.verbs.wrs),
             doorbells_per_op: self.per_op(self.verbs.doorbells),
-            retries_per_op: self.per_op(self.retries),
+            retries_per_op: self.per_op(self.verbs.retries),
             errors: self.errors + self.verbs.error_completions,
             verbs: self.verbs,
+            smart_state: self.smart.clone(),
         }
     }
 
@@ -210,7 +202,7 @@ impl RunReport {
             l.max,
             self.per_op(self.verbs.wrs),
             self.per_op(self.verbs.doorbells),
-            self.per_op(self.retries),
+            self.per_op(self.verbs.retries),
             self.errors + self.verbs.error_completions
         )
     }
@@ -237,6 +229,9 @@ pub struct Record {
     pub errors: u64,
     /// Verb counters of the measured phase.
     pub verbs: VerbStats,
+    /// Per thread at the end: WorkReqThrot's credit limit, ConflictAvoid's
+    /// backoff cap and `n_max` (null where the technique is off).
+    pub smart_state: Vec<SmartState>,
 }
 
 /// Runs `body` on `cfg.threads` × `cfg.coroutines` coroutines.
@@ -277,8 +272,9 @@ where
                 );
                 std::thread::Builder::new()
                     .name(format!("worker-{t}"))
-                    .spawn_scoped(s, move || -> Result<(VerbStats, Latency, u64, u64, u64)> {
-                        let mut rt = match Runtime::new(transport, t, cfg.runtime) {
+                    .spawn_scoped(s, move || -> Result<(VerbStats, Latency, u64, u64, SmartState)> {
+                        let rcfg = RuntimeConfig { coroutines: cfg.coroutines, ..cfg.runtime.clone() };
+                        let mut rt = match Runtime::new(transport, t, rcfg) {
                             Ok(rt) => rt,
                             Err(e) => {
                                 failed.store(true, Ordering::Relaxed);
@@ -289,7 +285,6 @@ where
                         let rec = Rc::new(RefCell::new(ThreadRec {
                             hist: Latency::default(),
                             ops: 0,
-                            retries: 0,
                             errors: 0,
                             phase_seen: WARMUP,
                             at_measure: VerbStats::default(),
@@ -334,7 +329,7 @@ where
                             r.at_stop = now;
                         }
                         let verbs = r.at_stop.since(&r.at_measure);
-                        Ok((verbs, std::mem::take(&mut r.hist), r.ops, r.retries, r.errors))
+                        Ok((verbs, std::mem::take(&mut r.hist), r.ops, r.errors, ctx.smart_state()))
                     })
                     .expect("spawn worker thread")
             })
@@ -390,17 +385,17 @@ where
         ops: 0,
         verbs: VerbStats::default(),
         latency: Latency::default(),
-        retries: 0,
+        smart: Vec::with_capacity(cfg.threads),
         errors: 0,
         first_error: None,
     };
     for r in report {
-        let (verbs, hist, ops, retries, errors) = r?;
+        let (verbs, hist, ops, errors, smart) = r?;
         out.verbs.merge(&verbs);
         out.latency.merge(&hist);
         out.ops += ops;
-        out.retries += retries;
         out.errors += errors;
+        out.smart.push(smart);
     }
     out.first_error = first_error.lock().expect("no poisoned lock").take();
     Ok(out)

@@ -49,6 +49,7 @@ mod ready;
 pub mod region;
 pub mod runtime;
 pub mod size;
+pub mod smart;
 pub mod stats;
 pub mod verbs;
 pub mod wire;

@@ -9,9 +9,10 @@
 //!   that completed (any difference is a violation).
 //! * CAS: uncontended, a CAS 0 → 0 (changes nothing); contended, a
 //!   CAS-increment: read the counter, CAS old → old+1, and on failure retry
-//!   with the value the CAS returned (each failure is a retry). One
-//!   operation is one successful increment; the final counter must equal
-//!   their number.
+//!   with the value the CAS returned (each failure is a retry, reported to
+//!   ConflictAvoid through [`Op::retry`](crate::runtime::Op::retry), which
+//!   backs off when the technique is on). One operation is one successful
+//!   increment; the final counter must equal their number.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -83,7 +84,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
     }
     // Set up on the driving thread: an area per blade, the counter zeroed.
     let nblades = transport.blades().len();
-    let mut setup = Runtime::new(transport, usize::MAX, cfg.runtime)?;
+    let mut setup = Runtime::new(transport, usize::MAX, cfg.runtime.clone())?;
     let ctx = setup.ctx();
     let area = m.area;
     let areas: Vec<GlobalAddr> = setup.block_on(async move {
@@ -114,15 +115,19 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                     let mut expected = ctx.read_u64(counter).await?;
                     while w.running() {
                         let t0 = w.now();
+                        let mut op = ctx.op().await;
                         loop {
                             let old = ctx.cas(counter, expected, expected + 1).await?;
                             if old == expected {
                                 expected += 1;
                                 break;
                             }
+                            // Retry with the value the CAS saw, after backing
+                            // off when conflict avoidance is on.
                             expected = old;
-                            w.retry(1);
+                            op.retry().await;
                         }
+                        drop(op);
                         done.set(done.get() + 1);
                         w.record(t0, 1);
                     }

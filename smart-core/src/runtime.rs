@@ -27,6 +27,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use crate::backend::{BladeInfo, Endpoint, LocalMem, Transport};
 use crate::layout;
 use crate::ready::ReadySet;
+use crate::smart::{Backoff, CreditThrottle, SmartConfig, Tuner};
 use crate::stats::VerbStats;
 use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
 use crate::{Error, GlobalAddr, Result};
@@ -34,8 +35,8 @@ use crate::{Error, GlobalAddr, Result};
 /// Most WRs in one batch.
 pub const MAX_BATCH: usize = 16;
 
-/// Sizes of a thread's runtime.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Sizes of a thread's runtime, and the Smart techniques it applies.
+#[derive(Clone, Debug, PartialEq)]
 pub struct RuntimeConfig {
     /// Most batches in flight at once on this thread (a coroutine waits for a
     /// free slot when all are taken).
@@ -44,13 +45,37 @@ pub struct RuntimeConfig {
     pub slot_bytes: usize,
     /// Bytes taken from a blade's heap at a time by [`Ctx::alloc`].
     pub chunk_bytes: u64,
+    /// Coroutines the thread will run (the ceiling of `n_max`).
+    pub coroutines: usize,
+    /// The Smart techniques.
+    pub smart: SmartConfig,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        RuntimeConfig { slots: 256, slot_bytes: 16 << 10, chunk_bytes: 1 << 20 }
+        RuntimeConfig {
+            slots: 256,
+            slot_bytes: 16 << 10,
+            chunk_bytes: 1 << 20,
+            coroutines: 8,
+            smart: SmartConfig::default(),
+        }
     }
 }
+
+/// The adaptive state of the Smart techniques on one thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SmartState {
+    /// WorkReqThrot: the credit limit in force.
+    pub credit_limit: Option<u32>,
+    /// ConflictAvoid: the backoff cap in nanoseconds.
+    pub backoff_cap_ns: Option<u64>,
+    /// ConflictAvoid: coroutines allowed inside an operation.
+    pub n_max: Option<usize>,
+}
+
+/// How often the executor ticks the tuner and the backoff controller.
+const TICK_NS: u64 = 50_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
@@ -66,6 +91,8 @@ enum SlotState {
 struct Slot {
     state: SlotState,
     generation: u32,
+    /// WRs of the batch: the credits it returns on completion.
+    wrs: u16,
     waker: Option<Waker>,
 }
 
@@ -89,6 +116,25 @@ impl Slots {
     }
 }
 
+/// Wakers waiting for something (a slot, credits, an operation permit).
+#[derive(Debug, Default)]
+struct WaitQueue(RefCell<VecDeque<Waker>>);
+
+impl WaitQueue {
+    fn push(&self, w: &Waker) {
+        self.0.borrow_mut().push_back(w.clone());
+    }
+    fn wake_all(&self) {
+        loop {
+            let w = self.0.borrow_mut().pop_front();
+            match w {
+                Some(w) => w.wake(),
+                None => break,
+            }
+        }
+    }
+}
+
 struct Inner {
     ep: RefCell<Box<dyn Endpoint>>,
     local: Rc<LocalMem>,
@@ -98,6 +144,32 @@ struct Inner {
     stats: Cell<VerbStats>,
     chunks: RefCell<Vec<(u64, u64)>>,
     thread: usize,
+    clock: quanta::Clock,
+    start: quanta::Instant,
+    /// WorkReqThrot.
+    credits: Option<CreditThrottle>,
+    credit_waiters: WaitQueue,
+    tuner: RefCell<Option<Tuner>>,
+    completed_wrs: Cell<u64>,
+    /// ConflictAvoid.
+    backoff: RefCell<Option<Backoff>>,
+    in_op: Cell<usize>,
+    op_waiters: WaitQueue,
+    /// FIFO admission to operations: the next ticket to hand out, the one
+    /// whose turn it is, and tickets given up by dropped waiters.
+    op_next_ticket: Cell<u64>,
+    op_serving: Cell<u64>,
+    op_abandoned: RefCell<Vec<u64>>,
+    rng: Cell<u64>,
+    /// Sleeping coroutines: (deadline in ns since `start`, waker).
+    timers: RefCell<Vec<(u64, Waker)>>,
+}
+
+impl Inner {
+    #[inline]
+    fn now_ns(&self) -> u64 {
+        self.clock.now().saturating_duration_since(self.start).as_nanos() as u64
+    }
 }
 
 /// A coroutine's handle on its thread's runtime: cheap to clone, not `Send`.
@@ -306,12 +378,22 @@ impl<'a> Future for Post<'_, 'a> {
         if b.n == 0 {
             return Poll::Ready(Err(Error::InvalidWr("empty batch")));
         }
+        if let Some(c) = &inner.credits {
+            if !c.try_acquire(b.n as u32) {
+                inner.credit_waiters.push(cx.waker());
+                return Poll::Pending;
+            }
+        }
         let slot = {
             let mut slots = inner.slots.borrow_mut();
             match slots.free.pop() {
                 Some(s) => s,
                 None => {
                     slots.waiters.push_back(cx.waker().clone());
+                    drop(slots);
+                    if let Some(c) = &inner.credits {
+                        c.release(b.n as u32);
+                    }
                     return Poll::Pending;
                 }
             }
@@ -342,17 +424,22 @@ impl<'a> Future for Post<'_, 'a> {
         let wr_id = u64::from(generation) << 16 | u64::from(slot);
         let blade = b.blade.expect("a non-empty batch has a blade");
         let posted = inner.ep.borrow_mut().post(blade, wr_id, &b.wrs[..b.n]);
+        let nwr = b.n as u16;
         b.n = 0;
         b.bytes = 0;
         b.blade = None;
         let mut slots = inner.slots.borrow_mut();
         if let Err(e) = posted {
             slots.release(slot);
+            if let Some(c) = &inner.credits {
+                c.release(u32::from(nwr));
+            }
             return Poll::Ready(Err(e));
         }
         inner.stats.set(st);
         let s = &mut slots.slots[slot as usize];
         s.state = SlotState::InFlight;
+        s.wrs = nwr;
         s.waker = Some(cx.waker().clone());
         this.slot = Some(slot);
         Poll::Pending
@@ -452,6 +539,50 @@ impl Ctx {
     /// Counters of this thread so far.
     pub fn stats(&self) -> VerbStats {
         self.0.stats.get()
+    }
+
+    /// Starts an application-level operation that may retry (ConflictAvoid).
+    /// With coroutine throttling on, waits until fewer than `n_max` of this
+    /// thread's coroutines are inside one. Report failed attempts with
+    /// [`Op::retry`]; dropping the `Op` ends it.
+    ///
+    /// ```
+    /// # use smart_core::*;
+    /// # let t = EmbeddedTransport::new(1, 1 << 20).unwrap();
+    /// # let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    /// # let ctx = rt.ctx();
+    /// rt.block_on(async move {
+    ///     let counter = ctx.alloc(0, 8, 8).await.unwrap();
+    ///     let mut op = ctx.op().await;
+    ///     let mut seen = ctx.read_u64(counter).await.unwrap();
+    ///     loop {
+    ///         let old = ctx.cas(counter, seen, seen + 1).await.unwrap();
+    ///         if old == seen {
+    ///             break;
+    ///         }
+    ///         seen = old;
+    ///         op.retry().await; // backs off when conflict avoidance is on
+    ///     }
+    /// });
+    /// ```
+    pub async fn op(&self) -> Op<'_> {
+        EnterOp { inner: &self.0, ticket: None, entered: false }.await;
+        Op { ctx: self, attempts: 0 }
+    }
+
+    /// Sleeps for `ns` nanoseconds, letting the thread's other coroutines run.
+    pub async fn sleep_ns(&self, ns: u64) {
+        Sleep { inner: &self.0, deadline: self.0.now_ns() + ns, armed: false }.await;
+    }
+
+    /// The adaptive state of the Smart techniques on this thread.
+    pub fn smart_state(&self) -> SmartState {
+        let b = self.0.backoff.borrow();
+        SmartState {
+            credit_limit: self.0.credits.as_ref().map(CreditThrottle::limit),
+            backoff_cap_ns: b.as_ref().map(Backoff::cap_ns),
+            n_max: b.as_ref().map(Backoff::n_max),
+        }
     }
 
     /// READs `dst.len()` bytes at `addr`.
@@ -684,7 +815,12 @@ impl Runtime {
     /// # Errors
     /// If the endpoint cannot be opened, or the config is out of range.
     pub fn new(transport: &dyn Transport, thread: usize, cfg: RuntimeConfig) -> Result<Runtime> {
-        if cfg.slots == 0 || cfg.slots > 1 << 16 || cfg.slot_bytes < 64 || cfg.slot_bytes % 8 != 0 {
+        if let Some(tc) = &cfg.smart.work_req_throt {
+            if tc.candidates.is_empty() || tc.candidates.contains(&0) || tc.delta_ns == 0 {
+                return Err(Error::Unsupported("work-req-throt needs non-zero candidates and Δ".into()));
+            }
+        }
+        if cfg.slots == 0 || cfg.slots >= 1 << 16 || cfg.slot_bytes < 64 || cfg.slot_bytes % 8 != 0 {
             return Err(Error::Unsupported(format!("runtime config out of range: {cfg:?}")));
         }
         if cfg.slots as u64 * cfg.slot_bytes as u64 > u64::from(u32::MAX) {
@@ -693,11 +829,24 @@ impl Runtime {
         let ep = transport.open_thread(thread, cfg.slots * cfg.slot_bytes)?;
         let local = ep.local().clone();
         let slots = Slots {
-            slots: (0..cfg.slots).map(|_| Slot { state: SlotState::Free, generation: 0, waker: None }).collect(),
+            slots: (0..cfg.slots)
+                .map(|_| Slot { state: SlotState::Free, generation: 0, wrs: 0, waker: None })
+                .collect(),
             free: (0..cfg.slots as u16).rev().collect(),
             waiters: VecDeque::with_capacity(64),
         };
         let blades = transport.blades().to_vec();
+        let nslots = cfg.slots;
+        let clock = quanta::Clock::new();
+        let start = clock.now();
+        let (tuner, credits) = match &cfg.smart.work_req_throt {
+            Some(tc) => {
+                let (t, limit) = Tuner::new(tc.clone(), 0, 0);
+                (Some(t), Some(CreditThrottle::new(limit)))
+            }
+            None => (None, None),
+        };
+        let backoff = cfg.smart.conflict_avoid.map(|bc| Backoff::new(bc, cfg.coroutines, 0));
         let inner = Inner {
             ep: RefCell::new(ep),
             local,
@@ -707,6 +856,20 @@ impl Runtime {
             slots: RefCell::new(slots),
             stats: Cell::new(VerbStats::default()),
             thread,
+            clock,
+            start,
+            credits,
+            credit_waiters: WaitQueue::default(),
+            tuner: RefCell::new(tuner),
+            completed_wrs: Cell::new(0),
+            backoff: RefCell::new(backoff),
+            in_op: Cell::new(0),
+            op_waiters: WaitQueue::default(),
+            op_next_ticket: Cell::new(0),
+            op_serving: Cell::new(0),
+            op_abandoned: RefCell::new(Vec::new()),
+            rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ (thread as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1),
+            timers: RefCell::new(Vec::with_capacity(64)),
         };
         Ok(Runtime {
             ctx: Ctx(Rc::new(inner)),
@@ -714,7 +877,7 @@ impl Runtime {
             wakers: Vec::new(),
             ready: Arc::new(ReadySet::new(MAX_TASKS / 64)),
             live: 0,
-            cq: Vec::with_capacity(cfg.slots),
+            cq: Vec::with_capacity(nslots),
         })
     }
 
@@ -762,7 +925,17 @@ impl Runtime {
 
     fn run_until(&mut self, done: impl Fn() -> bool) {
         let mut idle = 0u32;
+        let adaptive = self.ctx.0.tuner.borrow().is_some() || self.ctx.0.backoff.borrow().is_some();
+        let mut next_tick = 0u64;
         while self.live > 0 && !done() {
+            if adaptive || !self.ctx.0.timers.borrow().is_empty() {
+                let now = self.ctx.0.now_ns();
+                self.ctx.0.fire_timers(now);
+                if adaptive && now >= next_tick {
+                    self.ctx.0.tick(now);
+                    next_tick = now + TICK_NS;
+                }
+            }
             let mut ran = false;
             let used = self.tasks.len().div_ceil(64);
             for w in 0..used {
@@ -784,7 +957,8 @@ impl Runtime {
                 idle = 0;
             } else {
                 idle += 1;
-                if idle >= 64 {
+                // Block only when no coroutine sleeps on a (short) timer.
+                if idle >= 64 && self.ctx.0.timers.borrow().is_empty() {
                     self.ctx.0.ep.borrow_mut().idle();
                 }
             }
@@ -801,6 +975,7 @@ impl Runtime {
         let inner = &self.ctx.0;
         let mut slots = inner.slots.borrow_mut();
         let mut errors = 0;
+        let mut returned = 0u32;
         for c in &self.cq {
             let idx = (c.wr_id & 0xffff) as u16;
             let generation = (c.wr_id >> 16) as u32;
@@ -809,6 +984,9 @@ impl Runtime {
                 continue;
             }
             errors += u64::from(c.status.is_err());
+            if matches!(s.state, SlotState::InFlight | SlotState::Orphaned) {
+                returned += u32::from(s.wrs);
+            }
             match s.state {
                 SlotState::Orphaned => slots.release(idx),
                 SlotState::InFlight => {
@@ -820,11 +998,188 @@ impl Runtime {
                 SlotState::Free | SlotState::Done(_) | SlotState::Held => {}
             }
         }
+        drop(slots);
         if errors > 0 {
             let mut st = inner.stats.get();
             st.error_completions += errors;
             inner.stats.set(st);
         }
+        inner.completed_wrs.set(inner.completed_wrs.get() + u64::from(returned));
+        if let Some(c) = &inner.credits {
+            c.release(returned);
+            inner.credit_waiters.wake_all();
+        }
         n
+    }
+}
+
+impl Inner {
+    /// Wakes the coroutines whose sleep ended.
+    fn fire_timers(&self, now: u64) {
+        let mut t = self.timers.borrow_mut();
+        let mut i = 0;
+        while i < t.len() {
+            if t[i].0 <= now {
+                t.swap_remove(i).1.wake();
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Advances the tuner and the backoff controller.
+    fn tick(&self, now: u64) {
+        if let Some(t) = self.tuner.borrow_mut().as_mut() {
+            if let Some(limit) = t.tick(now, self.completed_wrs.get()) {
+                self.credits.as_ref().expect("credits exist with a tuner").set_limit(limit);
+                self.credit_waiters.wake_all();
+            }
+        }
+        if let Some(b) = self.backoff.borrow_mut().as_mut() {
+            if b.tick(now) {
+                self.op_waiters.wake_all();
+            }
+        }
+    }
+
+    fn random(&self) -> u64 {
+        // xorshift64*: per-thread, no allocation, good enough for jitter.
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// Sleeps until `deadline` (ns since the runtime started).
+struct Sleep<'a> {
+    inner: &'a Inner,
+    deadline: u64,
+    armed: bool,
+}
+
+impl Future for Sleep<'_> {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.inner.now_ns() >= self.deadline {
+            return Poll::Ready(());
+        }
+        if !self.armed {
+            self.armed = true;
+            self.inner.timers.borrow_mut().push((self.deadline, cx.waker().clone()));
+        }
+        Poll::Pending
+    }
+}
+
+/// Waits for a free place among the `n_max` coroutines inside an operation.
+///
+/// Admission is first come, first served (tickets): a coroutine that just
+/// left an operation cannot barge ahead of ones already waiting, which
+/// would starve them when `n_max` is small.
+struct EnterOp<'a> {
+    inner: &'a Inner,
+    ticket: Option<u64>,
+    entered: bool,
+}
+
+impl Inner {
+    /// Moves the turn past tickets whose waiters were dropped.
+    fn skip_abandoned(&self) {
+        let mut ab = self.op_abandoned.borrow_mut();
+        while let Some(i) = ab.iter().position(|t| *t == self.op_serving.get()) {
+            ab.swap_remove(i);
+            self.op_serving.set(self.op_serving.get() + 1);
+        }
+    }
+}
+
+impl Future for EnterOp<'_> {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let inner = self.inner;
+        let ticket = *self.ticket.get_or_insert_with(|| {
+            let t = inner.op_next_ticket.get();
+            inner.op_next_ticket.set(t + 1);
+            t
+        });
+        let n_max = inner.backoff.borrow().as_ref().map_or(usize::MAX, Backoff::n_max);
+        if ticket == inner.op_serving.get() && inner.in_op.get() < n_max {
+            inner.op_serving.set(ticket + 1);
+            inner.skip_abandoned();
+            inner.in_op.set(inner.in_op.get() + 1);
+            self.entered = true;
+            // The next in line may fit too.
+            inner.op_waiters.wake_all();
+            Poll::Ready(())
+        } else {
+            inner.op_waiters.push(cx.waker());
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for EnterOp<'_> {
+    fn drop(&mut self) {
+        if let (Some(t), false) = (self.ticket, self.entered) {
+            self.inner.op_abandoned.borrow_mut().push(t);
+            self.inner.skip_abandoned();
+            self.inner.op_waiters.wake_all();
+        }
+    }
+}
+
+/// One application-level operation (e.g. an update) in progress; see
+/// [`Ctx::op`]. Dropping it ends the operation.
+pub struct Op<'a> {
+    ctx: &'a Ctx,
+    attempts: u32,
+}
+
+impl fmt::Debug for Op<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Op").field("attempts", &self.attempts).finish()
+    }
+}
+
+impl Op<'_> {
+    /// Reports an unsuccessful attempt (a failed CAS, a conflict) and waits
+    /// before the next one: with ConflictAvoid a random time up to
+    /// min(cap, C0 · 2^k) for the k-th retry, yielding to the thread's other
+    /// coroutines; without it, no wait (the baseline's immediate retry).
+    pub async fn retry(&mut self) {
+        self.attempts += 1;
+        let inner = &*self.ctx.0;
+        let bound = inner.backoff.borrow_mut().as_mut().map(|b| b.on_retry(self.attempts));
+        let mut st = inner.stats.get();
+        st.retries += 1;
+        if let Some(bound) = bound {
+            let wait = inner.random() % (bound + 1);
+            st.backoff_ns += wait;
+            inner.stats.set(st);
+            if wait > 0 {
+                Sleep { inner, deadline: inner.now_ns() + wait, armed: false }.await;
+            }
+        } else {
+            inner.stats.set(st);
+        }
+    }
+
+    /// Retries reported so far.
+    pub fn retries(&self) -> u32 {
+        self.attempts
+    }
+}
+
+impl Drop for Op<'_> {
+    fn drop(&mut self) {
+        let inner = &*self.ctx.0;
+        if let Some(b) = inner.backoff.borrow_mut().as_mut() {
+            b.on_op();
+        }
+        inner.in_op.set(inner.in_op.get() - 1);
+        inner.op_waiters.wake_all();
     }
 }

@@ -45,7 +45,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(v as u64)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::parse_size;
 

@@ -24,6 +24,10 @@ pub struct VerbStats {
     pub bytes_written: u64,
     /// Batches that completed with an error.
     pub error_completions: u64,
+    /// Unsuccessful attempts reported with `Op::retry`.
+    pub retries: u64,
+    /// Nanoseconds of backoff drawn for those retries.
+    pub backoff_ns: u64,
 }
 
 impl VerbStats {
@@ -38,6 +42,8 @@ impl VerbStats {
         self.bytes_read += o.bytes_read;
         self.bytes_written += o.bytes_written;
         self.error_completions += o.error_completions;
+        self.retries += o.retries;
+        self.backoff_ns += o.backoff_ns;
     }
 
     /// What happened after the snapshot `earlier` was taken.
@@ -52,6 +58,8 @@ impl VerbStats {
             bytes_read: self.bytes_read - earlier.bytes_read,
             bytes_written: self.bytes_written - earlier.bytes_written,
             error_completions: self.error_completions - earlier.error_completions,
+            retries: self.retries - earlier.retries,
+            backoff_ns: self.backoff_ns - earlier.backoff_ns,
         }
     }
 }
@@ -113,7 +121,7 @@ impl Latency {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use smart_core::driver::{RunConfig, RunReport};
 use smart_core::micro::{self, MicroConfig};
 use smart_core::size::parse_size;
+use smart_core::smart::{QpPolicy, SmartConfig};
 use smart_core::{EmbeddedTransport, Opcode, RuntimeConfig, TcpTransport, Transport};
 
 #[derive(Parser, Debug)]
@@ -52,9 +53,10 @@ struct Common {
     /// work-req-throt, conflict-avoid, spec-lookup.
     #[arg(long, default_value = "none")]
     smart: String,
-    /// QP policy: shared, multiplexed:K, per-thread-qp, per-thread-db.
-    #[arg(long, default_value = "per-thread-qp")]
-    qp_policy: String,
+    /// QP policy: shared, multiplexed:K, per-thread-qp, per-thread-db
+    /// (default: per-thread-db with thd-res-alloc, else per-thread-qp).
+    #[arg(long)]
+    qp_policy: Option<String>,
     /// Write the result record (JSON) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -104,48 +106,23 @@ struct MicroArgs {
     area: u64,
 }
 
-/// The Smart techniques as the result record names them.
-const TECHNIQUES: [&str; 4] = ["thd-res-alloc", "work-req-throt", "conflict-avoid", "spec-lookup"];
-
 /// What the common options resolve to.
 struct Setup {
     transport: Arc<dyn Transport>,
     run: RunConfig,
-    smart: [bool; 4],
-    qp_policy: String,
-}
-
-fn parse_smart(s: &str) -> Result<[bool; 4]> {
-    let mut on = [false; 4];
-    match s {
-        "none" => {}
-        "all" => on = [true; 4],
-        list => {
-            for name in list.split(',').map(str::trim) {
-                let i = TECHNIQUES.iter().position(|t| *t == name).with_context(|| {
-                    format!("--smart: unknown technique {name:?}; use all, none, or a list of {}", TECHNIQUES.join(","))
-                })?;
-                on[i] = true;
-            }
-        }
-    }
-    Ok(on)
 }
 
 fn resolve(c: &Common) -> Result<Setup> {
-    let smart = parse_smart(&c.smart)?;
-    if smart.iter().any(|&b| b) {
-        bail!("--smart {}: the Smart techniques are not built yet (issue 3); only --smart none runs today", c.smart);
+    let mut smart = SmartConfig::parse(&c.smart).map_err(|e| anyhow::anyhow!("--smart: {e}"))?;
+    if let Some(p) = &c.qp_policy {
+        smart.qp_policy = p.parse().map_err(|e| anyhow::anyhow!("--qp-policy: {e}"))?;
     }
-    match c.qp_policy.as_str() {
-        "per-thread-qp" => {}
-        "shared" | "per-thread-db" => {
-            bail!("--qp-policy {}: not built yet (issue 3); only per-thread-qp runs today", c.qp_policy)
-        }
-        p if p.starts_with("multiplexed:") => {
-            bail!("--qp-policy {p}: not built yet (issue 3); only per-thread-qp runs today")
-        }
-        p => bail!("--qp-policy {p:?}: use shared, multiplexed:K, per-thread-qp or per-thread-db"),
+    if smart.qp_policy != QpPolicy::PerThreadQp {
+        bail!(
+            "QP policy {} (from --smart thd-res-alloc or --qp-policy): thread-aware resource allocation is not \
+             built yet, only per-thread-qp runs today; --smart work-req-throt,conflict-avoid works",
+            smart.qp_policy
+        );
     }
     if c.threads == 0 || c.coroutines == 0 {
         bail!("--threads and --coroutines must be at least 1");
@@ -172,14 +149,15 @@ fn resolve(c: &Common) -> Result<Setup> {
         coroutines: c.coroutines,
         duration: Duration::from_secs_f64(c.duration),
         warmup: Duration::from_secs_f64(c.warmup),
-        runtime: RuntimeConfig::default(),
+        runtime: RuntimeConfig { smart, ..RuntimeConfig::default() },
         progress: !c.quiet,
     };
-    Ok(Setup { transport, run, smart, qp_policy: c.qp_policy.clone() })
+    Ok(Setup { transport, run })
 }
 
 /// The fields every result record carries, then the bench's own.
 fn record(bench: &str, app: &str, workload: &str, s: &Setup, r: &RunReport, extra: Value) -> Result<Value> {
+    let flags = s.run.runtime.smart.flags();
     let mut v = json!({
         "bench": bench,
         "app": app,
@@ -189,12 +167,12 @@ fn record(bench: &str, app: &str, workload: &str, s: &Setup, r: &RunReport, extr
         "threads": s.run.threads,
         "coroutines": s.run.coroutines,
         "smart": {
-            "thd_res_alloc": s.smart[0],
-            "work_req_throt": s.smart[1],
-            "conflict_avoid": s.smart[2],
-            "spec_lookup": s.smart[3],
+            "thd_res_alloc": flags[0],
+            "work_req_throt": flags[1],
+            "conflict_avoid": flags[2],
+            "spec_lookup": flags[3],
         },
-        "qp_policy": s.qp_policy,
+        "qp_policy": s.run.runtime.smart.qp_policy.to_string(),
         "first_error": r.first_error,
     });
     let obj = v.as_object_mut().expect("object");

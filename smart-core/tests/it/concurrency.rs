@@ -15,7 +15,7 @@ fn cfg(threads: usize, coroutines: usize, slots: usize) -> RunConfig {
         coroutines,
         duration: Duration::from_secs(30),
         warmup: Duration::ZERO,
-        runtime: RuntimeConfig { slots, slot_bytes: 4096, chunk_bytes: 64 << 10 },
+        runtime: RuntimeConfig { slots, slot_bytes: 4096, chunk_bytes: 64 << 10, ..RuntimeConfig::default() },
         progress: false,
     }
 }

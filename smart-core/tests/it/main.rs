@@ -6,3 +6,4 @@ mod blade;
 mod chaos;
 mod concurrency;
 mod semantics;
+mod techniques;

@@ -1,0 +1,174 @@
+//! The Smart techniques as the runtime applies them.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smart_core::backend::{BladeInfo, Endpoint, LocalMem, Transport};
+use smart_core::driver::RunConfig;
+use smart_core::micro::{self, MicroConfig};
+use smart_core::smart::{BackoffConfig, SmartConfig, TunerConfig};
+use smart_core::{Completion, EmbeddedTransport, GlobalAddr, Opcode, Runtime, RuntimeConfig, WorkRequest};
+
+use crate::backends;
+
+/// Wraps a transport and records the most WRs ever outstanding on a thread.
+#[derive(Debug)]
+struct Counting {
+    inner: EmbeddedTransport,
+    max: Arc<AtomicUsize>,
+}
+
+#[derive(Debug)]
+struct CountingEp {
+    inner: Box<dyn Endpoint>,
+    max: Arc<AtomicUsize>,
+    outstanding: usize,
+    sizes: std::collections::HashMap<u64, usize>,
+}
+
+impl Transport for Counting {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn blades(&self) -> &[BladeInfo] {
+        self.inner.blades()
+    }
+    fn open_thread(&self, thread: usize, local_bytes: usize) -> smart_core::Result<Box<dyn Endpoint>> {
+        let inner = self.inner.open_thread(thread, local_bytes)?;
+        Ok(Box::new(CountingEp { inner, max: self.max.clone(), outstanding: 0, sizes: Default::default() }))
+    }
+}
+
+impl Endpoint for CountingEp {
+    fn local(&self) -> &Rc<LocalMem> {
+        self.inner.local()
+    }
+    fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> smart_core::Result<()> {
+        self.inner.post(qp, wr_id, wrs)?;
+        self.outstanding += wrs.len();
+        self.sizes.insert(wr_id, wrs.len());
+        self.max.fetch_max(self.outstanding, Ordering::Relaxed);
+        Ok(())
+    }
+    fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
+        let before = out.len();
+        let n = self.inner.poll(out);
+        for c in &out[before..] {
+            self.outstanding -= self.sizes.remove(&c.wr_id).unwrap();
+        }
+        n
+    }
+    fn reset_qp(&mut self, qp: u16) -> smart_core::Result<()> {
+        self.inner.reset_qp(qp)
+    }
+}
+
+/// Runs 16 coroutines × 50 batches of 2 WRs, plus one batch of 5 WRs;
+/// returns the most WRs outstanding at once.
+fn max_outstanding(throttle: Option<TunerConfig>) -> usize {
+    let max = Arc::new(AtomicUsize::new(0));
+    let t = Counting { inner: EmbeddedTransport::new(1, 8 << 20).unwrap(), max: max.clone() };
+    let cfg = RuntimeConfig {
+        smart: SmartConfig { work_req_throt: throttle, ..SmartConfig::default() },
+        ..RuntimeConfig::default()
+    };
+    let mut rt = Runtime::new(&t, 0, cfg).unwrap();
+    let done = Rc::new(Cell::new(0));
+    for c in 0..16u64 {
+        let (ctx, done) = (rt.ctx(), done.clone());
+        rt.spawn(async move {
+            let a = GlobalAddr::new(0, 8192 + 64 * c);
+            for _ in 0..50 {
+                let mut b = ctx.batch();
+                b.faa(a, 1);
+                b.read(a, 8);
+                b.post().await.unwrap();
+            }
+            if c == 0 {
+                // Larger than the whole limit: must go (alone), not stall.
+                let mut b = ctx.batch();
+                for _ in 0..5 {
+                    b.faa(a, 1);
+                }
+                b.post().await.unwrap();
+            }
+            done.set(done.get() + 1);
+        });
+    }
+    rt.run();
+    assert_eq!(done.get(), 16, "a coroutine stalled");
+    max.load(Ordering::Relaxed)
+}
+
+#[test]
+fn credits_bound_outstanding_wrs_and_never_stall_large_batches() {
+    let fixed = |l: u32| TunerConfig { candidates: vec![l], initial: l, ..TunerConfig::default() };
+    assert!(max_outstanding(None) >= 16, "without throttling every coroutine has WRs out");
+    assert_eq!(max_outstanding(Some(fixed(4))), 5, "limit 4: pairs up to 4, the lone 5-WR batch");
+    assert_eq!(max_outstanding(Some(fixed(6))), 6);
+}
+
+#[test]
+fn backoff_waits_yield_to_other_coroutines() {
+    let b = backends::embedded(1);
+    let long = BackoffConfig { base_ns: 20_000_000, limit_shift: 0, ..BackoffConfig::default() };
+    let cfg = RuntimeConfig {
+        smart: SmartConfig { conflict_avoid: Some(long), ..SmartConfig::default() },
+        ..RuntimeConfig::default()
+    };
+    let mut rt = Runtime::new(&*b.transport, 0, cfg).unwrap();
+    let order = Rc::new(std::cell::RefCell::new(Vec::new()));
+    let (ctx, o) = (rt.ctx(), order.clone());
+    rt.spawn(async move {
+        let mut op = ctx.op().await;
+        // Keep retrying until a wait of at least 1 ms was drawn (20 ms cap).
+        loop {
+            let t0 = Instant::now();
+            op.retry().await;
+            if t0.elapsed() >= Duration::from_millis(1) {
+                break;
+            }
+        }
+        o.borrow_mut().push("backoff done");
+        assert!(ctx.stats().backoff_ns >= 1_000_000);
+    });
+    let (ctx, o) = (rt.ctx(), order.clone());
+    rt.spawn(async move {
+        for _ in 0..100 {
+            ctx.faa(GlobalAddr::new(0, 8192), 1).await.unwrap();
+        }
+        o.borrow_mut().push("reads done");
+    });
+    rt.run();
+    assert_eq!(*order.borrow(), ["reads done", "backoff done"], "the backoff blocked the thread");
+}
+
+#[test]
+fn contended_cas_counter_is_exact_under_every_toggle() {
+    let toggles = ["none", "conflict-avoid", "work-req-throt", "work-req-throt,conflict-avoid"];
+    for b in backends::all(1) {
+        for s in toggles {
+            let smart = SmartConfig::parse(s).unwrap();
+            let cfg = RunConfig {
+                threads: 2,
+                coroutines: 8,
+                duration: Duration::from_millis(300),
+                warmup: Duration::from_millis(50),
+                runtime: RuntimeConfig { smart, ..RuntimeConfig::default() },
+                progress: false,
+            };
+            let m = MicroConfig { op: Opcode::Cas, size: 8, batch: 1, contended: true, area: 4096 };
+            let r = micro::run(&*b.transport, &cfg, &m).unwrap();
+            assert_eq!(r.run.errors, 0, "{} {s}: {:?}", b.name, r.run.first_error);
+            assert!(r.increments > 0, "{} {s}: no progress", b.name);
+            assert_eq!(r.counter, r.increments, "{} {s}: counter vs successful increments", b.name);
+            assert_eq!(r.violations, 0);
+            assert_eq!(r.run.smart.len(), 2);
+            assert_eq!(r.run.smart[0].backoff_cap_ns.is_some(), s.contains("conflict"), "{s}");
+            assert_eq!(r.run.smart[0].credit_limit.is_some(), s.contains("throt"), "{s}");
+        }
+    }
+}
