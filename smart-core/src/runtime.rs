@@ -72,6 +72,9 @@ pub struct SmartState {
     pub backoff_cap_ns: Option<u64>,
     /// ConflictAvoid: coroutines allowed inside an operation.
     pub n_max: Option<usize>,
+    /// ConflictAvoid: C0 in nanoseconds (the measured round trip when
+    /// calibrated).
+    pub backoff_base_ns: Option<u64>,
 }
 
 /// How often the executor ticks the tuner and the backoff controller.
@@ -93,6 +96,8 @@ struct Slot {
     generation: u32,
     /// WRs of the batch: the credits it returns on completion.
     wrs: u16,
+    /// When it was posted (ns since start), to measure round trips.
+    posted_ns: u64,
     waker: Option<Waker>,
 }
 
@@ -161,6 +166,10 @@ struct Inner {
     op_serving: Cell<u64>,
     op_abandoned: RefCell<Vec<u64>>,
     rng: Cell<u64>,
+    /// Whether to time batches (for ConflictAvoid's C0), and the smoothed
+    /// round trip in ns.
+    measure_rtt: bool,
+    rtt_ns: Cell<u64>,
     /// Sleeping coroutines: (deadline in ns since `start`, waker).
     timers: RefCell<Vec<(u64, Waker)>>,
 }
@@ -440,6 +449,9 @@ impl<'a> Future for Post<'_, 'a> {
         let s = &mut slots.slots[slot as usize];
         s.state = SlotState::InFlight;
         s.wrs = nwr;
+        if inner.measure_rtt {
+            s.posted_ns = inner.now_ns();
+        }
         s.waker = Some(cx.waker().clone());
         this.slot = Some(slot);
         Poll::Pending
@@ -582,6 +594,7 @@ impl Ctx {
             credit_limit: self.0.credits.as_ref().map(CreditThrottle::limit),
             backoff_cap_ns: b.as_ref().map(Backoff::cap_ns),
             n_max: b.as_ref().map(Backoff::n_max),
+            backoff_base_ns: b.as_ref().map(Backoff::base_ns),
         }
     }
 
@@ -830,13 +843,14 @@ impl Runtime {
         let local = ep.local().clone();
         let slots = Slots {
             slots: (0..cfg.slots)
-                .map(|_| Slot { state: SlotState::Free, generation: 0, wrs: 0, waker: None })
+                .map(|_| Slot { state: SlotState::Free, generation: 0, wrs: 0, posted_ns: 0, waker: None })
                 .collect(),
             free: (0..cfg.slots as u16).rev().collect(),
             waiters: VecDeque::with_capacity(64),
         };
         let blades = transport.blades().to_vec();
         let nslots = cfg.slots;
+        let measure_rtt = cfg.smart.conflict_avoid.is_some_and(|b| b.calibrate_base);
         let clock = quanta::Clock::new();
         let start = clock.now();
         let (tuner, credits) = match &cfg.smart.work_req_throt {
@@ -870,6 +884,8 @@ impl Runtime {
             op_abandoned: RefCell::new(Vec::new()),
             rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ (thread as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1),
             timers: RefCell::new(Vec::with_capacity(64)),
+            measure_rtt,
+            rtt_ns: Cell::new(0),
         };
         Ok(Runtime {
             ctx: Ctx(Rc::new(inner)),
@@ -976,6 +992,7 @@ impl Runtime {
         let mut slots = inner.slots.borrow_mut();
         let mut errors = 0;
         let mut returned = 0u32;
+        let now = if inner.measure_rtt { inner.now_ns() } else { 0 };
         for c in &self.cq {
             let idx = (c.wr_id & 0xffff) as u16;
             let generation = (c.wr_id >> 16) as u32;
@@ -986,6 +1003,12 @@ impl Runtime {
             errors += u64::from(c.status.is_err());
             if matches!(s.state, SlotState::InFlight | SlotState::Orphaned) {
                 returned += u32::from(s.wrs);
+                if inner.measure_rtt {
+                    // EWMA with weight 1/16.
+                    let rtt = now.saturating_sub(s.posted_ns);
+                    let old = inner.rtt_ns.get();
+                    inner.rtt_ns.set(if old == 0 { rtt } else { old - old / 16 + rtt / 16 });
+                }
             }
             match s.state {
                 SlotState::Orphaned => slots.release(idx),
@@ -1036,6 +1059,9 @@ impl Inner {
             }
         }
         if let Some(b) = self.backoff.borrow_mut().as_mut() {
+            if self.rtt_ns.get() > 0 {
+                b.calibrate(self.rtt_ns.get());
+            }
             if b.tick(now) {
                 self.op_waiters.wake_all();
             }
