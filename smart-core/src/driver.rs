@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use crate::backend::Transport;
 use crate::runtime::{Ctx, Runtime, RuntimeConfig, SmartState};
+use crate::smart::QpPlan;
 use crate::stats::{Latency, LatencySummary, VerbStats};
 use crate::{Error, Result};
 
@@ -249,6 +250,8 @@ where
     if cfg.threads == 0 || cfg.coroutines == 0 {
         return Err(Error::Unsupported("need at least one thread and one coroutine".into()));
     }
+    let smart = &cfg.runtime.smart;
+    transport.configure(QpPlan::new(smart.qp_policy, cfg.threads, transport.blades().len(), smart.doorbells))?;
     let phase = Arc::new(AtomicU8::new(WARMUP));
     let progress: Arc<[CachePadded<AtomicU64>]> =
         (0..cfg.threads).map(|_| CachePadded::new(AtomicU64::new(0))).collect();

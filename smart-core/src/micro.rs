@@ -84,7 +84,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
     }
     // Set up on the driving thread: an area per blade, the counter zeroed.
     let nblades = transport.blades().len();
-    let mut setup = Runtime::new(transport, usize::MAX, cfg.runtime.clone())?;
+    let mut setup = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = setup.ctx();
     let area = m.area;
     let areas: Vec<GlobalAddr> = setup.block_on(async move {

@@ -142,7 +142,7 @@ impl WaitQueue {
 
 struct Inner {
     ep: RefCell<Box<dyn Endpoint>>,
-    local: Rc<LocalMem>,
+    local: Arc<LocalMem>,
     blades: Vec<BladeInfo>,
     cfg: RuntimeConfig,
     slots: RefCell<Slots>,

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use smart_core::driver::{RunConfig, RunReport};
 use smart_core::micro::{self, MicroConfig};
 use smart_core::size::parse_size;
-use smart_core::smart::{QpPolicy, SmartConfig};
+use smart_core::smart::{DoorbellConfig, SmartConfig};
 use smart_core::{EmbeddedTransport, Opcode, RuntimeConfig, TcpTransport, Transport};
 
 #[derive(Parser, Debug)]
@@ -57,6 +57,10 @@ struct Common {
     /// (default: per-thread-db with thd-res-alloc, else per-thread-qp).
     #[arg(long)]
     qp_policy: Option<String>,
+    /// Emulated doorbell registers of the soft backends, LOW:MEDIUM
+    /// (ConnectX-6: 4:12). Fewer doorbells make sharing show at few threads.
+    #[arg(long, default_value = "4:12")]
+    doorbells: String,
     /// Write the result record (JSON) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -112,17 +116,21 @@ struct Setup {
     run: RunConfig,
 }
 
+fn parse_doorbells(s: &str) -> Result<DoorbellConfig> {
+    let bad = || anyhow::anyhow!("--doorbells {s:?}: use LOW:MEDIUM, e.g. 4:12, with MEDIUM ≥ 1");
+    let (l, m) = s.split_once(':').ok_or_else(bad)?;
+    let (low_latency, medium) = (l.trim().parse().map_err(|_| bad())?, m.trim().parse().map_err(|_| bad())?);
+    if medium == 0 {
+        return Err(bad());
+    }
+    Ok(DoorbellConfig { low_latency, medium })
+}
+
 fn resolve(c: &Common) -> Result<Setup> {
     let mut smart = SmartConfig::parse(&c.smart).map_err(|e| anyhow::anyhow!("--smart: {e}"))?;
+    smart.doorbells = parse_doorbells(&c.doorbells)?;
     if let Some(p) = &c.qp_policy {
         smart.qp_policy = p.parse().map_err(|e| anyhow::anyhow!("--qp-policy: {e}"))?;
-    }
-    if smart.qp_policy != QpPolicy::PerThreadQp {
-        bail!(
-            "QP policy {} (from --smart thd-res-alloc or --qp-policy): thread-aware resource allocation is not \
-             built yet, only per-thread-qp runs today; --smart work-req-throt,conflict-avoid works",
-            smart.qp_policy
-        );
     }
     if c.threads == 0 || c.coroutines == 0 {
         bail!("--threads and --coroutines must be at least 1");
@@ -173,6 +181,8 @@ fn record(bench: &str, app: &str, workload: &str, s: &Setup, r: &RunReport, extr
             "spec_lookup": flags[3],
         },
         "qp_policy": s.run.runtime.smart.qp_policy.to_string(),
+        "doorbells": format!("{}:{}", s.run.runtime.smart.doorbells.low_latency, s.run.runtime.smart.doorbells.medium),
+        "doorbell_rings": s.transport.doorbell_rings(),
         "first_error": r.first_error,
     });
     let obj = v.as_object_mut().expect("object");

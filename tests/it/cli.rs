@@ -164,6 +164,8 @@ fn bad_arguments_fail_with_a_message() {
         (&["micro", "--threads", "0"], "--threads"),
         (&["micro", "--smart", "warp-drive"], "unknown technique"),
         (&["micro", "--qp-policy", "bogus"], "--qp-policy"),
+        (&["micro", "--qp-policy", "multiplexed:0"], "multiplexed:K"),
+        (&["micro", "--doorbells", "4:0"], "--doorbells"),
         (&["micro", "--op", "cas", "--contended", "--batch", "2"], "--batch 1"),
         (&["micro", "--blades", "127.0.0.1:1"], "connecting"),
         (&["micro", "--blades", "127.0.0.1:1", "--transport", "verbs"], "not built yet"),
@@ -218,4 +220,34 @@ fn blade_flushes_its_backing_file_on_sigterm_and_restarts_with_the_data() {
     assert!(data.iter().all(|b| *b == 0x5a));
     drop(blade);
     std::fs::remove_file(&file).unwrap();
+}
+
+#[test]
+fn smart_techniques_and_qp_policies_show_in_the_record() {
+    for (args, policy, flags) in [
+        (&["--smart", "all"][..], "per-thread-db", [true, true, true, true]),
+        (
+            &["--smart", "conflict-avoid", "--qp-policy", "multiplexed:2"][..],
+            "multiplexed:2",
+            [false, false, true, false],
+        ),
+    ] {
+        let json = tmp(&format!("smart-{policy}.json"));
+        let mut a =
+            vec!["micro", "--op", "cas", "--contended", "--threads", "2", "--coroutines", "4", "--duration", "0.3"];
+        a.extend(["--warmup", "0", "--quiet", "--blade-size", "64MiB", "--json", json.to_str().unwrap()]);
+        a.extend(args);
+        let out = compute(&a);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let r = record(&json);
+        assert_eq!(r["qp_policy"], policy);
+        let names = ["thd_res_alloc", "work_req_throt", "conflict_avoid", "spec_lookup"];
+        for (n, f) in names.iter().zip(flags) {
+            assert_eq!(r["smart"][n], f, "{args:?}: {n}");
+        }
+        assert_eq!(r["violations"], 0);
+        assert_eq!(r["smart_state"].as_array().unwrap().len(), 2);
+        assert!(r["doorbell_rings"].as_array().unwrap().iter().any(|v| v.as_u64().unwrap() > 0));
+        std::fs::remove_file(json).unwrap();
+    }
 }

@@ -6,6 +6,12 @@
 //! between doorbell and CQE. With no contention this path takes no lock,
 //! allocates nothing and makes no syscall.
 //!
+//! QPs follow the transport's [`QpPlan`](crate::smart::QpPlan): a QP of its
+//! own per blade, or a QP shared with other threads (`shared`,
+//! `multiplexed:K`) behind a lock, executed by whichever of its threads
+//! polls. Every post rings the QP's emulated doorbell (see
+//! [`softnic`](super::softnic)).
+//!
 //! **Chaos mode** ([`ChaosConfig`]) exists for tests: multi-line READs and
 //! WRITEs are copied one 8-byte word at a time with random pauses between
 //! cache lines (READs sometimes top-down), so concurrent writers really tear
@@ -14,15 +20,18 @@
 //! (never within one QP).
 
 use std::collections::VecDeque;
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crossbeam_utils::CachePadded;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::softnic::{self, Doorbell, Inbox, SoftNic};
 use super::{validate_batch, BladeInfo, Endpoint, LocalMem, Transport};
 use crate::layout;
 use crate::region::{LinePacer, NoPause, Region};
+use crate::smart::{QpPlan, QpSlot};
 use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
 use crate::{Error, Result};
 
@@ -53,6 +62,7 @@ pub struct EmbeddedTransport {
     regions: Vec<Arc<Region>>,
     infos: Vec<BladeInfo>,
     chaos: Option<ChaosConfig>,
+    nic: Arc<SoftNic<Qp>>,
 }
 
 impl EmbeddedTransport {
@@ -84,7 +94,8 @@ impl EmbeddedTransport {
             layout::format_or_check(r).map_err(|source| Error::Layout { blade: i as u16, source })?;
             infos.push(BladeInfo { size: r.len(), rkey: rand::random::<u32>() | 1 });
         }
-        Ok(EmbeddedTransport { regions, infos, chaos: None })
+        let nic = Arc::new(SoftNic::new(regions.len()));
+        Ok(EmbeddedTransport { regions, infos, chaos: None, nic })
     }
 
     /// Turns chaos mode on for every endpoint opened afterwards.
@@ -97,6 +108,16 @@ impl EmbeddedTransport {
     pub fn region(&self, i: usize) -> &Arc<Region> {
         &self.regions[i]
     }
+
+    fn new_qp(&self, blade: usize) -> Qp {
+        Qp {
+            region: self.regions[blade].clone(),
+            info: self.infos[blade],
+            sq: VecDeque::new(),
+            batches: VecDeque::new(),
+            error: false,
+        }
+    }
 }
 
 impl Transport for EmbeddedTransport {
@@ -108,36 +129,62 @@ impl Transport for EmbeddedTransport {
         &self.infos
     }
 
+    fn configure(&self, plan: QpPlan) -> Result<()> {
+        self.nic.configure(plan);
+        Ok(())
+    }
+
+    fn doorbell_rings(&self) -> Vec<u64> {
+        self.nic.doorbell_rings()
+    }
+
     fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>> {
-        let qps = self
-            .regions
-            .iter()
-            .zip(&self.infos)
-            .map(|(r, i)| Qp {
-                region: r.clone(),
-                info: *i,
-                sq: VecDeque::new(),
-                batches: VecDeque::new(),
-                error: false,
-            })
-            .collect();
+        let local = LocalMem::new(local_bytes)?;
+        let att = self.nic.attach(thread, local.clone())?;
+        let mut qps = Vec::with_capacity(self.regions.len());
+        for (b, slot) in att.slots.iter().enumerate() {
+            qps.push(if slot.qp_shared {
+                QpRef::Shared(self.nic.shared_qp(slot.qp, || Ok(self.new_qp(b)))?)
+            } else {
+                QpRef::Own(self.new_qp(b))
+            });
+        }
         let chaos = self.chaos.map(|cfg| Chaos {
             cfg,
             rng: SmallRng::seed_from_u64(cfg.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         });
-        Ok(Box::new(EmbeddedEndpoint { local: LocalMem::new(local_bytes)?, qps, chaos, order: Vec::new() }))
+        let has_shared = att.slots.iter().any(|s| s.qp_shared);
+        Ok(Box::new(EmbeddedEndpoint {
+            id: att.id,
+            local,
+            inbox: att.inbox,
+            nic: self.nic.clone(),
+            has_shared,
+            slots: att.slots,
+            doorbells: att.doorbells,
+            qps,
+            chaos,
+            order: Vec::new(),
+        }))
     }
 }
 
+/// A send queue and its execution state (one RC QP to one blade).
 #[derive(Debug)]
-struct Qp {
+pub(crate) struct Qp {
     region: Arc<Region>,
     info: BladeInfo,
     /// The send queue: WRs of posted batches, in order.
     sq: VecDeque<WorkRequest>,
-    /// (wr_id, WR count) of each posted batch, in order.
-    batches: VecDeque<(u64, u16)>,
+    /// (wr_id, WR count, posting endpoint) of each posted batch, in order.
+    batches: VecDeque<(u64, u16, usize)>,
     error: bool,
+}
+
+#[derive(Debug)]
+enum QpRef {
+    Own(Qp),
+    Shared(Arc<Mutex<Qp>>),
 }
 
 #[derive(Debug)]
@@ -165,16 +212,27 @@ impl LinePacer for Chaos {
 /// One thread's endpoint on the embedded blades.
 #[derive(Debug)]
 struct EmbeddedEndpoint {
-    local: Rc<LocalMem>,
-    qps: Vec<Qp>,
+    id: usize,
+    local: Arc<LocalMem>,
+    inbox: Arc<Inbox>,
+    nic: Arc<SoftNic<Qp>>,
+    has_shared: bool,
+    slots: Vec<QpSlot>,
+    doorbells: Vec<Arc<CachePadded<Doorbell>>>,
+    qps: Vec<QpRef>,
     chaos: Option<Chaos>,
     order: Vec<usize>,
 }
 
 impl Qp {
-    /// Executes the next queued batch; returns its completion.
+    fn push(&mut self, wr_id: u64, wrs: &[WorkRequest], owner: usize) {
+        self.sq.extend(wrs.iter().copied());
+        self.batches.push_back((wr_id, wrs.len() as u16, owner));
+    }
+
+    /// Executes the next queued batch with `local` as its poster's memory.
     fn run_batch(&mut self, local: &LocalMem, pacer: &mut impl LinePacer) -> Option<Completion> {
-        let (wr_id, n) = self.batches.pop_front()?;
+        let (wr_id, n, _) = self.batches.pop_front()?;
         let mut status = Ok(());
         for i in 0..n {
             let wr = self.sq.pop_front().expect("send queue holds every posted WR");
@@ -193,8 +251,42 @@ impl Qp {
         }
         Some(Completion { wr_id, status })
     }
-}
 
+    /// Runs queued batches (all, or until chaos delays the rest), handing
+    /// each completion to its poster: `me` gets it in `out`, others through
+    /// their inbox.
+    fn run(
+        &mut self,
+        me: usize,
+        local: &LocalMem,
+        nic: &SoftNic<Qp>,
+        out: &mut Vec<Completion>,
+        chaos: &mut Option<Chaos>,
+    ) {
+        while let Some(&(_, _, owner)) = self.batches.front() {
+            if let Some(c) = chaos.as_mut() {
+                if c.rng.random_bool(c.cfg.delay_prob) {
+                    return;
+                }
+            }
+            if owner == me {
+                let c = match chaos {
+                    Some(ch) => self.run_batch(local, ch),
+                    None => self.run_batch(local, &mut NoPause),
+                };
+                out.extend(c);
+            } else {
+                nic.with_endpoint(owner, |theirs, inbox| {
+                    let c = match chaos {
+                        Some(ch) => self.run_batch(theirs, ch),
+                        None => self.run_batch(theirs, &mut NoPause),
+                    };
+                    softnic::lock(inbox).extend(c);
+                });
+            }
+        }
+    }
+}
 /// Executes one WR against a region, with `local` as the local side.
 fn execute(
     region: &Region,
@@ -239,43 +331,50 @@ fn execute(
 }
 
 impl Endpoint for EmbeddedEndpoint {
-    fn local(&self) -> &Rc<LocalMem> {
+    fn local(&self) -> &Arc<LocalMem> {
         &self.local
     }
 
     fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> Result<()> {
-        let nqp = self.qps.len();
-        let q = self.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, nqp))?;
+        let b = qp as usize;
+        if b >= self.qps.len() {
+            return Err(Error::NoSuchBlade(qp, self.qps.len()));
+        }
         validate_batch(&self.local, qp, wrs)?;
-        q.sq.extend(wrs.iter().copied());
-        q.batches.push_back((wr_id, wrs.len() as u16));
+        let me = self.id;
+        let q = &mut self.qps[b];
+        self.doorbells[b].ring(self.slots[b].doorbell_shared, || match q {
+            QpRef::Own(q) => q.push(wr_id, wrs, me),
+            QpRef::Shared(q) => softnic::lock(q).push(wr_id, wrs, me),
+        });
         Ok(())
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
-        match &mut self.chaos {
-            None => {
-                for q in &mut self.qps {
-                    while let Some(c) = q.run_batch(&self.local, &mut NoPause) {
-                        out.push(c);
+        if let Some(chaos) = &mut self.chaos {
+            self.order.clear();
+            self.order.extend(0..self.qps.len());
+            for i in (1..self.order.len()).rev() {
+                let j = chaos.rng.random_range(0..=i);
+                self.order.swap(i, j);
+            }
+        }
+        for k in 0..self.qps.len() {
+            let i = if self.chaos.is_some() { self.order[k] } else { k };
+            match &mut self.qps[i] {
+                QpRef::Own(q) => q.run(self.id, &self.local, &self.nic, out, &mut self.chaos),
+                QpRef::Shared(q) => {
+                    // Another sharer is executing it: our completions will
+                    // arrive in the inbox.
+                    if let Ok(mut q) = q.try_lock() {
+                        q.run(self.id, &self.local, &self.nic, out, &mut self.chaos);
                     }
                 }
             }
-            Some(chaos) => {
-                self.order.clear();
-                self.order.extend(0..self.qps.len());
-                for i in (1..self.order.len()).rev() {
-                    let j = chaos.rng.random_range(0..=i);
-                    self.order.swap(i, j);
-                }
-                for &i in &self.order {
-                    let q = &mut self.qps[i];
-                    while !q.batches.is_empty() && !chaos.rng.random_bool(chaos.cfg.delay_prob) {
-                        out.extend(q.run_batch(&self.local, chaos));
-                    }
-                }
-            }
+        }
+        if self.has_shared {
+            softnic::drain_inbox(&self.inbox, out);
         }
         out.len() - before
     }
@@ -283,6 +382,14 @@ impl Endpoint for EmbeddedEndpoint {
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
         let nqp = self.qps.len();
         let q = self.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, nqp))?;
+        let mut guard;
+        let q = match q {
+            QpRef::Own(q) => q,
+            QpRef::Shared(q) => {
+                guard = softnic::lock(q);
+                &mut *guard
+            }
+        };
         if !q.batches.is_empty() {
             return Err(Error::QpBusy(qp));
         }

@@ -10,12 +10,15 @@
 pub mod embedded;
 pub mod tcp;
 
+pub(crate) mod softnic;
+
 use std::fmt;
 use std::ptr::NonNull;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use memmap2::MmapMut;
 
+use crate::smart::{QpPlan, QpPolicy};
 use crate::verbs::{Completion, WorkRequest};
 use crate::{Error, Result};
 
@@ -45,6 +48,24 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// # Errors
     /// If connecting to a blade or registering memory fails.
     fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>>;
+
+    /// Sets the QP and doorbell plan (ThdResAlloc) for the threads opened
+    /// afterwards. The default accepts only the plain per-thread-QP plan.
+    ///
+    /// # Errors
+    /// If the backend cannot realize the plan's policy.
+    fn configure(&self, plan: QpPlan) -> Result<()> {
+        if plan.policy == QpPolicy::PerThreadQp {
+            Ok(())
+        } else {
+            Err(Error::Unsupported(format!("the {} backend does not support QP policy {}", self.name(), plan.policy)))
+        }
+    }
+
+    /// How often each (emulated) doorbell was rung, if the backend counts.
+    fn doorbell_rings(&self) -> Vec<u64> {
+        Vec::new()
+    }
 }
 
 /// One thread's view of a backend: a CQ, one QP per blade, local memory.
@@ -56,7 +77,7 @@ pub trait Transport: Send + Sync + fmt::Debug {
 /// [`WcStatus::Flushed`](crate::WcStatus::Flushed) until [`Endpoint::reset_qp`].
 pub trait Endpoint: fmt::Debug {
     /// The thread's registered local memory.
-    fn local(&self) -> &Rc<LocalMem>;
+    fn local(&self) -> &Arc<LocalMem>;
 
     /// Posts one batch to the QP of blade `qp` (one doorbell).
     ///
@@ -94,6 +115,16 @@ pub struct LocalMem {
     _map: MmapMut,
 }
 
+// SAFETY: `LocalMem` is plain registered memory reached only through raw
+// views whose exclusivity the runtime's slot discipline guarantees: a range
+// is written by a backend (on whichever thread completes the WR, as an RNIC
+// DMA would) only while its batch is in flight, and read by the owning
+// runtime only after the completion was handed over through a
+// synchronizing queue. The mapping itself is never moved or resized.
+unsafe impl Send for LocalMem {}
+// SAFETY: as above.
+unsafe impl Sync for LocalMem {}
+
 impl fmt::Debug for LocalMem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalMem").field("len", &self.len).finish()
@@ -105,11 +136,11 @@ impl LocalMem {
     ///
     /// # Errors
     /// If the mapping fails.
-    pub fn new(len: usize) -> Result<Rc<LocalMem>> {
+    pub fn new(len: usize) -> Result<Arc<LocalMem>> {
         let mut map =
             MmapMut::map_anon(len.max(1)).map_err(|e| Error::Io { peer: "local memory".into(), source: e })?;
         let ptr = NonNull::new(map.as_mut_ptr()).expect("mmap never returns null");
-        Ok(Rc::new(LocalMem { ptr, len, _map: map }))
+        Ok(Arc::new(LocalMem { ptr, len, _map: map }))
     }
 
     /// Size in bytes.

@@ -15,15 +15,25 @@
 //!
 //! A broken connection completes every batch in flight on it, and every
 //! later one, with [`WcStatus::Transport`]; nothing waits forever.
+//!
+//! QPs follow the transport's [`QpPlan`](crate::smart::QpPlan). A QP shared
+//! by several threads (`shared`, `multiplexed:K`) is one connection behind a
+//! lock: any of its threads sends the queued frames and receives responses,
+//! delivering each to the thread that posted it (see
+//! [`softnic`](super::softnic)). Every post rings the QP's emulated doorbell.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
+
+use super::softnic::{self, Doorbell, Inbox, SoftNic};
 use super::{validate_batch, BladeInfo, Endpoint, LocalMem, Transport};
+use crate::smart::{QpPlan, QpSlot};
 use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
 use crate::wire::{self, Header, Welcome, WrDesc, HEADER_LEN, MAX_FRAME, WR_DESC_LEN};
 use crate::{Error, Result};
@@ -43,6 +53,7 @@ const RESET_WR_ID: u64 = u64::MAX;
 pub struct TcpTransport {
     peers: Vec<String>,
     infos: Vec<BladeInfo>,
+    nic: Arc<SoftNic<Conn>>,
 }
 
 impl TcpTransport {
@@ -65,7 +76,8 @@ impl TcpTransport {
             let (_, info) = handshake(a, wire::PROTOCOL_VERSION)?;
             infos.push(info);
         }
-        Ok(TcpTransport { peers: addrs.to_vec(), infos })
+        let nic = Arc::new(SoftNic::new(addrs.len()));
+        Ok(TcpTransport { peers: addrs.to_vec(), infos, nic })
     }
 }
 
@@ -104,31 +116,66 @@ impl Transport for TcpTransport {
         &self.infos
     }
 
-    fn open_thread(&self, _thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>> {
+    fn configure(&self, plan: QpPlan) -> Result<()> {
+        self.nic.configure(plan);
+        Ok(())
+    }
+
+    fn doorbell_rings(&self) -> Vec<u64> {
+        self.nic.doorbell_rings()
+    }
+
+    fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>> {
+        let local = LocalMem::new(local_bytes)?;
+        let att = self.nic.attach(thread, local.clone())?;
         let mut conns = Vec::with_capacity(self.peers.len());
-        for (peer, info) in self.peers.iter().zip(&self.infos) {
-            let (stream, now) = handshake(peer, wire::PROTOCOL_VERSION)?;
-            if now.size != info.size {
-                return Err(Error::Handshake {
-                    peer: peer.clone(),
-                    reason: "blade changed size since the transport connected".into(),
-                });
-            }
-            stream.set_nonblocking(true).map_err(|source| Error::Io { peer: peer.clone(), source })?;
-            conns.push(Conn {
-                stream,
-                peer: peer.clone(),
-                out: Vec::with_capacity(64 << 10),
-                sent: 0,
-                inb: vec![0; 256 << 10],
-                start: 0,
-                end: 0,
-                sq: VecDeque::new(),
-                batches: VecDeque::new(),
-                broken: None,
+        for (b, slot) in att.slots.iter().enumerate() {
+            conns.push(if slot.qp_shared {
+                ConnRef::Shared(self.nic.shared_qp(slot.qp, || self.connect_qp(b))?)
+            } else {
+                ConnRef::Own(self.connect_qp(b)?)
             });
         }
-        Ok(Box::new(TcpEndpoint { local: LocalMem::new(local_bytes)?, conns, failed: Vec::new(), fds: Vec::new() }))
+        let has_shared = att.slots.iter().any(|s| s.qp_shared);
+        Ok(Box::new(TcpEndpoint {
+            id: att.id,
+            local,
+            inbox: att.inbox,
+            nic: self.nic.clone(),
+            has_shared,
+            slots: att.slots,
+            doorbells: att.doorbells,
+            conns,
+            failed: Vec::new(),
+            fds: Vec::new(),
+        }))
+    }
+}
+
+impl TcpTransport {
+    /// Opens one QP (connection) to blade `b`.
+    fn connect_qp(&self, b: usize) -> Result<Conn> {
+        let peer = &self.peers[b];
+        let (stream, now) = handshake(peer, wire::PROTOCOL_VERSION)?;
+        if now.size != self.infos[b].size {
+            return Err(Error::Handshake {
+                peer: peer.clone(),
+                reason: "blade changed size since the transport connected".into(),
+            });
+        }
+        stream.set_nonblocking(true).map_err(|source| Error::Io { peer: peer.clone(), source })?;
+        Ok(Conn {
+            stream,
+            peer: peer.clone(),
+            out: Vec::with_capacity(64 << 10),
+            sent: 0,
+            inb: vec![0; 256 << 10],
+            start: 0,
+            end: 0,
+            sq: VecDeque::new(),
+            batches: VecDeque::new(),
+            broken: None,
+        })
     }
 }
 
@@ -145,19 +192,40 @@ struct Conn {
     end: usize,
     /// WRs of batches in flight, in order (to scatter responses).
     sq: VecDeque<WorkRequest>,
-    /// (wr_id, WR count) of batches in flight, in order.
-    batches: VecDeque<(u64, u16)>,
+    /// (wr_id, WR count, posting endpoint) of batches in flight, in order.
+    batches: VecDeque<(u64, u16, usize)>,
     /// Why the connection is unusable, once it is.
     broken: Option<String>,
 }
 
 #[derive(Debug)]
+enum ConnRef {
+    Own(Conn),
+    Shared(Arc<Mutex<Conn>>),
+}
+
+#[derive(Debug)]
 struct TcpEndpoint {
-    local: Rc<LocalMem>,
-    conns: Vec<Conn>,
+    id: usize,
+    local: Arc<LocalMem>,
+    inbox: Arc<Inbox>,
+    nic: Arc<SoftNic<Conn>>,
+    has_shared: bool,
+    slots: Vec<QpSlot>,
+    doorbells: Vec<Arc<CachePadded<Doorbell>>>,
+    conns: Vec<ConnRef>,
     /// Completions produced at post time (batches to a broken connection).
     failed: Vec<Completion>,
     fds: Vec<libc::pollfd>,
+}
+
+/// Where a completion for endpoint `owner` goes.
+fn deliver(me: usize, nic: &SoftNic<Conn>, owner: usize, c: Completion, out: &mut Vec<Completion>) {
+    if owner == me {
+        out.push(c);
+    } else {
+        nic.with_endpoint(owner, |_, inbox| softnic::lock(inbox).push(c));
+    }
 }
 
 impl Conn {
@@ -180,21 +248,44 @@ impl Conn {
     }
 
     /// Marks the connection broken and fails everything in flight.
-    fn fail(&mut self, reason: String, out: &mut Vec<Completion>) {
+    fn fail(&mut self, reason: String, me: usize, nic: &SoftNic<Conn>, out: &mut Vec<Completion>) {
         if self.broken.is_none() {
             eprintln!("smart-core: connection to memory blade {} lost: {reason}", self.peer);
             self.broken = Some(reason);
         }
         self.sq.clear();
-        for (wr_id, _) in self.batches.drain(..) {
+        for (wr_id, _, owner) in self.batches.drain(..) {
             if wr_id != RESET_WR_ID {
-                out.push(Completion { wr_id, status: Err((WcStatus::Transport, 0)) });
+                deliver(me, nic, owner, Completion { wr_id, status: Err((WcStatus::Transport, 0)) }, out);
             }
         }
     }
 
+    /// Sends queued frames and receives responses; a failure breaks the
+    /// connection.
+    fn progress(&mut self, me: usize, local: &LocalMem, nic: &SoftNic<Conn>, out: &mut Vec<Completion>) {
+        if self.broken.is_some() || self.batches.is_empty() {
+            return;
+        }
+        if !self.out.is_empty() {
+            if let Err(e) = self.flush() {
+                self.fail(format!("sending: {e}"), me, nic, out);
+                return;
+            }
+        }
+        if let Err(reason) = self.receive(me, local, nic, out) {
+            self.fail(reason, me, nic, out);
+        }
+    }
+
     /// Reads and dispatches every response that has arrived.
-    fn receive(&mut self, local: &LocalMem, out: &mut Vec<Completion>) -> std::result::Result<(), String> {
+    fn receive(
+        &mut self,
+        me: usize,
+        local: &LocalMem,
+        nic: &SoftNic<Conn>,
+        out: &mut Vec<Completion>,
+    ) -> std::result::Result<(), String> {
         loop {
             if self.end == self.inb.len() {
                 self.inb.copy_within(self.start..self.end, 0);
@@ -223,7 +314,7 @@ impl Conn {
                 }
                 let body_at = self.start + HEADER_LEN;
                 self.start += total;
-                let (wr_id, n) = self.batches.pop_front().ok_or("response without a request")?;
+                let (wr_id, n, owner) = self.batches.pop_front().ok_or("response without a request")?;
                 if wr_id != h.wr_id {
                     return Err(format!("response for batch {:#x}, expected {wr_id:#x}", h.wr_id));
                 }
@@ -235,37 +326,50 @@ impl Conn {
                     Ok(()) => n,
                     Err((_, i)) => i.min(n),
                 };
-                let mut p = body_at;
-                for i in 0..n {
-                    let wr = self.sq.pop_front().ok_or("send queue out of step")?;
-                    if i >= ok_wrs {
-                        continue;
-                    }
-                    let len = WrDesc { op: wr.op as u8, len: wr.len, rkey: 0, remote: 0, compare_add: 0, swap: 0 }
-                        .response_len();
-                    let data = self
-                        .inb
-                        .get(p..p + len)
-                        .filter(|_| p + len <= body_at + h.len as usize)
-                        .ok_or("response shorter than its WRs")?;
-                    p += len;
-                    match wr.op {
-                        // SAFETY: the range belongs to this in-flight batch's
-                        // slot (validated at post); nothing else touches it.
-                        Opcode::Read => unsafe { local.bytes_mut(wr.local_off, wr.len) }.copy_from_slice(data),
-                        Opcode::Cas | Opcode::Faa => {
-                            let v = u64::from_le_bytes(data.try_into().expect("8 bytes"));
-                            // SAFETY: as above.
-                            unsafe { local.bytes_mut(wr.local_off, 8) }.copy_from_slice(&v.to_ne_bytes());
+                let body = body_at..body_at + h.len as usize;
+                let (sq, inb) = (&mut self.sq, &self.inb);
+                let mut scatter = |local: &LocalMem| -> std::result::Result<(), String> {
+                    let mut p = body.start;
+                    for i in 0..n {
+                        let wr = sq.pop_front().ok_or("send queue out of step")?;
+                        if i >= ok_wrs {
+                            continue;
                         }
-                        Opcode::Write => {}
+                        let len = match wr.op {
+                            Opcode::Read => wr.len as usize,
+                            Opcode::Cas | Opcode::Faa => 8,
+                            Opcode::Write => 0,
+                        };
+                        let data = inb
+                            .get(p..p + len)
+                            .filter(|_| p + len <= body.end)
+                            .ok_or("response shorter than its WRs")?;
+                        p += len;
+                        match wr.op {
+                            // SAFETY: the range belongs to this in-flight
+                            // batch's slot in its poster's memory (validated
+                            // at post); nothing else touches it meanwhile.
+                            Opcode::Read => unsafe { local.bytes_mut(wr.local_off, wr.len) }.copy_from_slice(data),
+                            Opcode::Cas | Opcode::Faa => {
+                                let v = u64::from_le_bytes(data.try_into().expect("8 bytes"));
+                                // SAFETY: as above.
+                                unsafe { local.bytes_mut(wr.local_off, 8) }.copy_from_slice(&v.to_ne_bytes());
+                            }
+                            Opcode::Write => {}
+                        }
                     }
-                }
-                if p != body_at + h.len as usize {
-                    return Err("response longer than its WRs".into());
+                    if p != body.end {
+                        return Err("response longer than its WRs".into());
+                    }
+                    Ok(())
+                };
+                if owner == me {
+                    scatter(local)?;
+                } else {
+                    nic.with_endpoint(owner, |theirs, _| scatter(theirs))?;
                 }
                 if wr_id != RESET_WR_ID {
-                    out.push(Completion { wr_id, status });
+                    deliver(me, nic, owner, Completion { wr_id, status }, out);
                 }
             }
             if self.start == self.end {
@@ -278,49 +382,63 @@ impl Conn {
 }
 
 impl Endpoint for TcpEndpoint {
-    fn local(&self) -> &Rc<LocalMem> {
+    fn local(&self) -> &Arc<LocalMem> {
         &self.local
     }
 
     fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> Result<()> {
-        let nconn = self.conns.len();
-        let c = self.conns.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, nconn))?;
-        validate_batch(&self.local, qp, wrs)?;
-        if c.broken.is_some() {
-            self.failed.push(Completion { wr_id, status: Err((WcStatus::Transport, 0)) });
-            return Ok(());
+        let b = qp as usize;
+        if b >= self.conns.len() {
+            return Err(Error::NoSuchBlade(qp, self.conns.len()));
         }
+        validate_batch(&self.local, qp, wrs)?;
         let body: usize =
             wrs.iter().map(|w| WR_DESC_LEN + if w.op == Opcode::Write { w.len as usize } else { 0 }).sum();
         if body > MAX_FRAME || wrs.len() > wire::MAX_WRS {
             return Err(Error::BatchTooLarge { what: format!("frame of {body} bytes"), knob: "slot_bytes" });
         }
-        Header { len: body as u32, kind: wire::KIND_BATCH, count: wrs.len() as u16, wr_id }.put(&mut c.out);
-        for w in wrs {
-            WrDesc {
-                op: w.op as u8,
-                rkey: w.rkey,
-                remote: w.remote.offset(),
-                len: w.len,
-                compare_add: w.compare_add,
-                swap: w.swap,
+        let (me, local, nic, failed) = (self.id, &self.local, &*self.nic, &mut self.failed);
+        let conn = &mut self.conns[b];
+        self.doorbells[b].ring(self.slots[b].doorbell_shared, || {
+            let mut guard;
+            let c = match conn {
+                ConnRef::Own(c) => c,
+                ConnRef::Shared(c) => {
+                    guard = softnic::lock(c);
+                    &mut *guard
+                }
+            };
+            if c.broken.is_some() {
+                failed.push(Completion { wr_id, status: Err((WcStatus::Transport, 0)) });
+                return;
             }
-            .put(&mut c.out);
-            if w.op == Opcode::Write {
-                // SAFETY: validated range of the batch's slot, not written
-                // while the batch is in flight.
-                c.out.extend_from_slice(unsafe { self.local.bytes(w.local_off, w.len) });
+            Header { len: body as u32, kind: wire::KIND_BATCH, count: wrs.len() as u16, wr_id }.put(&mut c.out);
+            for w in wrs {
+                WrDesc {
+                    op: w.op as u8,
+                    rkey: w.rkey,
+                    remote: w.remote.offset(),
+                    len: w.len,
+                    compare_add: w.compare_add,
+                    swap: w.swap,
+                }
+                .put(&mut c.out);
+                if w.op == Opcode::Write {
+                    // SAFETY: validated range of the batch's slot, not
+                    // written while the batch is in flight.
+                    c.out.extend_from_slice(unsafe { local.bytes(w.local_off, w.len) });
+                }
             }
-        }
-        c.sq.extend(wrs.iter().copied());
-        c.batches.push_back((wr_id, wrs.len() as u16));
-        // Sent by the next `poll`, together with the other frames of this
-        // executor round; a frame too large to wait goes now.
-        if c.out.len() >= SEND_NOW {
-            if let Err(e) = c.flush() {
-                c.fail(format!("sending: {e}"), &mut self.failed);
+            c.sq.extend(wrs.iter().copied());
+            c.batches.push_back((wr_id, wrs.len() as u16, me));
+            // Sent by the next `poll`, together with the other frames of this
+            // executor round; a frame too large to wait goes now.
+            if c.out.len() >= SEND_NOW {
+                if let Err(e) = c.flush() {
+                    c.fail(format!("sending: {e}"), me, nic, failed);
+                }
             }
-        }
+        });
         Ok(())
     }
 
@@ -328,18 +446,19 @@ impl Endpoint for TcpEndpoint {
         let before = out.len();
         out.append(&mut self.failed);
         for c in &mut self.conns {
-            if c.broken.is_some() || c.batches.is_empty() {
-                continue;
-            }
-            if !c.out.is_empty() {
-                if let Err(e) = c.flush() {
-                    c.fail(format!("sending: {e}"), out);
-                    continue;
+            match c {
+                ConnRef::Own(c) => c.progress(self.id, &self.local, &self.nic, out),
+                ConnRef::Shared(c) => {
+                    // Another sharer is receiving: our completions arrive
+                    // in the inbox.
+                    if let Ok(mut c) = c.try_lock() {
+                        c.progress(self.id, &self.local, &self.nic, out);
+                    }
                 }
             }
-            if let Err(reason) = c.receive(&self.local, out) {
-                c.fail(reason, out);
-            }
+        }
+        if self.has_shared {
+            softnic::drain_inbox(&self.inbox, out);
         }
         out.len() - before
     }
@@ -347,22 +466,43 @@ impl Endpoint for TcpEndpoint {
     fn idle(&mut self) {
         self.fds.clear();
         for c in &self.conns {
-            if c.broken.is_none() && !c.batches.is_empty() {
-                let events = libc::POLLIN | if c.out.is_empty() { 0 } else { libc::POLLOUT };
-                self.fds.push(libc::pollfd { fd: c.stream.as_raw_fd(), events, revents: 0 });
+            let (fd, waiting, sending) = match c {
+                ConnRef::Own(c) => {
+                    (c.stream.as_raw_fd(), c.broken.is_none() && !c.batches.is_empty(), !c.out.is_empty())
+                }
+                ConnRef::Shared(c) => match c.try_lock() {
+                    Ok(c) => (c.stream.as_raw_fd(), c.broken.is_none() && !c.batches.is_empty(), !c.out.is_empty()),
+                    // Someone else is receiving on it right now: do not block.
+                    Err(_) => return,
+                },
+            };
+            if waiting {
+                let events = libc::POLLIN | if sending { libc::POLLOUT } else { 0 };
+                self.fds.push(libc::pollfd { fd, events, revents: 0 });
             }
         }
         if self.fds.is_empty() {
             return;
         }
+        // A shared QP's response may be received by another thread: wait
+        // briefly then, so its delivery to our inbox is noticed soon.
+        let timeout = if self.has_shared { 0 } else { 1 };
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs whose
         // descriptors stay open for the call (owned by `self.conns`).
-        unsafe { libc::poll(self.fds.as_mut_ptr(), self.fds.len() as libc::nfds_t, 1) };
+        unsafe { libc::poll(self.fds.as_mut_ptr(), self.fds.len() as libc::nfds_t, timeout) };
     }
 
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
         let nconn = self.conns.len();
-        let c = self.conns.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, nconn))?;
+        let conn = self.conns.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, nconn))?;
+        let mut guard;
+        let c = match conn {
+            ConnRef::Own(c) => c,
+            ConnRef::Shared(c) => {
+                guard = softnic::lock(c);
+                &mut *guard
+            }
+        };
         if !c.batches.is_empty() {
             return Err(Error::QpBusy(qp));
         }
@@ -373,9 +513,9 @@ impl Endpoint for TcpEndpoint {
             });
         }
         Header { len: 0, kind: wire::KIND_RESET, count: 0, wr_id: RESET_WR_ID }.put(&mut c.out);
-        c.batches.push_back((RESET_WR_ID, 0));
+        c.batches.push_back((RESET_WR_ID, 0, self.id));
         if let Err(e) = c.flush() {
-            c.fail(format!("sending: {e}"), &mut self.failed);
+            c.fail(format!("sending: {e}"), self.id, &self.nic, &mut self.failed);
         }
         Ok(())
     }

@@ -10,12 +10,14 @@
 //!   and the hash table). The flag travels with the config.
 
 pub mod backoff;
+pub mod qp;
 pub mod throttle;
 
 use std::fmt;
 use std::str::FromStr;
 
 pub use backoff::{Backoff, BackoffConfig};
+pub use qp::{DoorbellConfig, QpPlan, QpSlot};
 pub use throttle::{CreditThrottle, Tuner, TunerConfig};
 
 /// How QPs are allocated to threads (paper §3.1 baselines and Smart).
@@ -76,6 +78,8 @@ impl FromStr for QpPolicy {
 pub struct SmartConfig {
     /// QP allocation (`per-thread-db` is ThdResAlloc on).
     pub qp_policy: QpPolicy,
+    /// The (emulated) doorbell registers of the RNIC context.
+    pub doorbells: DoorbellConfig,
     /// WorkReqThrot: credits and the tuner; `None` = unthrottled.
     pub work_req_throt: Option<TunerConfig>,
     /// ConflictAvoid: backoff and coroutine throttling; `None` = retry at once.
@@ -87,7 +91,13 @@ pub struct SmartConfig {
 impl Default for SmartConfig {
     /// Everything off: the baseline.
     fn default() -> Self {
-        SmartConfig { qp_policy: QpPolicy::PerThreadQp, work_req_throt: None, conflict_avoid: None, spec_lookup: false }
+        SmartConfig {
+            qp_policy: QpPolicy::PerThreadQp,
+            doorbells: DoorbellConfig::default(),
+            work_req_throt: None,
+            conflict_avoid: None,
+            spec_lookup: false,
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use smart_core::backend::{BladeInfo, Endpoint, LocalMem, Transport};
 use smart_core::driver::RunConfig;
 use smart_core::micro::{self, MicroConfig};
-use smart_core::smart::{BackoffConfig, SmartConfig, TunerConfig};
+use smart_core::smart::{BackoffConfig, DoorbellConfig, SmartConfig, TunerConfig};
 use smart_core::{Completion, EmbeddedTransport, GlobalAddr, Opcode, Runtime, RuntimeConfig, WorkRequest};
 
 use crate::backends;
@@ -43,7 +43,7 @@ impl Transport for Counting {
 }
 
 impl Endpoint for CountingEp {
-    fn local(&self) -> &Rc<LocalMem> {
+    fn local(&self) -> &Arc<LocalMem> {
         self.inner.local()
     }
     fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> smart_core::Result<()> {
@@ -147,11 +147,24 @@ fn backoff_waits_yield_to_other_coroutines() {
 }
 
 #[test]
-fn contended_cas_counter_is_exact_under_every_toggle() {
-    let toggles = ["none", "conflict-avoid", "work-req-throt", "work-req-throt,conflict-avoid"];
+fn contended_cas_counter_is_exact_under_every_toggle_and_policy() {
+    let toggles = [
+        ("none", None),
+        ("conflict-avoid", None),
+        ("work-req-throt", None),
+        ("all", None),
+        ("none", Some("shared")),
+        ("none", Some("multiplexed:2")),
+        ("work-req-throt,conflict-avoid", Some("multiplexed:2")),
+        ("none", Some("per-thread-db")),
+    ];
     for b in backends::all(1) {
-        for s in toggles {
-            let smart = SmartConfig::parse(s).unwrap();
+        for (s, policy) in toggles {
+            let mut smart = SmartConfig::parse(s).unwrap();
+            if let Some(p) = policy {
+                smart.qp_policy = p.parse().unwrap();
+            }
+            let (backoff, credits) = (smart.conflict_avoid.is_some(), smart.work_req_throt.is_some());
             let cfg = RunConfig {
                 threads: 2,
                 coroutines: 8,
@@ -162,13 +175,65 @@ fn contended_cas_counter_is_exact_under_every_toggle() {
             };
             let m = MicroConfig { op: Opcode::Cas, size: 8, batch: 1, contended: true, area: 4096 };
             let r = micro::run(&*b.transport, &cfg, &m).unwrap();
+            let s = format!("{s} {policy:?}");
             assert_eq!(r.run.errors, 0, "{} {s}: {:?}", b.name, r.run.first_error);
             assert!(r.increments > 0, "{} {s}: no progress", b.name);
             assert_eq!(r.counter, r.increments, "{} {s}: counter vs successful increments", b.name);
             assert_eq!(r.violations, 0);
             assert_eq!(r.run.smart.len(), 2);
-            assert_eq!(r.run.smart[0].backoff_cap_ns.is_some(), s.contains("conflict"), "{s}");
-            assert_eq!(r.run.smart[0].credit_limit.is_some(), s.contains("throt"), "{s}");
+            assert_eq!(r.run.smart[0].backoff_cap_ns.is_some(), backoff, "{s}");
+            assert_eq!(r.run.smart[0].credit_limit.is_some(), credits, "{s}");
         }
+    }
+}
+
+/// Runs `threads` threads posting FAAs under `policy` on 2 blades with
+/// 2 + 2 doorbells; returns how often each doorbell rang.
+fn rings(b: &crate::backends::Backend, policy: &str, threads: usize) -> Vec<u64> {
+    let smart = SmartConfig {
+        qp_policy: policy.parse().unwrap(),
+        doorbells: DoorbellConfig { low_latency: 2, medium: 2 },
+        ..SmartConfig::default()
+    };
+    let cfg = RunConfig {
+        threads,
+        coroutines: 4,
+        duration: Duration::from_secs(30),
+        warmup: Duration::ZERO,
+        runtime: RuntimeConfig { smart, ..RuntimeConfig::default() },
+        progress: false,
+    };
+    let before = b.transport.doorbell_rings();
+    let r = smart_core::driver::run(&*b.transport, &cfg, |w| async move {
+        for i in 0..50u64 {
+            let blade = ((i + w.coroutine() as u64) % 2) as u16;
+            w.ctx().faa(GlobalAddr::new(blade, 4096 + 8 * w.thread() as u64), 1).await?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    let after = b.transport.doorbell_rings();
+    after.iter().enumerate().map(|(i, a)| a - before.get(i).copied().unwrap_or(0)).collect()
+}
+
+#[test]
+fn doorbells_ring_where_the_plan_binds_them() {
+    for mk in [backends::embedded as fn(usize) -> crate::backends::Backend, backends::tcp] {
+        // 3 threads × 4 coroutines × 50 posts = 600 rings, 100 per (thread, blade).
+        let b = mk(2);
+        let per_thread_db = rings(&b, "per-thread-db", 3);
+        assert_eq!(&per_thread_db[..3], &[200, 200, 200], "{}: one doorbell per thread", b.name);
+        assert!(per_thread_db[3..].iter().all(|r| *r == 0));
+        let b = mk(2);
+        // per-thread-qp: QPs 0,1 (thread 0) on the low-latency doorbells 0,1;
+        // QPs 2..5 round-robin on medium doorbells 2,3.
+        let per_thread_qp = rings(&b, "per-thread-qp", 3);
+        assert_eq!(&per_thread_qp[..4], &[100, 100, 200, 200], "{}", b.name);
+        let b = mk(2);
+        // shared: QP 0 (blade 0) and QP 1 (blade 1) for everyone.
+        let shared = rings(&b, "shared", 3);
+        assert_eq!(&shared[..2], &[300, 300], "{}", b.name);
+        assert!(shared[2..].iter().all(|r| *r == 0));
     }
 }

@@ -1,0 +1,198 @@
+//! What the soft backends (embedded, tcp) share to emulate an RNIC
+//! context's resources: the QP plan, the doorbell registers, QPs shared by
+//! several threads, and the routing of completions between threads.
+//!
+//! **Doorbells.** Ringing a doorbell writes its record (one cache line per
+//! doorbell). A doorbell bound to several QPs is guarded by a spinlock taken
+//! around the post, as the mlx5 driver does. So threads whose QPs share a
+//! doorbell really contend: the lock and the record's cache line bounce
+//! between their cores. A doorbell of its own (low-latency, or per-thread
+//! with `per-thread-db`) is rung without a lock.
+//!
+//! **Shared QPs.** A QP used by several threads (`shared`, `multiplexed:K`)
+//! is one object behind a mutex (the QP lock). Whichever of its threads
+//! polls executes or receives its completions. Read data and atomic results
+//! go into the posting thread's registered memory (one MR for the process,
+//! as Smart registers it), and the completion into that thread's inbox.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use crossbeam_utils::CachePadded;
+
+use super::LocalMem;
+use crate::smart::{DoorbellConfig, QpPlan, QpPolicy, QpSlot};
+use crate::verbs::Completion;
+use crate::{Error, Result};
+
+/// One doorbell register.
+#[derive(Debug, Default)]
+pub(crate) struct Doorbell {
+    lock: AtomicBool,
+    record: AtomicU64,
+}
+
+impl Doorbell {
+    /// Runs `post` (placing WQEs) and rings: under the doorbell's lock when
+    /// it is shared by several QPs.
+    #[inline]
+    pub(crate) fn ring<R>(&self, locked: bool, post: impl FnOnce() -> R) -> R {
+        if locked {
+            while self.lock.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                while self.lock.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        let r = post();
+        self.record.fetch_add(1, Ordering::Relaxed);
+        if locked {
+            self.lock.store(false, Ordering::Release);
+        }
+        r
+    }
+
+    /// Times this doorbell was rung.
+    pub(crate) fn rings(&self) -> u64 {
+        self.record.load(Ordering::Relaxed)
+    }
+}
+
+/// A thread's mailbox for completions that another thread received for it.
+pub(crate) type Inbox = Mutex<Vec<Completion>>;
+
+#[derive(Debug)]
+struct EndpointShare {
+    local: Arc<LocalMem>,
+    inbox: Arc<Inbox>,
+}
+
+/// The emulated RNIC context of a soft transport; `Q` is its shared-QP type.
+#[derive(Debug)]
+pub(crate) struct SoftNic<Q> {
+    plan: RwLock<QpPlan>,
+    doorbells: Mutex<Vec<Arc<CachePadded<Doorbell>>>>,
+    /// Shared QPs by QP index, created by their first thread.
+    shared: Mutex<HashMap<usize, Arc<Mutex<Q>>>>,
+    endpoints: RwLock<Vec<EndpointShare>>,
+    next_endpoint: AtomicUsize,
+}
+
+/// What a thread's endpoint gets from the context.
+#[derive(Debug)]
+pub(crate) struct Attachment {
+    /// This endpoint's id (the owner tag of its batches on shared QPs).
+    pub(crate) id: usize,
+    /// Its inbox.
+    pub(crate) inbox: Arc<Inbox>,
+    /// Where it posts for each blade.
+    pub(crate) slots: Vec<QpSlot>,
+    /// The doorbell of each blade's QP (held, so ringing takes no lookup).
+    pub(crate) doorbells: Vec<Arc<CachePadded<Doorbell>>>,
+}
+
+fn unpoison<T>(r: std::result::Result<T, PoisonError<T>>) -> T {
+    r.unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<Q> SoftNic<Q> {
+    pub(crate) fn new(blades: usize) -> Self {
+        let plan = QpPlan::new(QpPolicy::PerThreadQp, 1, blades, DoorbellConfig::default());
+        let nic = SoftNic {
+            plan: RwLock::new(plan),
+            doorbells: Mutex::new(Vec::new()),
+            shared: Mutex::new(HashMap::new()),
+            endpoints: RwLock::new(Vec::new()),
+            next_endpoint: AtomicUsize::new(0),
+        };
+        nic.size_doorbells(&plan);
+        nic
+    }
+
+    fn size_doorbells(&self, plan: &QpPlan) {
+        let need = (plan.doorbells.low_latency + plan.doorbells.medium).max(plan.threads);
+        let mut dbs = unpoison(self.doorbells.lock());
+        while dbs.len() < need {
+            dbs.push(Arc::new(CachePadded::new(Doorbell::default())));
+        }
+    }
+
+    /// Sets the plan for the threads opened from now on.
+    pub(crate) fn configure(&self, plan: QpPlan) {
+        self.size_doorbells(&plan);
+        *unpoison(self.plan.write()) = plan;
+    }
+
+    /// The plan in force.
+    pub(crate) fn plan(&self) -> QpPlan {
+        *unpoison(self.plan.read())
+    }
+
+    /// Registers a thread's endpoint and computes its QP slots.
+    pub(crate) fn attach(&self, thread: usize, local: Arc<LocalMem>) -> Result<Attachment> {
+        let plan = self.plan();
+        if thread >= plan.threads && plan.policy != QpPolicy::PerThreadQp {
+            return Err(Error::Unsupported(format!(
+                "thread {thread} opened, but the QP plan ({}) was made for {} threads: configure the transport first",
+                plan.policy, plan.threads
+            )));
+        }
+        let slots: Vec<QpSlot> = (0..plan.blades).map(|b| plan.slot(thread, b)).collect();
+        let doorbells = {
+            let dbs = unpoison(self.doorbells.lock());
+            slots
+                .iter()
+                .map(|s| {
+                    dbs.get(s.doorbell).cloned().ok_or_else(|| {
+                        Error::Unsupported(format!(
+                            "thread {thread} is beyond the {} threads of the QP plan",
+                            plan.threads
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        let inbox = Arc::new(Mutex::new(Vec::new()));
+        let mut eps = unpoison(self.endpoints.write());
+        let id = self.next_endpoint.fetch_add(1, Ordering::Relaxed);
+        debug_assert_eq!(id, eps.len());
+        eps.push(EndpointShare { local, inbox: inbox.clone() });
+        Ok(Attachment { id, inbox, slots, doorbells })
+    }
+
+    /// Times each doorbell was rung (for tests and reports).
+    pub(crate) fn doorbell_rings(&self) -> Vec<u64> {
+        unpoison(self.doorbells.lock()).iter().map(|d| d.rings()).collect()
+    }
+
+    /// The shared QP `qp`, created by `make` if this is its first thread.
+    pub(crate) fn shared_qp(&self, qp: usize, make: impl FnOnce() -> Result<Q>) -> Result<Arc<Mutex<Q>>> {
+        let mut m = unpoison(self.shared.lock());
+        if let Some(q) = m.get(&qp) {
+            return Ok(q.clone());
+        }
+        let q = Arc::new(Mutex::new(make()?));
+        m.insert(qp, q.clone());
+        Ok(q)
+    }
+
+    /// Local memory and inbox of endpoint `id`, for delivering its results.
+    pub(crate) fn with_endpoint<R>(&self, id: usize, f: impl FnOnce(&LocalMem, &Inbox) -> R) -> R {
+        let eps = unpoison(self.endpoints.read());
+        let e = &eps[id];
+        f(&e.local, &e.inbox)
+    }
+}
+
+/// Locks a shared QP (a poisoned lock is still usable: QP state is valid
+/// after every step).
+pub(crate) fn lock<Q>(q: &Mutex<Q>) -> std::sync::MutexGuard<'_, Q> {
+    unpoison(q.lock())
+}
+
+/// Moves the completions in `inbox` to `out`.
+pub(crate) fn drain_inbox(inbox: &Inbox, out: &mut Vec<Completion>) {
+    let mut i = unpoison(inbox.lock());
+    out.append(&mut i);
+}
