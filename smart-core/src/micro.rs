@@ -1,5 +1,8 @@
 //! The verbs micro-benchmark (`compute-blade micro`).
 //!
+//! The area is found again through the blade's named root
+//! `micro-area-<bytes>`, so repeated runs against one memory blade reuse it.
+//!
 //! Every coroutine posts batches of `batch` WRs of one kind, as fast as
 //! completions return, to random `size`-aligned places in an area allocated
 //! on each blade — or, with `contended`, all to one 8-byte word:
@@ -91,7 +94,16 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
         let mut v = Vec::with_capacity(nblades);
         for b in 0..nblades as u16 {
             ctx.check_blade(b).await?;
-            let a = ctx.alloc(b, area, 4096).await?;
+            // Reuse the area of an earlier run on this blade (blade memory is
+            // never freed, so a long-lived blade would fill up otherwise).
+            let name = format!("micro-area-{area}");
+            let a = match ctx.root(b, &name).await? {
+                Some(a) => a,
+                None => {
+                    let fresh = ctx.alloc(b, area, 4096).await?;
+                    ctx.set_root(b, &name, fresh).await?
+                }
+            };
             ctx.write(a, &0u64.to_le_bytes()).await?;
             v.push(a);
         }
