@@ -56,6 +56,55 @@ struct ThreadRec {
     at_stop: VerbStats,
 }
 
+/// What a thread publishes for the per-second lines: its operation count
+/// and the adaptive state of the Smart techniques (u64::MAX = off).
+#[derive(Debug)]
+struct Published {
+    ops: AtomicU64,
+    credit_limit: AtomicU64,
+    backoff_cap_ns: AtomicU64,
+    n_max: AtomicU64,
+}
+
+impl Published {
+    fn new() -> Self {
+        Published {
+            ops: AtomicU64::new(0),
+            credit_limit: AtomicU64::new(u64::MAX),
+            backoff_cap_ns: AtomicU64::new(u64::MAX),
+            n_max: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    fn publish(&self, s: &SmartState) {
+        let put = |a: &AtomicU64, v: Option<u64>| a.store(v.unwrap_or(u64::MAX), Ordering::Relaxed);
+        put(&self.credit_limit, s.credit_limit.map(u64::from));
+        put(&self.backoff_cap_ns, s.backoff_cap_ns);
+        put(&self.n_max, s.n_max.map(|n| n as u64));
+    }
+}
+
+/// Mean over threads of a published value (None when the technique is off).
+fn mean(ps: &[CachePadded<Published>], f: impl Fn(&Published) -> &AtomicU64) -> Option<f64> {
+    let v: Vec<u64> = ps.iter().map(|p| f(p).load(Ordering::Relaxed)).filter(|v| *v != u64::MAX).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
+}
+
+/// One per-second sample of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Sample {
+    /// Seconds since the measured phase began.
+    pub t_s: f64,
+    /// Million operations per second over the last interval.
+    pub mops: f64,
+    /// Mean WorkReqThrot credit limit over threads.
+    pub credit_limit: Option<f64>,
+    /// Mean ConflictAvoid backoff cap over threads, in microseconds.
+    pub backoff_cap_us: Option<f64>,
+    /// Mean ConflictAvoid `n_max` over threads.
+    pub n_max: Option<f64>,
+}
+
 /// A coroutine's link to the driver.
 #[derive(Clone)]
 pub struct Worker {
@@ -63,7 +112,7 @@ pub struct Worker {
     coroutine: usize,
     phase: Arc<AtomicU8>,
     rec: Rc<RefCell<ThreadRec>>,
-    progress: Arc<[CachePadded<AtomicU64>]>,
+    progress: Arc<[CachePadded<Published>]>,
     clock: quanta::Clock,
 }
 
@@ -132,7 +181,11 @@ impl Worker {
         let mut r = self.rec.borrow_mut();
         r.ops += n;
         r.hist.record(ns);
-        self.progress[self.ctx.thread()].store(r.ops, Ordering::Relaxed);
+        let p = &self.progress[self.ctx.thread()];
+        p.ops.store(r.ops, Ordering::Relaxed);
+        if r.ops % 256 < n {
+            p.publish(&self.ctx.smart_state());
+        }
     }
 }
 
@@ -153,6 +206,8 @@ pub struct RunReport {
     pub latency: Latency,
     /// The adaptive state of the Smart techniques per thread, at the end.
     pub smart: Vec<SmartState>,
+    /// One sample per second of the measured phase.
+    pub timeline: Vec<Sample>,
     /// Coroutines that ended with an error.
     pub errors: u64,
     /// The first such error.
@@ -186,6 +241,7 @@ impl RunReport {
             errors: self.errors + self.verbs.error_completions,
             verbs: self.verbs,
             smart_state: self.smart.clone(),
+            timeline: self.timeline.clone(),
         }
     }
 
@@ -233,6 +289,8 @@ pub struct Record {
     /// Per thread at the end: WorkReqThrot's credit limit, ConflictAvoid's
     /// backoff cap and `n_max` (null where the technique is off).
     pub smart_state: Vec<SmartState>,
+    /// One sample per second of the measured phase.
+    pub timeline: Vec<Sample>,
 }
 
 /// Runs `body` on `cfg.threads` × `cfg.coroutines` coroutines.
@@ -251,16 +309,17 @@ where
         return Err(Error::Unsupported("need at least one thread and one coroutine".into()));
     }
     let smart = &cfg.runtime.smart;
-    transport.configure(QpPlan::new(smart.qp_policy, cfg.threads, transport.blades().len(), smart.doorbells))?;
+    let plan = QpPlan::new(smart.qp_policy, cfg.threads, transport.blades().len(), smart.doorbells);
+    transport.configure(plan.with_shared_cq(smart.shared_cq))?;
     let phase = Arc::new(AtomicU8::new(WARMUP));
-    let progress: Arc<[CachePadded<AtomicU64>]> =
-        (0..cfg.threads).map(|_| CachePadded::new(AtomicU64::new(0))).collect();
+    let progress: Arc<[CachePadded<Published>]> =
+        (0..cfg.threads).map(|_| CachePadded::new(Published::new())).collect();
     let ready = AtomicUsize::new(0);
     let finished = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let clock = quanta::Clock::new();
-    let (report, measured) = std::thread::scope(|s| {
+    let (report, measured, timeline) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..cfg.threads)
             .map(|t| {
                 let (phase, progress, ready, finished, failed, first_error, body, clock) = (
@@ -341,6 +400,7 @@ where
             std::thread::sleep(Duration::from_millis(1));
         }
         let mut measured = Duration::ZERO;
+        let mut timeline = Vec::new();
         if !failed.load(Ordering::Relaxed) {
             if cfg.progress && !cfg.warmup.is_zero() {
                 eprintln!("warming up for {:.1}s", cfg.warmup.as_secs_f64());
@@ -357,16 +417,27 @@ where
                 while Instant::now() < next && finished.load(Ordering::Acquire) < cfg.threads {
                     std::thread::sleep(next.saturating_duration_since(Instant::now()).min(Duration::from_millis(5)));
                 }
-                let total: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
+                let total: u64 = progress.iter().map(|p| p.ops.load(Ordering::Relaxed)).sum();
                 let elapsed = t0.elapsed();
+                let span = elapsed.as_secs_f64() - (tick - 1) as f64;
+                let sample = Sample {
+                    t_s: elapsed.as_secs_f64(),
+                    mops: (total - last) as f64 / span.max(1e-9) / 1e6,
+                    credit_limit: mean(&progress, |p| &p.credit_limit),
+                    backoff_cap_us: mean(&progress, |p| &p.backoff_cap_ns).map(|ns| ns / 1000.0),
+                    n_max: mean(&progress, |p| &p.n_max),
+                };
                 if cfg.progress {
-                    let span = elapsed.as_secs_f64() - (tick - 1) as f64;
-                    eprintln!(
-                        "[{:>5.1}s] {:>8.3} Mop/s  ({total} ops)",
-                        elapsed.as_secs_f64(),
-                        (total - last) as f64 / span.max(1e-9) / 1e6
-                    );
+                    let mut line = format!("[{:>5.1}s] {:>8.3} Mop/s  ({total} ops)", sample.t_s, sample.mops);
+                    if let Some(c) = sample.credit_limit {
+                        line += &format!("  credit limit {c:.1}");
+                    }
+                    if let (Some(cap), Some(n)) = (sample.backoff_cap_us, sample.n_max) {
+                        line += &format!("  backoff cap {cap:.0} us, n_max {n:.1}");
+                    }
+                    eprintln!("{line}");
                 }
+                timeline.push(sample);
                 last = total;
                 tick += 1;
                 if elapsed >= cfg.duration || finished.load(Ordering::Acquire) == cfg.threads {
@@ -379,7 +450,7 @@ where
             phase.store(STOP, Ordering::Relaxed);
         }
         let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("worker thread panicked")).collect();
-        (results, measured)
+        (results, measured, timeline)
     });
     let mut out = RunReport {
         threads: cfg.threads,
@@ -389,6 +460,7 @@ where
         verbs: VerbStats::default(),
         latency: Latency::default(),
         smart: Vec::with_capacity(cfg.threads),
+        timeline,
         errors: 0,
         first_error: None,
     };

@@ -57,6 +57,9 @@ struct Common {
     /// (default: per-thread-db with thd-res-alloc, else per-thread-qp).
     #[arg(long)]
     qp_policy: Option<String>,
+    /// Completion queues: one per thread (Smart) or one shared by all threads.
+    #[arg(long, value_enum, default_value_t = CqArg::PerThread)]
+    cq: CqArg,
     /// Emulated doorbell registers of the soft backends, LOW:MEDIUM
     /// (ConnectX-6: 4:12). Fewer doorbells make sharing show at few threads.
     #[arg(long, default_value = "4:12")]
@@ -79,6 +82,12 @@ struct Common {
 enum TransportArg {
     Tcp,
     Verbs,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum CqArg {
+    PerThread,
+    Shared,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -129,6 +138,7 @@ fn parse_doorbells(s: &str) -> Result<DoorbellConfig> {
 fn resolve(c: &Common) -> Result<Setup> {
     let mut smart = SmartConfig::parse(&c.smart).map_err(|e| anyhow::anyhow!("--smart: {e}"))?;
     smart.doorbells = parse_doorbells(&c.doorbells)?;
+    smart.shared_cq = c.cq == CqArg::Shared;
     if let Some(p) = &c.qp_policy {
         smart.qp_policy = p.parse().map_err(|e| anyhow::anyhow!("--qp-policy: {e}"))?;
     }
@@ -181,6 +191,7 @@ fn record(bench: &str, app: &str, workload: &str, s: &Setup, r: &RunReport, extr
             "spec_lookup": flags[3],
         },
         "qp_policy": s.run.runtime.smart.qp_policy.to_string(),
+        "cq": if s.run.runtime.smart.shared_cq { "shared" } else { "per-thread" },
         "doorbells": format!("{}:{}", s.run.runtime.smart.doorbells.low_latency, s.run.runtime.smart.doorbells.medium),
         "doorbell_rings": s.transport.doorbell_rings(),
         "first_error": r.first_error,

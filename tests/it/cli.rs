@@ -227,7 +227,7 @@ fn smart_techniques_and_qp_policies_show_in_the_record() {
     for (args, policy, flags) in [
         (&["--smart", "all"][..], "per-thread-db", [true, true, true, true]),
         (
-            &["--smart", "conflict-avoid", "--qp-policy", "multiplexed:2"][..],
+            &["--smart", "conflict-avoid", "--qp-policy", "multiplexed:2", "--cq", "shared"][..],
             "multiplexed:2",
             [false, false, true, false],
         ),
@@ -247,6 +247,8 @@ fn smart_techniques_and_qp_policies_show_in_the_record() {
         }
         assert_eq!(r["violations"], 0);
         assert_eq!(r["smart_state"].as_array().unwrap().len(), 2);
+        assert_eq!(r["cq"], if policy == "multiplexed:2" { "shared" } else { "per-thread" });
+        assert!(!r["timeline"].as_array().unwrap().is_empty());
         assert!(r["doorbell_rings"].as_array().unwrap().iter().any(|v| v.as_u64().unwrap() > 0));
         std::fs::remove_file(json).unwrap();
     }

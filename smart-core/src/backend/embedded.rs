@@ -153,13 +153,14 @@ impl Transport for EmbeddedTransport {
             cfg,
             rng: SmallRng::seed_from_u64(cfg.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         });
-        let has_shared = att.slots.iter().any(|s| s.qp_shared);
+        let (has_shared, shared_cq) = (att.uses_inbox, att.shared_cq);
         Ok(Box::new(EmbeddedEndpoint {
             id: att.id,
             local,
             inbox: att.inbox,
             nic: self.nic.clone(),
             has_shared,
+            shared_cq,
             slots: att.slots,
             doorbells: att.doorbells,
             qps,
@@ -216,7 +217,9 @@ struct EmbeddedEndpoint {
     local: Arc<LocalMem>,
     inbox: Arc<Inbox>,
     nic: Arc<SoftNic<Qp>>,
+    /// Completions may arrive in the inbox (shared QP or shared CQ).
     has_shared: bool,
+    shared_cq: bool,
     slots: Vec<QpSlot>,
     doorbells: Vec<Arc<CachePadded<Doorbell>>>,
     qps: Vec<QpRef>,
@@ -372,6 +375,9 @@ impl Endpoint for EmbeddedEndpoint {
                     }
                 }
             }
+        }
+        if self.shared_cq {
+            self.nic.through_shared_cq(self.id, out, before);
         }
         if self.has_shared {
             softnic::drain_inbox(&self.inbox, out);

@@ -55,10 +55,15 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// # Errors
     /// If the backend cannot realize the plan's policy.
     fn configure(&self, plan: QpPlan) -> Result<()> {
-        if plan.policy == QpPolicy::PerThreadQp {
+        if plan.policy == QpPolicy::PerThreadQp && !plan.shared_cq {
             Ok(())
         } else {
-            Err(Error::Unsupported(format!("the {} backend does not support QP policy {}", self.name(), plan.policy)))
+            Err(Error::Unsupported(format!(
+                "the {} backend supports only per-thread QPs and CQs (asked {}, shared CQ {})",
+                self.name(),
+                plan.policy,
+                plan.shared_cq
+            )))
         }
     }
 

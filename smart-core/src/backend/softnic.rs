@@ -9,6 +9,10 @@
 //! between their cores. A doorbell of its own (low-latency, or per-thread
 //! with `per-thread-db`) is rung without a lock.
 //!
+//! **Shared CQ.** With `shared_cq`, every completion passes through one CQ
+//! for all threads: the poller takes its lock, drains it, and hands other
+//! threads' completions to their inboxes.
+//!
 //! **Shared QPs.** A QP used by several threads (`shared`, `multiplexed:K`)
 //! is one object behind a mutex (the QP lock). Whichever of its threads
 //! polls executes or receives its completions. Read data and atomic results
@@ -77,6 +81,8 @@ pub(crate) struct SoftNic<Q> {
     shared: Mutex<HashMap<usize, Arc<Mutex<Q>>>>,
     endpoints: RwLock<Vec<EndpointShare>>,
     next_endpoint: AtomicUsize,
+    /// The CQ shared by all threads (used when the plan says so).
+    cq: Mutex<Vec<(usize, Completion)>>,
 }
 
 /// What a thread's endpoint gets from the context.
@@ -90,6 +96,10 @@ pub(crate) struct Attachment {
     pub(crate) slots: Vec<QpSlot>,
     /// The doorbell of each blade's QP (held, so ringing takes no lookup).
     pub(crate) doorbells: Vec<Arc<CachePadded<Doorbell>>>,
+    /// Whether completions go through the shared CQ.
+    pub(crate) shared_cq: bool,
+    /// Whether completions may arrive in the inbox (shared QP or CQ).
+    pub(crate) uses_inbox: bool,
 }
 
 fn unpoison<T>(r: std::result::Result<T, PoisonError<T>>) -> T {
@@ -105,6 +115,7 @@ impl<Q> SoftNic<Q> {
             shared: Mutex::new(HashMap::new()),
             endpoints: RwLock::new(Vec::new()),
             next_endpoint: AtomicUsize::new(0),
+            cq: Mutex::new(Vec::new()),
         };
         nic.size_doorbells(&plan);
         nic
@@ -158,7 +169,8 @@ impl<Q> SoftNic<Q> {
         let id = self.next_endpoint.fetch_add(1, Ordering::Relaxed);
         debug_assert_eq!(id, eps.len());
         eps.push(EndpointShare { local, inbox: inbox.clone() });
-        Ok(Attachment { id, inbox, slots, doorbells })
+        let uses_inbox = plan.shared_cq || slots.iter().any(|s| s.qp_shared);
+        Ok(Attachment { id, inbox, slots, doorbells, shared_cq: plan.shared_cq, uses_inbox })
     }
 
     /// Times each doorbell was rung (for tests and reports).
@@ -182,6 +194,23 @@ impl<Q> SoftNic<Q> {
         let eps = unpoison(self.endpoints.read());
         let e = &eps[id];
         f(&e.local, &e.inbox)
+    }
+}
+
+impl<Q> SoftNic<Q> {
+    /// Passes the completions this poller produced (`out[from..]`, tagged
+    /// with poster `me`) through the shared CQ, and takes from it every
+    /// completion there: its own into `out`, other threads' to their inboxes.
+    pub(crate) fn through_shared_cq(&self, me: usize, out: &mut Vec<Completion>, from: usize) {
+        let mut cq = unpoison(self.cq.lock());
+        cq.extend(out.drain(from..).map(|c| (me, c)));
+        for (owner, c) in cq.drain(..) {
+            if owner == me {
+                out.push(c);
+            } else {
+                self.with_endpoint(owner, |_, inbox| unpoison(inbox.lock()).push(c));
+            }
+        }
     }
 }
 

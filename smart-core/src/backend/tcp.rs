@@ -136,13 +136,14 @@ impl Transport for TcpTransport {
                 ConnRef::Own(self.connect_qp(b)?)
             });
         }
-        let has_shared = att.slots.iter().any(|s| s.qp_shared);
+        let (has_shared, shared_cq) = (att.uses_inbox, att.shared_cq);
         Ok(Box::new(TcpEndpoint {
             id: att.id,
             local,
             inbox: att.inbox,
             nic: self.nic.clone(),
             has_shared,
+            shared_cq,
             slots: att.slots,
             doorbells: att.doorbells,
             conns,
@@ -210,7 +211,9 @@ struct TcpEndpoint {
     local: Arc<LocalMem>,
     inbox: Arc<Inbox>,
     nic: Arc<SoftNic<Conn>>,
+    /// Completions may arrive in the inbox (shared QP or shared CQ).
     has_shared: bool,
+    shared_cq: bool,
     slots: Vec<QpSlot>,
     doorbells: Vec<Arc<CachePadded<Doorbell>>>,
     conns: Vec<ConnRef>,
@@ -456,6 +459,9 @@ impl Endpoint for TcpEndpoint {
                     }
                 }
             }
+        }
+        if self.shared_cq {
+            self.nic.through_shared_cq(self.id, out, before);
         }
         if self.has_shared {
             softnic::drain_inbox(&self.inbox, out);

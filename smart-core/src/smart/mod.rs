@@ -80,6 +80,8 @@ pub struct SmartConfig {
     pub qp_policy: QpPolicy,
     /// The (emulated) doorbell registers of the RNIC context.
     pub doorbells: DoorbellConfig,
+    /// One CQ shared by all threads instead of one per thread.
+    pub shared_cq: bool,
     /// WorkReqThrot: credits and the tuner; `None` = unthrottled.
     pub work_req_throt: Option<TunerConfig>,
     /// ConflictAvoid: backoff and coroutine throttling; `None` = retry at once.
@@ -94,6 +96,7 @@ impl Default for SmartConfig {
         SmartConfig {
             qp_policy: QpPolicy::PerThreadQp,
             doorbells: DoorbellConfig::default(),
+            shared_cq: false,
             work_req_throt: None,
             conflict_avoid: None,
             spec_lookup: false,

@@ -64,6 +64,9 @@ pub struct QpPlan {
     pub blades: usize,
     /// Doorbell registers.
     pub doorbells: DoorbellConfig,
+    /// One CQ for all threads (polled under a lock, completions dispatched
+    /// to their threads) instead of a CQ per thread.
+    pub shared_cq: bool,
 }
 
 impl QpPlan {
@@ -73,7 +76,14 @@ impl QpPlan {
     /// If there are no threads, no blades, or no medium doorbells.
     pub fn new(policy: QpPolicy, threads: usize, blades: usize, doorbells: DoorbellConfig) -> QpPlan {
         assert!(threads > 0 && blades > 0 && doorbells.medium > 0, "a plan needs threads, blades and medium doorbells");
-        QpPlan { policy, threads, blades, doorbells }
+        QpPlan { policy, threads, blades, doorbells, shared_cq: false }
+    }
+
+    /// The same plan with one CQ shared by all threads (`true`) or a CQ per
+    /// thread (`false`, Smart's choice).
+    pub fn with_shared_cq(mut self, shared: bool) -> QpPlan {
+        self.shared_cq = shared;
+        self
     }
 
     /// Threads that share one QP.

@@ -157,12 +157,20 @@ fn contended_cas_counter_is_exact_under_every_toggle_and_policy() {
         ("none", Some("multiplexed:2")),
         ("work-req-throt,conflict-avoid", Some("multiplexed:2")),
         ("none", Some("per-thread-db")),
+        ("none", Some("shared-cq")),
+        ("conflict-avoid", Some("multiplexed:2+shared-cq")),
     ];
     for b in backends::all(1) {
         for (s, policy) in toggles {
             let mut smart = SmartConfig::parse(s).unwrap();
             if let Some(p) = policy {
-                smart.qp_policy = p.parse().unwrap();
+                let (p, cq) = p.split_once('+').map_or((p, ""), |(a, b)| (a, b));
+                if p == "shared-cq" || cq == "shared-cq" {
+                    smart.shared_cq = true;
+                }
+                if p != "shared-cq" {
+                    smart.qp_policy = p.parse().unwrap();
+                }
             }
             let (backoff, credits) = (smart.conflict_avoid.is_some(), smart.work_req_throt.is_some());
             let cfg = RunConfig {
