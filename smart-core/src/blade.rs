@@ -19,10 +19,24 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::backend::verbs::conn::{self, BladeVerbsInfo, QpEndpoint};
 use crate::layout;
 use crate::region::{NoPause, Region};
 use crate::verbs::{Opcode, WcStatus};
 use crate::wire::{self, Header, Welcome, WrDesc, HEADER_LEN, MAX_FRAME, WR_DESC_LEN};
+
+/// What the blade needs from an RDMA device to serve verbs clients (the
+/// verbs backend implements it; the server itself stays device-free).
+pub trait VerbsAcceptor: Send + Sync + std::fmt::Debug {
+    /// The region's verbs information for clients.
+    fn info(&self) -> BladeVerbsInfo;
+    /// Creates a QP connected to `remote`; returns it (kept until the client
+    /// disconnects) and its own endpoint.
+    ///
+    /// # Errors
+    /// A reason for the client.
+    fn accept(&self, remote: &QpEndpoint) -> Result<(Box<dyn Send>, QpEndpoint), String>;
+}
 
 /// A memory blade serving its region over TCP.
 #[derive(Debug)]
@@ -31,6 +45,7 @@ pub struct BladeServer {
     region: Arc<Region>,
     rkey: u32,
     stop: Arc<AtomicBool>,
+    verbs: Option<Arc<dyn VerbsAcceptor>>,
 }
 
 /// A blade server running on a background thread; stops when dropped.
@@ -67,7 +82,20 @@ impl BladeServer {
         layout::format_or_check(&region).map_err(io::Error::other)?;
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
-        Ok(BladeServer { listener, region, rkey: rand::random::<u32>() | 1, stop: Arc::new(AtomicBool::new(false)) })
+        Ok(BladeServer {
+            listener,
+            region,
+            rkey: rand::random::<u32>() | 1,
+            stop: Arc::new(AtomicBool::new(false)),
+            verbs: None,
+        })
+    }
+
+    /// Also serves RDMA verbs clients: they get connection data for RC QPs
+    /// through this port and then reach the region directly.
+    pub fn with_verbs(mut self, verbs: Arc<dyn VerbsAcceptor>) -> Self {
+        self.verbs = Some(verbs);
+        self
     }
 
     /// The bound address.
@@ -92,9 +120,9 @@ impl BladeServer {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
                     let region = self.region.clone();
-                    let (rkey, stop) = (self.rkey, self.stop.clone());
+                    let (rkey, stop, verbs) = (self.rkey, self.stop.clone(), self.verbs.clone());
                     std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
-                        if let Err(reason) = serve_conn(stream, &region, rkey, &stop) {
+                        if let Err(reason) = serve_conn(stream, &region, rkey, &stop, verbs.as_deref()) {
                             eprintln!("memory-blade: closing connection from {peer}: {reason}");
                         }
                     })?;
@@ -120,19 +148,40 @@ impl BladeServer {
 }
 
 /// Serves one connection; `Err` carries the reason for closing it early.
-fn serve_conn(mut s: TcpStream, region: &Region, rkey: u32, stop: &AtomicBool) -> Result<(), String> {
+fn serve_conn(
+    mut s: TcpStream,
+    region: &Region,
+    rkey: u32,
+    stop: &AtomicBool,
+    verbs: Option<&dyn VerbsAcceptor>,
+) -> Result<(), String> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
     let mut hello = [0u8; wire::HELLO_LEN];
     s.read_exact(&mut hello).map_err(|e| format!("handshake: {e}"))?;
-    let version = wire::parse_hello(&hello)?;
+    let (version, flags) = wire::parse_hello(&hello)?;
     let ok = version == wire::PROTOCOL_VERSION;
-    let status = if ok { wire::STATUS_OK } else { wire::STATUS_VERSION_MISMATCH };
-    let welcome = Welcome { version: wire::PROTOCOL_VERSION, status, size: region.len(), rkey };
+    let wants_verbs = flags & conn::FLAG_VERBS != 0;
+    let status = match (ok, wants_verbs, verbs) {
+        (false, _, _) => wire::STATUS_VERSION_MISMATCH,
+        (true, true, None) => conn::STATUS_NO_VERBS,
+        _ => wire::STATUS_OK,
+    };
+    let key = match (wants_verbs, verbs) {
+        (true, Some(v)) => v.info().rkey,
+        _ => rkey,
+    };
+    let welcome = Welcome { version: wire::PROTOCOL_VERSION, status, size: region.len(), rkey: key };
     s.write_all(&welcome.encode()).map_err(|e| format!("handshake: {e}"))?;
     if !ok {
         return Err(format!("client speaks protocol version {version}, this blade speaks {}", wire::PROTOCOL_VERSION));
+    }
+    if wants_verbs {
+        return match verbs {
+            Some(v) => serve_verbs_control(s, v, stop),
+            None => Err("client asked for RDMA verbs; this blade serves TCP only (--transport tcp)".into()),
+        };
     }
     // Wake up now and then to notice a stop request.
     s.set_read_timeout(Some(Duration::from_millis(200))).map_err(|e| e.to_string())?;
@@ -182,6 +231,51 @@ fn serve_conn(mut s: TcpStream, region: &Region, rkey: u32, stop: &AtomicBool) -
         if !conn.out.is_empty() {
             s.write_all(&conn.out).map_err(|e| format!("sending responses: {e}"))?;
         }
+    }
+}
+
+/// Serves a verbs client's control connection: one QP per request, all
+/// kept until it disconnects.
+fn serve_verbs_control(mut s: TcpStream, v: &dyn VerbsAcceptor, stop: &AtomicBool) -> Result<(), String> {
+    s.write_all(&v.info().encode()).map_err(|e| format!("sending verbs info: {e}"))?;
+    let mut qps: Vec<Box<dyn Send>> = Vec::new();
+    let mut hdr = [0u8; HEADER_LEN];
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        s.set_read_timeout(Some(Duration::from_millis(200))).map_err(|e| e.to_string())?;
+        match s.read(&mut hdr[..1]) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                continue
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+        // A request has started: read the rest of it with a generous timeout.
+        s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+        s.read_exact(&mut hdr[1..]).map_err(|e| format!("reading a QP request: {e}"))?;
+        let h = Header::get(&hdr);
+        if h.kind != conn::KIND_QP_CONNECT || h.len as usize != conn::QP_ENDPOINT_LEN {
+            return Err(format!("unexpected control frame (kind {}, {} bytes)", h.kind, h.len));
+        }
+        let mut body = [0u8; conn::QP_ENDPOINT_LEN];
+        s.read_exact(&mut body).map_err(|e| format!("reading a QP request: {e}"))?;
+        let answer = QpEndpoint::decode(&body).and_then(|remote| v.accept(&remote));
+        let mut out = Vec::with_capacity(HEADER_LEN + 64);
+        match answer {
+            Ok((qp, mine)) => {
+                qps.push(qp);
+                Header { len: conn::QP_ENDPOINT_LEN as u32, kind: 0, count: 0, wr_id: h.wr_id }.put(&mut out);
+                out.extend_from_slice(&mine.encode());
+            }
+            Err(reason) => {
+                Header { len: reason.len() as u32, kind: 1, count: 0, wr_id: h.wr_id }.put(&mut out);
+                out.extend_from_slice(reason.as_bytes());
+            }
+        }
+        s.write_all(&out).map_err(|e| format!("answering a QP request: {e}"))?;
     }
 }
 

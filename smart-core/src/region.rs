@@ -117,6 +117,12 @@ impl Region {
         self.map.as_ptr() as *mut u8
     }
 
+    /// The region's first byte, for registration with an RNIC (which then
+    /// reads and writes it by DMA, as remote verbs do).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base()
+    }
+
     /// Checks that `[off, off+len)` lies inside the region.
     #[inline]
     pub fn check(&self, off: u64, len: u64) -> Result<(), WcStatus> {

@@ -51,18 +51,25 @@ pub const STATUS_VERSION_MISMATCH: u32 = 1;
 
 /// Encodes the client greeting.
 pub fn hello(version: u32) -> [u8; HELLO_LEN] {
+    hello_with(version, 0)
+}
+
+/// Encodes the client greeting with `flags` (e.g. the verbs flag).
+pub fn hello_with(version: u32, flags: u32) -> [u8; HELLO_LEN] {
     let mut b = [0u8; HELLO_LEN];
     b[..8].copy_from_slice(&HELLO_MAGIC);
     b[8..12].copy_from_slice(&version.to_le_bytes());
+    b[12..16].copy_from_slice(&flags.to_le_bytes());
     b
 }
 
-/// Decodes a greeting: `Ok(version)`, or `Err` if it is not a Smart client.
-pub fn parse_hello(b: &[u8; HELLO_LEN]) -> Result<u32, String> {
+/// Decodes a greeting: `Ok((version, flags))`, or `Err` if it is not a
+/// Smart client.
+pub fn parse_hello(b: &[u8; HELLO_LEN]) -> Result<(u32, u32), String> {
     if b[..8] != HELLO_MAGIC {
         return Err(format!("not a Smart-rs client (greeting starts {:02x?})", &b[..8]));
     }
-    Ok(le32(&b[8..12]))
+    Ok((le32(&b[8..12]), le32(&b[12..16])))
 }
 
 /// The blade's answer.
@@ -236,7 +243,8 @@ mod tests {
         assert_eq!(d.payload_len(), 0);
         let w = Welcome { version: 1, status: STATUS_OK, size: 1 << 30, rkey: 77 };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
-        assert_eq!(parse_hello(&hello(3)), Ok(3));
+        assert_eq!(parse_hello(&hello(3)), Ok((3, 0)));
+        assert_eq!(parse_hello(&hello_with(1, 5)), Ok((1, 5)));
         assert!(parse_hello(&[b'G'; HELLO_LEN]).unwrap_err().contains("not a Smart-rs client"));
     }
 }

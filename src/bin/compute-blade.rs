@@ -37,6 +37,12 @@ struct Common {
     /// Transport to the --blades.
     #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
     transport: TransportArg,
+    /// RDMA device (with --transport verbs; default: the first with an active port).
+    #[arg(long)]
+    device: Option<String>,
+    /// GID index (with --transport verbs on RoCE; default 0).
+    #[arg(long)]
+    gid_index: Option<u32>,
     /// Worker threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -135,12 +141,27 @@ fn parse_doorbells(s: &str) -> Result<DoorbellConfig> {
     Ok(DoorbellConfig { low_latency, medium })
 }
 
+#[cfg(feature = "verbs")]
+fn verbs_transport(c: &Common) -> Result<Arc<dyn Transport>> {
+    use smart_core::backend::verbs::{VerbsConfig, VerbsTransport};
+    let cfg = VerbsConfig { device: c.device.clone(), gid_index: c.gid_index };
+    Ok(Arc::new(VerbsTransport::connect(&c.blades, &cfg).context("connecting over RDMA verbs")?))
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_transport(_: &Common) -> Result<Arc<dyn Transport>> {
+    bail!("{}", smart_core::backend::verbs::NOT_BUILT)
+}
+
 fn resolve(c: &Common) -> Result<Setup> {
     let mut smart = SmartConfig::parse(&c.smart).map_err(|e| anyhow::anyhow!("--smart: {e}"))?;
     smart.doorbells = parse_doorbells(&c.doorbells)?;
     smart.shared_cq = c.cq == CqArg::Shared;
     if let Some(p) = &c.qp_policy {
         smart.qp_policy = p.parse().map_err(|e| anyhow::anyhow!("--qp-policy: {e}"))?;
+    }
+    if !matches!(c.transport, TransportArg::Verbs) && (c.device.is_some() || c.gid_index.is_some()) {
+        bail!("--device and --gid-index apply to --transport verbs only");
     }
     if c.threads == 0 || c.coroutines == 0 {
         bail!("--threads and --coroutines must be at least 1");
@@ -156,10 +177,7 @@ fn resolve(c: &Common) -> Result<Setup> {
     } else {
         match c.transport {
             TransportArg::Tcp => Arc::new(TcpTransport::connect(&c.blades).context("connecting to the memory blades")?),
-            TransportArg::Verbs => bail!(
-                "--transport verbs is not built yet (RDMA verbs backend: issue 5); \
-                 use --transport tcp against a memory-blade, or omit --blades for the embedded backend"
-            ),
+            TransportArg::Verbs => verbs_transport(c)?,
         }
     };
     let run = RunConfig {

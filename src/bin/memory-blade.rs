@@ -29,9 +29,12 @@ struct Args {
     /// How compute blades reach the region.
     #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
     transport: TransportArg,
-    /// RDMA device (with --transport verbs).
+    /// RDMA device (with --transport verbs; default: the first with an active port).
     #[arg(long)]
     device: Option<String>,
+    /// GID index (with --transport verbs on RoCE; default 0).
+    #[arg(long)]
+    gid_index: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -42,14 +45,13 @@ enum TransportArg {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    if let TransportArg::Verbs = args.transport {
-        bail!(
-            "--transport verbs is not built yet (RDMA verbs backend: issue 5); \
-             serve with --transport tcp, or run compute-blade without --blades for the embedded backend"
-        );
+    let verbs = matches!(args.transport, TransportArg::Verbs);
+    if !verbs && (args.device.is_some() || args.gid_index.is_some()) {
+        bail!("--device and --gid-index apply to --transport verbs only");
     }
-    if args.device.is_some() {
-        bail!("--device applies to --transport verbs only");
+    #[cfg(not(feature = "verbs"))]
+    if verbs {
+        bail!("{}", smart_core::backend::verbs::NOT_BUILT);
     }
     let (region, what) = match &args.backing_file {
         Some(p) => (
@@ -62,14 +64,25 @@ fn main() -> Result<()> {
         ),
     };
     let region = Arc::new(region);
-    let server =
+    #[allow(unused_mut)]
+    let mut server =
         BladeServer::bind(&args.listen, region.clone()).with_context(|| format!("listening on {}", args.listen))?;
+    // The device is opened before "ready", so a missing one fails at once.
+    #[cfg(feature = "verbs")]
+    if verbs {
+        use smart_core::backend::verbs::{VerbsBlade, VerbsConfig};
+        let cfg = VerbsConfig { device: args.device.clone(), gid_index: args.gid_index };
+        let vb = VerbsBlade::open(region.clone(), &cfg).context("opening the RDMA device")?;
+        eprintln!("memory-blade: region registered on RDMA device {}", vb.device());
+        server = server.with_verbs(std::sync::Arc::new(vb));
+    }
     let stop = server.stop_flag();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     let addr = server.local_addr()?;
-    eprintln!("memory-blade: serving {} bytes ({what}) over tcp", region.len());
+    let how = if verbs { "RDMA verbs (connection setup on this port) and tcp" } else { "tcp" };
+    eprintln!("memory-blade: serving {} bytes ({what}) over {how}", region.len());
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready {addr}")?;
     out.flush()?;

@@ -149,8 +149,12 @@ fn embedded_default_runs_each_verb() {
         assert!(out.status.success(), "{op}: {}", String::from_utf8_lossy(&out.stderr));
         let r = record(&json);
         assert_eq!(r["transport"], "embedded");
-        assert_eq!(r["doorbells_per_op"].as_f64().unwrap(), 0.25, "{op}: 4 WRs per doorbell");
-        assert_eq!(r["verbs_per_op"].as_f64().unwrap(), 1.0);
+        // Batches in flight when measuring starts or stops count their ops on
+        // one side of the boundary and their doorbell on the other: ratios
+        // hold to within a few batches in millions.
+        let near = |k: &str, v: f64| (r[k].as_f64().unwrap() - v).abs() < 1e-3 * v;
+        assert!(near("doorbells_per_op", 0.25), "{op}: 4 WRs per doorbell: {}", r["doorbells_per_op"]);
+        assert!(near("verbs_per_op", 1.0), "{op}: {}", r["verbs_per_op"]);
         std::fs::remove_file(json).unwrap();
     }
 }
@@ -168,7 +172,7 @@ fn bad_arguments_fail_with_a_message() {
         (&["micro", "--doorbells", "4:0"], "--doorbells"),
         (&["micro", "--op", "cas", "--contended", "--batch", "2"], "--batch 1"),
         (&["micro", "--blades", "127.0.0.1:1"], "connecting"),
-        (&["micro", "--blades", "127.0.0.1:1", "--transport", "verbs"], "not built yet"),
+        (&["micro", "--device", "mlx5_0"], "--transport verbs only"),
     ];
     for (args, needle) in cases {
         let out = compute(args);
@@ -252,4 +256,26 @@ fn smart_techniques_and_qp_policies_show_in_the_record() {
         assert!(r["doorbell_rings"].as_array().unwrap().iter().any(|v| v.as_u64().unwrap() > 0));
         std::fs::remove_file(json).unwrap();
     }
+}
+
+#[test]
+fn verbs_without_a_device_or_feature_fails_fast_naming_the_alternatives() {
+    // Built without the feature: says how to build it. With the feature on a
+    // machine without RDMA (like CI): says there is no device and names the
+    // alternatives. Either way quickly, and non-zero.
+    let expect = if cfg!(feature = "verbs") { "no RDMA device" } else { "--features verbs" };
+    let t0 = Instant::now();
+    let out = Command::new(BLADE)
+        .args(["--listen", "127.0.0.1:0", "--size", "8MiB", "--transport", "verbs"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(expect) && err.contains("--transport tcp"), "{err}");
+    let blade = Blade::start(&["--size", "8MiB"]);
+    let out = compute(&["micro", "--blades", &blade.addr, "--transport", "verbs", "--duration", "0.2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(expect) && err.contains("embedded"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
 }

@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod tcp;
 
 pub(crate) mod softnic;
+pub mod verbs;
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -117,7 +118,7 @@ pub trait Endpoint: fmt::Debug {
 pub struct LocalMem {
     ptr: NonNull<u8>,
     len: usize,
-    _map: MmapMut,
+    _map: Arc<MmapMut>,
 }
 
 // SAFETY: `LocalMem` is plain registered memory reached only through raw
@@ -142,10 +143,21 @@ impl LocalMem {
     /// # Errors
     /// If the mapping fails.
     pub fn new(len: usize) -> Result<Arc<LocalMem>> {
-        let mut map =
-            MmapMut::map_anon(len.max(1)).map_err(|e| Error::Io { peer: "local memory".into(), source: e })?;
-        let ptr = NonNull::new(map.as_mut_ptr()).expect("mmap never returns null");
-        Ok(Arc::new(LocalMem { ptr, len, _map: map }))
+        let map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::Io { peer: "local memory".into(), source: e })?;
+        Ok(Self::within(Arc::new(map), 0, len))
+    }
+
+    /// `len` bytes at `off` of a mapping shared with other threads' local
+    /// memory (one registration for all).
+    ///
+    /// # Panics
+    /// If the range is outside the mapping.
+    pub(crate) fn within(map: Arc<MmapMut>, off: usize, len: usize) -> Arc<LocalMem> {
+        assert!(off.checked_add(len).is_some_and(|e| e <= map.len()), "local memory inside its mapping");
+        let base = map.as_ptr().cast_mut();
+        // SAFETY: in bounds (checked above) of a live mapping, never null.
+        let ptr = unsafe { NonNull::new_unchecked(base.add(off)) };
+        Arc::new(LocalMem { ptr, len, _map: map })
     }
 
     /// Size in bytes.

@@ -86,16 +86,28 @@ impl TcpTransport {
 /// # Errors
 /// [`Error::Io`] if unreachable; [`Error::Handshake`] naming the mismatch.
 pub fn handshake(peer: &str, version: u32) -> Result<(TcpStream, BladeInfo)> {
+    handshake_with(peer, version, 0)
+}
+
+/// [`handshake`] with greeting `flags`; a verbs client reads the blade's
+/// verbs information from the stream next.
+///
+/// # Errors
+/// As [`handshake`]; a blade that does not serve verbs is named as such.
+pub fn handshake_with(peer: &str, version: u32, flags: u32) -> Result<(TcpStream, BladeInfo)> {
     let io = |source| Error::Io { peer: peer.to_string(), source };
     let hs = |reason: String| Error::Handshake { peer: peer.to_string(), reason };
     let addr = peer.to_socket_addrs().map_err(io)?.next().ok_or_else(|| hs("address resolves to nothing".into()))?;
     let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(io)?;
     s.set_nodelay(true).map_err(io)?;
     s.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(io)?;
-    s.write_all(&wire::hello(version)).map_err(io)?;
+    s.write_all(&wire::hello_with(version, flags)).map_err(io)?;
     let mut w = [0u8; wire::WELCOME_LEN];
     s.read_exact(&mut w).map_err(|e| hs(format!("no answer to the greeting ({e}); is this a memory-blade port?")))?;
     let welcome = Welcome::decode(&w).map_err(hs)?;
+    if welcome.status == super::verbs::conn::STATUS_NO_VERBS {
+        return Err(hs("this memory blade serves TCP only: start it with --transport verbs".into()));
+    }
     if welcome.status != wire::STATUS_OK || welcome.version != version {
         return Err(hs(format!(
             "protocol version mismatch: this compute blade speaks {version}, the memory blade speaks {}; \

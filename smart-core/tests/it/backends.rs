@@ -37,3 +37,25 @@ pub(crate) fn tcp(blades: usize) -> Backend {
 pub(crate) fn all(blades: usize) -> Vec<Backend> {
     vec![embedded(blades), chaos(blades, 7), tcp(blades)]
 }
+
+/// Real RDMA: `blades` memory blades registered on the device named by
+/// `SMART_RDMA_DEVICE` (GID index from `SMART_RDMA_GID_INDEX`), served on
+/// loopback for connection setup. `None` when the variable is unset.
+#[cfg(feature = "verbs")]
+pub(crate) fn verbs(blades: usize) -> Option<Backend> {
+    use smart_core::backend::verbs::{VerbsBlade, VerbsConfig, VerbsTransport};
+    let device = std::env::var("SMART_RDMA_DEVICE").ok()?;
+    let gid_index =
+        std::env::var("SMART_RDMA_GID_INDEX").ok().map(|g| g.parse().expect("SMART_RDMA_GID_INDEX is a number"));
+    let cfg = VerbsConfig { device: Some(device), gid_index };
+    let handles: Vec<BladeHandle> = (0..blades)
+        .map(|_| {
+            let region = Arc::new(Region::anonymous(8 << 20).unwrap());
+            let vb = VerbsBlade::open(region.clone(), &cfg).unwrap();
+            BladeServer::bind("127.0.0.1:0", region).unwrap().with_verbs(Arc::new(vb)).spawn().unwrap()
+        })
+        .collect();
+    let addrs: Vec<String> = handles.iter().map(|h| h.addr().to_string()).collect();
+    let transport = Arc::new(VerbsTransport::connect(&addrs, &cfg).unwrap());
+    Some(Backend { name: "verbs", transport, _blades: handles })
+}

@@ -7,3 +7,5 @@ mod chaos;
 mod concurrency;
 mod semantics;
 mod techniques;
+#[cfg(feature = "verbs")]
+mod verbs;

@@ -14,71 +14,81 @@ fn runtime(b: &Backend) -> Runtime {
 #[test]
 fn verbs_behave_like_rdma_on_every_backend() {
     for b in backends::all(2) {
-        let mut rt = runtime(&b);
-        let ctx = rt.ctx();
-        let name = b.name;
-        rt.block_on(async move {
-            for blade in 0..2u16 {
-                ctx.check_blade(blade).await.unwrap();
-                let a = ctx.alloc(blade, 4096, 64).await.unwrap();
-                assert_eq!(a.blade(), blade);
-                // READ after WRITE, multi-line and unaligned.
-                let data: Vec<u8> = (0..1000u32).map(|i| (i * 31 + u32::from(blade)) as u8).collect();
-                ctx.write(a.add(3), &data).await.unwrap();
-                let mut back = vec![0u8; 1000];
-                ctx.read(a.add(3), &mut back).await.unwrap();
-                assert_eq!(back, data, "{name}: read after write");
-                // CAS success and failure both return the old value.
-                let w = a.add(2048);
-                ctx.write(w, &5u64.to_le_bytes()).await.unwrap();
-                assert_eq!(ctx.cas(w, 5, 9).await.unwrap(), 5, "{name}: successful CAS");
-                assert_eq!(ctx.cas(w, 5, 11).await.unwrap(), 9, "{name}: failed CAS");
-                assert_eq!(ctx.read_u64(w).await.unwrap(), 9, "{name}: failed CAS changed nothing");
-                // FAA returns the old value.
-                assert_eq!(ctx.faa(w, 3).await.unwrap(), 9, "{name}: FAA");
-                assert_eq!(ctx.faa(w, u64::MAX).await.unwrap(), 12, "{name}: FAA wraps");
-                assert_eq!(ctx.read_u64(w).await.unwrap(), 11);
-                // A batch executes in order: each WR sees the effect of the last.
-                let hundred = 100u64.to_le_bytes();
-                let mut bt = ctx.batch();
-                bt.write(w, &hundred);
-                let f1 = bt.faa(w, 1);
-                let c1 = bt.cas(w, 101, 200);
-                let r1 = bt.read(w, 8);
-                let f2 = bt.faa(w, 5);
-                let r2 = bt.read(w, 8);
-                let done = bt.post().await.unwrap();
-                assert_eq!(done.old(f1), 100, "{name}: batch order");
-                assert_eq!(done.old(c1), 101);
-                assert_eq!(done.bytes(r1), &200u64.to_le_bytes());
-                assert_eq!(done.old(f2), 200);
-                assert_eq!(done.bytes(r2), &205u64.to_le_bytes());
-            }
-        });
+        verbs_behave_like_rdma_on_every_backend_on(&b);
     }
+}
+
+/// The body of [`verbs_behave_like_rdma_on_every_backend`] for one backend (also run by the verbs device tests).
+pub(crate) fn verbs_behave_like_rdma_on_every_backend_on(b: &Backend) {
+    let mut rt = runtime(b);
+    let ctx = rt.ctx();
+    let name = b.name;
+    rt.block_on(async move {
+        for blade in 0..2u16 {
+            ctx.check_blade(blade).await.unwrap();
+            let a = ctx.alloc(blade, 4096, 64).await.unwrap();
+            assert_eq!(a.blade(), blade);
+            // READ after WRITE, multi-line and unaligned.
+            let data: Vec<u8> = (0..1000u32).map(|i| (i * 31 + u32::from(blade)) as u8).collect();
+            ctx.write(a.add(3), &data).await.unwrap();
+            let mut back = vec![0u8; 1000];
+            ctx.read(a.add(3), &mut back).await.unwrap();
+            assert_eq!(back, data, "{name}: read after write");
+            // CAS success and failure both return the old value.
+            let w = a.add(2048);
+            ctx.write(w, &5u64.to_le_bytes()).await.unwrap();
+            assert_eq!(ctx.cas(w, 5, 9).await.unwrap(), 5, "{name}: successful CAS");
+            assert_eq!(ctx.cas(w, 5, 11).await.unwrap(), 9, "{name}: failed CAS");
+            assert_eq!(ctx.read_u64(w).await.unwrap(), 9, "{name}: failed CAS changed nothing");
+            // FAA returns the old value.
+            assert_eq!(ctx.faa(w, 3).await.unwrap(), 9, "{name}: FAA");
+            assert_eq!(ctx.faa(w, u64::MAX).await.unwrap(), 12, "{name}: FAA wraps");
+            assert_eq!(ctx.read_u64(w).await.unwrap(), 11);
+            // A batch executes in order: each WR sees the effect of the last.
+            let hundred = 100u64.to_le_bytes();
+            let mut bt = ctx.batch();
+            bt.write(w, &hundred);
+            let f1 = bt.faa(w, 1);
+            let c1 = bt.cas(w, 101, 200);
+            let r1 = bt.read(w, 8);
+            let f2 = bt.faa(w, 5);
+            let r2 = bt.read(w, 8);
+            let done = bt.post().await.unwrap();
+            assert_eq!(done.old(f1), 100, "{name}: batch order");
+            assert_eq!(done.old(c1), 101);
+            assert_eq!(done.bytes(r1), &200u64.to_le_bytes());
+            assert_eq!(done.old(f2), 200);
+            assert_eq!(done.bytes(r2), &205u64.to_le_bytes());
+        }
+    });
 }
 
 #[test]
 fn bad_batches_are_refused_before_posting() {
     for b in backends::all(2) {
-        let mut rt = runtime(&b);
-        let ctx = rt.ctx();
-        rt.block_on(async move {
-            let mut bt = ctx.batch();
-            bt.read(GlobalAddr::new(0, 4096), 8);
-            bt.read(GlobalAddr::new(1, 4096), 8);
-            assert!(matches!(bt.post().await, Err(Error::BatchSpansBlades(0, 1))));
-            let mut bt = ctx.batch();
-            bt.read(GlobalAddr::new(7, 4096), 8);
-            assert!(matches!(bt.post().await, Err(Error::NoSuchBlade(7, 2))));
-            let mut bt = ctx.batch();
-            bt.read(GlobalAddr::new(0, 4096), 1 << 20);
-            assert!(matches!(bt.post().await, Err(Error::BatchTooLarge { .. })));
-            assert!(matches!(ctx.batch().post().await, Err(Error::InvalidWr(_))));
-            // The runtime still works after refusals.
-            assert_eq!(ctx.faa(GlobalAddr::new(0, 4096), 1).await.unwrap(), 0);
-        });
+        bad_batches_are_refused_before_posting_on(&b);
     }
+}
+
+/// The body of [`bad_batches_are_refused_before_posting`] for one backend (also run by the verbs device tests).
+pub(crate) fn bad_batches_are_refused_before_posting_on(b: &Backend) {
+    let mut rt = runtime(b);
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let mut bt = ctx.batch();
+        bt.read(GlobalAddr::new(0, 4096), 8);
+        bt.read(GlobalAddr::new(1, 4096), 8);
+        assert!(matches!(bt.post().await, Err(Error::BatchSpansBlades(0, 1))));
+        let mut bt = ctx.batch();
+        bt.read(GlobalAddr::new(7, 4096), 8);
+        assert!(matches!(bt.post().await, Err(Error::NoSuchBlade(7, 2))));
+        let mut bt = ctx.batch();
+        bt.read(GlobalAddr::new(0, 4096), 1 << 20);
+        assert!(matches!(bt.post().await, Err(Error::BatchTooLarge { .. })));
+        assert!(matches!(ctx.batch().post().await, Err(Error::InvalidWr(_))));
+        // The runtime still works after refusals.
+        assert_eq!(ctx.faa(GlobalAddr::new(0, 4096), 1).await.unwrap(), 0);
+    });
 }
 
 /// Posts raw WRs to an endpoint and waits for the completion.
@@ -99,89 +109,104 @@ fn post_wait(ep: &mut dyn Endpoint, qp: u16, wr_id: u64, wrs: &[WorkRequest]) ->
 #[test]
 fn bad_wrs_get_error_completions_and_error_only_their_qp() {
     for b in backends::all(2) {
-        let name = b.name;
-        let info = b.transport.blades()[0];
-        let mut ep = b.transport.open_thread(0, 4096).unwrap();
-        let mut other = b.transport.open_thread(1, 4096).unwrap();
-        let wr = |op, off: u64, len, rkey| WorkRequest {
-            op,
-            local_off: 0,
-            len,
-            remote: GlobalAddr::new(0, off),
-            rkey,
-            compare_add: 1,
-            swap: 1,
-        };
-        let good = wr(Opcode::Faa, 4096, 8, info.rkey);
-        let cases = [
-            ("out of bounds read", wr(Opcode::Read, info.size - 4, 8, info.rkey), WcStatus::RemoteAccess),
-            ("offset overflow", wr(Opcode::Write, (1 << 48) - 1, 16, info.rkey), WcStatus::RemoteAccess),
-            ("wrong rkey", wr(Opcode::Read, 4096, 8, info.rkey ^ 0x55), WcStatus::RemoteAccess),
-            ("misaligned CAS", wr(Opcode::Cas, 4100, 8, info.rkey), WcStatus::RemoteInvalidRequest),
-            ("short FAA", wr(Opcode::Faa, 4096, 4, info.rkey), WcStatus::RemoteInvalidRequest),
-        ];
-        for (i, (what, bad, status)) in cases.into_iter().enumerate() {
-            // [good, bad, good]: the first takes effect, the error names index 1.
-            let c = post_wait(&mut *ep, 0, i as u64, &[good, bad, good]);
-            assert_eq!(c.wr_id, i as u64);
-            assert_eq!(c.status, Err((status, 1)), "{name}: {what}");
-            // The QP is now in the error state: later batches are flushed ...
-            let c = post_wait(&mut *ep, 0, 100, &[good]);
-            assert_eq!(c.status, Err((WcStatus::Flushed, 0)), "{name}: {what}: flushed");
-            // ... while another thread's QP to the same blade, and this
-            // thread's QP to the other blade, keep working.
-            assert_eq!(post_wait(&mut *other, 0, 7, &[good]).status, Ok(()), "{name}: other QP");
-            let good1 = WorkRequest { remote: GlobalAddr::new(1, 4096), rkey: b.transport.blades()[1].rkey, ..good };
-            assert_eq!(post_wait(&mut *ep, 1, 8, &[good1]).status, Ok(()), "{name}: other blade");
-            ep.reset_qp(0).unwrap();
-            assert_eq!(post_wait(&mut *ep, 0, 9, &[good]).status, Ok(()), "{name}: after reset");
-        }
-        // Exactly the good FAAs landed: 2 per case before/after reset, 1 on the other thread.
-        let c = post_wait(&mut *ep, 0, 10, &[wr(Opcode::Faa, 4096, 8, info.rkey)]);
-        assert_eq!(c.status, Ok(()));
-        // SAFETY: the batch completed, and nothing else is in flight on this endpoint.
-        let old = u64::from_ne_bytes(unsafe { ep.local().bytes(0, 8) }.try_into().unwrap());
-        assert_eq!(old, 5 * 3, "{name}: FAAs that took effect");
-        // Local ranges outside local memory are refused at post.
-        let far = WorkRequest { local_off: 4090, ..good };
-        assert!(matches!(ep.post(0, 11, &[far]), Err(Error::InvalidWr(_))), "{name}");
+        bad_wrs_get_error_completions_and_error_only_their_qp_on(&b);
     }
+}
+
+/// The body of [`bad_wrs_get_error_completions_and_error_only_their_qp`] for one backend (also run by the verbs device tests).
+pub(crate) fn bad_wrs_get_error_completions_and_error_only_their_qp_on(b: &Backend) {
+    let name = b.name;
+    let info = b.transport.blades()[0];
+    let mut ep = b.transport.open_thread(0, 4096).unwrap();
+    let mut other = b.transport.open_thread(1, 4096).unwrap();
+    let wr = |op, off: u64, len, rkey| WorkRequest {
+        op,
+        local_off: 0,
+        len,
+        remote: GlobalAddr::new(0, off),
+        rkey,
+        compare_add: 1,
+        swap: 1,
+    };
+    let good = wr(Opcode::Faa, 4096, 8, info.rkey);
+    let cases = [
+        ("out of bounds read", wr(Opcode::Read, info.size - 4, 8, info.rkey), WcStatus::RemoteAccess),
+        ("offset overflow", wr(Opcode::Write, (1 << 48) - 1, 16, info.rkey), WcStatus::RemoteAccess),
+        ("wrong rkey", wr(Opcode::Read, 4096, 8, info.rkey ^ 0x55), WcStatus::RemoteAccess),
+        ("misaligned CAS", wr(Opcode::Cas, 4100, 8, info.rkey), WcStatus::RemoteInvalidRequest),
+        ("short FAA", wr(Opcode::Faa, 4096, 4, info.rkey), WcStatus::RemoteInvalidRequest),
+    ];
+    for (i, (what, bad, status)) in cases.into_iter().enumerate() {
+        // [good, bad, good]: the first takes effect, the error names index 1.
+        let c = post_wait(&mut *ep, 0, i as u64, &[good, bad, good]);
+        assert_eq!(c.wr_id, i as u64);
+        assert_eq!(c.status, Err((status, 1)), "{name}: {what}");
+        // The QP is now in the error state: later batches are flushed ...
+        let c = post_wait(&mut *ep, 0, 100, &[good]);
+        assert_eq!(c.status, Err((WcStatus::Flushed, 0)), "{name}: {what}: flushed");
+        // ... while another thread's QP to the same blade, and this
+        // thread's QP to the other blade, keep working.
+        assert_eq!(post_wait(&mut *other, 0, 7, &[good]).status, Ok(()), "{name}: other QP");
+        let good1 = WorkRequest { remote: GlobalAddr::new(1, 4096), rkey: b.transport.blades()[1].rkey, ..good };
+        assert_eq!(post_wait(&mut *ep, 1, 8, &[good1]).status, Ok(()), "{name}: other blade");
+        ep.reset_qp(0).unwrap();
+        assert_eq!(post_wait(&mut *ep, 0, 9, &[good]).status, Ok(()), "{name}: after reset");
+    }
+    // Exactly the good FAAs landed: 2 per case before/after reset, 1 on the other thread.
+    let c = post_wait(&mut *ep, 0, 10, &[wr(Opcode::Faa, 4096, 8, info.rkey)]);
+    assert_eq!(c.status, Ok(()));
+    // SAFETY: the batch completed, and nothing else is in flight on this endpoint.
+    let old = u64::from_ne_bytes(unsafe { ep.local().bytes(0, 8) }.try_into().unwrap());
+    assert_eq!(old, 5 * 3, "{name}: FAAs that took effect");
+    // Local ranges outside local memory are refused at post.
+    let far = WorkRequest { local_off: 4090, ..good };
+    assert!(matches!(ep.post(0, 11, &[far]), Err(Error::InvalidWr(_))), "{name}");
 }
 
 #[test]
 fn runtime_reports_error_completions_and_recovers_after_reset() {
     for b in backends::all(1) {
-        let mut rt = runtime(&b);
-        let ctx = rt.ctx();
-        let size = b.transport.blades()[0].size;
-        rt.block_on(async move {
-            let e = ctx.read_u64(GlobalAddr::new(0, size)).await.unwrap_err();
-            assert!(e.is_wc(WcStatus::RemoteAccess), "{e}");
-            let e = ctx.read_u64(GlobalAddr::new(0, 4096)).await.unwrap_err();
-            assert!(e.is_wc(WcStatus::Flushed), "{e}");
-            ctx.reset_qp(0).unwrap();
-            assert_eq!(ctx.faa(GlobalAddr::new(0, 4096), 1).await.unwrap(), 0);
-            assert_eq!(ctx.stats().error_completions, 2);
-        });
+        runtime_reports_error_completions_and_recovers_after_reset_on(&b);
     }
+}
+
+/// The body of [`runtime_reports_error_completions_and_recovers_after_reset`] for one backend (also run by the verbs device tests).
+pub(crate) fn runtime_reports_error_completions_and_recovers_after_reset_on(b: &Backend) {
+    let mut rt = runtime(b);
+    let ctx = rt.ctx();
+    let size = b.transport.blades()[0].size;
+    rt.block_on(async move {
+        let e = ctx.read_u64(GlobalAddr::new(0, size)).await.unwrap_err();
+        assert!(e.is_wc(WcStatus::RemoteAccess), "{e}");
+        let e = ctx.read_u64(GlobalAddr::new(0, 4096)).await.unwrap_err();
+        assert!(e.is_wc(WcStatus::Flushed), "{e}");
+        ctx.reset_qp(0).unwrap();
+        assert_eq!(ctx.faa(GlobalAddr::new(0, 4096), 1).await.unwrap(), 0);
+        assert_eq!(ctx.stats().error_completions, 2);
+    });
 }
 
 #[test]
 fn named_roots_have_one_winner() {
     for b in backends::all(1) {
-        let mut rt = runtime(&b);
-        let ctx = rt.ctx();
-        rt.block_on(async move {
-            assert_eq!(ctx.root(0, "table").await.unwrap(), None);
-            let a = GlobalAddr::new(0, 8192);
-            let c = GlobalAddr::new(0, 16384);
-            assert_eq!(ctx.set_root(0, "table", a).await.unwrap(), a);
-            assert_eq!(ctx.set_root(0, "table", c).await.unwrap(), a, "second setter learns the winner");
-            assert_eq!(ctx.set_root(0, "other", c).await.unwrap(), c);
-            assert_eq!(ctx.root(0, "table").await.unwrap(), Some(a));
-            assert_eq!(ctx.root(0, "other").await.unwrap(), Some(c));
-        });
+        named_roots_have_one_winner_on(&b);
     }
+}
+
+/// The body of [`named_roots_have_one_winner`] for one backend (also run by the verbs device tests).
+pub(crate) fn named_roots_have_one_winner_on(b: &Backend) {
+    let mut rt = runtime(b);
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        assert_eq!(ctx.root(0, "table").await.unwrap(), None);
+        let a = GlobalAddr::new(0, 8192);
+        let c = GlobalAddr::new(0, 16384);
+        assert_eq!(ctx.set_root(0, "table", a).await.unwrap(), a);
+        assert_eq!(ctx.set_root(0, "table", c).await.unwrap(), a, "second setter learns the winner");
+        assert_eq!(ctx.set_root(0, "other", c).await.unwrap(), c);
+        assert_eq!(ctx.root(0, "table").await.unwrap(), Some(a));
+        assert_eq!(ctx.root(0, "other").await.unwrap(), Some(c));
+    });
 }
 
 #[test]
