@@ -58,6 +58,17 @@ fn main() -> Result<()> {
             Region::file_backed(p, args.size).with_context(|| format!("opening backing file {}", p.display()))?,
             format!("file {}", p.display()),
         ),
+        None if verbs => {
+            // The RNIC translates every access: huge pages keep its caches warm.
+            let (r, huge) = Region::anonymous_huge(args.size.unwrap_or(1 << 30)).context("mapping anonymous memory")?;
+            if !huge {
+                eprintln!(
+                    "memory-blade: no 2 MiB huge pages for the region (size not a multiple of 2 MiB, or none reserved); \
+                     using normal pages"
+                );
+            }
+            (r, if huge { "anonymous, 2 MiB huge pages" } else { "anonymous" }.to_string())
+        }
         None => (
             Region::anonymous(args.size.unwrap_or(1 << 30)).context("mapping anonymous memory")?,
             "anonymous".to_string(),
