@@ -20,18 +20,16 @@
 //! (never within one QP).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-
-use crossbeam_utils::CachePadded;
+use std::sync::Arc;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::softnic::{self, Doorbell, Inbox, SoftNic};
+use super::softnic::{self, SoftNic, SoftPort};
 use super::{validate_batch, BladeInfo, Endpoint, LocalMem, Transport};
 use crate::layout;
 use crate::region::{LinePacer, NoPause, Region};
-use crate::smart::{QpPlan, QpSlot};
+use crate::smart::QpPlan;
 use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
 use crate::{Error, Result};
 
@@ -139,34 +137,12 @@ impl Transport for EmbeddedTransport {
     }
 
     fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>> {
-        let local = LocalMem::new(local_bytes)?;
-        let att = self.nic.attach(thread, local.clone())?;
-        let mut qps = Vec::with_capacity(self.regions.len());
-        for (b, slot) in att.slots.iter().enumerate() {
-            qps.push(if slot.qp_shared {
-                QpRef::Shared(self.nic.shared_qp(slot.qp, || Ok(self.new_qp(b)))?)
-            } else {
-                QpRef::Own(self.new_qp(b))
-            });
-        }
+        let port = SoftPort::open(&self.nic, thread, local_bytes, |b| Ok(self.new_qp(b)))?;
         let chaos = self.chaos.map(|cfg| Chaos {
             cfg,
             rng: SmallRng::seed_from_u64(cfg.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         });
-        let (has_shared, shared_cq) = (att.uses_inbox, att.shared_cq);
-        Ok(Box::new(EmbeddedEndpoint {
-            id: att.id,
-            local,
-            inbox: att.inbox,
-            nic: self.nic.clone(),
-            has_shared,
-            shared_cq,
-            slots: att.slots,
-            doorbells: att.doorbells,
-            qps,
-            chaos,
-            order: Vec::new(),
-        }))
+        Ok(Box::new(EmbeddedEndpoint { port, chaos, order: Vec::new() }))
     }
 }
 
@@ -180,12 +156,6 @@ pub(crate) struct Qp {
     /// (wr_id, WR count, posting endpoint) of each posted batch, in order.
     batches: VecDeque<(u64, u16, usize)>,
     error: bool,
-}
-
-#[derive(Debug)]
-enum QpRef {
-    Own(Qp),
-    Shared(Arc<Mutex<Qp>>),
 }
 
 #[derive(Debug)]
@@ -213,16 +183,7 @@ impl LinePacer for Chaos {
 /// One thread's endpoint on the embedded blades.
 #[derive(Debug)]
 struct EmbeddedEndpoint {
-    id: usize,
-    local: Arc<LocalMem>,
-    inbox: Arc<Inbox>,
-    nic: Arc<SoftNic<Qp>>,
-    /// Completions may arrive in the inbox (shared QP or shared CQ).
-    has_shared: bool,
-    shared_cq: bool,
-    slots: Vec<QpSlot>,
-    doorbells: Vec<Arc<CachePadded<Doorbell>>>,
-    qps: Vec<QpRef>,
+    port: SoftPort<Qp>,
     chaos: Option<Chaos>,
     order: Vec<usize>,
 }
@@ -335,71 +296,48 @@ fn execute(
 
 impl Endpoint for EmbeddedEndpoint {
     fn local(&self) -> &Arc<LocalMem> {
-        &self.local
+        &self.port.local
     }
 
     fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> Result<()> {
         let b = qp as usize;
-        if b >= self.qps.len() {
-            return Err(Error::NoSuchBlade(qp, self.qps.len()));
+        if b >= self.port.qps.len() {
+            return Err(Error::NoSuchBlade(qp, self.port.qps.len()));
         }
-        validate_batch(&self.local, qp, wrs)?;
-        let me = self.id;
-        let q = &mut self.qps[b];
-        self.doorbells[b].ring(self.slots[b].doorbell_shared, || match q {
-            QpRef::Own(q) => q.push(wr_id, wrs, me),
-            QpRef::Shared(q) => softnic::lock(q).push(wr_id, wrs, me),
-        });
+        validate_batch(&self.port.local, qp, wrs)?;
+        let me = self.port.id;
+        self.port.ring(b, |q| q.push(wr_id, wrs, me));
         Ok(())
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
+        let n = self.port.qps.len();
         if let Some(chaos) = &mut self.chaos {
             self.order.clear();
-            self.order.extend(0..self.qps.len());
-            for i in (1..self.order.len()).rev() {
+            self.order.extend(0..n);
+            for i in (1..n).rev() {
                 let j = chaos.rng.random_range(0..=i);
                 self.order.swap(i, j);
             }
         }
-        for k in 0..self.qps.len() {
+        let SoftPort { id, local, nic, qps, .. } = &mut self.port;
+        for k in 0..n {
             let i = if self.chaos.is_some() { self.order[k] } else { k };
-            match &mut self.qps[i] {
-                QpRef::Own(q) => q.run(self.id, &self.local, &self.nic, out, &mut self.chaos),
-                QpRef::Shared(q) => {
-                    // Another sharer is executing it: our completions will
-                    // arrive in the inbox.
-                    if let Ok(mut q) = q.try_lock() {
-                        q.run(self.id, &self.local, &self.nic, out, &mut self.chaos);
-                    }
-                }
-            }
+            qps[i].try_with(|q| q.run(*id, local, nic, out, &mut self.chaos));
         }
-        if self.shared_cq {
-            self.nic.through_shared_cq(self.id, out, before);
-        }
-        if self.has_shared {
-            softnic::drain_inbox(&self.inbox, out);
-        }
+        self.port.finish_poll(out, before);
         out.len() - before
     }
 
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
-        let nqp = self.qps.len();
-        let q = self.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, nqp))?;
-        let mut guard;
-        let q = match q {
-            QpRef::Own(q) => q,
-            QpRef::Shared(q) => {
-                guard = softnic::lock(q);
-                &mut *guard
+        let q = self.port.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, self.port.slots.len()))?;
+        q.with(|q| {
+            if !q.batches.is_empty() {
+                return Err(Error::QpBusy(qp));
             }
-        };
-        if !q.batches.is_empty() {
-            return Err(Error::QpBusy(qp));
-        }
-        q.error = false;
-        Ok(())
+            q.error = false;
+            Ok(())
+        })
     }
 }

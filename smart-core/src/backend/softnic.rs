@@ -225,3 +225,95 @@ pub(crate) fn drain_inbox(inbox: &Inbox, out: &mut Vec<Completion>) {
     let mut i = unpoison(inbox.lock());
     out.append(&mut i);
 }
+
+/// A QP of a thread's endpoint: its own, or shared with other threads.
+#[derive(Debug)]
+pub(crate) enum QpRef<Q> {
+    Own(Q),
+    Shared(Arc<Mutex<Q>>),
+}
+
+impl<Q> QpRef<Q> {
+    /// Runs `f` on the QP (under its lock when shared).
+    pub(crate) fn with<R>(&mut self, f: impl FnOnce(&mut Q) -> R) -> R {
+        match self {
+            QpRef::Own(q) => f(q),
+            QpRef::Shared(q) => f(&mut lock(q)),
+        }
+    }
+
+    /// Runs `f` on the QP unless another thread holds it right now (that
+    /// thread then delivers our completions to our inbox).
+    pub(crate) fn try_with<R>(&mut self, f: impl FnOnce(&mut Q) -> R) -> Option<R> {
+        match self {
+            QpRef::Own(q) => Some(f(q)),
+            QpRef::Shared(q) => q.try_lock().ok().map(|mut g| f(&mut g)),
+        }
+    }
+}
+
+/// What every soft endpoint holds: its identity on the emulated NIC, its
+/// memory and inbox, and per blade its QP slot, doorbell and QP.
+#[derive(Debug)]
+pub(crate) struct SoftPort<Q> {
+    pub(crate) id: usize,
+    pub(crate) local: Arc<LocalMem>,
+    pub(crate) inbox: Arc<Inbox>,
+    pub(crate) nic: Arc<SoftNic<Q>>,
+    /// Completions may arrive in the inbox (shared QP or shared CQ).
+    pub(crate) uses_inbox: bool,
+    pub(crate) shared_cq: bool,
+    pub(crate) slots: Vec<QpSlot>,
+    pub(crate) doorbells: Vec<Arc<CachePadded<Doorbell>>>,
+    pub(crate) qps: Vec<QpRef<Q>>,
+}
+
+impl<Q> SoftPort<Q> {
+    /// Attaches thread `thread` with `local_bytes` of local memory; `make(b)`
+    /// creates a QP to blade `b` (once per shared QP, by its first thread).
+    pub(crate) fn open(
+        nic: &Arc<SoftNic<Q>>,
+        thread: usize,
+        local_bytes: usize,
+        mut make: impl FnMut(usize) -> Result<Q>,
+    ) -> Result<SoftPort<Q>> {
+        let local = LocalMem::new(local_bytes)?;
+        let att = nic.attach(thread, local.clone())?;
+        let mut qps = Vec::with_capacity(att.slots.len());
+        for (b, slot) in att.slots.iter().enumerate() {
+            qps.push(if slot.qp_shared {
+                QpRef::Shared(nic.shared_qp(slot.qp, || make(b))?)
+            } else {
+                QpRef::Own(make(b)?)
+            });
+        }
+        Ok(SoftPort {
+            id: att.id,
+            local,
+            inbox: att.inbox,
+            nic: nic.clone(),
+            uses_inbox: att.uses_inbox,
+            shared_cq: att.shared_cq,
+            slots: att.slots,
+            doorbells: att.doorbells,
+            qps,
+        })
+    }
+
+    /// Posts to blade `b`'s QP with `post`, ringing its doorbell around it.
+    pub(crate) fn ring<R>(&mut self, b: usize, post: impl FnOnce(&mut Q) -> R) -> R {
+        let q = &mut self.qps[b];
+        self.doorbells[b].ring(self.slots[b].doorbell_shared, || q.with(post))
+    }
+
+    /// Ends a poll: passes this poll's completions (`out[before..]`) through
+    /// the shared CQ if there is one, and collects the inbox.
+    pub(crate) fn finish_poll(&self, out: &mut Vec<Completion>, before: usize) {
+        if self.shared_cq {
+            self.nic.through_shared_cq(self.id, out, before);
+        }
+        if self.uses_inbox {
+            drain_inbox(&self.inbox, out);
+        }
+    }
+}

@@ -26,14 +26,12 @@ use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
-
-use super::softnic::{self, Doorbell, Inbox, SoftNic};
+use super::softnic::{self, SoftNic, SoftPort};
 use super::{validate_batch, BladeInfo, Endpoint, LocalMem, Transport};
-use crate::smart::{QpPlan, QpSlot};
+use crate::smart::QpPlan;
 use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
 use crate::wire::{self, Header, Welcome, WrDesc, HEADER_LEN, MAX_FRAME, WR_DESC_LEN};
 use crate::{Error, Result};
@@ -138,30 +136,8 @@ impl Transport for TcpTransport {
     }
 
     fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>> {
-        let local = LocalMem::new(local_bytes)?;
-        let att = self.nic.attach(thread, local.clone())?;
-        let mut conns = Vec::with_capacity(self.peers.len());
-        for (b, slot) in att.slots.iter().enumerate() {
-            conns.push(if slot.qp_shared {
-                ConnRef::Shared(self.nic.shared_qp(slot.qp, || self.connect_qp(b))?)
-            } else {
-                ConnRef::Own(self.connect_qp(b)?)
-            });
-        }
-        let (has_shared, shared_cq) = (att.uses_inbox, att.shared_cq);
-        Ok(Box::new(TcpEndpoint {
-            id: att.id,
-            local,
-            inbox: att.inbox,
-            nic: self.nic.clone(),
-            has_shared,
-            shared_cq,
-            slots: att.slots,
-            doorbells: att.doorbells,
-            conns,
-            failed: Vec::new(),
-            fds: Vec::new(),
-        }))
+        let port = SoftPort::open(&self.nic, thread, local_bytes, |b| self.connect_qp(b))?;
+        Ok(Box::new(TcpEndpoint { port, failed: Vec::new(), fds: Vec::new() }))
     }
 }
 
@@ -212,23 +188,8 @@ struct Conn {
 }
 
 #[derive(Debug)]
-enum ConnRef {
-    Own(Conn),
-    Shared(Arc<Mutex<Conn>>),
-}
-
-#[derive(Debug)]
 struct TcpEndpoint {
-    id: usize,
-    local: Arc<LocalMem>,
-    inbox: Arc<Inbox>,
-    nic: Arc<SoftNic<Conn>>,
-    /// Completions may arrive in the inbox (shared QP or shared CQ).
-    has_shared: bool,
-    shared_cq: bool,
-    slots: Vec<QpSlot>,
-    doorbells: Vec<Arc<CachePadded<Doorbell>>>,
-    conns: Vec<ConnRef>,
+    port: SoftPort<Conn>,
     /// Completions produced at post time (batches to a broken connection).
     failed: Vec<Completion>,
     fds: Vec<libc::pollfd>,
@@ -398,61 +359,56 @@ impl Conn {
 
 impl Endpoint for TcpEndpoint {
     fn local(&self) -> &Arc<LocalMem> {
-        &self.local
+        &self.port.local
     }
 
     fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> Result<()> {
         let b = qp as usize;
-        if b >= self.conns.len() {
-            return Err(Error::NoSuchBlade(qp, self.conns.len()));
+        if b >= self.port.qps.len() {
+            return Err(Error::NoSuchBlade(qp, self.port.qps.len()));
         }
-        validate_batch(&self.local, qp, wrs)?;
+        validate_batch(&self.port.local, qp, wrs)?;
         let body: usize =
             wrs.iter().map(|w| WR_DESC_LEN + if w.op == Opcode::Write { w.len as usize } else { 0 }).sum();
         if body > MAX_FRAME || wrs.len() > wire::MAX_WRS {
             return Err(Error::BatchTooLarge { what: format!("frame of {body} bytes"), knob: "slot_bytes" });
         }
-        let (me, local, nic, failed) = (self.id, &self.local, &*self.nic, &mut self.failed);
-        let conn = &mut self.conns[b];
-        self.doorbells[b].ring(self.slots[b].doorbell_shared, || {
-            let mut guard;
-            let c = match conn {
-                ConnRef::Own(c) => c,
-                ConnRef::Shared(c) => {
-                    guard = softnic::lock(c);
-                    &mut *guard
+        let failed = &mut self.failed;
+        let SoftPort { id: me, local, nic, slots, doorbells, qps, .. } = &mut self.port;
+        let (me, conn) = (*me, &mut qps[b]);
+        doorbells[b].ring(slots[b].doorbell_shared, || {
+            conn.with(|c| {
+                if c.broken.is_some() {
+                    failed.push(Completion { wr_id, status: Err((WcStatus::Transport, 0)) });
+                    return;
                 }
-            };
-            if c.broken.is_some() {
-                failed.push(Completion { wr_id, status: Err((WcStatus::Transport, 0)) });
-                return;
-            }
-            Header { len: body as u32, kind: wire::KIND_BATCH, count: wrs.len() as u16, wr_id }.put(&mut c.out);
-            for w in wrs {
-                WrDesc {
-                    op: w.op as u8,
-                    rkey: w.rkey,
-                    remote: w.remote.offset(),
-                    len: w.len,
-                    compare_add: w.compare_add,
-                    swap: w.swap,
+                Header { len: body as u32, kind: wire::KIND_BATCH, count: wrs.len() as u16, wr_id }.put(&mut c.out);
+                for w in wrs {
+                    WrDesc {
+                        op: w.op as u8,
+                        rkey: w.rkey,
+                        remote: w.remote.offset(),
+                        len: w.len,
+                        compare_add: w.compare_add,
+                        swap: w.swap,
+                    }
+                    .put(&mut c.out);
+                    if w.op == Opcode::Write {
+                        // SAFETY: validated range of the batch's slot, not
+                        // written while the batch is in flight.
+                        c.out.extend_from_slice(unsafe { local.bytes(w.local_off, w.len) });
+                    }
                 }
-                .put(&mut c.out);
-                if w.op == Opcode::Write {
-                    // SAFETY: validated range of the batch's slot, not
-                    // written while the batch is in flight.
-                    c.out.extend_from_slice(unsafe { local.bytes(w.local_off, w.len) });
+                c.sq.extend(wrs.iter().copied());
+                c.batches.push_back((wr_id, wrs.len() as u16, me));
+                // Sent by the next `poll`, together with the other frames of this
+                // executor round; a frame too large to wait goes now.
+                if c.out.len() >= SEND_NOW {
+                    if let Err(e) = c.flush() {
+                        c.fail(format!("sending: {e}"), me, nic, failed);
+                    }
                 }
-            }
-            c.sq.extend(wrs.iter().copied());
-            c.batches.push_back((wr_id, wrs.len() as u16, me));
-            // Sent by the next `poll`, together with the other frames of this
-            // executor round; a frame too large to wait goes now.
-            if c.out.len() >= SEND_NOW {
-                if let Err(e) = c.flush() {
-                    c.fail(format!("sending: {e}"), me, nic, failed);
-                }
-            }
+            })
         });
         Ok(())
     }
@@ -460,39 +416,22 @@ impl Endpoint for TcpEndpoint {
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
         out.append(&mut self.failed);
-        for c in &mut self.conns {
-            match c {
-                ConnRef::Own(c) => c.progress(self.id, &self.local, &self.nic, out),
-                ConnRef::Shared(c) => {
-                    // Another sharer is receiving: our completions arrive
-                    // in the inbox.
-                    if let Ok(mut c) = c.try_lock() {
-                        c.progress(self.id, &self.local, &self.nic, out);
-                    }
-                }
-            }
+        let SoftPort { id, local, nic, qps, .. } = &mut self.port;
+        for c in qps.iter_mut() {
+            c.try_with(|c| c.progress(*id, local, nic, out));
         }
-        if self.shared_cq {
-            self.nic.through_shared_cq(self.id, out, before);
-        }
-        if self.has_shared {
-            softnic::drain_inbox(&self.inbox, out);
-        }
+        self.port.finish_poll(out, before);
         out.len() - before
     }
 
     fn idle(&mut self) {
         self.fds.clear();
-        for c in &self.conns {
-            let (fd, waiting, sending) = match c {
-                ConnRef::Own(c) => {
-                    (c.stream.as_raw_fd(), c.broken.is_none() && !c.batches.is_empty(), !c.out.is_empty())
-                }
-                ConnRef::Shared(c) => match c.try_lock() {
-                    Ok(c) => (c.stream.as_raw_fd(), c.broken.is_none() && !c.batches.is_empty(), !c.out.is_empty()),
-                    // Someone else is receiving on it right now: do not block.
-                    Err(_) => return,
-                },
+        for c in &mut self.port.qps {
+            // A shared connection someone else is receiving on: do not block.
+            let Some((fd, waiting, sending)) =
+                c.try_with(|c| (c.stream.as_raw_fd(), c.broken.is_none() && !c.batches.is_empty(), !c.out.is_empty()))
+            else {
+                return;
             };
             if waiting {
                 let events = libc::POLLIN | if sending { libc::POLLOUT } else { 0 };
@@ -502,39 +441,34 @@ impl Endpoint for TcpEndpoint {
         if self.fds.is_empty() {
             return;
         }
-        // A shared QP's response may be received by another thread: wait
-        // briefly then, so its delivery to our inbox is noticed soon.
-        let timeout = if self.has_shared { 0 } else { 1 };
+        // A shared QP's response may be received by another thread: then do
+        // not sleep, so its delivery to our inbox is noticed at once.
+        let timeout = if self.port.uses_inbox { 0 } else { 1 };
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs whose
-        // descriptors stay open for the call (owned by `self.conns`).
+        // descriptors stay open for the call (owned by the connections).
         unsafe { libc::poll(self.fds.as_mut_ptr(), self.fds.len() as libc::nfds_t, timeout) };
     }
 
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
-        let nconn = self.conns.len();
-        let conn = self.conns.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, nconn))?;
-        let mut guard;
-        let c = match conn {
-            ConnRef::Own(c) => c,
-            ConnRef::Shared(c) => {
-                guard = softnic::lock(c);
-                &mut *guard
+        let (me, nic) = (self.port.id, self.port.nic.clone());
+        let failed = &mut self.failed;
+        let conn = self.port.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, self.port.slots.len()))?;
+        conn.with(|c| {
+            if !c.batches.is_empty() {
+                return Err(Error::QpBusy(qp));
             }
-        };
-        if !c.batches.is_empty() {
-            return Err(Error::QpBusy(qp));
-        }
-        if let Some(reason) = &c.broken {
-            return Err(Error::Handshake {
-                peer: c.peer.clone(),
-                reason: format!("connection lost ({reason}); reconnect"),
-            });
-        }
-        Header { len: 0, kind: wire::KIND_RESET, count: 0, wr_id: RESET_WR_ID }.put(&mut c.out);
-        c.batches.push_back((RESET_WR_ID, 0, self.id));
-        if let Err(e) = c.flush() {
-            c.fail(format!("sending: {e}"), self.id, &self.nic, &mut self.failed);
-        }
-        Ok(())
+            if let Some(reason) = &c.broken {
+                return Err(Error::Handshake {
+                    peer: c.peer.clone(),
+                    reason: format!("connection lost ({reason}); reconnect"),
+                });
+            }
+            Header { len: 0, kind: wire::KIND_RESET, count: 0, wr_id: RESET_WR_ID }.put(&mut c.out);
+            c.batches.push_back((RESET_WR_ID, 0, me));
+            if let Err(e) = c.flush() {
+                c.fail(format!("sending: {e}"), me, &nic, failed);
+            }
+            Ok(())
+        })
     }
 }
