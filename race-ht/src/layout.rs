@@ -1,0 +1,177 @@
+//! Remote layout of the table (APPS.md §1), declared once.
+//!
+//! ```text
+//! directory  [magic u64][global depth u64][groups per subtable u64][0 u64]
+//!            then 2^GD entries: the subtable's GlobalAddr (u64)
+//! subtable   groups × [main0 | overflow | main1], 64-byte buckets
+//! bucket     [local depth u32][suffix u32] + 7 slots of 8 bytes
+//! slot       fp:8 | len:8 (KV block length in 64-byte units) | blade:8 | offset:40
+//! KV block   [key len u32][value len u32][key][value][pad][crc32 u32], a
+//!            multiple of 64 bytes; the CRC covers everything before it
+//! ```
+//! A *combined bucket* is a main bucket and the overflow bucket it shares:
+//! main index `i` lives in group `i / 2`; even `i` reads buckets `[+0, +1]`
+//! of the group, odd `i` reads `[+1, +2]`, one 128-byte READ either way.
+//! (Smart's code read `[+0, +1]` for both parities, leaving a third of the
+//! space unused.)
+
+use smart_core::GlobalAddr;
+
+/// Bytes per bucket.
+pub const BUCKET: u64 = 64;
+/// Slots per bucket.
+pub const SLOTS: usize = 7;
+/// Buckets per group.
+pub const GROUP_BUCKETS: u64 = 3;
+/// Bytes of a combined bucket.
+pub const COMBINED: usize = 128;
+/// Bytes of the directory header.
+pub const DIR_HEADER: u64 = 32;
+/// Directory magic ("RACEDIR1").
+pub const DIR_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR1");
+/// Bytes of a KV block's header.
+pub const KV_HEADER: usize = 8;
+/// Largest offset a slot can hold (1 TiB per blade).
+pub const MAX_OFFSET: u64 = (1 << 40) - 1;
+
+/// Offset in the subtable of main bucket `i`'s combined bucket.
+pub fn combined_offset(i: u64) -> u64 {
+    ((i / 2) * GROUP_BUCKETS + (i % 2)) * BUCKET
+}
+
+/// Bytes of a subtable of `groups` groups.
+pub fn subtable_bytes(groups: u64) -> u64 {
+    groups * GROUP_BUCKETS * BUCKET
+}
+
+/// A slot word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Slot(pub u64);
+
+impl Slot {
+    /// The empty slot.
+    pub const EMPTY: Slot = Slot(0);
+
+    /// A slot naming a KV block of `units` 64-byte units at `addr`.
+    ///
+    /// # Panics
+    /// If the block is too long (≥ 256 units) or the address does not fit.
+    pub fn new(fp: u8, units: u64, addr: GlobalAddr) -> Slot {
+        assert!((1..256).contains(&units), "KV block of {units} units");
+        assert!(addr.blade() < 256 && addr.offset() <= MAX_OFFSET, "address {addr} does not fit a slot");
+        Slot(u64::from(fp) << 56 | units << 48 | u64::from(addr.blade()) << 40 | addr.offset())
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Fingerprint.
+    pub fn fp(self) -> u8 {
+        (self.0 >> 56) as u8
+    }
+
+    /// Length of the KV block in bytes.
+    pub fn block_len(self) -> usize {
+        ((self.0 >> 48) & 0xff) as usize * 64
+    }
+
+    /// Address of the KV block.
+    pub fn addr(self) -> GlobalAddr {
+        GlobalAddr::new(((self.0 >> 40) & 0xff) as u16, self.0 & MAX_OFFSET)
+    }
+}
+
+/// Bytes of the KV block for a key and value (a multiple of 64).
+pub fn block_len(key: usize, value: usize) -> usize {
+    (KV_HEADER + key + value + 4).next_multiple_of(64)
+}
+
+/// Encodes a KV block into `out` (resized to its length).
+pub fn encode_block(key: &[u8], value: &[u8], out: &mut Vec<u8>) {
+    let len = block_len(key.len(), value.len());
+    out.clear();
+    out.resize(len, 0);
+    out[0..4].copy_from_slice(&(key.len() as u32).to_le_bytes());
+    out[4..8].copy_from_slice(&(value.len() as u32).to_le_bytes());
+    out[8..8 + key.len()].copy_from_slice(key);
+    out[8 + key.len()..8 + key.len() + value.len()].copy_from_slice(value);
+    let crc = crc32fast::hash(&out[..len - 4]);
+    out[len - 4..].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Decodes a KV block: `Some((key, value))` if its lengths fit and its CRC
+/// matches, `None` if it is torn, in flight, or garbage.
+pub fn decode_block(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    if b.len() < 64 || b.len() % 64 != 0 {
+        return None;
+    }
+    let k = u32::from_le_bytes(b[0..4].try_into().ok()?) as usize;
+    let v = u32::from_le_bytes(b[4..8].try_into().ok()?) as usize;
+    if block_len(k, v) != b.len() {
+        return None;
+    }
+    let crc = u32::from_le_bytes(b[b.len() - 4..].try_into().ok()?);
+    if crc32fast::hash(&b[..b.len() - 4]) != crc {
+        return None;
+    }
+    Some((&b[8..8 + k], &b[8 + k..8 + k + v]))
+}
+
+/// The two hashes of a key: `h1` picks the subtable, a main bucket and the
+/// fingerprint; `h2` the second main bucket.
+pub fn hashes(key: &[u8]) -> (u64, u64) {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let h1 = fmix64(h);
+    (h1, fmix64(h1 ^ 0x9e37_79b9_7f4a_7c15))
+}
+
+fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^ (k >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_pinned() {
+        assert_eq!((combined_offset(0), combined_offset(1)), (0, 64), "group 0: [0,1] and [1,2]");
+        assert_eq!((combined_offset(2), combined_offset(3)), (192, 256), "group 1");
+        assert_eq!(subtable_bytes(4), 768);
+        assert_eq!(block_len(8, 8), 64);
+        assert_eq!(block_len(8, 45), 128);
+        assert_eq!(&DIR_MAGIC.to_le_bytes(), b"RACEDIR1");
+    }
+
+    #[test]
+    fn slots_pack_and_unpack() {
+        let a = GlobalAddr::new(3, 0x12_3456_7890);
+        let s = Slot::new(0xab, 2, a);
+        assert_eq!((s.fp(), s.block_len(), s.addr()), (0xab, 128, a));
+        assert!(!s.is_empty() && Slot::EMPTY.is_empty());
+    }
+
+    #[test]
+    fn blocks_round_trip_and_reject_tears() {
+        let mut b = Vec::new();
+        encode_block(b"key", b"value", &mut b);
+        assert_eq!(decode_block(&b), Some((&b"key"[..], &b"value"[..])));
+        let mut torn = b.clone();
+        torn[9] ^= 1;
+        assert_eq!(decode_block(&torn), None, "a torn block fails its CRC");
+        assert_eq!(decode_block(&[0u8; 64]), None, "an unwritten block is not valid");
+        let (a1, a2) = hashes(b"k1");
+        assert_ne!(a1, a2);
+        assert_ne!(hashes(b"k1"), hashes(b"k2"));
+    }
+}

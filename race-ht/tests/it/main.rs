@@ -1,0 +1,252 @@
+//! race-ht against an oracle and under concurrency (one test binary).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use race_ht::{RaceConfig, RaceHt};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use smart_core::driver::{self, RunConfig};
+use smart_core::smart::SmartConfig;
+use smart_core::{ChaosConfig, EmbeddedTransport, Runtime, RuntimeConfig, Transport};
+
+fn small() -> RaceConfig {
+    RaceConfig { depth: 2, groups: 16, grace: Duration::from_millis(1) }
+}
+
+#[test]
+fn random_operations_match_a_hashmap() {
+    let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "oracle", small()).await.unwrap();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut rng = SmallRng::seed_from_u64(11);
+        let mut out = Vec::new();
+        for i in 0..20_000u32 {
+            // Keys and values of varying lengths, including multi-block ones.
+            let key = format!("key-{}", rng.random_range(0..300u32)).into_bytes();
+            let vlen = [8, 40, 100, 300][rng.random_range(0..4)];
+            let value: Vec<u8> = (0..vlen).map(|j| (i as usize * 7 + j) as u8).collect();
+            let present = model.contains_key(&key);
+            match rng.random_range(0..5) {
+                0 => {
+                    assert_eq!(ht.insert(&key, &value).await.unwrap(), !present, "insert {i}");
+                    model.entry(key).or_insert(value);
+                }
+                1 => {
+                    assert_eq!(ht.update(&key, &value).await.unwrap(), present, "update {i}");
+                    if present {
+                        model.insert(key, value);
+                    }
+                }
+                2 => {
+                    ht.upsert(&key, &value).await.unwrap();
+                    model.insert(key, value);
+                }
+                3 => assert_eq!(ht.delete(&key).await.unwrap(), model.remove(&key).is_some(), "delete {i}"),
+                _ => {
+                    let found = ht.get(&key, &mut out).await.unwrap();
+                    assert_eq!(found.then_some(&out), model.get(&key), "get {i}");
+                }
+            }
+        }
+        for (k, v) in &model {
+            assert!(ht.get(k, &mut out).await.unwrap());
+            assert_eq!(&out, v);
+        }
+    });
+}
+
+/// Value of `key` at `version`: both encoded, then padding.
+fn value(key: u64, version: u64) -> [u8; 24] {
+    let mut v = [0xee; 24];
+    v[..8].copy_from_slice(&key.to_le_bytes());
+    v[8..16].copy_from_slice(&version.to_le_bytes());
+    v
+}
+
+#[test]
+fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
+    // Keys 0..64 are inserted first and only updated (never deleted): they
+    // must all be present at the end. Keys 64..128 are inserted, updated
+    // and deleted concurrently. Every value read must carry its own key,
+    // and no key may end up in two slots.
+    let t = EmbeddedTransport::new(2, 64 << 20).unwrap().with_chaos(ChaosConfig::new(5));
+    let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = setup.ctx();
+    setup.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "stress", small()).await.unwrap();
+        for k in 0..64u64 {
+            assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap());
+        }
+    });
+    let bad: Arc<Mutex<Vec<String>>> = Arc::default();
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    for smart in ["none", "conflict-avoid"] {
+        let cfg = RunConfig {
+            threads: 3,
+            coroutines: 6,
+            duration: Duration::from_secs(60),
+            warmup: Duration::ZERO,
+            runtime: RuntimeConfig { smart: SmartConfig::parse(smart).unwrap(), ..RuntimeConfig::default() },
+            progress: false,
+        };
+        let r = driver::run(&t, &cfg, |w| {
+            let (bad, done) = (bad.clone(), done.clone());
+            async move {
+                let mut ht =
+                    RaceHt::open(w.ctx(), "stress").await.map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
+                let mut rng = SmallRng::seed_from_u64((w.thread() * 100 + w.coroutine()) as u64);
+                let mut out = Vec::new();
+                for i in 0..300u64 {
+                    let k = rng.random_range(0..128u64);
+                    let key = k.to_le_bytes();
+                    let v = value(k, i + 1);
+                    let res = match rng.random_range(0..4) {
+                        0 => ht.update(&key, &v).await.map(drop),
+                        1 if k >= 64 => ht.insert(&key, &v).await.map(drop),
+                        2 if k >= 64 => ht.delete(&key).await.map(drop),
+                        _ => ht.get(&key, &mut out).await.map(|found| {
+                            if found && out[..8] != key {
+                                bad.lock().unwrap().push(format!("key {k} read a value of key {:?}", &out[..8]));
+                            }
+                            if !found && k < 64 {
+                                bad.lock().unwrap().push(format!("key {k} missing during the run"));
+                            }
+                        }),
+                    };
+                    res.map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(())
+            }
+        })
+        .unwrap();
+        assert_eq!(r.errors, 0, "{smart}: {:?}", r.first_error);
+    }
+    assert_eq!(done.load(std::sync::atomic::Ordering::Relaxed), 2 * 3 * 6 * 300, "every operation completed");
+    let bad = bad.lock().unwrap();
+    assert!(bad.is_empty(), "{} violations, first: {:?}", bad.len(), bad.first());
+    // Afterwards: all stable keys present with their own key inside, and no
+    // key in two slots (scan every bucket of every subtable).
+    let mut check = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = check.ctx();
+    check.block_on(async move {
+        let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();
+        let mut out = Vec::new();
+        for k in 0..64u64 {
+            assert!(ht.get(&k.to_le_bytes(), &mut out).await.unwrap(), "stable key {k} lost");
+            assert_eq!(out[..8], k.to_le_bytes());
+        }
+        let keys = race_ht_scan(&ctx).await;
+        let mut seen = HashSet::new();
+        for k in &keys {
+            assert!(seen.insert(*k), "key {k} is in two slots");
+        }
+        assert!((0..64).all(|k| seen.contains(&k)));
+    });
+}
+
+#[test]
+fn racing_inserts_of_one_key_leave_one_slot() {
+    // 4 threads × 8 coroutines insert the same 40 fresh keys at once, each
+    // with its own value; afterwards every key is in exactly one slot and
+    // reads return one of the inserted values.
+    let t = EmbeddedTransport::new(1, 64 << 20).unwrap().with_chaos(ChaosConfig::new(9));
+    let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = setup.ctx();
+    setup.block_on(async move {
+        RaceHt::create(&ctx, "stress", small()).await.unwrap();
+    });
+    let wins = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let cfg = RunConfig {
+        threads: 4,
+        coroutines: 8,
+        duration: Duration::from_secs(60),
+        warmup: Duration::ZERO,
+        runtime: RuntimeConfig::default(),
+        progress: false,
+    };
+    let r = driver::run(&t, &cfg, |w| {
+        let wins = wins.clone();
+        async move {
+            let mut ht =
+                RaceHt::open(w.ctx(), "stress").await.map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
+            let me = (w.thread() * 8 + w.coroutine()) as u64;
+            for k in 0..40u64 {
+                let ok = ht
+                    .insert(&k.to_le_bytes(), &value(k, me))
+                    .await
+                    .map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
+                wins.fetch_add(u64::from(ok), std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    })
+    .unwrap();
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    // At least one insert per key succeeded; races may let several "win".
+    assert!(wins.load(std::sync::atomic::Ordering::Relaxed) >= 40);
+    let mut check = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = check.ctx();
+    check.block_on(async move {
+        let mut keys = race_ht_scan(&ctx).await;
+        keys.sort_unstable();
+        assert_eq!(keys, (0..40).collect::<Vec<u64>>(), "each key in exactly one slot");
+        let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();
+        let mut out = Vec::new();
+        for k in 0..40u64 {
+            assert!(ht.get(&k.to_le_bytes(), &mut out).await.unwrap());
+            assert_eq!(out[..8], k.to_le_bytes());
+            assert!(u64::from_le_bytes(out[8..16].try_into().unwrap()) < 32);
+        }
+    });
+}
+
+/// Every key stored in table "stress", by reading all of its buckets.
+async fn race_ht_scan(ctx: &smart_core::Ctx) -> Vec<u64> {
+    use race_ht::layout::{decode_block, Slot, BUCKET, DIR_HEADER, GROUP_BUCKETS, SLOTS};
+    let dir = ctx.root(0, "race-ht:stress").await.unwrap().unwrap();
+    let cfg = small();
+    let mut keys = Vec::new();
+    for s in 0..(1u64 << cfg.depth) {
+        let sub = smart_core::GlobalAddr::from_raw(ctx.read_u64(dir.add(DIR_HEADER + 8 * s)).await.unwrap());
+        for b in 0..cfg.groups * GROUP_BUCKETS {
+            let mut bucket = [0u8; 64];
+            ctx.read(sub.add(b * BUCKET), &mut bucket).await.unwrap();
+            for i in 0..SLOTS {
+                let slot = Slot(u64::from_le_bytes(bucket[8 + 8 * i..16 + 8 * i].try_into().unwrap()));
+                if !slot.is_empty() {
+                    let mut blk = vec![0u8; slot.block_len()];
+                    ctx.read(slot.addr(), &mut blk).await.unwrap();
+                    let (k, _) = decode_block(&blk).expect("a published block decodes");
+                    keys.push(u64::from_le_bytes(k.try_into().unwrap()));
+                }
+            }
+        }
+    }
+    keys
+}
+
+#[test]
+fn a_second_client_opens_the_same_table() {
+    let t: Arc<dyn Transport> = Arc::new(EmbeddedTransport::new(1, 16 << 20).unwrap());
+    let mut a = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = a.ctx();
+    a.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "shared", small()).await.unwrap();
+        ht.insert(b"x", b"1").await.unwrap();
+    });
+    let mut b = Runtime::new(&*t, 1, RuntimeConfig::default()).unwrap();
+    let ctx = b.ctx();
+    b.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "shared", small()).await.unwrap(); // exists: opens it
+        let mut out = Vec::new();
+        assert!(ht.get(b"x", &mut out).await.unwrap());
+        assert_eq!(out, b"1");
+        assert!(RaceHt::open(&ctx, "missing").await.is_err());
+    });
+}

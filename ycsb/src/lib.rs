@@ -1,0 +1,218 @@
+//! # ycsb
+//!
+//! The YCSB workloads as the Smart paper uses them (SPEC.md §4, APPS.md §4):
+//! a key space `0..N`, requests drawn from a **scrambled Zipfian**
+//! distribution (Gray et al., as in YCSB's `ScrambledZipfianGenerator`, so
+//! hot keys are spread over the key space) or uniformly, and the standard
+//! operation mixes.
+//!
+//! ```
+//! use ycsb::{KeyChooser, Workload, Op};
+//! use rand::SeedableRng;
+//! let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+//! let keys = KeyChooser::zipfian(1000, 0.99);
+//! let k = keys.next(&mut rng);
+//! assert!(k < 1000);
+//! let w = Workload::parse("a").unwrap();
+//! assert!(matches!(w.next_op(&mut rng), Op::Read | Op::Update));
+//! ```
+
+use rand::Rng;
+
+/// Gray et al.'s Zipfian generator over `0..n` with exponent `theta`
+/// ("Quickly generating billion-record synthetic databases", SIGMOD '94),
+/// the algorithm of YCSB's `ZipfianGenerator`: rank 0 is the most popular.
+#[derive(Clone, Debug)]
+pub struct Zipfian {
+    n: u64,
+    theta: f64,
+    alpha: f64,
+    zetan: f64,
+    eta: f64,
+}
+
+fn zeta(n: u64, theta: f64) -> f64 {
+    (1..=n).map(|i| 1.0 / (i as f64).powf(theta)).sum()
+}
+
+impl Zipfian {
+    /// A generator over `0..n`.
+    ///
+    /// # Panics
+    /// If `n` is 0 or `theta` is not in (0, 1) ∪ (1, ∞).
+    pub fn new(n: u64, theta: f64) -> Zipfian {
+        assert!(n > 0, "Zipfian over an empty range");
+        assert!(theta > 0.0 && (theta - 1.0).abs() > 1e-9, "theta must be > 0 and not 1");
+        let zetan = zeta(n, theta);
+        let zeta2 = zeta(2.min(n), theta);
+        let alpha = 1.0 / (1.0 - theta);
+        let eta = (1.0 - (2.0 / n as f64).powf(1.0 - theta)) / (1.0 - zeta2 / zetan);
+        Zipfian { n, theta, alpha, zetan, eta }
+    }
+
+    /// The next rank (0 = most popular).
+    pub fn next(&self, rng: &mut impl Rng) -> u64 {
+        let u: f64 = rng.random();
+        let uz = u * self.zetan;
+        if uz < 1.0 {
+            return 0;
+        }
+        if uz < 1.0 + 0.5f64.powf(self.theta) {
+            return 1.min(self.n - 1);
+        }
+        let r = (self.n as f64 * (self.eta * u - self.eta + 1.0).powf(self.alpha)) as u64;
+        r.min(self.n - 1)
+    }
+}
+
+/// FNV-1a over the 8 bytes of `v` (YCSB's `fnvhash64`), to scramble ranks.
+pub fn fnv64(v: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in v.to_le_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// How request keys are chosen.
+#[derive(Clone, Debug)]
+pub enum KeyChooser {
+    /// Uniform over `0..n`.
+    Uniform(u64),
+    /// Scrambled Zipfian over `0..n`: a Zipfian rank, hashed over the space.
+    Zipfian(Zipfian),
+}
+
+impl KeyChooser {
+    /// Scrambled Zipfian over `0..n` with exponent `theta`.
+    pub fn zipfian(n: u64, theta: f64) -> KeyChooser {
+        KeyChooser::Zipfian(Zipfian::new(n, theta))
+    }
+
+    /// The next key.
+    pub fn next(&self, rng: &mut impl Rng) -> u64 {
+        match self {
+            KeyChooser::Uniform(n) => rng.random_range(0..*n),
+            KeyChooser::Zipfian(z) => fnv64(z.next(rng)) % z.n,
+        }
+    }
+}
+
+/// One request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Read a key.
+    Read,
+    /// Overwrite a key's value.
+    Update,
+    /// Insert a new key.
+    Insert,
+    /// Scan a short range from a key.
+    Scan,
+    /// Read, then write back a modified value.
+    ReadModifyWrite,
+}
+
+/// An operation mix (fractions sum to 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Workload {
+    /// Its name (`a` … `f`, `update-only`).
+    pub name: &'static str,
+    /// Fractions of read, update, insert, scan, read-modify-write.
+    pub mix: [f64; 5],
+}
+
+impl Workload {
+    /// `a` (50/50 read/update; alias write-heavy), `b` (95/5; read-heavy),
+    /// `c` (100 read; read-only), `d` (95/5 read/insert), `e` (95/5
+    /// scan/insert), `f` (50/50 read/read-modify-write), `update-only`.
+    ///
+    /// # Errors
+    /// Names the known workloads.
+    pub fn parse(s: &str) -> Result<Workload, String> {
+        let (name, mix) = match s {
+            "a" | "write-heavy" => ("a", [0.5, 0.5, 0.0, 0.0, 0.0]),
+            "b" | "read-heavy" => ("b", [0.95, 0.05, 0.0, 0.0, 0.0]),
+            "c" | "read-only" => ("c", [1.0, 0.0, 0.0, 0.0, 0.0]),
+            "d" => ("d", [0.95, 0.0, 0.05, 0.0, 0.0]),
+            "e" => ("e", [0.0, 0.0, 0.05, 0.95, 0.0]),
+            "f" => ("f", [0.5, 0.0, 0.0, 0.0, 0.5]),
+            "update-only" => ("update-only", [0.0, 1.0, 0.0, 0.0, 0.0]),
+            other => return Err(format!(
+                "unknown workload {other:?}: use a, b, c, d, e, f, update-only (or write-heavy, read-heavy, read-only)"
+            )),
+        };
+        Ok(Workload { name, mix })
+    }
+
+    /// Draws the next operation.
+    pub fn next_op(&self, rng: &mut impl Rng) -> Op {
+        let mut u: f64 = rng.random();
+        for (op, p) in [Op::Read, Op::Update, Op::Insert, Op::Scan, Op::ReadModifyWrite].into_iter().zip(self.mix) {
+            if u < p {
+                return op;
+            }
+            u -= p;
+        }
+        Op::Read
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+
+    #[test]
+    fn zipfian_is_skewed_like_theta_099() {
+        let z = Zipfian::new(10_000, 0.99);
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut counts = vec![0u64; 10_000];
+        let n = 200_000;
+        for _ in 0..n {
+            counts[z.next(&mut rng) as usize] += 1;
+        }
+        // P(rank 0) = 1 / zeta(n, θ); about 10% for n = 10^4, θ = 0.99.
+        let p0 = counts[0] as f64 / n as f64;
+        let expect = 1.0 / zeta(10_000, 0.99);
+        assert!((p0 - expect).abs() < 0.01, "p0 {p0} vs {expect}");
+        // Rank 1 about half as popular as rank 0 (1/2^θ).
+        let ratio = counts[1] as f64 / counts[0] as f64;
+        assert!((ratio - 0.5f64.powf(0.99)).abs() < 0.05, "{ratio}");
+        // The top 1% of ranks take roughly half of the requests.
+        let top: u64 = counts[..100].iter().sum();
+        assert!(top as f64 / n as f64 > 0.4, "{top}");
+    }
+
+    #[test]
+    fn scrambling_spreads_hot_keys_and_stays_in_range() {
+        let k = KeyChooser::zipfian(1_000_000, 0.99);
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut hot = std::collections::HashMap::new();
+        for _ in 0..100_000 {
+            let key = k.next(&mut rng);
+            assert!(key < 1_000_000);
+            *hot.entry(key).or_insert(0u32) += 1;
+        }
+        let mut top: Vec<_> = hot.into_iter().collect();
+        top.sort_by_key(|e| std::cmp::Reverse(e.1));
+        // The hottest keys are not the smallest ones (scrambled).
+        assert!(top[..10].iter().any(|(k, _)| *k > 1000), "{:?}", &top[..10]);
+        let u = KeyChooser::Uniform(10);
+        assert!((0..1000).all(|_| u.next(&mut rng) < 10));
+    }
+
+    #[test]
+    fn mixes_follow_their_fractions() {
+        let mut rng = SmallRng::seed_from_u64(3);
+        let a = Workload::parse("write-heavy").unwrap();
+        let updates = (0..100_000).filter(|_| a.next_op(&mut rng) == Op::Update).count();
+        assert!((updates as f64 / 100_000.0 - 0.5).abs() < 0.01);
+        let c = Workload::parse("read-only").unwrap();
+        assert!((0..1000).all(|_| c.next_op(&mut rng) == Op::Read));
+        assert_eq!(Workload::parse("update-only").unwrap().mix[1], 1.0);
+        assert!(Workload::parse("z").unwrap_err().contains("unknown workload"));
+    }
+}
