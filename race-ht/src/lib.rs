@@ -27,10 +27,15 @@
 //! last-writer-wins (the survivor may be the other insert's value), and an
 //! update racing with the removal of a duplicate can be lost.
 //!
-//! **Reuse (ABA).** A replaced or deleted block is recycled only after a
-//! grace period ([`RaceConfig::grace`], default 1 s), longer than any
-//! in-flight operation, so a stale CAS can never succeed against a reused
-//! address with the same fingerprint and length.
+//! **Reuse (ABA).** A replaced or deleted block is recycled by the thread
+//! that retired it only after a grace period ([`RaceConfig::grace`],
+//! default [`DEFAULT_GRACE`] = 100 ms), far longer than an operation, so a
+//! stale CAS cannot succeed against a reused address with the same
+//! fingerprint and length. Memory under a long update-heavy run is bounded
+//! by about update rate × grace × block size per thread. The argument is
+//! timing-based, not a proof: an operation stalled longer than the grace
+//! (e.g. a thread descheduled for 100 ms mid-CAS) could still hit ABA.
+//! Epoch-based reclamation would close that; it is not built.
 //!
 //! **Not built yet:** online resizing (the directory has a fixed global
 //! depth, chosen at creation; a full pair of buckets returns
@@ -40,7 +45,7 @@
 pub mod layout;
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -84,7 +89,7 @@ impl RaceConfig {
         // 3 buckets × 7 slots per group; aim for 2× headroom.
         let groups_total = (keys * 2).div_ceil(21).max(16);
         let depth = (groups_total / 4096).next_power_of_two().trailing_zeros().min(12);
-        RaceConfig { depth, groups: groups_total.div_ceil(1 << depth).max(4), grace: Duration::from_secs(1) }
+        RaceConfig { depth, groups: groups_total.div_ceil(1 << depth).max(4), grace: DEFAULT_GRACE }
     }
 }
 
@@ -104,15 +109,22 @@ struct Place {
     fp: u8,
 }
 
+/// Default grace period before a retired KV block is reused: orders of
+/// magnitude longer than an operation (microseconds to a few milliseconds
+/// with backoff), short enough that memory stays bounded at about
+/// update rate × grace × block size per thread.
+pub const DEFAULT_GRACE: Duration = Duration::from_millis(100);
+
 /// Most fingerprint-matching blocks read in one doorbell.
 const READ_CHUNK: usize = 12;
 /// Re-reads of a torn KV block before giving up.
 const TORN_RETRIES: usize = 16;
 
-/// Blocks retired by this thread, reusable after the grace period.
+/// Blocks retired by this thread, reusable after the grace period: one
+/// FIFO per (blade, block length), oldest first.
 #[derive(Debug, Default)]
 struct Recycler {
-    queue: VecDeque<(Instant, GlobalAddr, usize)>,
+    queues: HashMap<(u16, usize), VecDeque<(Instant, GlobalAddr)>>,
 }
 
 /// A handle on a table for one coroutine (cheap to clone; clones share the
@@ -221,7 +233,7 @@ impl RaceHt {
             ctx: ctx.clone(),
             dir: Rc::new(Directory { depth, groups, subtables }),
             recycler: Rc::default(),
-            grace: Duration::from_secs(1),
+            grace: DEFAULT_GRACE,
             block: Vec::new(),
             found: Vec::new(),
         })
@@ -368,12 +380,8 @@ impl RaceHt {
         let len = self.block.len();
         let reuse = {
             let mut r = self.recycler.borrow_mut();
-            match r.queue.front() {
-                Some((t, a, l)) if t.elapsed() >= self.grace && *l == len && a.blade() == blade => {
-                    let a = *a;
-                    r.queue.pop_front();
-                    Some(a)
-                }
+            match r.queues.get_mut(&(blade, len)) {
+                Some(q) if q.front().is_some_and(|(t, _)| t.elapsed() >= self.grace) => q.pop_front().map(|(_, a)| a),
                 _ => None,
             }
         };
@@ -385,7 +393,8 @@ impl RaceHt {
     }
 
     fn retire(&self, s: Slot) {
-        self.recycler.borrow_mut().queue.push_back((Instant::now(), s.addr(), s.block_len()));
+        let key = (s.addr().blade(), s.block_len());
+        self.recycler.borrow_mut().queues.entry(key).or_default().push_back((Instant::now(), s.addr()));
     }
 
     /// Inserts `key` if absent. Returns `false` (and changes nothing) if it

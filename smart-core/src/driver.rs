@@ -138,6 +138,11 @@ impl Worker {
         self.coroutine
     }
 
+    /// Coroutines per thread in this run.
+    pub fn coroutines(&self) -> usize {
+        self.ctx.config().coroutines
+    }
+
     /// Whether the run goes on (false once the measured time is over).
     #[inline]
     pub fn running(&self) -> bool {

@@ -26,6 +26,48 @@ struct Cli {
 enum Cmd {
     /// Verbs micro-benchmark: READ, WRITE, CAS or FAA as fast as possible.
     Micro(MicroArgs),
+    /// YCSB over a disaggregated index (the RACE hash table).
+    Ycsb(YcsbArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum AppArg {
+    Race,
+    Sherman,
+}
+
+#[derive(Args, Debug)]
+struct YcsbArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The index.
+    #[arg(long, value_enum, default_value_t = AppArg::Race)]
+    app: AppArg,
+    /// a, b, c, d, e, f, update-only (or write-heavy, read-heavy, read-only).
+    #[arg(long, default_value = "a")]
+    workload: String,
+    /// Keys loaded before the run.
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Zipfian exponent of the request distribution.
+    #[arg(long, default_value_t = 0.99, conflicts_with = "uniform")]
+    zipf: f64,
+    /// Uniform requests instead of Zipfian.
+    #[arg(long)]
+    uniform: bool,
+    /// Key bytes (≥ 8).
+    #[arg(long, default_value_t = 8)]
+    key_size: usize,
+    /// Value bytes (≥ 16).
+    #[arg(long, default_value_t = 16)]
+    value_size: usize,
+    /// Check every value read and read every key back after the run.
+    #[arg(long)]
+    verify: bool,
+    /// Keys the hash table is sized for (it does not resize yet);
+    /// default 2 × keys + 100000.
+    #[arg(long)]
+    capacity: Option<u64>,
 }
 
 /// Options every subcommand takes.
@@ -266,10 +308,53 @@ fn micro_cmd(a: &MicroArgs) -> Result<bool> {
     Ok(rep.violations == 0 && rep.run.first_error.is_none())
 }
 
+fn ycsb_cmd(a: &YcsbArgs) -> Result<bool> {
+    if let AppArg::Sherman = a.app {
+        bail!("--app sherman: the Sherman B+tree is not built yet; use --app race");
+    }
+    let workload = ycsb::Workload::parse(&a.workload).map_err(anyhow::Error::msg)?;
+    let zipf_ok = a.zipf > 0.0 && (a.zipf - 1.0).abs() > 1e-9 && a.zipf.is_finite();
+    if !a.uniform && !zipf_ok {
+        bail!("--zipf must be a positive number other than 1 (the paper uses 0.99)");
+    }
+    if a.keys == 0 {
+        bail!("--keys must be at least 1");
+    }
+    let s = resolve(&a.common)?;
+    let chooser = if a.uniform { ycsb::KeyChooser::Uniform(a.keys) } else { ycsb::KeyChooser::zipfian(a.keys, a.zipf) };
+    let y = ycsb::driver::YcsbConfig {
+        keys: a.keys,
+        workload,
+        chooser,
+        key_size: a.key_size,
+        value_size: a.value_size,
+        verify: a.verify,
+        capacity: a.capacity.unwrap_or(2 * a.keys + 100_000),
+    };
+    let rep = ycsb::driver::run_race(&*s.transport, &s.run, &y)?;
+    let extra = json!({
+        "keys": a.keys,
+        "distribution": if a.uniform { "uniform".to_string() } else { format!("zipf-{}", a.zipf) },
+        "key_size": a.key_size,
+        "value_size": a.value_size,
+        "load_s": rep.load_s,
+        "verify": a.verify,
+        "violations": rep.violations,
+        "capacity": y.capacity,
+    });
+    let rec = record("ycsb", "race", workload.name, &s, &rep.run, extra)?;
+    finish(&a.common, &rec, &rep.run)?;
+    if rep.violations > 0 {
+        eprintln!("compute-blade: VIOLATION: {} values were wrong or lost", rep.violations);
+    }
+    Ok(rep.violations == 0 && rep.run.first_error.is_none())
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let ok = match &cli.cmd {
         Cmd::Micro(a) => micro_cmd(a)?,
+        Cmd::Ycsb(a) => ycsb_cmd(a)?,
     };
     if !ok {
         std::process::exit(1);

@@ -279,3 +279,32 @@ fn verbs_without_a_device_or_feature_fails_fast_naming_the_alternatives() {
     assert!(err.contains(expect) && err.contains("embedded"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
 }
+
+#[test]
+fn ycsb_over_the_hash_table_verifies_on_embedded_and_tcp() {
+    let blade = Blade::start(&["--size", "256MiB"]);
+    for (backend, extra) in [("embedded", vec![]), ("tcp", vec!["--blades", blade.addr.as_str()])] {
+        for workload in ["a", "update-only"] {
+            let json = tmp(&format!("ycsb-{backend}-{workload}.json"));
+            let mut a = vec!["ycsb", "--app", "race", "--workload", workload, "--keys", "5000", "--verify"];
+            a.extend(["--threads", "2", "--coroutines", "4", "--duration", "0.5", "--warmup", "0.1", "--quiet"]);
+            a.extend(["--smart", "conflict-avoid", "--json", json.to_str().unwrap()]);
+            a.extend(extra.iter().copied());
+            let out = compute(&a);
+            assert!(out.status.success(), "{backend} {workload}: {}", String::from_utf8_lossy(&out.stderr));
+            let r = record(&json);
+            assert_eq!(
+                (r["bench"].as_str(), r["app"].as_str(), r["workload"].as_str()),
+                (Some("ycsb"), Some("race"), Some(workload))
+            );
+            assert_eq!(r["transport"], backend);
+            assert_eq!(r["violations"], 0);
+            assert!(r["ops"].as_u64().unwrap() > 0);
+            std::fs::remove_file(json).unwrap();
+        }
+    }
+    let out = compute(&["ycsb", "--app", "sherman"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+    let out = compute(&["ycsb", "--workload", "e", "--keys", "100", "--duration", "0.1"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("range scans"));
+}

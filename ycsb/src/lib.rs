@@ -17,6 +17,8 @@
 //! assert!(matches!(w.next_op(&mut rng), Op::Read | Op::Update));
 //! ```
 
+pub mod driver;
+
 use rand::Rng;
 
 /// Gray et al.'s Zipfian generator over `0..n` with exponent `theta`
@@ -139,9 +141,11 @@ impl Workload {
             "e" => ("e", [0.0, 0.0, 0.05, 0.95, 0.0]),
             "f" => ("f", [0.5, 0.0, 0.0, 0.0, 0.5]),
             "update-only" => ("update-only", [0.0, 1.0, 0.0, 0.0, 0.0]),
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "unknown workload {other:?}: use a, b, c, d, e, f, update-only (or write-heavy, read-heavy, read-only)"
-            )),
+            ))
+            }
         };
         Ok(Workload { name, mix })
     }

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 4's benchmark: YCSB a, b, c and update-only at Zipf 0.99 over the
+# RACE hash table, 2 threads × 8 coroutines (update-only also × 16), on the
+# embedded backend and over loopback TCP, --smart all vs none. Prints
+# throughput, p50/p99, retries per op and verbs per op, and the ratios.
+# Usage: scripts/bench-ycsb.sh [SECONDS] [KEYS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-5}
+keys=${2:-200000}
+out=${OUT:-results/ycsb}
+mkdir -p "$out"
+cargo build --release --quiet
+bin=target/release
+blade_pid=
+trap '[ -n "$blade_pid" ] && kill -KILL "$blade_pid" 2>/dev/null || true' EXIT
+"$bin/memory-blade" --listen 127.0.0.1:0 --size 2GiB >"$out/blade.out" &
+blade_pid=$!
+for _ in $(seq 100); do grep -q '^ready ' "$out/blade.out" 2>/dev/null && break; sleep 0.1; done
+addr=$(awk '/^ready /{print $2}' "$out/blade.out")
+for backend in embedded tcp; do
+  for w in a b c update-only update-only-16; do
+    for smart in none all; do
+      echo "$backend $w --smart $smart" >&2
+      extra=(--blade-size 1GiB)
+      [ "$backend" = tcp ] && extra=(--blades "$addr")
+      co=8; wl=$w
+      [ "$w" = update-only-16 ] && { co=16; wl=update-only; }
+      "$bin/compute-blade" ycsb "${extra[@]}" --app race --workload "$wl" --keys "$keys" --zipf 0.99 \
+        --threads 2 --coroutines "$co" --duration "$secs" --smart "$smart" --quiet \
+        --json "$out/$backend-$w-$smart.json" >/dev/null
+    done
+  done
+done
+kill -TERM "$blade_pid"; wait "$blade_pid" || true; blade_pid=
+python3 - "$out" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+print("| backend | workload | coroutines | --smart | Mop/s | p50 us | p99 us | retries/op | verbs/op |")
+print("|---|---|---|---|---|---|---|---|---|")
+for b in ["embedded", "tcp"]:
+    for w in ["a", "b", "c", "update-only", "update-only-16"]:
+        rs = {s: json.load(open(os.path.join(d, f"{b}-{w}-{s}.json"))) for s in ["none", "all"]}
+        for s, r in rs.items():
+            l = r["latency_us"]
+            print(f"| {b} | {r['workload']} | {r['coroutines']} | {s} | {r['throughput_mops']:.3f} | {l['p50']:.1f} | {l['p99']:.1f} | {r['retries_per_op']:.3f} | {r['verbs_per_op']:.2f} |")
+        n, a = rs["none"], rs["all"]
+        fewer = n["retries_per_op"] / a["retries_per_op"] if a["retries_per_op"] > 0 else float("inf")
+        print(f"| {b} | {n['workload']} | | **all ÷ none** | **{a['throughput_mops'] / n['throughput_mops']:.2f}×** | | | **{fewer:.1f}× fewer** | |")
+PY

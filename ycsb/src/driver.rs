@@ -1,0 +1,262 @@
+//! Running YCSB against the hash table: load, timed run, verification.
+//!
+//! Keys are `0..N` as little-endian `u64`s padded to the key size. A value
+//! carries its key and a version (`[key u64][version u64]`, padded), so
+//! `--verify` can check every value read: a value of another key, a torn
+//! value or a lost key counts as a violation. After the run every key is
+//! read back.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use race_ht::{RaceConfig, RaceHt};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use smart_core::driver::{self, RunConfig, RunReport};
+use smart_core::{Error, Runtime, Transport};
+
+use crate::{KeyChooser, Op, Workload};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct YcsbConfig {
+    /// Keys loaded before the run.
+    pub keys: u64,
+    /// The operation mix.
+    pub workload: Workload,
+    /// How request keys are drawn.
+    pub chooser: KeyChooser,
+    /// Key bytes (≥ 8).
+    pub key_size: usize,
+    /// Value bytes (≥ 16).
+    pub value_size: usize,
+    /// Check every value read, and read every key back afterwards.
+    pub verify: bool,
+    /// Keys the table is sized for (loaded keys plus the run's inserts):
+    /// the table does not resize yet.
+    pub capacity: u64,
+}
+
+/// The outcome of a YCSB run.
+#[derive(Clone, Debug)]
+pub struct YcsbReport {
+    /// The timed run.
+    pub run: RunReport,
+    /// Seconds the load phase took.
+    pub load_s: f64,
+    /// Values of the wrong key, missing keys, failed updates of loaded keys.
+    pub violations: u64,
+}
+
+fn key_bytes(k: u64, size: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&k.to_le_bytes());
+    out.resize(size, 0);
+}
+
+fn value_bytes(k: u64, version: u64, size: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&k.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
+    out.resize(size, 0x5a);
+}
+
+fn holds_key(v: &[u8], k: u64) -> bool {
+    v.len() >= 16 && v[..8] == k.to_le_bytes()
+}
+
+fn wrap(e: race_ht::RaceError) -> Error {
+    match e {
+        race_ht::RaceError::Verbs(e) => e,
+        race_ht::RaceError::Full => {
+            Error::Unsupported("the hash table is full (it does not resize yet): raise --capacity".into())
+        }
+        other => Error::Unsupported(other.to_string()),
+    }
+}
+
+/// Loads `y.keys` keys in parallel, runs the workload, verifies.
+///
+/// # Errors
+/// Bad parameters, table or verb errors.
+pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> smart_core::Result<YcsbReport> {
+    if y.key_size < 8 || y.value_size < 16 {
+        return Err(Error::Unsupported("--key-size must be ≥ 8 and --value-size ≥ 16".into()));
+    }
+    if y.workload.mix[3] > 0.0 {
+        return Err(Error::Unsupported(
+            "workload e needs range scans, which a hash table does not have (use --app sherman when it exists)".into(),
+        ));
+    }
+    if y.keys == 0 {
+        return Err(Error::Unsupported("--keys must be at least 1".into()));
+    }
+    // Room for the loaded keys and the run's inserts (no resizing yet).
+    let table = RaceConfig::for_keys(y.capacity.max(y.keys));
+    let mut setup = Runtime::new(transport, 0, cfg.runtime.clone())?;
+    let ctx = setup.ctx();
+    setup.block_on(async move { RaceHt::create(&ctx, "ycsb", table).await.map(drop).map_err(wrap) })?;
+
+    // Load: coroutine i of n inserts keys i, i+n, i+2n, ...
+    let total = (cfg.threads * cfg.coroutines) as u64;
+    let violations = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    if cfg.progress {
+        eprintln!("loading {} keys", y.keys);
+    }
+    let load_cfg = RunConfig { duration: Duration::from_secs(24 * 3600), warmup: Duration::ZERO, ..cfg.clone() };
+    let load = driver::run(transport, &load_cfg, |w| {
+        let y = y.clone();
+        async move {
+            let mut ht = RaceHt::open(w.ctx(), "ycsb").await.map_err(wrap)?;
+            let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
+            let (mut kb, mut vb) = (Vec::new(), Vec::new());
+            let mut k = me;
+            while k < y.keys {
+                let t = w.now();
+                key_bytes(k, y.key_size, &mut kb);
+                value_bytes(k, 0, y.value_size, &mut vb);
+                ht.insert(&kb, &vb).await.map_err(wrap)?;
+                w.record(t, 1);
+                k += total;
+            }
+            Ok(())
+        }
+    })?;
+    if let Some(e) = load.first_error {
+        return Err(Error::Unsupported(format!("load failed: {e}")));
+    }
+    let load_s = t0.elapsed().as_secs_f64();
+    if cfg.progress {
+        eprintln!("loaded {} keys in {load_s:.1}s", y.keys);
+    }
+
+    // The timed run.
+    let run = driver::run(transport, cfg, |w| {
+        let (y, violations) = (y.clone(), violations.clone());
+        async move {
+            let mut ht = RaceHt::open(w.ctx(), "ycsb").await.map_err(wrap)?;
+            let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
+            let mut rng = SmallRng::seed_from_u64(me ^ 0x5eed);
+            let (mut kb, mut vb, mut out) = (Vec::new(), Vec::new(), Vec::new());
+            let version = Cell::new(1u64);
+            let mut next_insert = y.keys + me;
+            let bad = Rc::new(Cell::new(0u64));
+            while w.running() {
+                let t = w.now();
+                let op = y.workload.next_op(&mut rng);
+                let k = if op == Op::Insert { next_insert } else { y.chooser.next(&mut rng) };
+                key_bytes(k, y.key_size, &mut kb);
+                match op {
+                    Op::Read => {
+                        let found = ht.get(&kb, &mut out).await.map_err(wrap)?;
+                        if y.verify && (!found || !holds_key(&out, k)) {
+                            bad.set(bad.get() + 1);
+                        }
+                    }
+                    Op::Update | Op::ReadModifyWrite => {
+                        if op == Op::ReadModifyWrite {
+                            let found = ht.get(&kb, &mut out).await.map_err(wrap)?;
+                            if y.verify && (!found || !holds_key(&out, k)) {
+                                bad.set(bad.get() + 1);
+                            }
+                        }
+                        value_bytes(k, version.get(), y.value_size, &mut vb);
+                        version.set(version.get() + 1);
+                        if !ht.update(&kb, &vb).await.map_err(wrap)? && y.verify {
+                            bad.set(bad.get() + 1);
+                        }
+                    }
+                    Op::Insert => {
+                        value_bytes(k, 0, y.value_size, &mut vb);
+                        ht.insert(&kb, &vb).await.map_err(wrap)?;
+                        next_insert += total;
+                    }
+                    Op::Scan => unreachable!("refused above"),
+                }
+                w.record(t, 1);
+            }
+            violations.fetch_add(bad.get(), Ordering::Relaxed);
+            Ok(())
+        }
+    })?;
+
+    if y.verify {
+        // Every loaded key is still there and holds its own key.
+        let ctx = setup.ctx();
+        let (keys, ksz) = (y.keys, y.key_size);
+        let lost = setup.block_on(async move {
+            let mut ht = RaceHt::open(&ctx, "ycsb").await.map_err(wrap)?;
+            let (mut kb, mut out, mut lost) = (Vec::new(), Vec::new(), 0u64);
+            for k in 0..keys {
+                key_bytes(k, ksz, &mut kb);
+                if !ht.get(&kb, &mut out).await.map_err(wrap)? || !holds_key(&out, k) {
+                    lost += 1;
+                }
+            }
+            Ok::<_, Error>(lost)
+        })?;
+        violations.fetch_add(lost, Ordering::Relaxed);
+    }
+    Ok(YcsbReport { run, load_s, violations: violations.load(Ordering::Relaxed) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smart_core::{EmbeddedTransport, RuntimeConfig};
+
+    #[test]
+    fn verified_run_over_the_hash_table_has_no_violations() {
+        let t = EmbeddedTransport::new(2, 64 << 20).unwrap();
+        for w in ["a", "c", "d", "f", "update-only"] {
+            let cfg = RunConfig {
+                threads: 2,
+                coroutines: 4,
+                duration: Duration::from_millis(300),
+                warmup: Duration::from_millis(50),
+                runtime: RuntimeConfig::default(),
+                progress: false,
+            };
+            let y = YcsbConfig {
+                keys: 2000,
+                workload: Workload::parse(w).unwrap(),
+                chooser: KeyChooser::zipfian(2000, 0.99),
+                key_size: 8,
+                value_size: 16,
+                verify: true,
+                capacity: 200_000,
+            };
+            let r = run_race(&t, &cfg, &y).unwrap();
+            assert!(r.run.ops > 100, "{w}: {} ops ({:?})", r.run.ops, r.run.first_error);
+            assert_eq!(r.run.errors, 0, "{w}: {:?}", r.run.first_error);
+            assert_eq!(r.violations, 0, "{w}");
+        }
+        assert!(run_race(
+            &t,
+            &RunConfig {
+                threads: 1,
+                coroutines: 1,
+                duration: Duration::from_millis(10),
+                warmup: Duration::ZERO,
+                runtime: RuntimeConfig::default(),
+                progress: false,
+            },
+            &YcsbConfig {
+                keys: 10,
+                workload: Workload::parse("e").unwrap(),
+                chooser: KeyChooser::Uniform(10),
+                key_size: 8,
+                value_size: 16,
+                verify: false,
+                capacity: 100
+            }
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("range scans"));
+    }
+}
