@@ -152,6 +152,38 @@ impl Clone for RaceHt {
     }
 }
 
+/// Up to 28 (slot address, slot) pairs, without allocation.
+#[derive(Clone, Copy)]
+struct Matches {
+    items: [(GlobalAddr, Slot); 4 * SLOTS],
+    n: usize,
+}
+
+impl Default for Matches {
+    fn default() -> Self {
+        Matches { items: [(GlobalAddr::NULL, Slot::EMPTY); 4 * SLOTS], n: 0 }
+    }
+}
+
+impl Matches {
+    fn push(&mut self, at: GlobalAddr, s: Slot) {
+        self.items[self.n] = (at, s);
+        self.n += 1;
+    }
+
+    fn first(&self) -> Option<&(GlobalAddr, Slot)> {
+        self.items[..self.n].first()
+    }
+
+    fn rest(&self) -> &[(GlobalAddr, Slot)] {
+        &self.items[1.min(self.n)..self.n]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
 /// The 28 slots of two combined buckets, with their addresses.
 struct Snapshot {
     slots: [(GlobalAddr, Slot); 4 * SLOTS],
@@ -291,69 +323,69 @@ impl RaceHt {
 
     /// Reads the blocks of fingerprint-matching slots; returns the matches of
     /// `key` sorted by slot address (the first is the survivor), and leaves
-    /// the first match's value in `self.found`.
-    async fn matches(&mut self, key: &[u8], fp: u8, snap: &Snapshot) -> Result<Vec<(GlobalAddr, Slot)>> {
-        let mut cands: Vec<(GlobalAddr, Slot)> =
-            snap.slots.iter().copied().filter(|(_, s)| !s.is_empty() && s.fp() == fp).collect();
-        cands.sort_unstable_by_key(|(a, _)| *a);
-        cands.dedup_by_key(|(a, _)| *a);
-        let mut out = Vec::new();
+    /// the survivor's value in `self.found`. Fixed-size arrays: no
+    /// allocation per operation.
+    async fn matches(&mut self, key: &[u8], fp: u8, snap: &Snapshot) -> Result<Matches> {
+        let mut cands = Matches::default();
+        for &(at, s) in &snap.slots {
+            if !s.is_empty() && s.fp() == fp && !cands.items[..cands.n].iter().any(|(a, _)| *a == at) {
+                cands.push(at, s);
+            }
+        }
+        cands.items[..cands.n].sort_unstable_by_key(|(a, _)| *a);
+        let mut out = Matches::default();
         // The value kept is the lowest-address match's (the survivor's),
         // whatever order the blocks decode in.
         let mut found_at: Option<GlobalAddr> = None;
-        for chunk in cands.chunks(READ_CHUNK) {
-            let mut pending: Vec<(GlobalAddr, Slot)> = chunk.to_vec();
+        let mut start = 0;
+        while start < cands.n {
+            let end = (start + READ_CHUNK).min(cands.n);
+            let mut pending = Matches::default();
+            for &(a, s) in &cands.items[start..end] {
+                pending.push(a, s);
+            }
+            start = end;
             for _ in 0..TORN_RETRIES {
-                if pending.is_empty() {
+                if pending.n == 0 {
                     break;
                 }
+                let mut torn = Matches::default();
+                // Blocks live on their bucket's blade (allocated and
+                // recycled there), so one batch reads them all.
+                let blade = pending.items[0].1.addr().blade();
                 let mut b = self.ctx.batch();
-                let refs: Vec<_> = pending.iter().map(|(_, s)| b.read(s.addr(), s.block_len())).collect();
-                // Blocks may sit on other blades than the bucket: one batch per blade.
-                let mut torn = Vec::new();
-                if pending.iter().all(|(_, s)| s.addr().blade() == pending[0].1.addr().blade()) {
-                    let done = b.post().await?;
-                    for ((at, s), r) in pending.iter().zip(&refs) {
-                        match layout::decode_block(done.bytes(*r)) {
-                            Some((k, v)) => {
-                                if k == key {
-                                    if found_at.is_none_or(|f| *at < f) {
-                                        self.found.clear();
-                                        self.found.extend_from_slice(v);
-                                        found_at = Some(*at);
-                                    }
-                                    out.push((*at, *s));
-                                }
-                            }
-                            None => torn.push((*at, *s)),
-                        }
+                let mut refs = [None; READ_CHUNK];
+                for (r, &(at, s)) in refs.iter_mut().zip(&pending.items[..pending.n]) {
+                    if s.addr().blade() != blade || at.blade() != blade {
+                        return Err(RaceError::Corrupt(format!(
+                            "slot at {at} names a block on another blade: {}",
+                            s.addr()
+                        )));
                     }
-                } else {
-                    drop(b);
-                    for (at, s) in &pending {
-                        let mut buf = vec![0u8; s.block_len()];
-                        self.ctx.read(s.addr(), &mut buf).await?;
-                        match layout::decode_block(&buf) {
-                            Some((k, v)) if k == key => {
-                                if found_at.is_none_or(|f| *at < f) {
-                                    self.found.clear();
-                                    self.found.extend_from_slice(v);
-                                    found_at = Some(*at);
-                                }
-                                out.push((*at, *s));
+                    *r = Some(b.read(s.addr(), s.block_len()));
+                }
+                let done = b.post().await?;
+                for (r, &(at, s)) in refs.iter().zip(&pending.items[..pending.n]) {
+                    match layout::decode_block(done.bytes(r.expect("every pending block was read"))) {
+                        Some((k, v)) if k == key => {
+                            if found_at.is_none_or(|f| at < f) {
+                                self.found.clear();
+                                self.found.extend_from_slice(v);
+                                found_at = Some(at);
                             }
-                            Some(_) => {}
-                            None => torn.push((*at, *s)),
+                            out.push(at, s);
                         }
+                        Some(_) => {}
+                        None => torn.push(at, s),
                     }
                 }
                 pending = torn;
             }
-            if let Some((_, s)) = pending.first() {
-                return Err(RaceError::Torn(s.addr()));
+            if pending.n > 0 {
+                return Err(RaceError::Torn(pending.items[0].1.addr()));
             }
         }
-        out.sort_unstable_by_key(|(a, _)| *a);
+        out.items[..out.n].sort_unstable_by_key(|(a, _)| *a);
         Ok(out)
     }
 
@@ -456,7 +488,7 @@ impl RaceHt {
             // Re-read to find duplicates of the key; keep the lowest slot.
             let snap = self.read_buckets(&p, None).await?;
             let m = self.matches(key, p.fp, &snap).await?;
-            for &(dup_at, dup) in m.iter().skip(1) {
+            for &(dup_at, dup) in m.rest() {
                 if ctx.cas(dup_at, dup.0, 0).await? == dup.0 {
                     self.retire(dup);
                 }

@@ -140,6 +140,53 @@ impl WaitQueue {
     }
 }
 
+/// First-come-first-served admission: waiters take tickets and enter in
+/// ticket order, so a coroutine that just finished cannot barge ahead of
+/// ones already waiting (which starves them when the resource is scarce).
+#[derive(Debug, Default)]
+struct Fifo {
+    next: Cell<u64>,
+    serving: Cell<u64>,
+    /// Tickets given up by dropped waiters.
+    abandoned: RefCell<Vec<u64>>,
+    waiters: WaitQueue,
+}
+
+impl Fifo {
+    fn ticket(&self) -> u64 {
+        let t = self.next.get();
+        self.next.set(t + 1);
+        t
+    }
+
+    fn is_turn(&self, t: u64) -> bool {
+        t == self.serving.get()
+    }
+
+    /// Ticket `t` (whose turn it was) entered: the next one's turn.
+    fn entered(&self, t: u64) {
+        debug_assert!(self.is_turn(t));
+        self.serving.set(t + 1);
+        self.skip_abandoned();
+        self.waiters.wake_all();
+    }
+
+    /// Ticket `t` will never enter.
+    fn abandon(&self, t: u64) {
+        self.abandoned.borrow_mut().push(t);
+        self.skip_abandoned();
+        self.waiters.wake_all();
+    }
+
+    fn skip_abandoned(&self) {
+        let mut ab = self.abandoned.borrow_mut();
+        while let Some(i) = ab.iter().position(|t| *t == self.serving.get()) {
+            ab.swap_remove(i);
+            self.serving.set(self.serving.get() + 1);
+        }
+    }
+}
+
 struct Inner {
     ep: RefCell<Box<dyn Endpoint>>,
     local: Arc<LocalMem>,
@@ -153,18 +200,13 @@ struct Inner {
     start: quanta::Instant,
     /// WorkReqThrot.
     credits: Option<CreditThrottle>,
-    credit_waiters: WaitQueue,
+    credit_fifo: Fifo,
     tuner: RefCell<Option<Tuner>>,
     completed_wrs: Cell<u64>,
     /// ConflictAvoid.
     backoff: RefCell<Option<Backoff>>,
     in_op: Cell<usize>,
-    op_waiters: WaitQueue,
-    /// FIFO admission to operations: the next ticket to hand out, the one
-    /// whose turn it is, and tickets given up by dropped waiters.
-    op_next_ticket: Cell<u64>,
-    op_serving: Cell<u64>,
-    op_abandoned: RefCell<Vec<u64>>,
+    op_fifo: Fifo,
     rng: Cell<u64>,
     /// Whether to time batches (for ConflictAvoid's C0), and the smoothed
     /// round trip in ns.
@@ -329,7 +371,7 @@ impl<'a> Batch<'a> {
     /// error state, see [`Ctx::reset_qp`]); errors of building the batch
     /// (too large, two blades, unknown blade); transport errors.
     pub fn post(&mut self) -> Post<'_, 'a> {
-        Post { batch: self, slot: None }
+        Post { batch: self, slot: None, credit_ticket: None }
     }
 }
 
@@ -338,6 +380,8 @@ impl<'a> Batch<'a> {
 pub struct Post<'b, 'a> {
     batch: &'b mut Batch<'a>,
     slot: Option<u16>,
+    /// Place in the FIFO for WorkReqThrot credits, while waiting for them.
+    credit_ticket: Option<u64>,
 }
 
 impl fmt::Debug for Post<'_, '_> {
@@ -388,10 +432,15 @@ impl<'a> Future for Post<'_, 'a> {
             return Poll::Ready(Err(Error::InvalidWr("empty batch")));
         }
         if let Some(c) = &inner.credits {
-            if !c.try_acquire(b.n as u32) {
-                inner.credit_waiters.push(cx.waker());
+            // Credits are handed out first come, first served.
+            let fifo = &inner.credit_fifo;
+            let t = *this.credit_ticket.get_or_insert_with(|| fifo.ticket());
+            if !fifo.is_turn(t) || !c.try_acquire(b.n as u32) {
+                fifo.waiters.push(cx.waker());
                 return Poll::Pending;
             }
+            this.credit_ticket = None;
+            fifo.entered(t);
         }
         let slot = {
             let mut slots = inner.slots.borrow_mut();
@@ -460,6 +509,9 @@ impl<'a> Future for Post<'_, 'a> {
 
 impl Drop for Post<'_, '_> {
     fn drop(&mut self) {
+        if let Some(t) = self.credit_ticket {
+            self.batch.ctx.0.credit_fifo.abandon(t);
+        }
         if let Some(slot) = self.slot {
             // Dropped while in flight: the backend may still write into the
             // slot, so keep it until the completion arrives (or free it now if
@@ -873,15 +925,12 @@ impl Runtime {
             clock,
             start,
             credits,
-            credit_waiters: WaitQueue::default(),
+            credit_fifo: Fifo::default(),
             tuner: RefCell::new(tuner),
             completed_wrs: Cell::new(0),
             backoff: RefCell::new(backoff),
             in_op: Cell::new(0),
-            op_waiters: WaitQueue::default(),
-            op_next_ticket: Cell::new(0),
-            op_serving: Cell::new(0),
-            op_abandoned: RefCell::new(Vec::new()),
+            op_fifo: Fifo::default(),
             rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ (thread as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1),
             timers: RefCell::new(Vec::with_capacity(64)),
             measure_rtt,
@@ -1030,7 +1079,7 @@ impl Runtime {
         inner.completed_wrs.set(inner.completed_wrs.get() + u64::from(returned));
         if let Some(c) = &inner.credits {
             c.release(returned);
-            inner.credit_waiters.wake_all();
+            inner.credit_fifo.waiters.wake_all();
         }
         n
     }
@@ -1055,7 +1104,7 @@ impl Inner {
         if let Some(t) = self.tuner.borrow_mut().as_mut() {
             if let Some(limit) = t.tick(now, self.completed_wrs.get()) {
                 self.credits.as_ref().expect("credits exist with a tuner").set_limit(limit);
-                self.credit_waiters.wake_all();
+                self.credit_fifo.waiters.wake_all();
             }
         }
         if let Some(b) = self.backoff.borrow_mut().as_mut() {
@@ -1063,7 +1112,7 @@ impl Inner {
                 b.calibrate(self.rtt_ns.get());
             }
             if b.tick(now) {
-                self.op_waiters.wake_all();
+                self.op_fifo.waiters.wake_all();
             }
         }
     }
@@ -1100,48 +1149,28 @@ impl Future for Sleep<'_> {
     }
 }
 
-/// Waits for a free place among the `n_max` coroutines inside an operation.
-///
-/// Admission is first come, first served (tickets): a coroutine that just
-/// left an operation cannot barge ahead of ones already waiting, which
-/// would starve them when `n_max` is small.
+/// Waits for a free place among the `n_max` coroutines inside an operation,
+/// first come, first served.
 struct EnterOp<'a> {
     inner: &'a Inner,
     ticket: Option<u64>,
     entered: bool,
 }
 
-impl Inner {
-    /// Moves the turn past tickets whose waiters were dropped.
-    fn skip_abandoned(&self) {
-        let mut ab = self.op_abandoned.borrow_mut();
-        while let Some(i) = ab.iter().position(|t| *t == self.op_serving.get()) {
-            ab.swap_remove(i);
-            self.op_serving.set(self.op_serving.get() + 1);
-        }
-    }
-}
-
 impl Future for EnterOp<'_> {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let inner = self.inner;
-        let ticket = *self.ticket.get_or_insert_with(|| {
-            let t = inner.op_next_ticket.get();
-            inner.op_next_ticket.set(t + 1);
-            t
-        });
+        let fifo = &inner.op_fifo;
+        let t = *self.ticket.get_or_insert_with(|| fifo.ticket());
         let n_max = inner.backoff.borrow().as_ref().map_or(usize::MAX, Backoff::n_max);
-        if ticket == inner.op_serving.get() && inner.in_op.get() < n_max {
-            inner.op_serving.set(ticket + 1);
-            inner.skip_abandoned();
+        if fifo.is_turn(t) && inner.in_op.get() < n_max {
             inner.in_op.set(inner.in_op.get() + 1);
             self.entered = true;
-            // The next in line may fit too.
-            inner.op_waiters.wake_all();
+            fifo.entered(t);
             Poll::Ready(())
         } else {
-            inner.op_waiters.push(cx.waker());
+            fifo.waiters.push(cx.waker());
             Poll::Pending
         }
     }
@@ -1150,9 +1179,7 @@ impl Future for EnterOp<'_> {
 impl Drop for EnterOp<'_> {
     fn drop(&mut self) {
         if let (Some(t), false) = (self.ticket, self.entered) {
-            self.inner.op_abandoned.borrow_mut().push(t);
-            self.inner.skip_abandoned();
-            self.inner.op_waiters.wake_all();
+            self.inner.op_fifo.abandon(t);
         }
     }
 }
@@ -1206,6 +1233,6 @@ impl Drop for Op<'_> {
             b.on_op();
         }
         inner.in_op.set(inner.in_op.get() - 1);
-        inner.op_waiters.wake_all();
+        inner.op_fifo.waiters.wake_all();
     }
 }
