@@ -11,12 +11,10 @@ out=${OUT:-results/conflict}
 mkdir -p "$out"
 cargo build --release --quiet
 bin=target/release
-blade_pid=
-trap '[ -n "$blade_pid" ] && kill -KILL "$blade_pid" 2>/dev/null || true' EXIT
-"$bin/memory-blade" --listen 127.0.0.1:0 --size 64MiB >"$out/blade.out" &
-blade_pid=$!
-for _ in $(seq 100); do grep -q '^ready ' "$out/blade.out" 2>/dev/null && break; sleep 0.1; done
-addr=$(awk '/^ready /{print $2}' "$out/blade.out")
+. scripts/lib.sh
+trap kill_blade EXIT
+start_blade "$out" --size 64MiB
+addr=$BLADE_ADDR
 for backend in embedded tcp; do
   for smart in none conflict-avoid; do
     echo "$backend, --smart $smart" >&2
@@ -26,7 +24,7 @@ for backend in embedded tcp; do
       --duration "$secs" --smart "$smart" --quiet --json "$out/$backend-$smart.json" >/dev/null
   done
 done
-kill -TERM "$blade_pid"; wait "$blade_pid" || true; blade_pid=
+stop_blade
 python3 - "$out" <<'PY'
 import json, os, sys
 d = sys.argv[1]

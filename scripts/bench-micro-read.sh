@@ -10,8 +10,8 @@ out=${OUT:-results/micro-read}
 mkdir -p "$out"
 cargo build --release --quiet
 bin=target/release
-blade_pid=
-trap '[ -n "$blade_pid" ] && kill -KILL "$blade_pid" 2>/dev/null || true' EXIT
+. scripts/lib.sh
+trap kill_blade EXIT
 
 for t in 1 2; do
   echo "embedded: $t thread(s)" >&2
@@ -19,10 +19,8 @@ for t in 1 2; do
     --json "$out/embedded-t$t-c8.json" >/dev/null
 done
 
-"$bin/memory-blade" --listen 127.0.0.1:0 --size 256MiB >"$out/blade.out" &
-blade_pid=$!
-for _ in $(seq 100); do grep -q '^ready ' "$out/blade.out" 2>/dev/null && break; sleep 0.1; done
-addr=$(awk '/^ready /{print $2}' "$out/blade.out")
+start_blade "$out" --size 256MiB
+addr=$BLADE_ADDR
 for t in 1 2; do
   for c in 1 8 32; do
     echo "tcp: $t thread(s) × $c coroutine(s)" >&2
@@ -30,7 +28,7 @@ for t in 1 2; do
       --duration "$secs" --quiet --json "$out/tcp-t$t-c$c.json" >/dev/null
   done
 done
-kill -TERM "$blade_pid"; wait "$blade_pid" || true; blade_pid=
+stop_blade
 
 python3 - "$out" <<'PY'
 import glob, json, os, sys

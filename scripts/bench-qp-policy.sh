@@ -14,12 +14,10 @@ out=${OUT:-results/qp-policy}
 mkdir -p "$out"
 cargo build --release --quiet
 bin=target/release
-blade_pid=
-trap '[ -n "$blade_pid" ] && kill -KILL "$blade_pid" 2>/dev/null || true' EXIT
-"$bin/memory-blade" --listen 127.0.0.1:0 --size 256MiB >"$out/blade.out" &
-blade_pid=$!
-for _ in $(seq 100); do grep -q '^ready ' "$out/blade.out" 2>/dev/null && break; sleep 0.1; done
-addr=$(awk '/^ready /{print $2}' "$out/blade.out")
+. scripts/lib.sh
+trap kill_blade EXIT
+start_blade "$out" --size 256MiB
+addr=$BLADE_ADDR
 for backend in embedded tcp; do
   for policy in shared multiplexed:2 per-thread-qp per-thread-db; do
     for t in 1 2 4 8; do
@@ -32,7 +30,7 @@ for backend in embedded tcp; do
     done
   done
 done
-kill -TERM "$blade_pid"; wait "$blade_pid" || true; blade_pid=
+stop_blade
 python3 - "$out" <<'PY'
 import glob, json, os, sys
 d = sys.argv[1]

@@ -152,6 +152,17 @@ impl Clone for RaceHt {
     }
 }
 
+/// What [`RaceHt::put`] does with a present or absent key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Only if absent.
+    Insert,
+    /// Either way.
+    Upsert,
+    /// Only if present.
+    Update,
+}
+
 /// Up to 28 (slot address, slot) pairs, without allocation.
 #[derive(Clone, Copy)]
 struct Matches {
@@ -435,7 +446,7 @@ impl RaceHt {
     /// # Errors
     /// [`RaceError::Full`]; verb errors.
     pub async fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.put(key, value, false).await
+        self.put(key, value, Mode::Insert).await
     }
 
     /// Inserts or overwrites `key`.
@@ -443,10 +454,14 @@ impl RaceHt {
     /// # Errors
     /// [`RaceError::Full`]; verb errors.
     pub async fn upsert(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.put(key, value, true).await.map(drop)
+        self.put(key, value, Mode::Upsert).await.map(drop)
     }
 
-    async fn put(&mut self, key: &[u8], value: &[u8], overwrite: bool) -> Result<bool> {
+    /// Insert, upsert and update share one loop: WRITE the new block with
+    /// the bucket READs, then CAS it in over the key's slot (if the mode
+    /// overwrites) or into an empty slot (if the mode inserts). Returns
+    /// whether the table changed.
+    async fn put(&mut self, key: &[u8], value: &[u8], mode: Mode) -> Result<bool> {
         let p = self.place(key);
         let (at, new) = self.new_block(key, value, p.fp, p.buckets[0].blade()).await?;
         let ctx = self.ctx.clone();
@@ -457,7 +472,7 @@ impl RaceHt {
             let snap = self.read_buckets(&p, write.take()).await?;
             let m = self.matches(key, p.fp, &snap).await?;
             if let Some(&(slot_at, old)) = m.first() {
-                if !overwrite {
+                if mode == Mode::Insert {
                     self.retire(new);
                     break false;
                 }
@@ -467,6 +482,10 @@ impl RaceHt {
                 }
                 op.retry().await;
                 continue;
+            }
+            if mode == Mode::Update {
+                self.retire(new);
+                break false;
             }
             // Less-loaded choice first; an empty slot in it.
             let empty =
@@ -504,27 +523,7 @@ impl RaceHt {
     /// # Errors
     /// Verb errors.
     pub async fn update(&mut self, key: &[u8], value: &[u8]) -> Result<bool> {
-        let p = self.place(key);
-        let (at, new) = self.new_block(key, value, p.fp, p.buckets[0].blade()).await?;
-        let ctx = self.ctx.clone();
-        let mut op = ctx.op().await;
-        let block = std::mem::take(&mut self.block);
-        let mut write = Some((at, &block[..]));
-        let result = loop {
-            let snap = self.read_buckets(&p, write.take()).await?;
-            let m = self.matches(key, p.fp, &snap).await?;
-            let Some(&(slot_at, old)) = m.first() else {
-                self.retire(new);
-                break false;
-            };
-            if ctx.cas(slot_at, old.0, new.0).await? == old.0 {
-                self.retire(old);
-                break true;
-            }
-            op.retry().await;
-        };
-        self.block = block;
-        Ok(result)
+        self.put(key, value, Mode::Update).await
     }
 
     /// Removes `key`; returns whether it existed.

@@ -207,7 +207,7 @@ struct Pool {
 
 /// RDMA verbs to memory blades started with `--transport verbs`.
 pub struct VerbsTransport {
-    nic: Nic,
+    nic: Arc<Nic>,
     links: Vec<Arc<BladeLink>>,
     infos: Vec<BladeInfo>,
     plan: Mutex<QpPlan>,
@@ -247,7 +247,7 @@ impl VerbsTransport {
         }
         let plan = QpPlan::new(QpPolicy::PerThreadQp, 1, addrs.len(), Default::default());
         Ok(VerbsTransport {
-            nic,
+            nic: Arc::new(nic),
             links,
             infos,
             plan: Mutex::new(plan),
@@ -318,7 +318,7 @@ impl Transport for VerbsTransport {
         };
         let mut qps = Vec::with_capacity(self.links.len());
         for link in &self.links {
-            qps.push(self.connect_qp(&pd, &cq, link)?);
+            qps.push(connect_qp(&self.nic, &pd, &cq, link)?);
         }
         // SAFETY: zeroed ibv_wc structs are valid (plain integers and a union of integers).
         let wcs = (0..64).map(|_| unsafe { std::mem::zeroed::<ibv_wc>() }).collect();
@@ -331,43 +331,23 @@ impl Transport for VerbsTransport {
             blades: self.links.iter().map(|l| l.info).collect(),
             planned: [PlannedWr::default(); MAX_BATCH],
             wcs,
-            nic: NicRef {
-                port: self.nic.port,
-                gid_index: self.nic.gid_index,
-                lid: self.nic.lid,
-                gid: self.nic.gid,
-                mtu: self.nic.mtu,
-                rd_atomic: self.nic.rd_atomic,
-                caps: self.nic.caps(),
-            },
+            nic: self.nic.clone(),
             links: self.links.clone(),
         }))
     }
 }
 
-impl VerbsTransport {
-    fn connect_qp(&self, pd: &Arc<Pd>, cq: &Arc<Cq>, link: &BladeLink) -> Result<Qp> {
-        let qp = Qp::new(pd, cq, self.nic.caps(), MAX_BATCH)?;
-        qp.to_init(self.nic.port)?;
-        let psn = conn::random_psn();
-        let mine = QpEndpoint { qpn: qp.qpn(), psn, lid: self.nic.lid, mtu: self.nic.mtu, gid: self.nic.gid };
-        let remote = link.connect_qp(&mine)?;
-        let mtu = conn::path_mtu(self.nic.mtu, remote.mtu);
-        qp.connect(&remote, self.nic.port, self.nic.gid_index, mtu, psn, self.nic.rd_atomic)?;
-        Ok(qp)
-    }
-}
-
-/// What an endpoint needs of the NIC to (re)connect QPs.
-#[derive(Clone, Copy)]
-struct NicRef {
-    port: u8,
-    gid_index: Option<u32>,
-    lid: u16,
-    gid: [u8; 16],
-    mtu: u8,
-    rd_atomic: u8,
-    caps: QpCaps,
+/// Creates an RC QP on `pd`/`cq` and connects it to a new QP of the blade
+/// behind `link` (INIT, exchange, RTR, RTS).
+fn connect_qp(nic: &Nic, pd: &Arc<Pd>, cq: &Arc<Cq>, link: &BladeLink) -> Result<Qp> {
+    let qp = Qp::new(pd, cq, nic.caps(), MAX_BATCH)?;
+    qp.to_init(nic.port)?;
+    let psn = conn::random_psn();
+    let mine = QpEndpoint { qpn: qp.qpn(), psn, lid: nic.lid, mtu: nic.mtu, gid: nic.gid };
+    let remote = link.connect_qp(&mine)?;
+    let mtu = conn::path_mtu(nic.mtu, remote.mtu);
+    qp.connect(&remote, nic.port, nic.gid_index, mtu, psn, nic.rd_atomic)?;
+    Ok(qp)
 }
 
 /// One thread's CQ, QPs and slice of registered memory.
@@ -380,7 +360,7 @@ struct VerbsEndpoint {
     blades: Vec<BladeVerbsInfo>,
     planned: [PlannedWr; MAX_BATCH],
     wcs: Vec<ibv_wc>,
-    nic: NicRef,
+    nic: Arc<Nic>,
     /// The control links, to reconnect a QP after an error.
     links: Vec<Arc<BladeLink>>,
 }
@@ -408,7 +388,7 @@ impl Endpoint for VerbsEndpoint {
             self.local.as_ptr() as u64,
             self.mr.lkey(),
             &self.blades[b],
-            self.nic.caps.max_inline,
+            MAX_INLINE,
             &mut self.planned,
         );
         self.qps[b].post(&self.planned[..n])
@@ -437,14 +417,7 @@ impl Endpoint for VerbsEndpoint {
         }
         // An errored RC QP is replaced by a fresh pair: both ends may have
         // left RTS, so reconnecting is the one reliable way back.
-        let link = &self.links[b];
-        let fresh = Qp::new(&self.pd, &self.cq, self.nic.caps, MAX_BATCH)?;
-        fresh.to_init(self.nic.port)?;
-        let psn = conn::random_psn();
-        let mine = QpEndpoint { qpn: fresh.qpn(), psn, lid: self.nic.lid, mtu: self.nic.mtu, gid: self.nic.gid };
-        let remote = link.connect_qp(&mine)?;
-        let mtu = conn::path_mtu(self.nic.mtu, remote.mtu);
-        fresh.connect(&remote, self.nic.port, self.nic.gid_index, mtu, psn, self.nic.rd_atomic)?;
+        let fresh = connect_qp(&self.nic, &self.pd, &self.cq, &self.links[b])?;
         self.qps[b] = fresh;
         Ok(())
     }

@@ -1,0 +1,35 @@
+# Shared by the scripts (source it from the repository root, with $bin set
+# to the directory holding the binaries): a memory-blade on loopback.
+
+# start_blade DIR ARGS...: starts memory-blade on 127.0.0.1 (a free port)
+# with ARGS, its stdout in DIR/blade.out; sets BLADE_PID and BLADE_ADDR.
+start_blade() {
+  local dir=$1
+  shift
+  "$bin/memory-blade" --listen 127.0.0.1:0 "$@" >"$dir/blade.out" &
+  BLADE_PID=$!
+  for _ in $(seq 100); do
+    grep -q '^ready ' "$dir/blade.out" 2>/dev/null && break
+    sleep 0.1
+  done
+  BLADE_ADDR=$(awk '/^ready /{print $2}' "$dir/blade.out")
+  if [ -z "$BLADE_ADDR" ]; then
+    echo "memory-blade never printed its ready line" >&2
+    return 1
+  fi
+}
+
+# stop_blade: SIGTERM, and wait for the clean exit.
+stop_blade() {
+  [ -n "${BLADE_PID:-}" ] || return 0
+  kill -TERM "$BLADE_PID"
+  wait "$BLADE_PID" || true
+  BLADE_PID=
+}
+
+# kill_blade: for traps; ends a blade that is still running.
+kill_blade() {
+  if [ -n "${BLADE_PID:-}" ] && kill -0 "$BLADE_PID" 2>/dev/null; then
+    kill -KILL "$BLADE_PID" 2>/dev/null || true
+  fi
+}
