@@ -37,10 +37,18 @@
 //! (e.g. a thread descheduled for 100 ms mid-CAS) could still hit ABA.
 //! Epoch-based reclamation would close that; it is not built.
 //!
+//! **Speculative search** (Smart's `spec-lookup`, on when the runtime's
+//! `SmartConfig::spec_lookup` is): each thread caches where keys were last
+//! found (slot address and slot word, direct-mapped, [`SPEC_ENTRIES`]); a
+//! search then takes one doorbell, READ that slot word + READ its block, and
+//! is accepted only if the slot still holds the cached word and the block
+//! decodes to the key. Otherwise the normal two-RTT path runs and refreshes
+//! the cache.
+//!
 //! **Not built yet:** online resizing (the directory has a fixed global
 //! depth, chosen at creation; a full pair of buckets returns
-//! [`RaceError::Full`]), the speculative search path, and subtables spread
-//! over blades by anything but round-robin.
+//! [`RaceError::Full`]), and subtables spread over blades by anything but
+//! round-robin.
 
 pub mod layout;
 
@@ -120,6 +128,41 @@ const READ_CHUNK: usize = 12;
 /// Re-reads of a torn KV block before giving up.
 const TORN_RETRIES: usize = 16;
 
+/// Entries of the speculative-lookup cache (per thread, direct-mapped).
+pub const SPEC_ENTRIES: usize = 8192;
+
+/// Where keys were last found, for the speculative search path: per thread,
+/// direct-mapped by hash, so bounded and allocation-free after creation.
+#[derive(Debug)]
+struct SpecCache {
+    /// (key hash, slot address, slot word); hash 0 = empty entry.
+    entries: Vec<(u64, GlobalAddr, Slot)>,
+    hits: u64,
+    misses: u64,
+}
+
+impl SpecCache {
+    fn new() -> Self {
+        SpecCache { entries: vec![(0, GlobalAddr::NULL, Slot::EMPTY); SPEC_ENTRIES], hits: 0, misses: 0 }
+    }
+
+    fn lookup(&self, h: u64) -> Option<(GlobalAddr, Slot)> {
+        let e = self.entries[h as usize % SPEC_ENTRIES];
+        (e.0 == h && h != 0).then_some((e.1, e.2))
+    }
+
+    fn put(&mut self, h: u64, at: GlobalAddr, s: Slot) {
+        self.entries[h as usize % SPEC_ENTRIES] = (h, at, s);
+    }
+
+    fn forget(&mut self, h: u64) {
+        let e = &mut self.entries[h as usize % SPEC_ENTRIES];
+        if e.0 == h {
+            e.0 = 0;
+        }
+    }
+}
+
 /// Blocks retired by this thread, reusable after the grace period: one
 /// FIFO per (blade, block length), oldest first.
 #[derive(Debug, Default)]
@@ -134,6 +177,8 @@ pub struct RaceHt {
     ctx: Ctx,
     dir: Rc<Directory>,
     recycler: Rc<RefCell<Recycler>>,
+    /// `Some` when the runtime's `spec_lookup` technique is on.
+    spec: Option<Rc<RefCell<SpecCache>>>,
     grace: Duration,
     block: Vec<u8>,
     found: Vec<u8>,
@@ -145,6 +190,7 @@ impl Clone for RaceHt {
             ctx: self.ctx.clone(),
             dir: self.dir.clone(),
             recycler: self.recycler.clone(),
+            spec: self.spec.clone(),
             grace: self.grace,
             block: Vec::new(),
             found: Vec::new(),
@@ -188,10 +234,6 @@ impl Matches {
 
     fn rest(&self) -> &[(GlobalAddr, Slot)] {
         &self.items[1.min(self.n)..self.n]
-    }
-
-    fn is_empty(&self) -> bool {
-        self.n == 0
     }
 }
 
@@ -276,6 +318,7 @@ impl RaceHt {
             ctx: ctx.clone(),
             dir: Rc::new(Directory { depth, groups, subtables }),
             recycler: Rc::default(),
+            spec: ctx.config().smart.spec_lookup.then(|| Rc::new(RefCell::new(SpecCache::new()))),
             grace: DEFAULT_GRACE,
             block: Vec::new(),
             found: Vec::new(),
@@ -405,15 +448,71 @@ impl RaceHt {
     /// # Errors
     /// Verb errors; [`RaceError::Torn`] if a block never reads whole.
     pub async fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        let h = layout::hashes(key).0;
+        if self.speculate(h, key, out).await? {
+            return Ok(true);
+        }
         let p = self.place(key);
         let snap = self.read_buckets(&p, None).await?;
         let m = self.matches(key, p.fp, &snap).await?;
-        if m.is_empty() {
+        let Some(&(at, s)) = m.first() else {
+            self.remember(h, None);
             return Ok(false);
-        }
+        };
+        self.remember(h, Some((at, s)));
         out.clear();
         out.extend_from_slice(&self.found);
         Ok(true)
+    }
+
+    /// The speculative search path (Smart's `spec-lookup`): if this thread
+    /// knows where `key` was last found, one doorbell READs that slot word
+    /// and the block it named. The value is accepted only if the slot still
+    /// holds that word (so the block is the key's current one; blocks are
+    /// immutable and reused only after the grace period) and the block
+    /// decodes to `key`. Otherwise the normal path runs.
+    async fn speculate(&mut self, h: u64, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        let Some(spec) = &self.spec else { return Ok(false) };
+        let Some((at, s)) = spec.borrow().lookup(h) else { return Ok(false) };
+        let mut b = self.ctx.batch();
+        let rs = b.read(at, 8);
+        let rb = b.read(s.addr(), s.block_len());
+        let done = b.post().await?;
+        let word = u64::from_le_bytes(done.bytes(rs).try_into().expect("8 bytes"));
+        let hit = match layout::decode_block(done.bytes(rb)) {
+            Some((k, v)) if word == s.0 && k == key => {
+                out.clear();
+                out.extend_from_slice(v);
+                true
+            }
+            _ => false,
+        };
+        let mut c = spec.borrow_mut();
+        if hit {
+            c.hits += 1;
+        } else {
+            c.misses += 1;
+            c.forget(h);
+        }
+        Ok(hit)
+    }
+
+    /// Records where the key with hash `h` is now (or that it is gone).
+    fn remember(&self, h: u64, at: Option<(GlobalAddr, Slot)>) {
+        if let Some(spec) = &self.spec {
+            match at {
+                Some((a, s)) => spec.borrow_mut().put(h, a, s),
+                None => spec.borrow_mut().forget(h),
+            }
+        }
+    }
+
+    /// Speculative lookups that hit and missed on this thread so far.
+    pub fn spec_stats(&self) -> (u64, u64) {
+        self.spec.as_ref().map_or((0, 0), |c| {
+            let c = c.borrow();
+            (c.hits, c.misses)
+        })
     }
 
     /// A fresh (or recycled) block for `key`/`value` on `blade`, encoded in
@@ -478,6 +577,7 @@ impl RaceHt {
                 }
                 if ctx.cas(slot_at, old.0, new.0).await? == old.0 {
                     self.retire(old);
+                    self.remember(layout::hashes(key).0, Some((slot_at, new)));
                     break true;
                 }
                 op.retry().await;
@@ -542,6 +642,7 @@ impl RaceHt {
             };
             if ctx.cas(slot_at, old.0, 0).await? == old.0 {
                 self.retire(old);
+                self.remember(layout::hashes(key).0, None);
                 return Ok(true);
             }
             op.retry().await;

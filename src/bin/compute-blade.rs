@@ -341,6 +341,9 @@ fn ycsb_cmd(a: &YcsbArgs) -> Result<bool> {
         "verify": a.verify,
         "violations": rep.violations,
         "capacity": y.capacity,
+        "spec_hits": rep.spec.0,
+        "spec_misses": rep.spec.1,
+        "spec_hit_rate": if rep.spec.0 + rep.spec.1 > 0 { rep.spec.0 as f64 / (rep.spec.0 + rep.spec.1) as f64 } else { 0.0 },
     });
     let rec = record("ycsb", "race", workload.name, &s, &rep.run, extra)?;
     finish(&a.common, &rec, &rep.run)?;

@@ -49,6 +49,8 @@ pub struct YcsbReport {
     pub load_s: f64,
     /// Values of the wrong key, missing keys, failed updates of loaded keys.
     pub violations: u64,
+    /// Speculative lookups that hit and missed (with `spec-lookup`).
+    pub spec: (u64, u64),
 }
 
 fn key_bytes(k: u64, size: usize, out: &mut Vec<u8>) {
@@ -66,6 +68,22 @@ fn value_bytes(k: u64, version: u64, size: usize, out: &mut Vec<u8>) {
 
 fn holds_key(v: &[u8], k: u64) -> bool {
     v.len() >= 16 && v[..8] == k.to_le_bytes()
+}
+
+thread_local! {
+    /// This worker thread's table handle: its coroutines share one directory
+    /// cache, block recycler and speculative-lookup cache.
+    static TABLE: std::cell::RefCell<Option<RaceHt>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The thread's handle on table "ycsb" (opened by the first coroutine).
+async fn thread_table(ctx: &smart_core::Ctx) -> smart_core::Result<RaceHt> {
+    if let Some(t) = TABLE.with(|t| t.borrow().clone()) {
+        return Ok(t);
+    }
+    let t = RaceHt::open(ctx, "ycsb").await.map_err(wrap)?;
+    TABLE.with(|slot| slot.borrow_mut().get_or_insert_with(|| t.clone()).clone());
+    Ok(TABLE.with(|slot| slot.borrow().clone()).expect("just stored"))
 }
 
 fn wrap(e: race_ht::RaceError) -> Error {
@@ -135,10 +153,11 @@ pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> s
     }
 
     // The timed run.
+    let spec = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
     let run = driver::run(transport, cfg, |w| {
-        let (y, violations) = (y.clone(), violations.clone());
+        let (y, violations, spec) = (y.clone(), violations.clone(), spec.clone());
         async move {
-            let mut ht = RaceHt::open(w.ctx(), "ycsb").await.map_err(wrap)?;
+            let mut ht = thread_table(w.ctx()).await?;
             let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
             let mut rng = SmallRng::seed_from_u64(me ^ 0x5eed);
             let (mut kb, mut vb, mut out) = (Vec::new(), Vec::new(), Vec::new());
@@ -180,6 +199,13 @@ pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> s
                 w.record(t, 1);
             }
             violations.fetch_add(bad.get(), Ordering::Relaxed);
+            if w.coroutine() == 0 {
+                // The cache is per thread: one coroutine reports it (the
+                // others ended too, or end with it, at the stop).
+                let (h, m) = ht.spec_stats();
+                spec.0.fetch_add(h, Ordering::Relaxed);
+                spec.1.fetch_add(m, Ordering::Relaxed);
+            }
             Ok(())
         }
     })?;
@@ -201,7 +227,8 @@ pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> s
         })?;
         violations.fetch_add(lost, Ordering::Relaxed);
     }
-    Ok(YcsbReport { run, load_s, violations: violations.load(Ordering::Relaxed) })
+    let spec = (spec.0.load(Ordering::Relaxed), spec.1.load(Ordering::Relaxed));
+    Ok(YcsbReport { run, load_s, violations: violations.load(Ordering::Relaxed), spec })
 }
 
 #[cfg(test)]
@@ -212,13 +239,16 @@ mod tests {
     #[test]
     fn verified_run_over_the_hash_table_has_no_violations() {
         let t = EmbeddedTransport::new(2, 64 << 20).unwrap();
-        for w in ["a", "c", "d", "f", "update-only"] {
+        for (w, smart) in [("a", "none"), ("c", "spec-lookup"), ("d", "all"), ("f", "none"), ("update-only", "all")] {
             let cfg = RunConfig {
                 threads: 2,
                 coroutines: 4,
                 duration: Duration::from_millis(300),
                 warmup: Duration::from_millis(50),
-                runtime: RuntimeConfig::default(),
+                runtime: RuntimeConfig {
+                    smart: smart_core::smart::SmartConfig::parse(smart).unwrap(),
+                    ..RuntimeConfig::default()
+                },
                 progress: false,
             };
             let y = YcsbConfig {
@@ -234,6 +264,9 @@ mod tests {
             assert!(r.run.ops > 100, "{w}: {} ops ({:?})", r.run.ops, r.run.first_error);
             assert_eq!(r.run.errors, 0, "{w}: {:?}", r.run.first_error);
             assert_eq!(r.violations, 0, "{w}");
+            if w == "c" {
+                assert!(r.spec.0 > r.spec.1, "read-only with spec-lookup mostly hits: {:?}", r.spec);
+            }
         }
         assert!(run_race(
             &t,

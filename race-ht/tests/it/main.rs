@@ -17,8 +17,15 @@ fn small() -> RaceConfig {
 
 #[test]
 fn random_operations_match_a_hashmap() {
+    for spec in [false, true] {
+        random_operations_match_a_hashmap_with(spec);
+    }
+}
+
+fn random_operations_match_a_hashmap_with(spec: bool) {
     let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
-    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let smart = SmartConfig { spec_lookup: spec, ..SmartConfig::default() };
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap();
     let ctx = rt.ctx();
     rt.block_on(async move {
         let mut ht = RaceHt::create(&ctx, "oracle", small()).await.unwrap();
@@ -85,7 +92,7 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
     });
     let bad: Arc<Mutex<Vec<String>>> = Arc::default();
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    for smart in ["none", "conflict-avoid"] {
+    for smart in ["none", "conflict-avoid", "spec-lookup"] {
         let cfg = RunConfig {
             threads: 3,
             coroutines: 6,
@@ -127,7 +134,7 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
         .unwrap();
         assert_eq!(r.errors, 0, "{smart}: {:?}", r.first_error);
     }
-    assert_eq!(done.load(std::sync::atomic::Ordering::Relaxed), 2 * 3 * 6 * 300, "every operation completed");
+    assert_eq!(done.load(std::sync::atomic::Ordering::Relaxed), 3 * 3 * 6 * 300, "every operation completed");
     let bad = bad.lock().unwrap();
     assert!(bad.is_empty(), "{} violations, first: {:?}", bad.len(), bad.first());
     // Afterwards: all stable keys present with their own key inside, and no
@@ -248,5 +255,46 @@ fn a_second_client_opens_the_same_table() {
         assert!(ht.get(b"x", &mut out).await.unwrap());
         assert_eq!(out, b"1");
         assert!(RaceHt::open(&ctx, "missing").await.is_err());
+    });
+}
+
+#[test]
+fn speculative_lookups_hit_with_one_doorbell() {
+    let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
+    let smart = SmartConfig { spec_lookup: true, ..SmartConfig::default() };
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "spec", small()).await.unwrap();
+        let mut out = Vec::new();
+        for k in 0..100u64 {
+            ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap();
+        }
+        for k in 0..100u64 {
+            assert!(ht.get(&k.to_le_bytes(), &mut out).await.unwrap()); // fills the cache
+        }
+        let before = ctx.stats();
+        for k in 0..100u64 {
+            assert!(ht.get(&k.to_le_bytes(), &mut out).await.unwrap());
+            assert_eq!(out, value(k, 0));
+        }
+        let d = ctx.stats().since(&before);
+        // Keys whose cache entries collided (direct-mapped) take the normal
+        // path: 2 doorbells, 3 READs. Every cached one hits.
+        let (hits, misses) = ht.spec_stats();
+        assert!(hits >= 90 && misses == 0, "{hits} hits, {misses} misses");
+        let normal = 100 - hits;
+        assert_eq!((d.doorbells, d.reads), (hits + 2 * normal, 2 * hits + 3 * normal), "one doorbell per hit");
+        // An update through another handle changes the slot: the cached
+        // word no longer matches, the lookup falls back and still returns
+        // the new value.
+        let mut other = RaceHt::open(&ctx, "spec").await.unwrap();
+        other.update(&7u64.to_le_bytes(), &value(7, 9)).await.unwrap();
+        assert!(ht.get(&7u64.to_le_bytes(), &mut out).await.unwrap());
+        assert_eq!(out, value(7, 9));
+        let (h2, m2) = ht.spec_stats();
+        assert!(h2 == hits && m2 <= 1, "the stale entry missed (unless 7's entry had collided away)");
+        assert!(other.delete(&8u64.to_le_bytes()).await.unwrap());
+        assert!(!ht.get(&8u64.to_le_bytes(), &mut out).await.unwrap(), "a deleted key is not found speculatively");
     });
 }
