@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use proptest::prelude::*;
 use race_ht::{RaceConfig, RaceHt};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -15,56 +16,113 @@ fn small() -> RaceConfig {
     RaceConfig { depth: 2, groups: 16, grace: Duration::from_millis(1) }
 }
 
-#[test]
-fn random_operations_match_a_hashmap() {
-    for spec in [false, true] {
-        random_operations_match_a_hashmap_with(spec);
-    }
+/// One step of an oracle sequence.
+#[derive(Clone, Debug)]
+enum Step {
+    Insert(u8, usize),
+    Update(u8, usize),
+    Upsert(u8, usize),
+    Delete(u8),
+    Get(u8),
 }
 
-fn random_operations_match_a_hashmap_with(spec: bool) {
-    let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
+fn step() -> impl Strategy<Value = Step> {
+    // Few keys (so operations collide on them), values from 1 byte to
+    // multi-line blocks.
+    let key = 0u8..40;
+    let len = prop::sample::select(vec![1usize, 8, 40, 100, 300]);
+    prop_oneof![
+        (key.clone(), len.clone()).prop_map(|(k, l)| Step::Insert(k, l)),
+        (key.clone(), len.clone()).prop_map(|(k, l)| Step::Update(k, l)),
+        (key.clone(), len).prop_map(|(k, l)| Step::Upsert(k, l)),
+        key.clone().prop_map(Step::Delete),
+        key.prop_map(Step::Get),
+    ]
+}
+
+/// Runs `steps` against the table and a `HashMap`; every result must agree.
+fn check_against_hashmap(steps: &[Step], spec: bool) -> Result<(), TestCaseError> {
+    let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
     let smart = SmartConfig { spec_lookup: spec, ..SmartConfig::default() };
     let mut rt = Runtime::new(&t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap();
     let ctx = rt.ctx();
+    let steps = steps.to_vec();
     rt.block_on(async move {
         let mut ht = RaceHt::create(&ctx, "oracle", small()).await.unwrap();
         let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-        let mut rng = SmallRng::seed_from_u64(11);
         let mut out = Vec::new();
-        for i in 0..20_000u32 {
-            // Keys and values of varying lengths, including multi-block ones.
-            let key = format!("key-{}", rng.random_range(0..300u32)).into_bytes();
-            let vlen = [8, 40, 100, 300][rng.random_range(0..4)];
-            let value: Vec<u8> = (0..vlen).map(|j| (i as usize * 7 + j) as u8).collect();
-            let present = model.contains_key(&key);
-            match rng.random_range(0..5) {
-                0 => {
-                    assert_eq!(ht.insert(&key, &value).await.unwrap(), !present, "insert {i}");
-                    model.entry(key).or_insert(value);
+        for (i, s) in steps.iter().enumerate() {
+            let k = |k: &u8| format!("key-{k}").into_bytes();
+            let v = |l: &usize| (0..*l).map(|j| (i * 7 + j) as u8).collect::<Vec<u8>>();
+            match s {
+                Step::Insert(key, l) => {
+                    let present = model.contains_key(&k(key));
+                    prop_assert_eq!(ht.insert(&k(key), &v(l)).await.unwrap(), !present, "step {}: {:?}", i, s);
+                    model.entry(k(key)).or_insert(v(l));
                 }
-                1 => {
-                    assert_eq!(ht.update(&key, &value).await.unwrap(), present, "update {i}");
+                Step::Update(key, l) => {
+                    let present = model.contains_key(&k(key));
+                    prop_assert_eq!(ht.update(&k(key), &v(l)).await.unwrap(), present, "step {}: {:?}", i, s);
                     if present {
-                        model.insert(key, value);
+                        model.insert(k(key), v(l));
                     }
                 }
-                2 => {
-                    ht.upsert(&key, &value).await.unwrap();
-                    model.insert(key, value);
+                Step::Upsert(key, l) => {
+                    ht.upsert(&k(key), &v(l)).await.unwrap();
+                    model.insert(k(key), v(l));
                 }
-                3 => assert_eq!(ht.delete(&key).await.unwrap(), model.remove(&key).is_some(), "delete {i}"),
-                _ => {
-                    let found = ht.get(&key, &mut out).await.unwrap();
-                    assert_eq!(found.then_some(&out), model.get(&key), "get {i}");
+                Step::Delete(key) => {
+                    prop_assert_eq!(
+                        ht.delete(&k(key)).await.unwrap(),
+                        model.remove(&k(key)).is_some(),
+                        "step {}: {:?}",
+                        i,
+                        s
+                    );
+                }
+                Step::Get(key) => {
+                    let found = ht.get(&k(key), &mut out).await.unwrap();
+                    prop_assert_eq!(found.then_some(&out), model.get(&k(key)), "step {}: {:?}", i, s);
                 }
             }
         }
-        for (k, v) in &model {
-            assert!(ht.get(k, &mut out).await.unwrap());
-            assert_eq!(&out, v);
+        for (key, val) in &model {
+            prop_assert!(ht.get(key, &mut out).await.unwrap());
+            prop_assert_eq!(&out, val);
         }
-    });
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn operation_sequences_match_a_hashmap(steps in prop::collection::vec(step(), 1..400), spec in any::<bool>()) {
+        check_against_hashmap(&steps, spec)?;
+    }
+}
+
+#[test]
+fn a_long_seeded_sequence_matches_a_hashmap() {
+    // One long sequence (20 000 steps) beyond what the proptest cases cover.
+    let mut rng = SmallRng::seed_from_u64(11);
+    let steps: Vec<Step> = (0..20_000)
+        .map(|_| {
+            let k = rng.random_range(0..255u8);
+            let l = [8, 40, 100, 300][rng.random_range(0..4)];
+            match rng.random_range(0..5) {
+                0 => Step::Insert(k, l),
+                1 => Step::Update(k, l),
+                2 => Step::Upsert(k, l),
+                3 => Step::Delete(k),
+                _ => Step::Get(k),
+            }
+        })
+        .collect();
+    for spec in [false, true] {
+        check_against_hashmap(&steps, spec).unwrap();
+    }
 }
 
 /// Value of `key` at `version`: both encoded, then padding.
