@@ -356,3 +356,165 @@ fn speculative_lookups_hit_with_one_doorbell() {
         assert!(!ht.get(&8u64.to_le_bytes(), &mut out).await.unwrap(), "a deleted key is not found speculatively");
     });
 }
+
+/// One completed operation on a register, with real-time bounds (ns).
+#[derive(Clone, Copy, Debug)]
+struct Event {
+    start: u128,
+    end: u128,
+    write: bool,
+    /// The value written, or the value read.
+    value: u64,
+}
+
+/// Whether a history of one register with unique written values is
+/// linearizable (Gibbons & Korach's zone test). The initial value `init`
+/// counts as written before everything.
+///
+/// Group each write with the reads that returned its value (a *cluster*).
+/// A cluster's zone runs from its earliest response to its latest
+/// invocation: *forward* when the earliest response comes first, else
+/// *backward*. The history is linearizable iff no read ends before its
+/// write starts, no read returns a value never written, no two forward
+/// zones overlap, and no backward zone lies inside a forward zone.
+fn linearizable(history: &[Event], init: u64) -> Result<(), String> {
+    let mut clusters: HashMap<u64, (u128, u128)> = HashMap::new(); // value → (min end, max start)
+    let writes: HashMap<u64, Event> = history.iter().filter(|e| e.write).map(|e| (e.value, *e)).collect();
+    clusters.insert(init, (0, 0));
+    for w in writes.values() {
+        clusters.insert(w.value, (w.end, w.start));
+    }
+    for r in history.iter().filter(|e| !e.write) {
+        let c = clusters.get_mut(&r.value).ok_or_else(|| format!("read {r:?} returned a value never written"))?;
+        if let Some(w) = writes.get(&r.value) {
+            if r.end < w.start {
+                return Err(format!("read {r:?} ended before its write {w:?} began"));
+            }
+        }
+        c.0 = c.0.min(r.end);
+        c.1 = c.1.max(r.start);
+    }
+    let forward: Vec<(u128, u128)> = clusters.values().filter(|(e, s)| e < s).copied().collect();
+    let backward: Vec<(u128, u128)> = clusters.values().filter(|(e, s)| e >= s).map(|(e, s)| (*s, *e)).collect();
+    for (i, a) in forward.iter().enumerate() {
+        for b in &forward[i + 1..] {
+            if a.0 < b.1 && b.0 < a.1 {
+                return Err(format!("forward zones {a:?} and {b:?} overlap"));
+            }
+        }
+        for b in &backward {
+            if a.0 < b.0 && b.1 < a.1 {
+                return Err(format!("backward zone {b:?} lies inside forward zone {a:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_linearizability_checker_rejects_what_it_should() {
+    // Real events start after time 0, where the initial value was "written".
+    let ev = |start, end, write, value| Event { start, end, write, value };
+    // Sequential and overlapping, fine.
+    assert!(
+        linearizable(&[ev(1, 10, true, 1), ev(20, 30, false, 1), ev(25, 40, true, 2), ev(35, 50, false, 2)], 0).is_ok()
+    );
+    assert!(
+        linearizable(&[ev(1, 10, true, 1), ev(5, 6, false, 0)], 0).is_ok(),
+        "a read overlapping a write may see the old value"
+    );
+    // A read of a value written only after the read ended.
+    assert!(linearizable(&[ev(1, 10, false, 1), ev(20, 30, true, 1)], 0).is_err());
+    // New then old: two sequential reads see 2 and then 1, after both writes ended.
+    let h = [ev(1, 10, true, 1), ev(20, 30, true, 2), ev(40, 50, false, 2), ev(60, 70, false, 1)];
+    assert!(linearizable(&h, 0).is_err());
+    // A stale read of the initial value after a completed write.
+    assert!(linearizable(&[ev(1, 10, true, 1), ev(20, 30, false, 0)], 0).is_err());
+    assert!(linearizable(&[ev(1, 10, false, 9)], 0).is_err());
+}
+
+#[test]
+fn per_key_histories_under_chaos_are_linearizable() {
+    // 2 threads × 4 coroutines update and read 4 keys concurrently (no
+    // inserts or deletes, so no duplicate removal is involved); every write
+    // is unique. Each key's recorded history must be linearizable.
+    let t = EmbeddedTransport::new(1, 32 << 20).unwrap().with_chaos(ChaosConfig::new(17));
+    let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = setup.ctx();
+    setup.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "lin", small()).await.unwrap();
+        for k in 0..4u64 {
+            ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap();
+        }
+    });
+    let t0 = std::time::Instant::now();
+    let history: Arc<Mutex<Vec<(u64, Event)>>> = Arc::default();
+    for (round, smart) in ["none", "spec-lookup,conflict-avoid"].into_iter().enumerate() {
+        let cfg = RunConfig {
+            threads: 2,
+            coroutines: 4,
+            duration: Duration::from_secs(60),
+            warmup: Duration::ZERO,
+            runtime: RuntimeConfig { smart: SmartConfig::parse(smart).unwrap(), ..RuntimeConfig::default() },
+            progress: false,
+        };
+        history.lock().unwrap().clear();
+        let r = driver::run(&t, &cfg, |w| {
+            let history = history.clone();
+            async move {
+                let mut ht =
+                    RaceHt::open(w.ctx(), "lin").await.map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
+                let me = (w.thread() * 4 + w.coroutine() + 1) as u64;
+                let mut rng = SmallRng::seed_from_u64(me);
+                let mut out = Vec::new();
+                let mut mine = Vec::new();
+                for seq in 0..150u64 {
+                    let k = rng.random_range(0..4u64);
+                    let start = t0.elapsed().as_nanos();
+                    let ev = if rng.random_bool(0.5) {
+                        // Unique across rounds too: round | coroutine | sequence.
+                        let version = (round as u64 + 1) << 48 | me << 32 | (seq + 1);
+                        let ok = ht.update(&k.to_le_bytes(), &value(k, version)).await;
+                        assert!(ok.map_err(|e| smart_core::Error::Unsupported(e.to_string()))?);
+                        Event { start, end: t0.elapsed().as_nanos(), write: true, value: version }
+                    } else {
+                        let found = ht.get(&k.to_le_bytes(), &mut out).await;
+                        assert!(found.map_err(|e| smart_core::Error::Unsupported(e.to_string()))?);
+                        assert_eq!(out[..8], k.to_le_bytes());
+                        let v = u64::from_le_bytes(out[8..16].try_into().unwrap());
+                        Event { start, end: t0.elapsed().as_nanos(), write: false, value: v }
+                    };
+                    mine.push((k, ev));
+                }
+                history.lock().unwrap().extend(mine);
+                Ok(())
+            }
+        })
+        .unwrap();
+        assert_eq!(r.errors, 0, "{smart}: {:?}", r.first_error);
+        let h = history.lock().unwrap();
+        assert_eq!(h.len(), 8 * 150);
+        for k in 0..4u64 {
+            let ops: Vec<Event> = h.iter().filter(|(key, _)| *key == k).map(|(_, e)| *e).collect();
+            // A round starts from the value the previous round left.
+            let init = if round == 0 { 0 } else { LAST.lock().unwrap()[k as usize] };
+            if let Err(e) = linearizable(&ops, init) {
+                panic!("{smart}: key {k}: {e}");
+            }
+        }
+        // Remember each key's final value for the next round.
+        let mut last = LAST.lock().unwrap();
+        for k in 0..4u64 {
+            let mut check = Runtime::new(&t, 9, RuntimeConfig::default()).unwrap();
+            let ctx = check.ctx();
+            last[k as usize] = check.block_on(async move {
+                let mut ht = RaceHt::open(&ctx, "lin").await.unwrap();
+                let mut out = Vec::new();
+                assert!(ht.get(&k.to_le_bytes(), &mut out).await.unwrap());
+                u64::from_le_bytes(out[8..16].try_into().unwrap())
+            });
+        }
+    }
+}
+
+static LAST: Mutex<[u64; 4]> = Mutex::new([0; 4]);
