@@ -8,11 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
 out=${OUT:-results/conflict}
-mkdir -p "$out"
-cargo build --release --quiet
-bin=target/release
 . scripts/lib.sh
-trap kill_blade EXIT
+prepare "$out"
 start_blade "$out" --size 64MiB
 addr=$BLADE_ADDR
 for backend in embedded tcp; do

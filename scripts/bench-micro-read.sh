@@ -7,11 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
 out=${OUT:-results/micro-read}
-mkdir -p "$out"
-cargo build --release --quiet
-bin=target/release
 . scripts/lib.sh
-trap kill_blade EXIT
+prepare "$out"
 
 for t in 1 2; do
   echo "embedded: $t thread(s)" >&2

@@ -11,11 +11,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-3}
 dbs=${DOORBELLS:-2:2}
 out=${OUT:-results/qp-policy}
-mkdir -p "$out"
-cargo build --release --quiet
-bin=target/release
 . scripts/lib.sh
-trap kill_blade EXIT
+prepare "$out"
 start_blade "$out" --size 256MiB
 addr=$BLADE_ADDR
 for backend in embedded tcp; do

@@ -9,11 +9,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-5}
 keys=${2:-200000}
 out=${OUT:-results/ycsb}
-mkdir -p "$out"
-cargo build --release --quiet
-bin=target/release
 . scripts/lib.sh
-trap kill_blade EXIT
+prepare "$out"
 start_blade "$out" --size 2GiB
 addr=$BLADE_ADDR
 for backend in embedded tcp; do

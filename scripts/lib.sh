@@ -1,5 +1,14 @@
-# Shared by the scripts (source it from the repository root, with $bin set
-# to the directory holding the binaries): a memory-blade on loopback.
+# Shared by the scripts (source it from the repository root): building,
+# and a memory-blade on loopback.
+
+# prepare OUT: makes OUT, builds the release binaries, sets $bin, and ends
+# any blade this script started when it exits.
+prepare() {
+  mkdir -p "$1"
+  cargo build --release --quiet
+  bin=target/release
+  trap kill_blade EXIT
+}
 
 # start_blade DIR ARGS...: starts memory-blade on 127.0.0.1 (a free port)
 # with ARGS, its stdout in DIR/blade.out; sets BLADE_PID and BLADE_ADDR.
