@@ -112,6 +112,8 @@ struct Directory {
 /// Where a key may live.
 #[derive(Clone, Copy, Debug)]
 struct Place {
+    /// The key's first hash (also the speculation cache's tag).
+    h1: u64,
     sub: usize,
     buckets: [GlobalAddr; 2],
     fp: u8,
@@ -337,6 +339,7 @@ impl RaceHt {
         }
         let base = d.subtables[sub];
         Place {
+            h1,
             sub,
             buckets: [base.add(layout::combined_offset(b1)), base.add(layout::combined_offset(b2))],
             fp: (h1 >> 56) as u8,
@@ -448,11 +451,11 @@ impl RaceHt {
     /// # Errors
     /// Verb errors; [`RaceError::Torn`] if a block never reads whole.
     pub async fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
-        let h = layout::hashes(key).0;
+        let p = self.place(key);
+        let h = p.h1;
         if self.speculate(h, key, out).await? {
             return Ok(true);
         }
-        let p = self.place(key);
         let snap = self.read_buckets(&p, None).await?;
         let m = self.matches(key, p.fp, &snap).await?;
         let Some(&(at, s)) = m.first() else {
@@ -577,7 +580,7 @@ impl RaceHt {
                 }
                 if ctx.cas(slot_at, old.0, new.0).await? == old.0 {
                     self.retire(old);
-                    self.remember(layout::hashes(key).0, Some((slot_at, new)));
+                    self.remember(p.h1, Some((slot_at, new)));
                     break true;
                 }
                 op.retry().await;
@@ -642,7 +645,7 @@ impl RaceHt {
             };
             if ctx.cas(slot_at, old.0, 0).await? == old.0 {
                 self.retire(old);
-                self.remember(layout::hashes(key).0, None);
+                self.remember(p.h1, None);
                 return Ok(true);
             }
             op.retry().await;

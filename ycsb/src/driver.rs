@@ -82,8 +82,9 @@ async fn thread_table(ctx: &smart_core::Ctx) -> smart_core::Result<RaceHt> {
         return Ok(t);
     }
     let t = RaceHt::open(ctx, "ycsb").await.map_err(wrap)?;
-    TABLE.with(|slot| slot.borrow_mut().get_or_insert_with(|| t.clone()).clone());
-    Ok(TABLE.with(|slot| slot.borrow().clone()).expect("just stored"))
+    // Another coroutine of this thread may have opened it meanwhile: the
+    // first handle stored is the one everybody shares.
+    Ok(TABLE.with(|slot| slot.borrow_mut().get_or_insert(t).clone()))
 }
 
 fn wrap(e: race_ht::RaceError) -> Error {
