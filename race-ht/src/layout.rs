@@ -1,19 +1,28 @@
 //! Remote layout of the table (APPS.md §1), declared once.
 //!
 //! ```text
-//! directory  [magic u64][global depth u64][groups per subtable u64][0 u64]
-//!            then 2^GD entries: the subtable's GlobalAddr (u64)
-//! subtable   groups × [main0 | overflow | main1], 64-byte buckets
-//! bucket     [local depth u32][suffix u32] + 7 slots of 8 bytes
-//! slot       fp:8 | len:8 (KV block length in 64-byte units) | blade:8 | offset:40
-//! KV block   [key len u32][value len u32][key][value][pad][crc32 u32], a
-//!            multiple of 64 bytes; the CRC covers everything before it
+//! table header  [magic u64][dir word u64][groups per subtable u64]
+//!               [resize lock u64][splits u64][0 u64 × 3]       (64 bytes)
+//! dir word      global depth:8 | directory array address:56
+//! directory     2^GD entries: local depth:8 | subtable address:56
+//! subtable      groups × [main0 | overflow | main1], 64-byte buckets
+//! bucket        [local depth u32][suffix u32] + 7 slots of 8 bytes
+//! slot          fp:8 | len:8 (KV block length in 64-byte units) | blade:8
+//!               | offset:40; bit 0 (always 0 in a 64-aligned offset) is
+//!               the *frozen* bit a split sets on every slot it moves
+//! KV block      [key len u32][value len u32][key][value][pad][crc32 u32], a
+//!               multiple of 64 bytes; the CRC covers everything before it
 //! ```
 //! A *combined bucket* is a main bucket and the overflow bucket it shares:
 //! main index `i` lives in group `i / 2`; even `i` reads buckets `[+0, +1]`
 //! of the group, odd `i` reads `[+1, +2]`, one 128-byte READ either way.
 //! (Smart's code read `[+0, +1]` for both parities, leaving a third of the
 //! space unused.)
+//!
+//! Extendible hashing: a key's subtable is directory entry `h1 mod 2^GD`.
+//! A subtable of local depth `L` and suffix `s` holds exactly the keys with
+//! `h1 mod 2^L = s`, and every bucket header says so. A split never changes
+//! a subtable in place: it freezes it and publishes two new ones.
 
 use smart_core::GlobalAddr;
 
@@ -25,10 +34,18 @@ pub const SLOTS: usize = 7;
 pub const GROUP_BUCKETS: u64 = 3;
 /// Bytes of a combined bucket.
 pub const COMBINED: usize = 128;
-/// Bytes of the directory header.
-pub const DIR_HEADER: u64 = 32;
-/// Directory magic ("RACEDIR1").
-pub const DIR_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR1");
+/// Bytes of the table header.
+pub const TABLE_HEADER: u64 = 64;
+/// Table magic ("RACEDIR2": the resizable format).
+pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR2");
+/// Offset of the dir word in the table header.
+pub const DIR_WORD: u64 = 8;
+/// Offset of the resize lock in the table header.
+pub const LOCK_WORD: u64 = 24;
+/// Offset of the split counter in the table header.
+pub const SPLITS_WORD: u64 = 32;
+/// Largest global (and local) depth: a directory of 2^20 entries (8 MiB).
+pub const MAX_DEPTH: u32 = 20;
 /// Bytes of a KV block's header.
 pub const KV_HEADER: usize = 8;
 /// Largest offset a slot can hold (1 TiB per blade).
@@ -44,6 +61,31 @@ pub fn subtable_bytes(groups: u64) -> u64 {
     groups * GROUP_BUCKETS * BUCKET
 }
 
+/// Packs a depth and an address (blade < 256) into a dir word or a
+/// directory entry.
+///
+/// # Panics
+/// If the blade or depth does not fit.
+pub fn pack_entry(depth: u32, addr: GlobalAddr) -> u64 {
+    assert!(addr.blade() < 256 && depth < 256, "entry {depth} {addr} does not fit");
+    u64::from(depth) << 56 | addr.raw()
+}
+
+/// Unpacks [`pack_entry`].
+pub fn unpack_entry(w: u64) -> (u32, GlobalAddr) {
+    ((w >> 56) as u32, GlobalAddr::from_raw(w & ((1 << 56) - 1)))
+}
+
+/// A bucket header word: local depth and suffix.
+pub fn bucket_header(depth: u32, suffix: u64) -> u64 {
+    u64::from(depth) | suffix << 32
+}
+
+/// The low `depth` bits of a hash.
+pub fn suffix(h: u64, depth: u32) -> u64 {
+    h & ((1u64 << depth) - 1)
+}
+
 /// A slot word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Slot(pub u64);
@@ -51,6 +93,8 @@ pub struct Slot(pub u64);
 impl Slot {
     /// The empty slot.
     pub const EMPTY: Slot = Slot(0);
+    /// The frozen bit (bit 0; block offsets are 64-byte aligned).
+    pub const FROZEN: u64 = 1;
 
     /// A slot naming a KV block of `units` 64-byte units at `addr`.
     ///
@@ -62,9 +106,19 @@ impl Slot {
         Slot(u64::from(fp) << 56 | units << 48 | u64::from(addr.blade()) << 40 | addr.offset())
     }
 
-    /// Whether it is empty.
+    /// Whether it is empty (and not frozen).
     pub fn is_empty(self) -> bool {
         self.0 == 0
+    }
+
+    /// Whether a split has frozen it.
+    pub fn is_frozen(self) -> bool {
+        self.0 & Self::FROZEN != 0
+    }
+
+    /// The slot without its frozen bit.
+    pub fn thawed(self) -> Slot {
+        Slot(self.0 & !Self::FROZEN)
     }
 
     /// Fingerprint.
@@ -150,7 +204,10 @@ mod tests {
         assert_eq!(subtable_bytes(4), 768);
         assert_eq!(block_len(8, 8), 64);
         assert_eq!(block_len(8, 45), 128);
-        assert_eq!(&DIR_MAGIC.to_le_bytes(), b"RACEDIR1");
+        assert_eq!(&TABLE_MAGIC.to_le_bytes(), b"RACEDIR2");
+        let a = GlobalAddr::new(7, 0xabc_def0);
+        assert_eq!(unpack_entry(pack_entry(13, a)), (13, a));
+        assert_eq!((bucket_header(3, 5), suffix(0xff, 3)), (5 << 32 | 3, 7));
     }
 
     #[test]
@@ -159,6 +216,9 @@ mod tests {
         let s = Slot::new(0xab, 2, a);
         assert_eq!((s.fp(), s.block_len(), s.addr()), (0xab, 128, a));
         assert!(!s.is_empty() && Slot::EMPTY.is_empty());
+        let f = Slot(s.0 | Slot::FROZEN);
+        assert!(f.is_frozen() && !s.is_frozen() && f.thawed() == s);
+        assert!(!Slot(Slot::FROZEN).is_empty(), "a frozen empty slot is not free");
     }
 
     #[test]

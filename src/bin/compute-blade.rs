@@ -64,8 +64,8 @@ struct YcsbArgs {
     /// Check every value read and read every key back after the run.
     #[arg(long)]
     verify: bool,
-    /// Keys the hash table is sized for (it does not resize yet);
-    /// default 2 × keys + 100000.
+    /// Keys the hash table is created for (default: --keys); it grows
+    /// beyond by splitting subtables.
     #[arg(long)]
     capacity: Option<u64>,
 }
@@ -329,7 +329,7 @@ fn ycsb_cmd(a: &YcsbArgs) -> Result<bool> {
         key_size: a.key_size,
         value_size: a.value_size,
         verify: a.verify,
-        capacity: a.capacity.unwrap_or(2 * a.keys + 100_000),
+        capacity: a.capacity.unwrap_or(a.keys),
     };
     let rep = ycsb::driver::run_race(&*s.transport, &s.run, &y)?;
     let extra = json!({
@@ -341,6 +341,15 @@ fn ycsb_cmd(a: &YcsbArgs) -> Result<bool> {
         "verify": a.verify,
         "violations": rep.violations,
         "capacity": y.capacity,
+        "duplicates": rep.duplicates,
+        "race_depth": rep.shape.depth,
+        "race_subtables": rep.shape.subtables,
+        "race_splits": rep.shape.splits,
+        "race_subtables_per_blade": rep.shape.per_blade,
+        "race_doublings": rep.resize.doublings,
+        "race_split_s": rep.resize.split_ns as f64 / 1e9,
+        "race_waits": rep.resize.waits,
+        "race_dir_refreshes": rep.resize.refreshes,
         "spec_hits": rep.spec.0,
         "spec_misses": rep.spec.1,
         "spec_hit_rate": if rep.spec.0 + rep.spec.1 > 0 { rep.spec.0 as f64 / (rep.spec.0 + rep.spec.1) as f64 } else { 0.0 },

@@ -9,10 +9,10 @@
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use race_ht::{RaceConfig, RaceHt};
+use race_ht::{RaceConfig, RaceHt, ResizeStats, TableShape};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use smart_core::driver::{self, RunConfig, RunReport};
@@ -35,8 +35,8 @@ pub struct YcsbConfig {
     pub value_size: usize,
     /// Check every value read, and read every key back afterwards.
     pub verify: bool,
-    /// Keys the table is sized for (loaded keys plus the run's inserts):
-    /// the table does not resize yet.
+    /// Keys the table is created for; it grows beyond them by splitting
+    /// subtables (during the load or the run).
     pub capacity: u64,
 }
 
@@ -51,6 +51,13 @@ pub struct YcsbReport {
     pub violations: u64,
     /// Speculative lookups that hit and missed (with `spec-lookup`).
     pub spec: (u64, u64),
+    /// Keys found in two slots after the run (with `--verify`; counted in
+    /// `violations` too).
+    pub duplicates: u64,
+    /// The table's shape after the run.
+    pub shape: TableShape,
+    /// Resizing as the worker threads saw it, summed over load and run.
+    pub resize: ResizeStats,
 }
 
 fn key_bytes(k: u64, size: usize, out: &mut Vec<u8>) {
@@ -90,9 +97,6 @@ async fn thread_table(ctx: &smart_core::Ctx) -> smart_core::Result<RaceHt> {
 fn wrap(e: race_ht::RaceError) -> Error {
     match e {
         race_ht::RaceError::Verbs(e) => e,
-        race_ht::RaceError::Full => {
-            Error::Unsupported("the hash table is full (it does not resize yet): raise --capacity".into())
-        }
         other => Error::Unsupported(other.to_string()),
     }
 }
@@ -113,8 +117,8 @@ pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> s
     if y.keys == 0 {
         return Err(Error::Unsupported("--keys must be at least 1".into()));
     }
-    // Room for the loaded keys and the run's inserts (no resizing yet).
-    let table = RaceConfig::for_keys(y.capacity.max(y.keys));
+    // Sized for `capacity` keys; inserts beyond split subtables.
+    let table = RaceConfig::for_keys(y.capacity.max(1));
     let mut setup = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = setup.ctx();
     setup.block_on(async move { RaceHt::create(&ctx, "ycsb", table).await.map(drop).map_err(wrap) })?;
@@ -122,15 +126,24 @@ pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> s
     // Load: coroutine i of n inserts keys i, i+n, i+2n, ...
     let total = (cfg.threads * cfg.coroutines) as u64;
     let violations = Arc::new(AtomicU64::new(0));
+    let resize: Arc<Mutex<ResizeStats>> = Arc::default();
+    let add_resize = |r: &Mutex<ResizeStats>, s: ResizeStats| {
+        let mut r = r.lock().expect("not poisoned");
+        r.splits += s.splits;
+        r.doublings += s.doublings;
+        r.refreshes += s.refreshes;
+        r.waits += s.waits;
+        r.split_ns += s.split_ns;
+    };
     let t0 = Instant::now();
     if cfg.progress {
         eprintln!("loading {} keys", y.keys);
     }
     let load_cfg = RunConfig { duration: Duration::from_secs(24 * 3600), warmup: Duration::ZERO, ..cfg.clone() };
     let load = driver::run(transport, &load_cfg, |w| {
-        let y = y.clone();
+        let (y, resize) = (y.clone(), resize.clone());
         async move {
-            let mut ht = RaceHt::open(w.ctx(), "ycsb").await.map_err(wrap)?;
+            let mut ht = thread_table(w.ctx()).await?;
             let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
             let (mut kb, mut vb) = (Vec::new(), Vec::new());
             let mut k = me;
@@ -141,6 +154,10 @@ pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> s
                 ht.insert(&kb, &vb).await.map_err(wrap)?;
                 w.record(t, 1);
                 k += total;
+            }
+            if w.coroutine() == 0 {
+                // The thread's coroutines share these statistics.
+                add_resize(&resize, ht.resize_stats());
             }
             Ok(())
         }
@@ -156,7 +173,7 @@ pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> s
     // The timed run.
     let spec = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
     let run = driver::run(transport, cfg, |w| {
-        let (y, violations, spec) = (y.clone(), violations.clone(), spec.clone());
+        let (y, violations, spec, resize) = (y.clone(), violations.clone(), spec.clone(), resize.clone());
         async move {
             let mut ht = thread_table(w.ctx()).await?;
             let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
@@ -206,30 +223,40 @@ pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> s
                 let (h, m) = ht.spec_stats();
                 spec.0.fetch_add(h, Ordering::Relaxed);
                 spec.1.fetch_add(m, Ordering::Relaxed);
+                add_resize(&resize, ht.resize_stats());
             }
             Ok(())
         }
     })?;
 
-    if y.verify {
-        // Every loaded key is still there and holds its own key.
-        let ctx = setup.ctx();
-        let (keys, ksz) = (y.keys, y.key_size);
-        let lost = setup.block_on(async move {
-            let mut ht = RaceHt::open(&ctx, "ycsb").await.map_err(wrap)?;
-            let (mut kb, mut out, mut lost) = (Vec::new(), Vec::new(), 0u64);
+    let ctx = setup.ctx();
+    let (keys, ksz, verify) = (y.keys, y.key_size, y.verify);
+    let (shape, duplicates, lost) = setup.block_on(async move {
+        let mut ht = RaceHt::open(&ctx, "ycsb").await.map_err(wrap)?;
+        let (mut duplicates, mut lost) = (0, 0);
+        if verify {
+            // Every loaded key is still there and holds its own key; no
+            // key is in two slots (scan also fails on a frozen slot, a
+            // misplaced key or a bad block).
+            let (mut kb, mut out) = (Vec::new(), Vec::new());
             for k in 0..keys {
                 key_bytes(k, ksz, &mut kb);
                 if !ht.get(&kb, &mut out).await.map_err(wrap)? || !holds_key(&out, k) {
                     lost += 1;
                 }
             }
-            Ok::<_, Error>(lost)
-        })?;
-        violations.fetch_add(lost, Ordering::Relaxed);
-    }
+            let mut all = ht.scan().await.map_err(wrap)?;
+            let n = all.len();
+            all.sort_unstable();
+            all.dedup();
+            duplicates = (n - all.len()) as u64;
+        }
+        Ok::<_, Error>((ht.current_shape().await.map_err(wrap)?, duplicates, lost))
+    })?;
+    violations.fetch_add(lost + duplicates, Ordering::Relaxed);
     let spec = (spec.0.load(Ordering::Relaxed), spec.1.load(Ordering::Relaxed));
-    Ok(YcsbReport { run, load_s, violations: violations.load(Ordering::Relaxed), spec })
+    let resize = *resize.lock().expect("not poisoned");
+    Ok(YcsbReport { run, load_s, violations: violations.load(Ordering::Relaxed), spec, duplicates, shape, resize })
 }
 
 #[cfg(test)]
@@ -239,8 +266,9 @@ mod tests {
 
     #[test]
     fn verified_run_over_the_hash_table_has_no_violations() {
-        let t = EmbeddedTransport::new(2, 64 << 20).unwrap();
         for (w, smart) in [("a", "none"), ("c", "spec-lookup"), ("d", "all"), ("f", "none"), ("update-only", "all")] {
+            // A fresh blade each time: the table is created, loaded and grown anew.
+            let t = EmbeddedTransport::new(2, 64 << 20).unwrap();
             let cfg = RunConfig {
                 threads: 2,
                 coroutines: 4,
@@ -259,18 +287,21 @@ mod tests {
                 key_size: 8,
                 value_size: 16,
                 verify: true,
-                capacity: 200_000,
+                // Created for 100 keys: the load and the inserts of d grow it.
+                capacity: 100,
             };
             let r = run_race(&t, &cfg, &y).unwrap();
             assert!(r.run.ops > 100, "{w}: {} ops ({:?})", r.run.ops, r.run.first_error);
             assert_eq!(r.run.errors, 0, "{w}: {:?}", r.run.first_error);
-            assert_eq!(r.violations, 0, "{w}");
+            assert_eq!((r.violations, r.duplicates), (0, 0), "{w}");
+            assert!(r.shape.splits >= 4 && r.shape.subtables >= 5, "{w}: the table grew: {:?}", r.shape);
+            assert!(r.resize.splits > 0, "{w}: the workers split it: {:?}", r.resize);
             if w == "c" {
                 assert!(r.spec.0 > r.spec.1, "read-only with spec-lookup mostly hits: {:?}", r.spec);
             }
         }
         assert!(run_race(
-            &t,
+            &EmbeddedTransport::new(1, 16 << 20).unwrap(),
             &RunConfig {
                 threads: 1,
                 coroutines: 1,

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use race_ht::{RaceConfig, RaceHt};
+use race_ht::{RaceConfig, RaceHt, ResizeStats};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use smart_core::driver::{self, RunConfig};
@@ -14,6 +14,11 @@ use smart_core::{ChaosConfig, EmbeddedTransport, Runtime, RuntimeConfig, Transpo
 
 fn small() -> RaceConfig {
     RaceConfig { depth: 2, groups: 16, grace: Duration::from_millis(1) }
+}
+
+/// One subtable of one group (21 slots): grows by splitting almost at once.
+fn tiny() -> RaceConfig {
+    RaceConfig { depth: 0, groups: 1, grace: Duration::from_millis(1) }
 }
 
 /// One step of an oracle sequence.
@@ -41,14 +46,14 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 /// Runs `steps` against the table and a `HashMap`; every result must agree.
-fn check_against_hashmap(steps: &[Step], spec: bool) -> Result<(), TestCaseError> {
+fn check_against_hashmap(steps: &[Step], spec: bool, shape: RaceConfig) -> Result<ResizeStats, TestCaseError> {
     let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
     let smart = SmartConfig { spec_lookup: spec, ..SmartConfig::default() };
     let mut rt = Runtime::new(&t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap();
     let ctx = rt.ctx();
     let steps = steps.to_vec();
     rt.block_on(async move {
-        let mut ht = RaceHt::create(&ctx, "oracle", small()).await.unwrap();
+        let mut ht = RaceHt::create(&ctx, "oracle", shape).await.unwrap();
         let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut out = Vec::new();
         for (i, s) in steps.iter().enumerate() {
@@ -90,7 +95,12 @@ fn check_against_hashmap(steps: &[Step], spec: bool) -> Result<(), TestCaseError
             prop_assert!(ht.get(key, &mut out).await.unwrap());
             prop_assert_eq!(&out, val);
         }
-        Ok(())
+        let mut keys = ht.scan().await.unwrap();
+        keys.sort();
+        let mut want: Vec<Vec<u8>> = model.keys().cloned().collect();
+        want.sort();
+        prop_assert_eq!(keys, want, "the slots hold exactly the model's keys, once each");
+        Ok(ht.resize_stats())
     })
 }
 
@@ -98,8 +108,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn operation_sequences_match_a_hashmap(steps in prop::collection::vec(step(), 1..400), spec in any::<bool>()) {
-        check_against_hashmap(&steps, spec)?;
+    fn operation_sequences_match_a_hashmap(
+        steps in prop::collection::vec(step(), 1..400),
+        spec in any::<bool>(),
+        grow in any::<bool>(),
+    ) {
+        // `grow`: a one-group table that splits as keys arrive.
+        check_against_hashmap(&steps, spec, if grow { tiny() } else { small() })?;
     }
 }
 
@@ -121,7 +136,9 @@ fn a_long_seeded_sequence_matches_a_hashmap() {
         })
         .collect();
     for spec in [false, true] {
-        check_against_hashmap(&steps, spec).unwrap();
+        check_against_hashmap(&steps, spec, small()).unwrap();
+        let st = check_against_hashmap(&steps, spec, tiny()).unwrap();
+        assert!(st.splits >= 8 && st.doublings >= 3, "the one-group table grew: {st:?}");
     }
 }
 
@@ -143,7 +160,7 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
     let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     setup.block_on(async move {
-        let mut ht = RaceHt::create(&ctx, "stress", small()).await.unwrap();
+        let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
         for k in 0..64u64 {
             assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap());
         }
@@ -224,7 +241,7 @@ fn racing_inserts_of_one_key_leave_one_slot() {
     let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     setup.block_on(async move {
-        RaceHt::create(&ctx, "stress", small()).await.unwrap();
+        RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
     });
     let wins = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let cfg = RunConfig {
@@ -273,27 +290,8 @@ fn racing_inserts_of_one_key_leave_one_slot() {
 
 /// Every key stored in table "stress", by reading all of its buckets.
 async fn race_ht_scan(ctx: &smart_core::Ctx) -> Vec<u64> {
-    use race_ht::layout::{decode_block, Slot, BUCKET, DIR_HEADER, GROUP_BUCKETS, SLOTS};
-    let dir = ctx.root(0, "race-ht:stress").await.unwrap().unwrap();
-    let cfg = small();
-    let mut keys = Vec::new();
-    for s in 0..(1u64 << cfg.depth) {
-        let sub = smart_core::GlobalAddr::from_raw(ctx.read_u64(dir.add(DIR_HEADER + 8 * s)).await.unwrap());
-        for b in 0..cfg.groups * GROUP_BUCKETS {
-            let mut bucket = [0u8; 64];
-            ctx.read(sub.add(b * BUCKET), &mut bucket).await.unwrap();
-            for i in 0..SLOTS {
-                let slot = Slot(u64::from_le_bytes(bucket[8 + 8 * i..16 + 8 * i].try_into().unwrap()));
-                if !slot.is_empty() {
-                    let mut blk = vec![0u8; slot.block_len()];
-                    ctx.read(slot.addr(), &mut blk).await.unwrap();
-                    let (k, _) = decode_block(&blk).expect("a published block decodes");
-                    keys.push(u64::from_le_bytes(k.try_into().unwrap()));
-                }
-            }
-        }
-    }
-    keys
+    let mut ht = RaceHt::open(ctx, "stress").await.unwrap();
+    ht.scan().await.unwrap().iter().map(|k| u64::from_le_bytes(k[..8].try_into().unwrap())).collect()
 }
 
 #[test]
@@ -435,14 +433,17 @@ fn the_linearizability_checker_rejects_what_it_should() {
 
 #[test]
 fn per_key_histories_under_chaos_are_linearizable() {
-    // 2 threads × 4 coroutines update and read 4 keys concurrently (no
-    // inserts or deletes, so no duplicate removal is involved); every write
-    // is unique. Each key's recorded history must be linearizable.
+    // 2 threads × 3 coroutines update and read 4 keys concurrently (no
+    // inserts or deletes of them, so no duplicate removal is involved);
+    // every write is unique. Meanwhile a fourth coroutine per thread
+    // inserts fresh keys into the one-group table, so the subtables of the
+    // 4 keys split under the readers and writers. Each key's recorded
+    // history must be linearizable.
     let t = EmbeddedTransport::new(1, 32 << 20).unwrap().with_chaos(ChaosConfig::new(17));
     let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     setup.block_on(async move {
-        let mut ht = RaceHt::create(&ctx, "lin", small()).await.unwrap();
+        let mut ht = RaceHt::create(&ctx, "lin", tiny()).await.unwrap();
         for k in 0..4u64 {
             ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap();
         }
@@ -465,6 +466,16 @@ fn per_key_histories_under_chaos_are_linearizable() {
                 let mut ht =
                     RaceHt::open(w.ctx(), "lin").await.map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
                 let me = (w.thread() * 4 + w.coroutine() + 1) as u64;
+                if w.coroutine() == 3 {
+                    for i in 0..300u64 {
+                        let k = (round as u64 + 1) << 40 | me << 20 | i;
+                        ht.insert(&k.to_le_bytes(), &value(k, 0))
+                            .await
+                            .map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
+                    }
+                    SPLITS.fetch_add(ht.resize_stats().splits, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(());
+                }
                 let mut rng = SmallRng::seed_from_u64(me);
                 let mut out = Vec::new();
                 let mut mine = Vec::new();
@@ -493,7 +504,7 @@ fn per_key_histories_under_chaos_are_linearizable() {
         .unwrap();
         assert_eq!(r.errors, 0, "{smart}: {:?}", r.first_error);
         let h = history.lock().unwrap();
-        assert_eq!(h.len(), 8 * 150);
+        assert_eq!(h.len(), 6 * 150);
         for k in 0..4u64 {
             let ops: Vec<Event> = h.iter().filter(|(key, _)| *key == k).map(|(_, e)| *e).collect();
             // A round starts from the value the previous round left.
@@ -515,6 +526,175 @@ fn per_key_histories_under_chaos_are_linearizable() {
             });
         }
     }
+    assert!(SPLITS.load(std::sync::atomic::Ordering::Relaxed) >= 10, "the table split during the histories");
 }
 
 static LAST: Mutex<[u64; 4]> = Mutex::new([0; 4]);
+static SPLITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Maps a table error into the driver's error type.
+fn wrap(e: race_ht::RaceError) -> smart_core::Error {
+    smart_core::Error::Unsupported(e.to_string())
+}
+
+#[test]
+fn a_one_group_table_grows_under_chaos_while_operations_continue() {
+    // 3 threads × 6 coroutines on two blades, from a 21-slot table: each
+    // coroutine inserts its own 150 fresh keys (so the table splits all
+    // through the run), updates and reads back its earlier keys, deletes
+    // every fifth one, and meanwhile updates and reads 32 shared keys.
+    // Every read must find its key (unless deleted) with its latest value;
+    // at the end every surviving key is present once, in the right subtable.
+    let t = EmbeddedTransport::new(2, 64 << 20).unwrap().with_chaos(ChaosConfig::new(23));
+    let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = setup.ctx();
+    let before = setup.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
+        for k in 0..32u64 {
+            assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap());
+        }
+        ht.current_shape().await.unwrap().splits
+    });
+    let bad: Arc<Mutex<Vec<String>>> = Arc::default();
+    let cfg = RunConfig {
+        threads: 3,
+        coroutines: 6,
+        duration: Duration::from_secs(120),
+        warmup: Duration::ZERO,
+        runtime: RuntimeConfig { smart: SmartConfig::parse("all").unwrap(), ..RuntimeConfig::default() },
+        progress: false,
+    };
+    let r = driver::run(&t, &cfg, |w| {
+        let bad = bad.clone();
+        async move {
+            let mut ht = RaceHt::open(w.ctx(), "stress").await.map_err(wrap)?;
+            let me = (w.thread() * 6 + w.coroutine()) as u64;
+            let mut rng = SmallRng::seed_from_u64(me);
+            let mut out = Vec::new();
+            let mut mine: Vec<(u64, u64)> = Vec::new(); // (key, version); version u64::MAX = deleted
+            let report = |m: String| bad.lock().unwrap().push(m);
+            for i in 0..150u64 {
+                let k = 1000 + me * 1000 + i;
+                if !ht.insert(&k.to_le_bytes(), &value(k, 0)).await.map_err(wrap)? {
+                    report(format!("fresh key {k} reported present"));
+                }
+                mine.push((k, 0));
+                // One of this coroutine's keys: update, read back, or delete.
+                let j = rng.random_range(0..mine.len());
+                let (old, v) = mine[j];
+                match rng.random_range(0..5) {
+                    0 if v != u64::MAX => {
+                        assert!(ht.delete(&old.to_le_bytes()).await.map_err(wrap)?, "key {old} deleted once");
+                        mine[j].1 = u64::MAX;
+                    }
+                    1 | 2 if v != u64::MAX => {
+                        if !ht.update(&old.to_le_bytes(), &value(old, i + 1)).await.map_err(wrap)? {
+                            report(format!("update of present key {old} found nothing"));
+                        }
+                        mine[j].1 = i + 1;
+                    }
+                    _ => {
+                        let found = ht.get(&old.to_le_bytes(), &mut out).await.map_err(wrap)?;
+                        match (found, v) {
+                            (false, u64::MAX) => {}
+                            (true, u64::MAX) => report(format!("deleted key {old} found")),
+                            (false, _) => report(format!("key {old} lost")),
+                            (true, v) if out[..] != value(old, v)[..] => {
+                                report(format!("key {old} read {:?}, expected version {v}", &out[..16]))
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                // A shared key, racing with the other coroutines.
+                let s = rng.random_range(0..32u64);
+                if rng.random_bool(0.5) {
+                    if !ht.update(&s.to_le_bytes(), &value(s, me << 32 | i)).await.map_err(wrap)? {
+                        report(format!("shared key {s} missing on update"));
+                    }
+                } else if !ht.get(&s.to_le_bytes(), &mut out).await.map_err(wrap)? || out[..8] != s.to_le_bytes() {
+                    report(format!("shared key {s} missing or wrong"));
+                }
+            }
+            // Final check of this coroutine's keys, after everybody's splits.
+            for &(k, v) in &mine {
+                let found = ht.get(&k.to_le_bytes(), &mut out).await.map_err(wrap)?;
+                if found != (v != u64::MAX) || (found && out[..] != value(k, v)[..]) {
+                    report(format!("key {k}: found {found}, expected version {v}"));
+                }
+            }
+            Ok(())
+        }
+    })
+    .unwrap();
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    let bad = bad.lock().unwrap();
+    assert!(bad.is_empty(), "{} violations, first: {:?}", bad.len(), bad.first());
+    let mut check = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = check.ctx();
+    check.block_on(async move {
+        let keys = race_ht_scan(&ctx).await;
+        let mut seen = HashSet::new();
+        for k in &keys {
+            assert!(seen.insert(*k), "key {k} is in two slots");
+        }
+        assert!((0..32).all(|k| seen.contains(&k)), "a shared key was lost");
+        let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();
+        let shape = ht.current_shape().await.unwrap();
+        assert!(
+            shape.depth >= 6 && shape.splits >= before + 100,
+            "grew during the run (from {before} splits): {shape:?}"
+        );
+        assert_eq!(shape.subtables, shape.per_blade.iter().sum::<usize>());
+        assert!(
+            shape.per_blade.iter().all(|&n| n >= shape.subtables / 3),
+            "subtables spread over both blades: {shape:?}"
+        );
+        assert!(keys.len() > 2000, "{} keys", keys.len());
+    });
+}
+
+#[test]
+fn a_client_with_a_stale_directory_still_finds_every_key() {
+    // Client A caches the directory of a one-group table; client B (another
+    // thread) then grows it to thousands of keys. A, its cache many splits
+    // and doublings old, must find every key, update and insert, and must
+    // have re-read its directory to do so.
+    let t: Arc<dyn Transport> = Arc::new(EmbeddedTransport::new(2, 64 << 20).unwrap().with_chaos(ChaosConfig::new(3)));
+    let mut a = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
+    let ctx_a = a.ctx();
+    let mut stale = a.block_on(async move { RaceHt::create(&ctx_a, "grow", tiny()).await.unwrap() });
+    assert_eq!(stale.shape(), (0, 1));
+    let t2 = t.clone();
+    std::thread::spawn(move || {
+        let mut b = Runtime::new(&*t2, 1, RuntimeConfig::default()).unwrap();
+        let ctx = b.ctx();
+        b.block_on(async move {
+            let mut ht = RaceHt::open(&ctx, "grow").await.unwrap();
+            for k in 0..3000u64 {
+                assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap());
+            }
+            assert!(ht.shape().0 >= 6, "B's table grew: {:?}", ht.shape());
+        });
+    })
+    .join()
+    .unwrap();
+    let ctx_a = a.ctx();
+    a.block_on(async move {
+        assert_eq!(stale.shape(), (0, 1), "A's cache is still the one-subtable directory");
+        let mut out = Vec::new();
+        for k in 0..3000u64 {
+            assert!(stale.get(&k.to_le_bytes(), &mut out).await.unwrap(), "key {k} not found through a stale cache");
+            assert_eq!(out, value(k, 0));
+        }
+        assert!(stale.resize_stats().refreshes >= 1 && stale.shape().0 >= 6, "A re-read the directory");
+        // A fresh handle of A's thread and A itself write after the growth.
+        let mut other = RaceHt::open(&ctx_a, "grow").await.unwrap();
+        assert!(other.update(&5u64.to_le_bytes(), &value(5, 1)).await.unwrap());
+        assert!(stale.insert(&9999u64.to_le_bytes(), &value(9999, 0)).await.unwrap());
+        assert!(stale.get(&5u64.to_le_bytes(), &mut out).await.unwrap());
+        assert_eq!(out, value(5, 1));
+        let keys = stale.scan().await.unwrap();
+        assert_eq!(keys.len(), 3001);
+    });
+}
