@@ -38,14 +38,17 @@ run faa-contended --op faa --contended --threads 2 --coroutines 4
 run cas-contended --op cas --contended --threads 2 --coroutines 4
 run smart-all --op faa --contended --threads 2 --coroutines 4 --smart all
 
-# YCSB over the RACE hash table on the blade, every value checked.
-timeout 120 "$bin/compute-blade" ycsb --blades "$addr" --app race --workload a --keys 20000 --verify \
+# YCSB over the RACE hash table on the blade, every value checked, on a
+# table created for 1000 keys that the load grows.
+timeout 120 "$bin/compute-blade" ycsb --blades "$addr" --app race --workload a --keys 20000 --capacity 1000 --verify \
   --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json "$work/ycsb.json"
 python3 - "$work/ycsb.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert r["ops"] > 0 and r["errors"] == 0 and r["violations"] == 0, r
-print(f"e2e: ycsb a over race-ht: {r['throughput_mops']:.3f} Mop/s, verified, ok")
+assert r["ops"] > 0 and r["errors"] == 0 and r["violations"] == 0 and r["duplicates"] == 0, r
+assert r["race_splits"] > 0, r
+print(f"e2e: ycsb a over race-ht: {r['throughput_mops']:.3f} Mop/s, verified, "
+      f"grew to {r['race_subtables']} subtables, ok")
 PY
 
 kill -TERM "$blade_pid"

@@ -121,7 +121,14 @@ pub fn run_race(transport: &dyn Transport, cfg: &RunConfig, y: &YcsbConfig) -> s
     let table = RaceConfig::for_keys(y.capacity.max(1));
     let mut setup = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = setup.ctx();
-    setup.block_on(async move { RaceHt::create(&ctx, "ycsb", table).await.map(drop).map_err(wrap) })?;
+    let existed = setup.block_on(async move {
+        let existed = ctx.root(0, "race-ht:ycsb").await?.is_some();
+        RaceHt::create(&ctx, "ycsb", table).await.map_err(wrap)?;
+        Ok::<_, Error>(existed)
+    })?;
+    if existed && cfg.progress {
+        eprintln!("note: table \"ycsb\" already exists on the blades (an earlier run): loading into it as it is");
+    }
 
     // Load: coroutine i of n inserts keys i, i+n, i+2n, ...
     let total = (cfg.threads * cfg.coroutines) as u64;
