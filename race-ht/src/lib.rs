@@ -172,6 +172,14 @@ struct Place {
     version: u64,
 }
 
+impl Directory {
+    /// Each subtable once: (suffix, local depth, address). A subtable of
+    /// local depth L and suffix s first appears at entry s.
+    fn subtables(&self) -> impl Iterator<Item = (u64, u32, GlobalAddr)> + '_ {
+        self.entries.iter().enumerate().filter(|(i, (ld, _))| *i < 1 << ld).map(|(i, &(ld, at))| (i as u64, ld, at))
+    }
+}
+
 /// What one thread saw and did of resizing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ResizeStats {
@@ -382,6 +390,13 @@ fn empty_subtable(groups: u64, depth: u32, suffix: u64) -> Vec<u8> {
     img
 }
 
+/// Every slot of a subtable image: (offset in the subtable, slot word).
+fn slots_of(img: &[u8]) -> impl Iterator<Item = (usize, Slot)> + '_ {
+    (0..img.len() / BUCKET as usize)
+        .flat_map(|b| (0..SLOTS).map(move |i| b * BUCKET as usize + 8 + 8 * i))
+        .map(|off| (off, Slot(word(img, off))))
+}
+
 /// Blade of the subtable with `suffix`: spreads subtables over the blades,
 /// and a split's first half stays on its parent's blade.
 fn blade_of(suffix: u64, blades: usize) -> u16 {
@@ -535,7 +550,7 @@ impl RaceHt {
         let (depth, subtables) = self.shape();
         let d = self.dir.borrow();
         let mut per_blade = vec![0; self.ctx.blades().len()];
-        for (_, (_, at)) in d.entries.iter().enumerate().filter(|(i, (ld, _))| *i < 1 << ld) {
+        for (_, _, at) in d.subtables() {
             per_blade[usize::from(at.blade())] += 1;
         }
         Ok(TableShape { depth, subtables, splits: d.epoch, per_blade })
@@ -549,8 +564,7 @@ impl RaceHt {
     /// The cached global depth and number of subtables.
     pub fn shape(&self) -> (u32, usize) {
         let d = self.dir.borrow();
-        // A subtable of local depth L and suffix s first appears at entry s.
-        (d.depth, d.entries.iter().enumerate().filter(|(i, (ld, _))| *i < 1 << ld).count())
+        (d.depth, d.subtables().count())
     }
 
     fn place(&self, key: &[u8]) -> Place {
@@ -944,37 +958,19 @@ impl RaceHt {
         self.reload_dir().await?;
         let (groups, subtables) = {
             let d = self.dir.borrow();
-            let subs: Vec<(u64, u32, GlobalAddr)> = d
-                .entries
-                .iter()
-                .enumerate()
-                .filter(|(i, (ld, _))| *i < 1 << ld)
-                .map(|(i, &(ld, at))| (i as u64, ld, at))
-                .collect();
-            (d.groups, subs)
+            (d.groups, d.subtables().collect::<Vec<_>>())
         };
         let mut keys = Vec::new();
         for (suffix, ld, at) in subtables {
             let mut img = vec![0u8; layout::subtable_bytes(groups) as usize];
             read_all(&self.ctx, at, &mut img).await?;
-            let mut occupied = Vec::new();
-            for (b, bucket) in img.chunks(BUCKET as usize).enumerate() {
-                if word(bucket, 0) != layout::bucket_header(ld, suffix) {
-                    return Err(RaceError::Corrupt(format!(
-                        "bucket {b} of subtable {at}: header {:#x}",
-                        word(bucket, 0)
-                    )));
-                }
-                for i in 0..SLOTS {
-                    let sl = Slot(word(bucket, 8 + 8 * i));
-                    if sl.is_frozen() {
-                        return Err(RaceError::Corrupt(format!("a frozen slot in live subtable {at}")));
-                    }
-                    if !sl.is_empty() {
-                        occupied.push((b * BUCKET as usize + 8 + 8 * i, sl));
-                    }
-                }
+            if let Some(b) = img.chunks(BUCKET as usize).position(|b| word(b, 0) != layout::bucket_header(ld, suffix)) {
+                return Err(RaceError::Corrupt(format!("bucket {b} of subtable {at}: bad header")));
             }
+            if slots_of(&img).any(|(_, sl)| sl.is_frozen()) {
+                return Err(RaceError::Corrupt(format!("a frozen slot in live subtable {at}")));
+            }
+            let occupied: Vec<(usize, Slot)> = slots_of(&img).filter(|(_, sl)| !sl.is_empty()).collect();
             for blk in self.read_blocks(at.blade(), &occupied).await? {
                 let (k, _) = layout::decode_block(&blk).expect("read_blocks returns whole blocks");
                 if layout::suffix(layout::hashes(k).0, ld) != suffix {
@@ -1028,15 +1024,8 @@ impl RaceHt {
         let img = self.freeze(base, groups).await?;
 
         // Every occupied slot, in address order, and its block.
-        let mut occupied = Vec::new();
-        for (b, bucket) in img.chunks(BUCKET as usize).enumerate() {
-            for i in 0..SLOTS {
-                let sl = Slot(word(bucket, 8 + 8 * i)).thawed();
-                if !sl.is_empty() {
-                    occupied.push((b * BUCKET as usize + 8 + 8 * i, sl));
-                }
-            }
-        }
+        let occupied: Vec<(usize, Slot)> =
+            slots_of(&img).map(|(off, sl)| (off, sl.thawed())).filter(|(_, sl)| !sl.is_empty()).collect();
         let blocks = self.read_blocks(base.blade(), &occupied).await?;
 
         // The two halves keep each entry's slot position.
@@ -1117,11 +1106,8 @@ impl RaceHt {
     async fn freeze(&self, base: GlobalAddr, groups: u64) -> Result<Vec<u8>> {
         let mut img = vec![0u8; layout::subtable_bytes(groups) as usize];
         read_all(&self.ctx, base, &mut img).await?;
-        let mut pending: Vec<(usize, u64)> = (0..img.len() / BUCKET as usize)
-            .flat_map(|b| (0..SLOTS).map(move |i| b * BUCKET as usize + 8 + 8 * i))
-            .map(|off| (off, word(&img, off)))
-            .filter(|(_, w)| !Slot(*w).is_frozen())
-            .collect();
+        let mut pending: Vec<(usize, u64)> =
+            slots_of(&img).filter(|(_, sl)| !sl.is_frozen()).map(|(off, sl)| (off, sl.0)).collect();
         while !pending.is_empty() {
             let mut again = Vec::new();
             for chunk in pending.chunks(MAX_BATCH) {
