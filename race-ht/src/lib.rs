@@ -40,7 +40,7 @@
 //!    dropped here too; a block whose new subtable is on another blade is
 //!    copied there;
 //! 3. WRITE both, then publish them in the directory: in place when
-//!    `L < GD`, or by WRITing a doubled directory and swapping the dir word
+//!    `L < GD`, or by writing a doubled directory and swapping the dir word
 //!    (depth and address in one 8-byte word) when `L = GD`; bump the split
 //!    counter; release the lock.
 //!
@@ -357,13 +357,35 @@ struct Snapshot {
     slots: [(GlobalAddr, Slot); 4 * SLOTS],
 }
 
-/// WRITEs `data` at `at` in pieces that fit a batch.
-async fn write_all(ctx: &Ctx, at: GlobalAddr, data: &[u8]) -> Result<()> {
-    let chunk = ctx.config().slot_bytes / 2;
-    for (i, c) in data.chunks(chunk).enumerate() {
-        ctx.write(at.add((i * chunk) as u64), c).await?;
+/// WRITEs each `(address, bytes)`, batched per blade (in order), up to a
+/// slot's bytes per doorbell.
+async fn write_many(ctx: &Ctx, items: &[(GlobalAddr, &[u8])]) -> Result<()> {
+    let room = ctx.config().slot_bytes;
+    let mut i = 0;
+    while i < items.len() {
+        let blade = items[i].0.blade();
+        let mut b = ctx.batch();
+        let mut bytes = 0;
+        while i < items.len()
+            && b.len() < MAX_BATCH
+            && items[i].0.blade() == blade
+            && (b.is_empty() || bytes + items[i].1.len() <= room)
+        {
+            b.write(items[i].0, items[i].1);
+            bytes += items[i].1.len();
+            i += 1;
+        }
+        b.post().await?;
     }
     Ok(())
+}
+
+/// WRITEs `data` at `at`, in pieces of half a slot, two per doorbell.
+async fn write_all(ctx: &Ctx, at: GlobalAddr, data: &[u8]) -> Result<()> {
+    let chunk = ctx.config().slot_bytes / 2;
+    let pieces: Vec<(GlobalAddr, &[u8])> =
+        data.chunks(chunk).enumerate().map(|(i, c)| (at.add((i * chunk) as u64), c)).collect();
+    write_many(ctx, &pieces).await
 }
 
 /// READs `out.len()` bytes at `at` in pieces that fit a batch.
@@ -1064,7 +1086,7 @@ impl RaceHt {
             }
             halves[half][off..off + 8].copy_from_slice(&w.0.to_le_bytes());
         }
-        self.write_many(&copies).await?;
+        write_many(&ctx, &copies).await?;
         for (a, h) in addrs.iter().zip(&halves) {
             write_all(&ctx, *a, h).await?;
         }
@@ -1093,7 +1115,7 @@ impl RaceHt {
             let updates: Vec<(GlobalAddr, [u8; 8])> =
                 (s..1 << gd).step_by(1 << ld).map(|i| (array.add(8 * i), entry(i))).collect();
             let updates: Vec<(GlobalAddr, &[u8])> = updates.iter().map(|(a, e)| (*a, &e[..])).collect();
-            self.write_many(&updates).await?;
+            write_many(&ctx, &updates).await?;
         }
         ctx.faa(self.table.add(layout::SPLITS_WORD), 1).await?;
         self.bump(|st| st.splits += 1);
@@ -1169,27 +1191,5 @@ impl RaceHt {
             }
         }
         Err(RaceError::Torn(slots[pending[0]].1.addr()))
-    }
-
-    /// WRITEs each `(address, bytes)`, batched per blade (in order).
-    async fn write_many(&self, items: &[(GlobalAddr, &[u8])]) -> Result<()> {
-        let room = self.ctx.config().slot_bytes;
-        let mut i = 0;
-        while i < items.len() {
-            let blade = items[i].0.blade();
-            let mut b = self.ctx.batch();
-            let mut bytes = 0;
-            while i < items.len()
-                && b.len() < MAX_BATCH
-                && items[i].0.blade() == blade
-                && (b.is_empty() || bytes + items[i].1.len() <= room)
-            {
-                b.write(items[i].0, items[i].1);
-                bytes += items[i].1.len();
-                i += 1;
-            }
-            b.post().await?;
-        }
-        Ok(())
     }
 }
