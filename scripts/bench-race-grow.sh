@@ -40,7 +40,7 @@ for b in ["embedded", "tcp"]:
     rs = sorted((json.load(open(f)) for f in glob.glob(os.path.join(d, f"{b}-*.json"))), key=lambda r: r["capacity"])
     for r in rs:
         print(f"| {b} | {r['keys']} | {r['capacity']} | {r['load_s']:.1f} | {r['keys'] / r['load_s'] / 1e6:.2f} | "
-              f"{r['race_splits']} | {r['race_depth']} | {r['race_subtables_per_blade']} | "
+              f"{r['race']['splits']} | {r['race']['depth']} | {r['race']['subtables_per_blade']} | "
               f"{r['throughput_mops']:.3f} | {r['violations']} |")
     g, p = rs[0], rs[-1]
     print(f"| {b} | | **grown ÷ presized** | **{g['load_s'] / p['load_s']:.2f}× time** | | | | | "

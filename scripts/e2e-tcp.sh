@@ -46,9 +46,9 @@ python3 - "$work/ycsb.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["ops"] > 0 and r["errors"] == 0 and r["violations"] == 0 and r["duplicates"] == 0, r
-assert r["race_splits"] > 0, r
+assert r["race"]["splits"] > 0, r
 print(f"e2e: ycsb a over race-ht: {r['throughput_mops']:.3f} Mop/s, verified, "
-      f"grew to {r['race_subtables']} subtables, ok")
+      f"grew to {r['race']['subtables']} subtables, ok")
 PY
 
 kill -TERM "$blade_pid"

@@ -185,7 +185,7 @@ pub fn hashes(key: &[u8]) -> (u64, u64) {
     (h1, fmix64(h1 ^ 0x9e37_79b9_7f4a_7c15))
 }
 
-fn fmix64(mut k: u64) -> u64 {
+pub(crate) fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;
@@ -198,7 +198,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layout_is_pinned() {
+    pub(crate) fn layout_is_pinned() {
         assert_eq!((combined_offset(0), combined_offset(1)), (0, 64), "group 0: [0,1] and [1,2]");
         assert_eq!((combined_offset(2), combined_offset(3)), (192, 256), "group 1");
         assert_eq!(subtable_bytes(4), 768);
@@ -211,7 +211,7 @@ mod tests {
     }
 
     #[test]
-    fn slots_pack_and_unpack() {
+    pub(crate) fn slots_pack_and_unpack() {
         let a = GlobalAddr::new(3, 0x12_3456_7890);
         let s = Slot::new(0xab, 2, a);
         assert_eq!((s.fp(), s.block_len(), s.addr()), (0xab, 128, a));
@@ -222,7 +222,7 @@ mod tests {
     }
 
     #[test]
-    fn blocks_round_trip_and_reject_tears() {
+    pub(crate) fn blocks_round_trip_and_reject_tears() {
         let mut b = Vec::new();
         encode_block(b"key", b"value", &mut b);
         assert_eq!(decode_block(&b), Some((&b"key"[..], &b"value"[..])));

@@ -13,6 +13,8 @@
 //!   endpoint; they build [`Batch`]es of WRs (one batch = one doorbell to one
 //!   QP) and await their completion. When no coroutine can run, the runtime
 //!   polls the CQ and wakes the coroutines whose batches completed.
+//! * [`KvIndex`] is what every key-value index (the RACE hash table, the
+//!   Sherman B+tree) offers the workloads.
 //! * [`layout`] fixes the blade's superblock (heap pointer, named roots);
 //!   [`Ctx::alloc`] sub-allocates chunks taken from it by FAA.
 //!
@@ -40,15 +42,12 @@
 pub mod addr;
 pub mod backend;
 pub mod blade;
-pub mod driver;
 mod error;
+pub mod index;
 pub mod layout;
-pub mod micro;
 mod primitive;
-mod ready;
 pub mod region;
 pub mod runtime;
-pub mod size;
 pub mod smart;
 pub mod stats;
 pub mod verbs;
@@ -57,5 +56,6 @@ pub mod wire;
 pub use addr::GlobalAddr;
 pub use backend::{BladeInfo, ChaosConfig, EmbeddedTransport, TcpTransport, Transport};
 pub use error::{Error, Result};
+pub use index::{Audit, IndexStats, KvIndex};
 pub use runtime::{Batch, Ctx, Done, Runtime, RuntimeConfig};
 pub use verbs::{Completion, Opcode, WcStatus, WorkRequest};

@@ -4,54 +4,22 @@
 //! cleanly on SIGINT or SIGTERM, flushing its backing file.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use anyhow::{Context, Result};
+use clap::Parser;
+use smart::cli::MemoryCli;
+use smart::config::Link;
 use smart_core::blade::BladeServer;
 use smart_core::region::Region;
-use smart_core::size::parse_size;
-
-#[derive(Parser, Debug)]
-#[command(version, about = "Smart-rs memory blade: serves one-sided verbs on its memory")]
-struct Args {
-    /// Address to listen on, e.g. 0.0.0.0:7000 (port 0 picks a free port).
-    #[arg(long)]
-    listen: String,
-    /// Region size, e.g. 1GiB. Default 1GiB; with an existing backing file,
-    /// the file's size.
-    #[arg(long, value_parser = parse_size)]
-    size: Option<u64>,
-    /// Keep the region in this file: its contents survive a restart.
-    #[arg(long)]
-    backing_file: Option<PathBuf>,
-    /// How compute blades reach the region.
-    #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
-    transport: TransportArg,
-    /// RDMA device (with --transport verbs; default: the first with an active port).
-    #[arg(long)]
-    device: Option<String>,
-    /// GID index (with --transport verbs on RoCE; default 0).
-    #[arg(long)]
-    gid_index: Option<u32>,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum TransportArg {
-    Tcp,
-    Verbs,
-}
 
 fn main() -> Result<()> {
-    let args = Args::parse();
-    let verbs = matches!(args.transport, TransportArg::Verbs);
-    if !verbs && (args.device.is_some() || args.gid_index.is_some()) {
-        bail!("--device and --gid-index apply to --transport verbs only");
-    }
+    let args = MemoryCli::parse();
+    let link = Link::resolve(&args.link)?;
+    let verbs = link != Link::Tcp;
     #[cfg(not(feature = "verbs"))]
     if verbs {
-        bail!("{}", smart_core::backend::verbs::NOT_BUILT);
+        anyhow::bail!("{}", smart_core::backend::verbs::NOT_BUILT);
     }
     let (region, what) = match &args.backing_file {
         Some(p) => (
@@ -80,9 +48,9 @@ fn main() -> Result<()> {
         BladeServer::bind(&args.listen, region.clone()).with_context(|| format!("listening on {}", args.listen))?;
     // The device is opened before "ready", so a missing one fails at once.
     #[cfg(feature = "verbs")]
-    if verbs {
+    if let Link::Verbs { device, gid_index } = &link {
         use smart_core::backend::verbs::{VerbsBlade, VerbsConfig};
-        let cfg = VerbsConfig { device: args.device.clone(), gid_index: args.gid_index };
+        let cfg = VerbsConfig { device: device.clone(), gid_index: *gid_index };
         let vb = VerbsBlade::open(region.clone(), &cfg).context("opening the RDMA device")?;
         eprintln!("memory-blade: region registered on RDMA device {}", vb.device());
         server = server.with_verbs(std::sync::Arc::new(vb));

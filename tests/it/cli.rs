@@ -302,8 +302,8 @@ fn ycsb_over_the_hash_table_verifies_on_embedded_and_tcp() {
             assert_eq!(r["transport"], backend);
             assert_eq!((&r["violations"], &r["duplicates"]), (&json!(0), &json!(0)));
             assert!(r["ops"].as_u64().unwrap() > 0);
-            assert!(r["race_splits"].as_u64().unwrap() >= 4, "the table grew: {}", r["race_splits"]);
-            assert!(r["race_subtables"].as_u64().unwrap() > 4);
+            assert!(r["race"]["splits"].as_u64().unwrap() >= 4, "the table grew: {}", r["race"]);
+            assert!(r["race"]["subtables"].as_u64().unwrap() > 4);
             std::fs::remove_file(json).unwrap();
         }
     }

@@ -1,6 +1,6 @@
 //! # ycsb
 //!
-//! The YCSB workloads as the Smart paper uses them (SPEC.md §4, APPS.md §4):
+//! The YCSB workloads as the Smart paper uses them (Ren et al., ASPLOS '24, §6; Cooper et al., SoCC '10):
 //! a key space `0..N`, requests drawn from a **scrambled Zipfian**
 //! distribution (Gray et al., as in YCSB's `ScrambledZipfianGenerator`, so
 //! hot keys are spread over the key space) or uniformly, and the standard
@@ -17,7 +17,7 @@
 //! assert!(matches!(w.next_op(&mut rng), Op::Read | Op::Update));
 //! ```
 
-pub mod driver;
+pub mod bench;
 
 use rand::Rng;
 

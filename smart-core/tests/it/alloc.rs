@@ -7,7 +7,7 @@ use std::cell::Cell;
 
 use smart_core::{Runtime, RuntimeConfig};
 
-use crate::backends;
+use smart_testkit::backends;
 
 struct Counting;
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use smart_core::{GlobalAddr, Opcode, Runtime, RuntimeConfig, WorkRequest};
 
-use crate::backends;
+use smart_testkit::backends;
 
 #[test]
 fn chaos_tears_multi_line_reads_but_never_words() {
@@ -84,7 +84,7 @@ fn without_chaos_single_thread_reads_are_never_torn() {
 /// Posts 5 batches on each of 4 QPs per round, 200 rounds; checks
 /// per-QP order and returns in how many rounds the QPs' first completions
 /// came back in another order than 0, 1, 2, 3.
-fn rounds_reordered_across_qps(b: &crate::backends::Backend) -> usize {
+fn rounds_reordered_across_qps(b: &smart_testkit::backends::Backend) -> usize {
     let infos = b.transport.blades().to_vec();
     let mut ep = b.transport.open_thread(0, 4096).unwrap();
     let mut crossed = 0;

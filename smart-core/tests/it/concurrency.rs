@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use smart_core::driver::{self, RunConfig};
+use smart_bench::harness::{self as driver, RunConfig};
 use smart_core::{GlobalAddr, Runtime, RuntimeConfig};
 
-use crate::backends;
+use smart_testkit::backends;
 
 fn cfg(threads: usize, coroutines: usize, slots: usize) -> RunConfig {
     RunConfig {

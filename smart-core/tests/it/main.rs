@@ -1,7 +1,6 @@
 //! Integration tests of smart-core through its public API (one binary).
 
 mod alloc;
-mod backends;
 mod blade;
 mod chaos;
 mod concurrency;

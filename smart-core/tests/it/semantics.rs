@@ -5,7 +5,7 @@ use std::future::Future;
 use smart_core::backend::Endpoint;
 use smart_core::{Completion, Error, GlobalAddr, Opcode, Runtime, RuntimeConfig, WcStatus, WorkRequest};
 
-use crate::backends::{self, Backend};
+use smart_testkit::backends::{self, Backend};
 
 fn runtime(b: &Backend) -> Runtime {
     Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap()

@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smart_bench::harness::RunConfig;
+use smart_bench::micro::{self, MicroConfig};
 use smart_core::backend::{BladeInfo, Endpoint, LocalMem, Transport};
-use smart_core::driver::RunConfig;
-use smart_core::micro::{self, MicroConfig};
 use smart_core::smart::{BackoffConfig, DoorbellConfig, SmartConfig, TunerConfig};
 use smart_core::{Completion, EmbeddedTransport, GlobalAddr, Opcode, Runtime, RuntimeConfig, WorkRequest};
 
-use crate::backends;
+use smart_testkit::backends;
 
 /// Wraps a transport and records the most WRs ever outstanding on a thread.
 #[derive(Debug)]
@@ -197,7 +197,7 @@ fn contended_cas_counter_is_exact_under_every_toggle_and_policy() {
 
 /// Runs `threads` threads posting FAAs under `policy` on 2 blades with
 /// 2 + 2 doorbells; returns how often each doorbell rang.
-fn rings(b: &crate::backends::Backend, policy: &str, threads: usize) -> Vec<u64> {
+fn rings(b: &smart_testkit::backends::Backend, policy: &str, threads: usize) -> Vec<u64> {
     let smart = SmartConfig {
         qp_policy: policy.parse().unwrap(),
         doorbells: DoorbellConfig { low_latency: 2, medium: 2 },
@@ -212,7 +212,7 @@ fn rings(b: &crate::backends::Backend, policy: &str, threads: usize) -> Vec<u64>
         progress: false,
     };
     let before = b.transport.doorbell_rings();
-    let r = smart_core::driver::run(&*b.transport, &cfg, |w| async move {
+    let r = smart_bench::harness::run(&*b.transport, &cfg, |w| async move {
         for i in 0..50u64 {
             let blade = ((i + w.coroutine() as u64) % 2) as u16;
             w.ctx().faa(GlobalAddr::new(blade, 4096 + 8 * w.thread() as u64), 1).await?;
@@ -227,7 +227,7 @@ fn rings(b: &crate::backends::Backend, policy: &str, threads: usize) -> Vec<u64>
 
 #[test]
 fn doorbells_ring_where_the_plan_binds_them() {
-    for mk in [backends::embedded as fn(usize) -> crate::backends::Backend, backends::tcp] {
+    for mk in [backends::embedded as fn(usize) -> smart_testkit::backends::Backend, backends::tcp] {
         // 3 threads × 4 coroutines × 50 posts = 600 rings, 100 per (thread, blade).
         let b = mk(2);
         let per_thread_db = rings(&b, "per-thread-db", 3);
@@ -264,7 +264,7 @@ fn credit_shares(threads: usize) -> Vec<u64> {
     };
     let total = Arc::new(AtomicUsize::new(0));
     let shares = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let r = smart_core::driver::run(&t, &cfg, |w| {
+    let r = smart_bench::harness::run(&t, &cfg, |w| {
         let (total, shares) = (total.clone(), shares.clone());
         async move {
             let mut mine = 0u64;

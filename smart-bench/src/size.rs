@@ -6,7 +6,7 @@
 /// the letters does not matter.
 ///
 /// ```
-/// use smart_core::size::parse_size;
+/// use smart_bench::size::parse_size;
 /// assert_eq!(parse_size("64MiB"), Ok(64 << 20));
 /// assert_eq!(parse_size("2k"), Ok(2048));
 /// assert_eq!(parse_size("1.5KB"), Ok(1500));

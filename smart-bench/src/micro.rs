@@ -13,7 +13,7 @@
 //! * CAS: uncontended, a CAS 0 → 0 (changes nothing); contended, a
 //!   CAS-increment: read the counter, CAS old → old+1, and on failure retry
 //!   with the value the CAS returned (each failure is a retry, reported to
-//!   ConflictAvoid through [`Op::retry`](crate::runtime::Op::retry), which
+//!   ConflictAvoid through [`OpGuard::retry`](smart_core::runtime::OpGuard::retry), which
 //!   backs off when the technique is on). One operation is one successful
 //!   increment; the final counter must equal their number.
 
@@ -25,11 +25,12 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::Transport;
-use crate::driver::{self, RunConfig, RunReport};
-use crate::runtime::{Runtime, MAX_BATCH};
-use crate::verbs::Opcode;
-use crate::{Error, GlobalAddr, Result};
+use smart_core::backend::Transport;
+use smart_core::runtime::{Runtime, MAX_BATCH};
+use smart_core::verbs::Opcode;
+use smart_core::{Error, GlobalAddr, Result};
+
+use crate::harness::{self, RunConfig, RunReport};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,18 +68,18 @@ pub struct MicroReport {
 pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Result<MicroReport> {
     let size = if m.op.is_atomic() { 8 } else { m.size };
     if size == 0 {
-        return Err(Error::Unsupported("--size must be at least 1 byte".into()));
+        return Err(Error::Unsupported("a READ or WRITE must move at least 1 byte".into()));
     }
     if m.batch == 0 || m.batch > MAX_BATCH {
-        return Err(Error::Unsupported(format!("--batch must be 1 to {MAX_BATCH}")));
+        return Err(Error::Unsupported(format!("a batch holds 1 to {MAX_BATCH} WRs, not {}", m.batch)));
     }
     if m.contended && m.op == Opcode::Cas && m.batch != 1 {
-        return Err(Error::Unsupported("a contended CAS-increment is one CAS at a time: use --batch 1".into()));
+        return Err(Error::Unsupported("a contended CAS-increment is one CAS at a time: a batch of 1".into()));
     }
     if u64::from(size) * m.batch as u64 > cfg.runtime.slot_bytes as u64 {
         return Err(Error::Unsupported(format!(
-            "--size × --batch exceeds the {} local bytes of a slot",
-            cfg.runtime.slot_bytes
+            "{} WRs of {size} bytes exceed the {} local bytes of a slot",
+            m.batch, cfg.runtime.slot_bytes
         )));
     }
     let stride = u64::from(size).next_multiple_of(8);
@@ -114,7 +115,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
     let increments = Arc::new(AtomicU64::new(0));
     let m = *m;
     let areas: Arc<[GlobalAddr]> = areas.into();
-    let run = driver::run(transport, cfg, |w| {
+    let run = harness::run(transport, cfg, |w| {
         let areas = areas.clone();
         let increments = increments.clone();
         async move {
@@ -148,12 +149,11 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                 while w.running() {
                     let t0 = w.now();
                     let mut b = ctx.batch();
+                    // A batch is one doorbell to one QP, so all its WRs go
+                    // to one blade; the blade is drawn per batch.
+                    let area = areas[rng.random_range(0..areas.len())];
                     for _ in 0..m.batch {
-                        let at = if m.contended {
-                            counter
-                        } else {
-                            areas[rng.random_range(0..areas.len())].add(rng.random_range(0..slots) * stride)
-                        };
+                        let at = if m.contended { counter } else { area.add(rng.random_range(0..slots) * stride) };
                         match m.op {
                             Opcode::Read => {
                                 b.read(at, size as usize);

@@ -1,16 +1,23 @@
-//! The benchmark driver: T worker threads × C coroutines on one transport,
-//! a warmup, a timed run with a progress line per second, and a report
-//! merged over all threads.
+//! The run harness: T worker threads × C coroutines on one transport, a
+//! warmup, a timed run with a progress line per second, and a report merged
+//! over all threads.
 //!
-//! Each worker thread builds its own [`Runtime`]; each coroutine receives a
-//! [`Worker`] through which it asks whether to go on and records its
-//! operations. Only operations finished during the measured phase count;
+//! A benchmark implements [`Bench`]: each worker thread builds its own
+//! [`Runtime`], opens its per-thread state once ([`Bench::open_thread`],
+//! e.g. a table handle whose caches the thread's coroutines share), and
+//! spawns the coroutines ([`Bench::coroutine`]); each receives a [`Worker`]
+//! through which it asks whether to go on and records its operations. The
+//! harness is generic over the benchmark's error type, so applications keep
+//! their own errors. [`run`] is the short form for a closure over
+//! smart-core verbs only.
+//! Only operations finished during the measured phase count;
 //! verb counters are taken as the difference between a snapshot when the
 //! thread first saw the measured phase and one when it first saw the stop.
 //! Latencies go to a per-thread HDR histogram; the report merges the
 //! histograms (percentiles over all operations, not averages).
 
 use std::cell::RefCell;
+use std::fmt;
 use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -18,13 +25,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use serde::Serialize;
 
-use crate::backend::Transport;
-use crate::runtime::{Ctx, Runtime, RuntimeConfig, SmartState};
-use crate::smart::QpPlan;
-use crate::stats::{Latency, LatencySummary, VerbStats};
-use crate::{Error, Result};
+use smart_core::backend::Transport;
+use smart_core::runtime::{Ctx, Runtime, RuntimeConfig, SmartState};
+use smart_core::smart::QpPlan;
+use smart_core::stats::VerbStats;
+use smart_core::{Error, Result};
+
+use crate::latency::Latency;
+use crate::record::{Record, Sample};
 
 const WARMUP: u8 = 0;
 const MEASURE: u8 = 1;
@@ -90,22 +99,7 @@ fn mean(ps: &[CachePadded<Published>], f: impl Fn(&Published) -> &AtomicU64) -> 
     (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
 }
 
-/// One per-second sample of a run.
-#[derive(Clone, Debug, Serialize)]
-pub struct Sample {
-    /// Seconds since the measured phase began.
-    pub t_s: f64,
-    /// Million operations per second over the last interval.
-    pub mops: f64,
-    /// Mean WorkReqThrot credit limit over threads.
-    pub credit_limit: Option<f64>,
-    /// Mean ConflictAvoid backoff cap over threads, in microseconds.
-    pub backoff_cap_us: Option<f64>,
-    /// Mean ConflictAvoid `n_max` over threads.
-    pub n_max: Option<f64>,
-}
-
-/// A coroutine's link to the driver.
+/// A coroutine's link to the harness.
 #[derive(Clone)]
 pub struct Worker {
     ctx: Ctx,
@@ -270,35 +264,63 @@ impl RunReport {
     }
 }
 
-/// The measured fields every result record carries (see DESIGN.md).
-#[derive(Clone, Debug, Serialize)]
-pub struct Record {
-    /// Measured seconds.
-    pub duration_s: f64,
-    /// Operations.
-    pub ops: u64,
-    /// Million operations per second.
-    pub throughput_mops: f64,
-    /// Latency percentiles in microseconds.
-    pub latency_us: LatencySummary,
-    /// Work requests per operation.
-    pub verbs_per_op: f64,
-    /// Doorbells (batches) per operation.
-    pub doorbells_per_op: f64,
-    /// Retries per operation.
-    pub retries_per_op: f64,
-    /// Failed coroutines plus error completions.
-    pub errors: u64,
-    /// Verb counters of the measured phase.
-    pub verbs: VerbStats,
-    /// Per thread at the end: WorkReqThrot's credit limit, ConflictAvoid's
-    /// backoff cap and `n_max` (null where the technique is off).
-    pub smart_state: Vec<SmartState>,
-    /// One sample per second of the measured phase.
-    pub timeline: Vec<Sample>,
+/// A benchmark the harness runs: what each worker thread opens once, and
+/// what each of its coroutines does.
+///
+/// The coroutine futures are spawned on the thread's single-threaded
+/// runtime, so neither they nor the per-thread state need be `Send`; the
+/// `Bench` itself is shared by all threads (`Sync`) and is where results
+/// that outlive a thread are gathered ([`Bench::close_thread`]).
+pub trait Bench: Sync {
+    /// The benchmark's own error (the harness only prints it).
+    type Error: fmt::Display;
+    /// Per-thread state shared by the thread's coroutines (cloned to each).
+    type Thread: Clone + 'static;
+
+    /// Opens worker thread `ctx.thread()`'s state, before any coroutine
+    /// starts (e.g. a table handle and its caches).
+    ///
+    /// # Errors
+    /// Whatever opening fails with; the run then fails.
+    fn open_thread(&self, ctx: Ctx) -> impl Future<Output = std::result::Result<Self::Thread, Self::Error>> + 'static;
+
+    /// Coroutine `w.coroutine()` of a thread: loops while
+    /// [`Worker::running`], calling [`Worker::record`] per operation.
+    fn coroutine(
+        &self,
+        w: Worker,
+        thread: Self::Thread,
+    ) -> impl Future<Output = std::result::Result<(), Self::Error>> + 'static;
+
+    /// Called on the worker thread after its coroutines finished, with its
+    /// state: fold per-thread counters into `self` here.
+    fn close_thread(&self, thread: Self::Thread) {
+        let _ = thread;
+    }
 }
 
-/// Runs `body` on `cfg.threads` × `cfg.coroutines` coroutines.
+/// A [`Bench`] from a closure with no per-thread state (see [`run`]).
+struct FnBench<F>(F);
+
+impl<F, Fut> Bench for FnBench<F>
+where
+    F: Fn(Worker) -> Fut + Sync,
+    Fut: Future<Output = Result<()>> + 'static,
+{
+    type Error = Error;
+    type Thread = ();
+
+    fn open_thread(&self, _: Ctx) -> impl Future<Output = Result<()>> + 'static {
+        std::future::ready(Ok(()))
+    }
+
+    fn coroutine(&self, w: Worker, _: ()) -> impl Future<Output = Result<()>> + 'static {
+        (self.0)(w)
+    }
+}
+
+/// Runs `body` on `cfg.threads` × `cfg.coroutines` coroutines: the short
+/// form of [`run_bench`] for bodies that use smart-core verbs only.
 ///
 /// `body` is called once per coroutine on its worker thread and should loop
 /// while [`Worker::running`], calling [`Worker::record`] per operation.
@@ -310,6 +332,17 @@ where
     F: Fn(Worker) -> Fut + Sync,
     Fut: Future<Output = Result<()>> + 'static,
 {
+    run_bench(transport, cfg, &FnBench(body))
+}
+
+/// Runs `bench` on `cfg.threads` × `cfg.coroutines` coroutines.
+///
+/// A thread whose [`Bench::open_thread`] fails runs no coroutine; the
+/// failure is counted in [`RunReport::errors`] like a failed coroutine.
+///
+/// # Errors
+/// If a worker thread cannot open its endpoint, or the config is empty.
+pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B) -> Result<RunReport> {
     if cfg.threads == 0 || cfg.coroutines == 0 {
         return Err(Error::Unsupported("need at least one thread and one coroutine".into()));
     }
@@ -327,16 +360,8 @@ where
     let (report, measured, timeline) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..cfg.threads)
             .map(|t| {
-                let (phase, progress, ready, finished, failed, first_error, body, clock) = (
-                    phase.clone(),
-                    progress.clone(),
-                    &ready,
-                    &finished,
-                    &failed,
-                    first_error.clone(),
-                    &body,
-                    clock.clone(),
-                );
+                let (phase, progress, ready, finished, failed, first_error, clock) =
+                    (phase.clone(), progress.clone(), &ready, &finished, &failed, first_error.clone(), clock.clone());
                 std::thread::Builder::new()
                     .name(format!("worker-{t}"))
                     .spawn_scoped(s, move || -> Result<(VerbStats, Latency, u64, u64, SmartState)> {
@@ -357,7 +382,20 @@ where
                             at_measure: VerbStats::default(),
                             at_stop: VerbStats::default(),
                         }));
+                        let note = |rec: &RefCell<ThreadRec>, what: String| {
+                            rec.borrow_mut().errors += 1;
+                            first_error.lock().expect("no panics while holding it").get_or_insert(what);
+                        };
+                        let thread_state = rt.block_on(bench.open_thread(rt.ctx()));
+                        let state = match thread_state {
+                            Ok(s) => Some(s),
+                            Err(e) => {
+                                note(&rec, format!("thread {t}: opening: {e}"));
+                                None
+                            }
+                        };
                         for c in 0..cfg.coroutines {
+                            let Some(state) = &state else { break };
                             let w = Worker {
                                 ctx: rt.ctx(),
                                 coroutine: c,
@@ -366,7 +404,7 @@ where
                                 progress: progress.clone(),
                                 clock: clock.clone(),
                             };
-                            let fut = body(w.clone());
+                            let fut = bench.coroutine(w.clone(), state.clone());
                             let first_error = first_error.clone();
                             rt.spawn(async move {
                                 if let Err(e) = fut.await {
@@ -384,6 +422,9 @@ where
                         }
                         rt.run();
                         finished.fetch_add(1, Ordering::Release);
+                        if let Some(state) = state {
+                            bench.close_thread(state);
+                        }
                         let ctx = rt.ctx();
                         let mut r = rec.borrow_mut();
                         if r.phase_seen != STOP {

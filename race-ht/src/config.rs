@@ -1,0 +1,45 @@
+//! The table's shape and timing parameters.
+
+use std::time::Duration;
+
+/// Shape of a new table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaceConfig {
+    /// Initial global depth: 2^depth subtables.
+    pub depth: u32,
+    /// Bucket groups per subtable (2 main buckets each), fixed for the
+    /// table's life.
+    pub groups: u64,
+    /// How long a retired KV block waits before reuse.
+    pub grace: Duration,
+}
+
+impl RaceConfig {
+    /// A table sized for about `keys` keys at ~50% slot load (it grows
+    /// beyond that by splitting subtables).
+    pub fn for_keys(keys: u64) -> RaceConfig {
+        // 3 buckets × 7 slots per group; aim for 2× headroom.
+        let groups_total = (keys * 2).div_ceil(21).max(16);
+        let depth = (groups_total / 4096).next_power_of_two().trailing_zeros().min(12);
+        RaceConfig { depth, groups: groups_total.div_ceil(1 << depth).max(4), grace: DEFAULT_GRACE }
+    }
+}
+
+/// Default grace period before a retired KV block is reused: orders of
+/// magnitude longer than an operation (microseconds to a few milliseconds
+/// with backoff), short enough that memory stays bounded at about
+/// update rate × grace × block size per thread.
+pub const DEFAULT_GRACE: Duration = Duration::from_millis(100);
+
+/// How long an operation waits for a frozen subtable to be replaced before
+/// it fails (the splitting client has most likely died).
+pub const SPLIT_STALL: Duration = Duration::from_secs(30);
+
+/// First pause after meeting a frozen subtable (doubling to [`PAUSE_MAX_NS`]).
+pub(crate) const PAUSE_NS: u64 = 10_000;
+pub(crate) const PAUSE_MAX_NS: u64 = 1_000_000;
+
+/// Most fingerprint-matching blocks read in one doorbell.
+pub(crate) const READ_CHUNK: usize = 12;
+/// Re-reads of a torn KV block before giving up.
+pub(crate) const TORN_RETRIES: usize = 16;

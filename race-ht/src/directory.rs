@@ -1,0 +1,298 @@
+//! The directory: creating and opening a table, the per-thread cached copy
+//! of its directory, and where a key lives (extendible hashing: the low GD
+//! bits of a key's hash pick a directory entry, which names a subtable of
+//! local depth L ≤ GD).
+
+use std::cell::RefCell;
+use std::hash::{BuildHasher, Hasher};
+use std::rc::Rc;
+use std::time::Instant;
+
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::config::{PAUSE_MAX_NS, PAUSE_NS};
+use crate::layout::{self, Slot, BUCKET, SLOTS, TABLE_HEADER, TABLE_MAGIC};
+use crate::spec::SpecCache;
+use crate::{RaceConfig, RaceError, RaceHt, ResizeStats, Result, DEFAULT_GRACE, SPLIT_STALL};
+
+/// The cached directory (shared by a thread's handles).
+#[derive(Debug)]
+pub(crate) struct Directory {
+    /// Global depth.
+    pub(crate) depth: u32,
+    pub(crate) groups: u64,
+    /// Where the directory array is.
+    pub(crate) array: GlobalAddr,
+    /// Per entry: local depth and subtable.
+    pub(crate) entries: Vec<(u32, GlobalAddr)>,
+    /// The split counter read before the array: an older read never
+    /// replaces a newer one.
+    pub(crate) epoch: u64,
+    /// Bumped on every install, so a thread's coroutines re-read it once.
+    pub(crate) version: u64,
+}
+
+/// Where a key may live.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Place {
+    /// The key's first hash (also the speculation cache's tag).
+    pub(crate) h1: u64,
+    /// Local depth and suffix of its subtable, per the cache.
+    pub(crate) depth: u32,
+    pub(crate) suffix: u64,
+    pub(crate) base: GlobalAddr,
+    pub(crate) buckets: [GlobalAddr; 2],
+    pub(crate) fp: u8,
+    /// The directory version it was computed from.
+    pub(crate) version: u64,
+}
+
+impl Directory {
+    /// Each subtable once: (suffix, local depth, address). A subtable of
+    /// local depth L and suffix s first appears at entry s.
+    pub(crate) fn subtables(&self) -> impl Iterator<Item = (u64, u32, GlobalAddr)> + '_ {
+        self.entries.iter().enumerate().filter(|(i, (ld, _))| *i < 1 << ld).map(|(i, &(ld, at))| (i as u64, ld, at))
+    }
+}
+
+/// The shape of a table, from its directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TableShape {
+    /// Global depth.
+    pub depth: u32,
+    /// Subtables.
+    pub subtables: usize,
+    /// Splits done by every client since creation.
+    pub splits: u64,
+    /// Subtables on each blade.
+    #[serde(rename = "subtables_per_blade")]
+    pub per_blade: Vec<usize>,
+}
+
+/// An operation's waiting on frozen subtables.
+#[derive(Debug, Default)]
+pub(crate) struct Wait {
+    pub(crate) start: Option<Instant>,
+    pub(crate) rounds: u32,
+}
+
+pub(crate) fn word(b: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
+}
+
+/// A subtable image of `groups` groups whose buckets all carry the header
+/// of local depth `depth` and suffix `suffix`, slots empty.
+pub(crate) fn empty_subtable(groups: u64, depth: u32, suffix: u64) -> Vec<u8> {
+    let mut img = vec![0u8; layout::subtable_bytes(groups) as usize];
+    let header = layout::bucket_header(depth, suffix).to_le_bytes();
+    for b in img.chunks_mut(BUCKET as usize) {
+        b[..8].copy_from_slice(&header);
+    }
+    img
+}
+
+/// Every slot of a subtable image: (offset in the subtable, slot word).
+pub(crate) fn slots_of(img: &[u8]) -> impl Iterator<Item = (usize, Slot)> + '_ {
+    (0..img.len() / BUCKET as usize)
+        .flat_map(|b| (0..SLOTS).map(move |i| b * BUCKET as usize + 8 + 8 * i))
+        .map(|off| (off, Slot(word(img, off))))
+}
+
+/// Blade of the subtable with `suffix`: spreads subtables over the blades,
+/// and a split's first half stays on its parent's blade.
+pub(crate) fn blade_of(suffix: u64, blades: usize) -> u16 {
+    (suffix % blades as u64) as u16
+}
+
+impl RaceHt {
+    /// Creates table `name` (unless it exists) with 2^`cfg.depth` subtables
+    /// spread over the blades; returns a handle.
+    ///
+    /// # Errors
+    /// Verb and allocation errors; a bad shape; an existing object of
+    /// another kind.
+    pub async fn create(ctx: &Ctx, name: &str, cfg: RaceConfig) -> Result<RaceHt> {
+        if cfg.depth > layout::MAX_DEPTH || cfg.groups == 0 || ctx.blades().len() > 256 {
+            return Err(RaceError::Corrupt(format!(
+                "{name:?}: bad shape (depth {} of at most {}, {} groups, {} blades of at most 256)",
+                cfg.depth,
+                layout::MAX_DEPTH,
+                cfg.groups,
+                ctx.blades().len()
+            )));
+        }
+        let root = format!("race-ht:{name}");
+        if ctx.root(0, &root).await?.is_none() {
+            let n = 1u64 << cfg.depth;
+            let table = ctx.alloc(0, TABLE_HEADER, 64).await?;
+            let array = ctx.alloc(0, 8 * n, 64).await?;
+            let sub_bytes = layout::subtable_bytes(cfg.groups);
+            let mut entries = Vec::with_capacity(8 * n as usize);
+            for s in 0..n {
+                let at = ctx.alloc(blade_of(s, ctx.blades().len()), sub_bytes, 64).await?;
+                // Every byte is written: the heap may hold old data on a
+                // persistent blade.
+                ctx.write_all(at, &empty_subtable(cfg.groups, cfg.depth, s)).await?;
+                entries.extend_from_slice(&layout::pack_entry(cfg.depth, at).to_le_bytes());
+            }
+            ctx.write_all(array, &entries).await?;
+            let mut head = Vec::with_capacity(TABLE_HEADER as usize);
+            for w in [TABLE_MAGIC, layout::pack_entry(cfg.depth, array), cfg.groups, 0, 0, 0, 0, 0] {
+                head.extend_from_slice(&w.to_le_bytes());
+            }
+            ctx.write(table, &head).await?;
+            // The first creator wins; a loser's copy is left unused.
+            ctx.set_root(0, &root, table).await?;
+        }
+        let mut t = Self::open(ctx, name).await?;
+        t.grace = cfg.grace;
+        Ok(t)
+    }
+
+    /// Whether table `name` exists on the blades.
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn exists(ctx: &Ctx, name: &str) -> Result<bool> {
+        Ok(ctx.root(0, &format!("race-ht:{name}")).await?.is_some())
+    }
+
+    /// Opens table `name`, caching its directory.
+    ///
+    /// # Errors
+    /// A missing or malformed table; verb errors.
+    pub async fn open(ctx: &Ctx, name: &str) -> Result<RaceHt> {
+        let root = format!("race-ht:{name}");
+        let table = ctx.root(0, &root).await?.ok_or_else(|| RaceError::Corrupt(format!("{name:?} does not exist")))?;
+        let dir = Self::read_dir(ctx, table).await?;
+        let mut token = 0;
+        while token == 0 {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(ctx.thread());
+            token = h.finish();
+        }
+        Ok(RaceHt {
+            ctx: ctx.clone(),
+            table,
+            dir: Rc::new(RefCell::new(dir)),
+            recycler: Rc::default(),
+            spec: ctx.config().smart.spec_lookup.then(|| Rc::new(RefCell::new(SpecCache::new()))),
+            stats: Rc::default(),
+            token,
+            grace: DEFAULT_GRACE,
+            block: Vec::new(),
+        })
+    }
+
+    /// Reads the table header, then the directory it names.
+    pub(crate) async fn read_dir(ctx: &Ctx, table: GlobalAddr) -> Result<Directory> {
+        let mut head = [0u8; TABLE_HEADER as usize];
+        ctx.read(table, &mut head).await?;
+        let (depth, array) = layout::unpack_entry(word(&head, layout::DIR_WORD as usize));
+        let (groups, epoch) = (word(&head, 16), word(&head, layout::SPLITS_WORD as usize));
+        if word(&head, 0) != TABLE_MAGIC || depth > layout::MAX_DEPTH || groups == 0 || array.is_null() {
+            return Err(RaceError::Corrupt(format!("at {table}: bad table header")));
+        }
+        let mut raw = vec![0u8; 8 << depth];
+        ctx.read_all(array, &mut raw).await?;
+        let mut entries = Vec::with_capacity(1 << depth);
+        for (i, c) in raw.chunks(8).enumerate() {
+            let (ld, at) = layout::unpack_entry(word(c, 0));
+            if ld > depth || at.is_null() {
+                return Err(RaceError::Corrupt(format!("at {table}: directory entry {i} is ({ld}, {at})")));
+            }
+            entries.push((ld, at));
+        }
+        Ok(Directory { depth, groups, array, entries, epoch, version: 0 })
+    }
+
+    /// Re-reads the directory; installs it unless a newer one is cached.
+    pub(crate) async fn reload_dir(&mut self) -> Result<()> {
+        let fresh = Self::read_dir(&self.ctx, self.table).await?;
+        let mut d = self.dir.borrow_mut();
+        if fresh.epoch >= d.epoch {
+            let version = d.version + 1;
+            *d = Directory { version, ..fresh };
+        }
+        drop(d);
+        self.bump(|s| s.refreshes += 1);
+        Ok(())
+    }
+
+    pub(crate) fn bump(&self, f: impl FnOnce(&mut ResizeStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
+    /// After meeting a frozen subtable: re-reads the directory right away
+    /// the first time (a stale cache), then pauses before each re-read
+    /// (a split in progress), unless another coroutine of this thread has
+    /// re-read it since `seen`.
+    pub(crate) async fn settle(&mut self, seen: u64, wait: &mut Wait) -> Result<()> {
+        self.bump(|s| s.waits += 1);
+        let start = *wait.start.get_or_insert_with(Instant::now);
+        if start.elapsed() > SPLIT_STALL {
+            return Err(RaceError::Corrupt(format!(
+                "a subtable stayed frozen for {SPLIT_STALL:?}: the client splitting it stalled or died"
+            )));
+        }
+        if wait.rounds > 0 {
+            let pause = (PAUSE_NS << (wait.rounds - 1).min(10)).min(PAUSE_MAX_NS);
+            self.ctx.sleep_ns(pause).await;
+        }
+        wait.rounds += 1;
+        if self.dir.borrow().version == seen {
+            self.reload_dir().await?;
+        }
+        Ok(())
+    }
+
+    /// Re-reads the directory and returns the table's shape: global depth,
+    /// subtables, and splits so far (by every client).
+    ///
+    /// # Errors
+    /// Verb errors; a malformed table.
+    pub async fn current_shape(&mut self) -> Result<TableShape> {
+        self.reload_dir().await?;
+        let (depth, subtables) = self.shape();
+        let d = self.dir.borrow();
+        let mut per_blade = vec![0; self.ctx.blades().len()];
+        for (_, _, at) in d.subtables() {
+            per_blade[usize::from(at.blade())] += 1;
+        }
+        Ok(TableShape { depth, subtables, splits: d.epoch, per_blade })
+    }
+
+    /// What this thread saw and did of resizing so far.
+    pub fn resize_stats(&self) -> ResizeStats {
+        self.stats.get()
+    }
+
+    /// The cached global depth and number of subtables.
+    pub fn shape(&self) -> (u32, usize) {
+        let d = self.dir.borrow();
+        (d.depth, d.subtables().count())
+    }
+
+    pub(crate) fn place(&self, key: &[u8]) -> Place {
+        let (h1, h2) = layout::hashes(key);
+        let d = self.dir.borrow();
+        let (depth, base) = d.entries[layout::suffix(h1, d.depth) as usize];
+        let mains = 2 * d.groups;
+        let b1 = (h1 >> 20) % mains;
+        let mut b2 = (h2 >> 20) % mains;
+        if b2 == b1 {
+            b2 = (b1 + 1) % mains;
+        }
+        Place {
+            h1,
+            depth,
+            suffix: layout::suffix(h1, depth),
+            base,
+            buckets: [base.add(layout::combined_offset(b1)), base.add(layout::combined_offset(b2))],
+            fp: (h1 >> 56) as u8,
+            version: d.version,
+        }
+    }
+}

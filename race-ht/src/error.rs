@@ -1,0 +1,26 @@
+//! Errors of the table.
+
+use smart_core::GlobalAddr;
+
+use crate::layout;
+
+/// Errors of the table.
+#[derive(Debug, thiserror::Error)]
+pub enum RaceError {
+    /// A verb failed.
+    #[error(transparent)]
+    Verbs(#[from] smart_core::Error),
+    /// Both candidate buckets of the key are full and its subtable is at
+    /// the largest depth.
+    #[error("both buckets of the key are full and the table is at its largest depth ({})", layout::MAX_DEPTH)]
+    Full,
+    /// A KV block stayed torn or garbled over many re-reads.
+    #[error("KV block at {0} failed its CRC on every re-read")]
+    Torn(GlobalAddr),
+    /// The remote structure is not what this table expects.
+    #[error("table {0}")]
+    Corrupt(String),
+}
+
+/// Result with [`RaceError`].
+pub type Result<T, E = RaceError> = std::result::Result<T, E>;

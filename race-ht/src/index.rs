@@ -1,0 +1,138 @@
+//! The table as a [`KvIndex`]: what the workloads drive.
+
+use serde::Serialize;
+use smart_core::{Audit, Ctx, IndexStats, KvIndex};
+
+use crate::{RaceConfig, RaceError, RaceHt, ResizeStats, TableShape};
+
+/// A thread's counters: resizing as it saw it, and its speculative lookups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[serde(into = "StatsRecord")]
+pub struct RaceStats {
+    /// Subtables this thread split.
+    pub splits: u64,
+    /// Directory doublings this thread did.
+    pub doublings: u64,
+    /// Times this thread re-read the directory.
+    pub dir_refreshes: u64,
+    /// Operations that met a frozen subtable and started over.
+    pub waits: u64,
+    /// Seconds this thread spent splitting.
+    pub split_s: f64,
+    /// Speculative lookups that hit (`spec-lookup`).
+    pub spec_hits: u64,
+    /// Speculative lookups that missed and took the normal path.
+    pub spec_misses: u64,
+}
+
+/// The record's form of [`RaceStats`]: the counters and the hit rate.
+#[derive(Serialize)]
+struct StatsRecord {
+    /// Beside the shape's `splits` (by every client since creation).
+    splits_by_run: u64,
+    doublings: u64,
+    dir_refreshes: u64,
+    waits: u64,
+    split_s: f64,
+    spec_hits: u64,
+    spec_misses: u64,
+    spec_hit_rate: f64,
+}
+
+impl From<RaceStats> for StatsRecord {
+    fn from(s: RaceStats) -> Self {
+        StatsRecord {
+            splits_by_run: s.splits,
+            doublings: s.doublings,
+            dir_refreshes: s.dir_refreshes,
+            waits: s.waits,
+            split_s: s.split_s,
+            spec_hits: s.spec_hits,
+            spec_misses: s.spec_misses,
+            spec_hit_rate: s.spec_hit_rate(),
+        }
+    }
+}
+
+impl RaceStats {
+    /// Hits over attempted speculative lookups (0 when none).
+    pub fn spec_hit_rate(&self) -> f64 {
+        let n = self.spec_hits + self.spec_misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.spec_hits as f64 / n as f64
+        }
+    }
+}
+
+impl IndexStats for RaceStats {
+    fn merge(&mut self, o: &Self) {
+        self.splits += o.splits;
+        self.doublings += o.doublings;
+        self.dir_refreshes += o.dir_refreshes;
+        self.waits += o.waits;
+        self.split_s += o.split_s;
+        self.spec_hits += o.spec_hits;
+        self.spec_misses += o.spec_misses;
+    }
+}
+
+impl RaceStats {
+    fn of(r: ResizeStats, (spec_hits, spec_misses): (u64, u64)) -> Self {
+        RaceStats {
+            splits: r.splits,
+            doublings: r.doublings,
+            dir_refreshes: r.refreshes,
+            waits: r.waits,
+            split_s: r.split_ns as f64 / 1e9,
+            spec_hits,
+            spec_misses,
+        }
+    }
+}
+
+impl KvIndex for RaceHt {
+    const APP: &'static str = "race";
+    type Error = RaceError;
+    type Stats = RaceStats;
+    type Shape = TableShape;
+
+    async fn open_or_create(ctx: &Ctx, name: &str, capacity: u64) -> Result<(Self, bool), RaceError> {
+        let existed = RaceHt::exists(ctx, name).await?;
+        let t = RaceHt::create(ctx, name, RaceConfig::for_keys(capacity.max(1))).await?;
+        Ok((t, existed))
+    }
+
+    async fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, RaceError> {
+        RaceHt::get(self, key, out).await
+    }
+
+    async fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool, RaceError> {
+        RaceHt::insert(self, key, value).await
+    }
+
+    async fn update(&mut self, key: &[u8], value: &[u8]) -> Result<bool, RaceError> {
+        RaceHt::update(self, key, value).await
+    }
+
+    async fn upsert(&mut self, key: &[u8], value: &[u8]) -> Result<(), RaceError> {
+        RaceHt::upsert(self, key, value).await
+    }
+
+    async fn delete(&mut self, key: &[u8]) -> Result<bool, RaceError> {
+        RaceHt::delete(self, key).await
+    }
+
+    fn stats(&self) -> RaceStats {
+        RaceStats::of(self.resize_stats(), self.spec_stats())
+    }
+
+    async fn audit(&mut self) -> Result<Audit, RaceError> {
+        Ok(Audit { keys: self.keys().await? })
+    }
+
+    async fn shape(&mut self) -> Result<TableShape, RaceError> {
+        self.current_shape().await
+    }
+}

@@ -1,0 +1,94 @@
+//! Speculative search (Smart's `spec-lookup`): a per-thread cache of where
+//! keys were last found, so a lookup takes one doorbell when it hits.
+
+use smart_core::GlobalAddr;
+
+use crate::layout::{self, Slot};
+use crate::{RaceHt, Result};
+
+/// Entries of the speculative-lookup cache (per thread, direct-mapped).
+pub const SPEC_ENTRIES: usize = 8192;
+
+/// Where keys were last found, for the speculative search path: per thread,
+/// direct-mapped by hash, so bounded and allocation-free after creation.
+#[derive(Debug)]
+pub(crate) struct SpecCache {
+    /// (key hash, slot address, slot word); hash 0 = empty entry.
+    pub(crate) entries: Vec<(u64, GlobalAddr, Slot)>,
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+}
+
+impl SpecCache {
+    pub(crate) fn new() -> Self {
+        SpecCache { entries: vec![(0, GlobalAddr::NULL, Slot::EMPTY); SPEC_ENTRIES], hits: 0, misses: 0 }
+    }
+
+    pub(crate) fn lookup(&self, h: u64) -> Option<(GlobalAddr, Slot)> {
+        let e = self.entries[h as usize % SPEC_ENTRIES];
+        (e.0 == h && h != 0).then_some((e.1, e.2))
+    }
+
+    pub(crate) fn put(&mut self, h: u64, at: GlobalAddr, s: Slot) {
+        self.entries[h as usize % SPEC_ENTRIES] = (h, at, s);
+    }
+
+    pub(crate) fn forget(&mut self, h: u64) {
+        let e = &mut self.entries[h as usize % SPEC_ENTRIES];
+        if e.0 == h {
+            e.0 = 0;
+        }
+    }
+}
+
+impl RaceHt {
+    /// The speculative search path (Smart's `spec-lookup`): if this thread
+    /// knows where `key` was last found, one doorbell READs that slot word
+    /// and the block it named. The value is accepted only if the slot still
+    /// holds that word (so the block is the key's current one; blocks are
+    /// immutable and reused only after the grace period) and the block
+    /// decodes to `key`. Otherwise the normal path runs.
+    pub(crate) async fn speculate(&mut self, h: u64, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        let Some(spec) = &self.spec else { return Ok(false) };
+        let Some((at, s)) = spec.borrow().lookup(h) else { return Ok(false) };
+        let mut b = self.ctx.batch();
+        let rs = b.read(at, 8);
+        let rb = b.read(s.addr(), s.block_len());
+        let done = b.post().await?;
+        let word = u64::from_le_bytes(done.bytes(rs).try_into().expect("8 bytes"));
+        let hit = match layout::decode_block(done.bytes(rb)) {
+            Some((k, v)) if word == s.0 && k == key => {
+                out.clear();
+                out.extend_from_slice(v);
+                true
+            }
+            _ => false,
+        };
+        let mut c = spec.borrow_mut();
+        if hit {
+            c.hits += 1;
+        } else {
+            c.misses += 1;
+            c.forget(h);
+        }
+        Ok(hit)
+    }
+
+    /// Records where the key with hash `h` is now (or that it is gone).
+    pub(crate) fn remember(&self, h: u64, at: Option<(GlobalAddr, Slot)>) {
+        if let Some(spec) = &self.spec {
+            match at {
+                Some((a, s)) => spec.borrow_mut().put(h, a, s),
+                None => spec.borrow_mut().forget(h),
+            }
+        }
+    }
+
+    /// Speculative lookups that hit and missed on this thread so far.
+    pub fn spec_stats(&self) -> (u64, u64) {
+        self.spec.as_ref().map_or((0, 0), |c| {
+            let c = c.borrow();
+            (c.hits, c.misses)
+        })
+    }
+}

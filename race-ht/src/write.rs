@@ -1,0 +1,174 @@
+//! Writes: insert, upsert, update (one loop: WRITE the new block with the
+//! bucket READs, then CAS it in) and delete; duplicate removal after an
+//! insert.
+
+use crate::directory::{Place, Wait};
+use crate::layout::SLOTS;
+use crate::{RaceHt, Result};
+
+/// What [`RaceHt::put`] does with a present or absent key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Only if absent.
+    Insert,
+    /// Either way.
+    Upsert,
+    /// Only if present.
+    Update,
+}
+
+impl RaceHt {
+    /// Inserts `key` if absent. Returns `false` (and changes nothing) if it
+    /// exists. With a racing insert of the same key, one value survives.
+    /// Splits the key's subtable when its buckets are full.
+    ///
+    /// # Errors
+    /// [`RaceError::Full`] at the largest depth; verb errors.
+    pub async fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.put(key, value, Mode::Insert).await
+    }
+
+    /// Inserts or overwrites `key`.
+    ///
+    /// # Errors
+    /// As [`RaceHt::insert`].
+    pub async fn upsert(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.put(key, value, Mode::Upsert).await.map(drop)
+    }
+
+    /// Insert, upsert and update share one loop: WRITE the new block with
+    /// the bucket READs, then CAS it in over the key's slot (if the mode
+    /// overwrites) or into an empty slot (if the mode inserts). Returns
+    /// whether the table changed.
+    pub(crate) async fn put(&mut self, key: &[u8], value: &[u8], mode: Mode) -> Result<bool> {
+        let mut p = self.place(key);
+        // One clock read per operation, for the recycler.
+        let now = self.ctx.now_ns();
+        let (mut at, mut new) = self.new_block(key, value, p.fp, p.base.blade(), now).await?;
+        let ctx = self.ctx.clone();
+        let mut op = ctx.op().await;
+        let mut block = std::mem::take(&mut self.block);
+        let mut written = false;
+        let mut wait = Wait::default();
+        let result = loop {
+            if at.blade() != p.base.blade() {
+                // A split moved the key's subtable to another blade: the
+                // block (not published yet) goes there too.
+                self.retire(new, now);
+                self.block = block;
+                (at, new) = self.new_block(key, value, p.fp, p.base.blade(), now).await?;
+                block = std::mem::take(&mut self.block);
+                written = false;
+            }
+            let snap = self.read_buckets(&p, (!written).then_some((at, &block[..]))).await?;
+            written = true;
+            let Some(snap) = snap else {
+                self.settle(p.version, &mut wait).await?;
+                p = self.place(key);
+                continue;
+            };
+            let m = self.matches(key, p.fp, &snap, None).await?;
+            if let Some(&(slot_at, old)) = m.first() {
+                if mode == Mode::Insert {
+                    self.retire(new, now);
+                    break false;
+                }
+                if ctx.cas(slot_at, old.0, new.0).await? == old.0 {
+                    self.retire(old, now);
+                    self.remember(p.h1, Some((slot_at, new)));
+                    break true;
+                }
+                op.retry().await;
+                continue;
+            }
+            if mode == Mode::Update {
+                self.retire(new, now);
+                break false;
+            }
+            // Less-loaded choice first; an empty slot in it.
+            let empty =
+                |k: usize| snap.slots[k * 2 * SLOTS..(k + 1) * 2 * SLOTS].iter().filter(|(_, s)| s.is_empty()).count();
+            let order = if empty(1) > empty(0) { [1, 0] } else { [0, 1] };
+            let Some(&(slot_at, _)) = order
+                .iter()
+                .flat_map(|&k| snap.slots[k * 2 * SLOTS..(k + 1) * 2 * SLOTS].iter())
+                .find(|(_, s)| s.is_empty())
+            else {
+                // Both buckets full: split the subtable, or wait for the
+                // client that holds the resize lock.
+                if !self.grow(&p).await? {
+                    self.settle(p.version, &mut wait).await?;
+                }
+                p = self.place(key);
+                continue;
+            };
+            if ctx.cas(slot_at, 0, new.0).await? != 0 {
+                op.retry().await;
+                continue;
+            }
+            self.remove_duplicates(key, &mut p).await?;
+            break true;
+        };
+        self.block = block;
+        Ok(result)
+    }
+
+    /// After an insert's CAS: re-read the key's buckets and empty every
+    /// slot holding the key but the lowest (the survivor all clients keep).
+    /// If the subtable is being split, the split drops duplicates itself,
+    /// and the check runs again in the new subtable.
+    pub(crate) async fn remove_duplicates(&mut self, key: &[u8], p: &mut Place) -> Result<()> {
+        let mut wait = Wait::default();
+        loop {
+            let Some(snap) = self.read_buckets(p, None).await? else {
+                self.settle(p.version, &mut wait).await?;
+                *p = self.place(key);
+                continue;
+            };
+            let m = self.matches(key, p.fp, &snap, None).await?;
+            for &(dup_at, dup) in m.rest() {
+                if self.ctx.cas(dup_at, dup.0, 0).await? == dup.0 {
+                    self.retire(dup, self.ctx.now_ns());
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    /// Overwrites `key` if it exists; returns whether it did.
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn update(&mut self, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.put(key, value, Mode::Update).await
+    }
+
+    /// Removes `key`; returns whether it existed.
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn delete(&mut self, key: &[u8]) -> Result<bool> {
+        let mut p = self.place(key);
+        let now = self.ctx.now_ns();
+        let ctx = self.ctx.clone();
+        let mut op = ctx.op().await;
+        let mut wait = Wait::default();
+        loop {
+            let Some(snap) = self.read_buckets(&p, None).await? else {
+                self.settle(p.version, &mut wait).await?;
+                p = self.place(key);
+                continue;
+            };
+            let m = self.matches(key, p.fp, &snap, None).await?;
+            let Some(&(slot_at, old)) = m.first() else {
+                return Ok(false);
+            };
+            if ctx.cas(slot_at, old.0, 0).await? == old.0 {
+                self.retire(old, now);
+                self.remember(p.h1, None);
+                return Ok(true);
+            }
+            op.retry().await;
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Handles: a second client, speculative lookups.
+
+use std::sync::Arc;
+
+use race_ht::RaceHt;
+use smart_core::smart::SmartConfig;
+use smart_core::{EmbeddedTransport, Runtime, RuntimeConfig, Transport};
+
+use crate::{small, value};
+
+#[test]
+fn a_second_client_opens_the_same_table() {
+    let t: Arc<dyn Transport> = Arc::new(EmbeddedTransport::new(1, 16 << 20).unwrap());
+    let mut a = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = a.ctx();
+    a.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "shared", small()).await.unwrap();
+        ht.insert(b"x", b"1").await.unwrap();
+    });
+    let mut b = Runtime::new(&*t, 1, RuntimeConfig::default()).unwrap();
+    let ctx = b.ctx();
+    b.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "shared", small()).await.unwrap(); // exists: opens it
+        let mut out = Vec::new();
+        assert!(ht.get(b"x", &mut out).await.unwrap());
+        assert_eq!(out, b"1");
+        assert!(RaceHt::open(&ctx, "missing").await.is_err());
+    });
+}
+
+#[test]
+fn speculative_lookups_hit_with_one_doorbell() {
+    let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
+    let smart = SmartConfig { spec_lookup: true, ..SmartConfig::default() };
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "spec", small()).await.unwrap();
+        let mut out = Vec::new();
+        for k in 0..100u64 {
+            ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap();
+        }
+        for k in 0..100u64 {
+            assert!(ht.get(&k.to_le_bytes(), &mut out).await.unwrap()); // fills the cache
+        }
+        let before = ctx.stats();
+        for k in 0..100u64 {
+            assert!(ht.get(&k.to_le_bytes(), &mut out).await.unwrap());
+            assert_eq!(out, value(k, 0));
+        }
+        let d = ctx.stats().since(&before);
+        // Keys whose cache entries collided (direct-mapped) take the normal
+        // path: 2 doorbells, 3 READs. Every cached one hits.
+        let (hits, misses) = ht.spec_stats();
+        assert!(hits >= 90 && misses == 0, "{hits} hits, {misses} misses");
+        let normal = 100 - hits;
+        assert_eq!((d.doorbells, d.reads), (hits + 2 * normal, 2 * hits + 3 * normal), "one doorbell per hit");
+        // An update through another handle changes the slot: the cached
+        // word no longer matches, the lookup falls back and still returns
+        // the new value.
+        let mut other = RaceHt::open(&ctx, "spec").await.unwrap();
+        other.update(&7u64.to_le_bytes(), &value(7, 9)).await.unwrap();
+        assert!(ht.get(&7u64.to_le_bytes(), &mut out).await.unwrap());
+        assert_eq!(out, value(7, 9));
+        let (h2, m2) = ht.spec_stats();
+        assert!(h2 == hits && m2 <= 1, "the stale entry missed (unless 7's entry had collided away)");
+        assert!(other.delete(&8u64.to_le_bytes()).await.unwrap());
+        assert!(!ht.get(&8u64.to_le_bytes(), &mut out).await.unwrap(), "a deleted key is not found speculatively");
+    });
+}

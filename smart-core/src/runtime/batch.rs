@@ -1,0 +1,327 @@
+//! Batches of WRs to one blade (one doorbell), their posting, and the view
+//! of a completed batch.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::config::MAX_BATCH;
+use super::Ctx;
+use crate::verbs::{Opcode, WorkRequest};
+use crate::{Error, GlobalAddr, Result};
+
+/// Where a READ's data will be in a [`Done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadRef {
+    off: u32,
+    len: u32,
+}
+
+/// Where a CAS's or FAA's old value will be in a [`Done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtomicRef {
+    off: u32,
+}
+
+const EMPTY_WR: WorkRequest =
+    WorkRequest { op: Opcode::Read, local_off: 0, len: 0, remote: GlobalAddr::NULL, rkey: 0, compare_add: 0, swap: 0 };
+
+/// A batch of WRs to one memory blade: one doorbell, executed in order.
+///
+/// ```
+/// # use smart_core::*;
+/// # let t = EmbeddedTransport::new(1, 1 << 20).unwrap();
+/// # let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+/// # let ctx = rt.ctx();
+/// rt.block_on(async move {
+///     let a = ctx.alloc(0, 16, 8).await.unwrap();
+///     let one = 1u64.to_le_bytes();
+///     let mut b = ctx.batch();
+///     b.write(a, &one);
+///     let cas = b.cas(a, 1, 2);
+///     let rd = b.read(a, 16);
+///     let done = b.post().await.unwrap();
+///     assert_eq!(done.old(cas), 1);
+///     assert_eq!(&done.bytes(rd)[..8], &2u64.to_le_bytes());
+/// });
+/// ```
+pub struct Batch<'a> {
+    ctx: &'a Ctx,
+    wrs: [WorkRequest; MAX_BATCH],
+    payloads: [&'a [u8]; MAX_BATCH],
+    n: usize,
+    bytes: u32,
+    blade: Option<u16>,
+    error: Option<Error>,
+}
+
+impl fmt::Debug for Batch<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch").field("wrs", &&self.wrs[..self.n]).field("error", &self.error).finish()
+    }
+}
+
+impl<'a> Batch<'a> {
+    pub(super) fn new(ctx: &'a Ctx) -> Self {
+        Batch { ctx, wrs: [EMPTY_WR; MAX_BATCH], payloads: [&[]; MAX_BATCH], n: 0, bytes: 0, blade: None, error: None }
+    }
+
+    fn push(
+        &mut self,
+        op: Opcode,
+        remote: GlobalAddr,
+        len: u32,
+        compare_add: u64,
+        swap: u64,
+        payload: &'a [u8],
+    ) -> u32 {
+        if self.error.is_some() {
+            return 0;
+        }
+        if let Some(b) = self.blade {
+            if b != remote.blade() {
+                self.error = Some(Error::BatchSpansBlades(b, remote.blade()));
+                return 0;
+            }
+        }
+        let Some(info) = self.ctx.0.blades.get(remote.blade() as usize) else {
+            self.error = Some(Error::NoSuchBlade(remote.blade(), self.ctx.0.blades.len()));
+            return 0;
+        };
+        let off = self.bytes;
+        let end = u64::from(off) + u64::from(len).next_multiple_of(8);
+        if self.n == MAX_BATCH {
+            self.error = Some(Error::BatchTooLarge {
+                what: format!("more than {MAX_BATCH} WRs"),
+                knob: "slots (MAX_BATCH is fixed)",
+            });
+            return 0;
+        }
+        if end > self.ctx.0.cfg.slot_bytes as u64 {
+            self.error = Some(Error::BatchTooLarge {
+                what: format!("{end} local bytes, a slot holds {}", self.ctx.0.cfg.slot_bytes),
+                knob: "slot_bytes",
+            });
+            return 0;
+        }
+        self.blade = Some(remote.blade());
+        self.wrs[self.n] = WorkRequest { op, local_off: off, len, remote, rkey: info.rkey, compare_add, swap };
+        self.payloads[self.n] = payload;
+        self.n += 1;
+        self.bytes = end as u32;
+        off
+    }
+
+    /// Adds a READ of `len` bytes at `addr`.
+    pub fn read(&mut self, addr: GlobalAddr, len: usize) -> ReadRef {
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
+        ReadRef { off: self.push(Opcode::Read, addr, len, 0, 0, &[]), len }
+    }
+
+    /// Adds a WRITE of `data` at `addr` (copied into registered memory at post).
+    pub fn write(&mut self, addr: GlobalAddr, data: &'a [u8]) {
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        self.push(Opcode::Write, addr, len, 0, 0, data);
+    }
+
+    /// Adds a CAS of the 8-byte word at `addr`: `expected` → `new`.
+    pub fn cas(&mut self, addr: GlobalAddr, expected: u64, new: u64) -> AtomicRef {
+        AtomicRef { off: self.push(Opcode::Cas, addr, 8, expected, new, &[]) }
+    }
+
+    /// Adds an FAA of `add` to the 8-byte word at `addr`.
+    pub fn faa(&mut self, addr: GlobalAddr, add: u64) -> AtomicRef {
+        AtomicRef { off: self.push(Opcode::Faa, addr, 8, add, 0, &[]) }
+    }
+
+    /// WRs in the batch.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether the batch has no WR.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Posts the batch with one doorbell and waits for its completion.
+    /// The batch is empty afterwards and may be refilled.
+    ///
+    /// # Errors
+    /// [`Error::Wc`] if a WR completed with an error (the QP is then in the
+    /// error state, see [`Ctx::reset_qp`]); errors of building the batch
+    /// (too large, two blades, unknown blade); transport errors.
+    pub fn post(&mut self) -> Post<'_, 'a> {
+        Post { batch: self, slot: None, credit_ticket: None }
+    }
+
+    fn clear(&mut self) {
+        self.n = 0;
+        self.bytes = 0;
+        self.blade = None;
+    }
+}
+
+/// The future of [`Batch::post`].
+#[must_use = "a batch is posted only when the future is awaited"]
+pub struct Post<'b, 'a> {
+    batch: &'b mut Batch<'a>,
+    slot: Option<u16>,
+    /// Place in the FIFO for WorkReqThrot credits, while waiting for them.
+    credit_ticket: Option<u64>,
+}
+
+impl fmt::Debug for Post<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Post").field("slot", &self.slot).finish()
+    }
+}
+
+impl<'a> Future for Post<'_, 'a> {
+    type Output = Result<Done<'a>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let inner = &this.batch.ctx.0;
+        if let Some(slot) = this.slot {
+            // Posted already: wait for the completion.
+            return match inner.slots.borrow_mut().poll_done(slot, cx.waker()) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(status) => {
+                    this.slot = None;
+                    Poll::Ready(match status {
+                        Ok(()) => Ok(Done { ctx: this.batch.ctx, slot, base: slot_base(inner, slot) }),
+                        Err((status, index)) => Err(Error::Wc { status, index }),
+                    })
+                }
+            };
+        }
+        let b = &mut *this.batch;
+        if let Some(e) = b.error.take() {
+            b.clear();
+            return Poll::Ready(Err(e));
+        }
+        if b.n == 0 {
+            return Poll::Ready(Err(Error::InvalidWr("empty batch")));
+        }
+        let nwr = b.n as u32;
+        if let Some(c) = &inner.credits {
+            // Credits are handed out first come, first served.
+            let fifo = &inner.credit_fifo;
+            let t = *this.credit_ticket.get_or_insert_with(|| fifo.ticket());
+            if !fifo.is_turn(t) || !c.try_acquire(nwr) {
+                fifo.wait(t, cx.waker());
+                return Poll::Pending;
+            }
+            this.credit_ticket = None;
+            fifo.entered(t);
+        }
+        let Some(slot) = inner.slots.borrow_mut().take(cx.waker()) else {
+            // Woken when a slot frees; the credits go back meanwhile.
+            if let Some(c) = &inner.credits {
+                c.release(nwr);
+                inner.credit_fifo.wake_turn();
+            }
+            return Poll::Pending;
+        };
+        let base = slot_base(inner, slot);
+        {
+            let mut st = inner.stats.borrow_mut();
+            for (wr, payload) in b.wrs[..b.n].iter_mut().zip(&b.payloads[..b.n]) {
+                wr.local_off += base;
+                match wr.op {
+                    Opcode::Read => {
+                        st.reads += 1;
+                        st.bytes_read += u64::from(wr.len);
+                    }
+                    Opcode::Write => {
+                        // SAFETY: the slot was just taken, so no WR is in
+                        // flight into it and no `Done` views it.
+                        unsafe { inner.local.bytes_mut(wr.local_off, wr.len) }.copy_from_slice(payload);
+                        st.writes += 1;
+                        st.bytes_written += u64::from(wr.len);
+                    }
+                    Opcode::Cas => st.cas += 1,
+                    Opcode::Faa => st.faa += 1,
+                }
+            }
+            st.wrs += u64::from(nwr);
+            st.doorbells += 1;
+        }
+        let wr_id = inner.slots.borrow().wr_id(slot);
+        let blade = b.blade.expect("a non-empty batch has a blade");
+        let posted = inner.ep.borrow_mut().post(blade, wr_id, &b.wrs[..b.n]);
+        b.clear();
+        if let Err(e) = posted {
+            inner.slots.borrow_mut().release(slot);
+            if let Some(c) = &inner.credits {
+                c.release(nwr);
+                inner.credit_fifo.wake_turn();
+            }
+            return Poll::Ready(Err(e));
+        }
+        let posted_ns = if inner.measure_rtt { inner.now_ns() } else { 0 };
+        inner.slots.borrow_mut().posted(slot, nwr as u16, posted_ns, cx.waker());
+        this.slot = Some(slot);
+        Poll::Pending
+    }
+}
+
+impl Drop for Post<'_, '_> {
+    fn drop(&mut self) {
+        let inner = &self.batch.ctx.0;
+        if let Some(t) = self.credit_ticket {
+            inner.credit_fifo.abandon(t);
+        }
+        if let Some(slot) = self.slot {
+            // The backend may still write into the slot: it stays Orphaned
+            // until the completion arrives (or is freed now if it came).
+            inner.slots.borrow_mut().abandon(slot);
+        }
+    }
+}
+
+fn slot_base(inner: &super::ctx::Inner, slot: u16) -> u32 {
+    (slot as usize * inner.cfg.slot_bytes) as u32
+}
+
+/// A completed batch: read results and old values of atomics. Holds its slot
+/// until dropped.
+pub struct Done<'a> {
+    ctx: &'a Ctx,
+    slot: u16,
+    base: u32,
+}
+
+impl fmt::Debug for Done<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Done").field("slot", &self.slot).finish()
+    }
+}
+
+impl Done<'_> {
+    /// The bytes a READ fetched.
+    pub fn bytes(&self, r: ReadRef) -> &[u8] {
+        assert!(r.off as usize + r.len as usize <= self.ctx.0.cfg.slot_bytes, "ReadRef of another batch");
+        // SAFETY: the slot's batch completed and this `Done` owns the slot
+        // until it is dropped, so nothing writes the range meanwhile.
+        unsafe { self.ctx.0.local.bytes(self.base + r.off, r.len) }
+    }
+
+    /// The old value returned by a CAS or FAA (a CAS succeeded iff it equals
+    /// the expected value).
+    pub fn old(&self, a: AtomicRef) -> u64 {
+        assert!(a.off as usize + 8 <= self.ctx.0.cfg.slot_bytes, "AtomicRef of another batch");
+        // SAFETY: as in `bytes`.
+        let b = unsafe { self.ctx.0.local.bytes(self.base + a.off, 8) };
+        u64::from_ne_bytes(b.try_into().expect("8 bytes"))
+    }
+}
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        // Held → Free.
+        self.ctx.0.slots.borrow_mut().release(self.slot);
+    }
+}

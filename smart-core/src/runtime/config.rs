@@ -1,0 +1,52 @@
+//! The sizes of a thread's runtime and the state of its Smart techniques.
+
+use crate::smart::SmartConfig;
+
+/// Most WRs in one batch.
+pub const MAX_BATCH: usize = 16;
+
+/// Sizes of a thread's runtime, and the Smart techniques it applies.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeConfig {
+    /// Most batches in flight at once on this thread (a coroutine waits for a
+    /// free slot when all are taken).
+    pub slots: usize,
+    /// Local bytes per slot: bounds the READ and WRITE bytes of one batch.
+    pub slot_bytes: usize,
+    /// Bytes taken from a blade's heap at a time by
+    /// [`Ctx::alloc`](super::Ctx::alloc).
+    pub chunk_bytes: u64,
+    /// Coroutines the thread will run (the ceiling of `n_max`).
+    pub coroutines: usize,
+    /// The Smart techniques.
+    pub smart: SmartConfig,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            slots: 256,
+            slot_bytes: 16 << 10,
+            chunk_bytes: 1 << 20,
+            coroutines: 8,
+            smart: SmartConfig::default(),
+        }
+    }
+}
+
+/// The adaptive state of the Smart techniques on one thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SmartState {
+    /// WorkReqThrot: the credit limit in force.
+    pub credit_limit: Option<u32>,
+    /// ConflictAvoid: the backoff cap in nanoseconds.
+    pub backoff_cap_ns: Option<u64>,
+    /// ConflictAvoid: coroutines allowed inside an operation.
+    pub n_max: Option<usize>,
+    /// ConflictAvoid: C0 in nanoseconds (the measured round trip when
+    /// calibrated).
+    pub backoff_base_ns: Option<u64>,
+}
+
+/// How often the executor ticks the tuner and the backoff controller.
+pub(super) const TICK_NS: u64 = 50_000;

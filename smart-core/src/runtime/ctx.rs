@@ -1,0 +1,237 @@
+//! A coroutine's handle on its thread's runtime, and the single-verb and
+//! multi-piece helpers every application uses.
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::batch::Batch;
+use super::config::{RuntimeConfig, SmartState, MAX_BATCH};
+use super::slot::Slots;
+use super::timer::Timers;
+use super::waiting::Fifo;
+use crate::backend::{BladeInfo, Endpoint, LocalMem};
+use crate::smart::{Backoff, CreditThrottle, Tuner};
+use crate::stats::VerbStats;
+use crate::{GlobalAddr, Result};
+
+/// A thread's runtime state, shared by its coroutines through [`Ctx`].
+pub(super) struct Inner {
+    pub(super) ep: RefCell<Box<dyn Endpoint>>,
+    pub(super) local: Arc<LocalMem>,
+    pub(super) blades: Vec<BladeInfo>,
+    pub(super) cfg: RuntimeConfig,
+    pub(super) slots: RefCell<Slots>,
+    /// Counted in place (no copy of the whole record per post).
+    pub(super) stats: RefCell<VerbStats>,
+    /// Per blade: the rest of the chunk this thread took from its heap.
+    pub(super) chunks: RefCell<Vec<(u64, u64)>>,
+    pub(super) thread: usize,
+    pub(super) clock: quanta::Clock,
+    pub(super) start: quanta::Instant,
+    /// WorkReqThrot.
+    pub(super) credits: Option<CreditThrottle>,
+    pub(super) credit_fifo: Fifo,
+    pub(super) tuner: RefCell<Option<Tuner>>,
+    pub(super) completed_wrs: Cell<u64>,
+    /// ConflictAvoid.
+    pub(super) backoff: RefCell<Option<Backoff>>,
+    pub(super) in_op: Cell<usize>,
+    pub(super) op_fifo: Fifo,
+    pub(super) rng: Cell<u64>,
+    /// Whether to time batches (for ConflictAvoid's C0), and the smoothed
+    /// round trip in ns.
+    pub(super) measure_rtt: bool,
+    pub(super) rtt_ns: Cell<u64>,
+    /// Sleeping coroutines.
+    pub(super) timers: Timers,
+}
+
+impl Inner {
+    #[inline]
+    pub(super) fn now_ns(&self) -> u64 {
+        self.clock.now().saturating_duration_since(self.start).as_nanos() as u64
+    }
+
+    pub(super) fn random(&self) -> u64 {
+        // xorshift64*: per-thread, no allocation, good enough for jitter.
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// A coroutine's handle on its thread's runtime: cheap to clone, not `Send`.
+#[derive(Clone)]
+pub struct Ctx(pub(super) Rc<Inner>);
+
+impl fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ctx").field("thread", &self.0.thread).field("blades", &self.0.blades.len()).finish()
+    }
+}
+
+impl Ctx {
+    /// An empty batch.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch::new(self)
+    }
+
+    /// Index of this worker thread.
+    pub fn thread(&self) -> usize {
+        self.0.thread
+    }
+
+    /// The memory blades.
+    pub fn blades(&self) -> &[BladeInfo] {
+        &self.0.blades
+    }
+
+    /// The runtime's sizes.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.0.cfg
+    }
+
+    /// Counters of this thread so far.
+    pub fn stats(&self) -> VerbStats {
+        *self.0.stats.borrow()
+    }
+
+    /// Nanoseconds since this thread's runtime started, from the calibrated
+    /// cycle counter (cheap: no syscall).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.0.now_ns()
+    }
+
+    /// The adaptive state of the Smart techniques on this thread.
+    pub fn smart_state(&self) -> SmartState {
+        let b = self.0.backoff.borrow();
+        SmartState {
+            credit_limit: self.0.credits.as_ref().map(CreditThrottle::limit),
+            backoff_cap_ns: b.as_ref().map(Backoff::cap_ns),
+            n_max: b.as_ref().map(Backoff::n_max),
+            backoff_base_ns: b.as_ref().map(Backoff::base_ns),
+        }
+    }
+
+    /// READs `dst.len()` bytes at `addr`.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn read(&self, addr: GlobalAddr, dst: &mut [u8]) -> Result<()> {
+        let mut b = self.batch();
+        let r = b.read(addr, dst.len());
+        let done = b.post().await?;
+        dst.copy_from_slice(done.bytes(r));
+        Ok(())
+    }
+
+    /// READs the 8-byte little-endian word at `addr`.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn read_u64(&self, addr: GlobalAddr) -> Result<u64> {
+        let mut w = [0u8; 8];
+        self.read(addr, &mut w).await?;
+        Ok(u64::from_le_bytes(w))
+    }
+
+    /// WRITEs `src` at `addr`.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn write(&self, addr: GlobalAddr, src: &[u8]) -> Result<()> {
+        let mut b = self.batch();
+        b.write(addr, src);
+        b.post().await.map(drop)
+    }
+
+    /// CAS at `addr`; returns the old value (success iff it equals `expected`).
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn cas(&self, addr: GlobalAddr, expected: u64, new: u64) -> Result<u64> {
+        let mut b = self.batch();
+        let a = b.cas(addr, expected, new);
+        let done = b.post().await?;
+        Ok(done.old(a))
+    }
+
+    /// FAA at `addr`; returns the old value.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn faa(&self, addr: GlobalAddr, add: u64) -> Result<u64> {
+        let mut b = self.batch();
+        let a = b.faa(addr, add);
+        let done = b.post().await?;
+        Ok(done.old(a))
+    }
+
+    /// WRITEs each `(address, bytes)`, batched per blade (in order), up to
+    /// a slot's bytes and [`MAX_BATCH`] WRs per doorbell: the helper for
+    /// writing many pieces (a page, directory entries, copied blocks) with
+    /// few doorbells.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn write_many(&self, items: &[(GlobalAddr, &[u8])]) -> Result<()> {
+        let room = self.0.cfg.slot_bytes;
+        let mut i = 0;
+        while i < items.len() {
+            let blade = items[i].0.blade();
+            let mut b = self.batch();
+            let mut bytes = 0;
+            while i < items.len()
+                && b.len() < MAX_BATCH
+                && items[i].0.blade() == blade
+                && (b.is_empty() || bytes + items[i].1.len() <= room)
+            {
+                b.write(items[i].0, items[i].1);
+                bytes += items[i].1.len();
+                i += 1;
+            }
+            b.post().await?;
+        }
+        Ok(())
+    }
+
+    /// WRITEs `data` at `at`, however long, in pieces of half a slot, two
+    /// per doorbell.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn write_all(&self, at: GlobalAddr, data: &[u8]) -> Result<()> {
+        let chunk = self.0.cfg.slot_bytes / 2;
+        let pieces: Vec<(GlobalAddr, &[u8])> =
+            data.chunks(chunk).enumerate().map(|(i, c)| (at.add((i * chunk) as u64), c)).collect();
+        self.write_many(&pieces).await
+    }
+
+    /// READs `out.len()` bytes at `at`, however many, in pieces that fit a
+    /// slot.
+    ///
+    /// # Errors
+    /// As [`Batch::post`].
+    pub async fn read_all(&self, at: GlobalAddr, out: &mut [u8]) -> Result<()> {
+        let chunk = self.0.cfg.slot_bytes / 2;
+        for (i, c) in out.chunks_mut(chunk).enumerate() {
+            self.read(at.add((i * chunk) as u64), c).await?;
+        }
+        Ok(())
+    }
+
+    /// Brings this thread's QP to `blade` back from the error state.
+    ///
+    /// # Errors
+    /// [`Error::QpBusy`](crate::Error::QpBusy) while batches are in flight
+    /// on it.
+    pub fn reset_qp(&self, blade: u16) -> Result<()> {
+        self.0.ep.borrow_mut().reset_qp(blade)
+    }
+}

@@ -1,0 +1,289 @@
+//! The executor: one per worker thread, running that thread's coroutines
+//! on its endpoint. When no coroutine can run, it polls the CQ and wakes the
+//! coroutines whose batches completed (the Smart coroutine model).
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use super::config::{RuntimeConfig, TICK_NS};
+use super::ctx::Inner;
+use super::ready::ReadySet;
+use super::slot::{Completed, Slots};
+use super::timer::Timers;
+use super::waiting::Fifo;
+use super::Ctx;
+use crate::backend::Transport;
+use crate::smart::{Backoff, CreditThrottle, Tuner};
+use crate::stats::VerbStats;
+use crate::verbs::Completion;
+use crate::{Error, Result};
+
+/// Yields once to the thread's other coroutines.
+pub fn yield_now() -> YieldNow {
+    YieldNow(false)
+}
+
+/// The future of [`yield_now`].
+#[derive(Debug)]
+pub struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+#[derive(Debug)]
+struct TaskWaker {
+    ready: Arc<ReadySet>,
+    idx: usize,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.ready.wake(self.idx);
+    }
+}
+
+/// Most tasks one runtime runs.
+pub const MAX_TASKS: usize = 4096;
+
+type Task = Pin<Box<dyn Future<Output = ()>>>;
+
+/// A single-threaded executor bound to one thread's endpoint.
+pub struct Runtime {
+    ctx: Ctx,
+    tasks: Vec<Option<Task>>,
+    wakers: Vec<Waker>,
+    ready: Arc<ReadySet>,
+    live: usize,
+    cq: Vec<Completion>,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime").field("ctx", &self.ctx).field("live", &self.live).finish()
+    }
+}
+
+impl Runtime {
+    /// Opens worker thread `thread`'s endpoint on `transport` and builds its
+    /// runtime. Call it on the thread that will run it.
+    ///
+    /// # Errors
+    /// If the endpoint cannot be opened, or the config is out of range.
+    pub fn new(transport: &dyn Transport, thread: usize, cfg: RuntimeConfig) -> Result<Runtime> {
+        if let Some(tc) = &cfg.smart.work_req_throt {
+            if tc.candidates.is_empty() || tc.candidates.contains(&0) || tc.delta_ns == 0 {
+                return Err(Error::Unsupported("work-req-throt needs non-zero candidates and Δ".into()));
+            }
+        }
+        if cfg.slots == 0 || cfg.slots >= 1 << 16 || cfg.slot_bytes < 64 || cfg.slot_bytes % 8 != 0 {
+            return Err(Error::Unsupported(format!("runtime config out of range: {cfg:?}")));
+        }
+        if cfg.slots as u64 * cfg.slot_bytes as u64 > u64::from(u32::MAX) {
+            return Err(Error::Unsupported("slots × slot_bytes must stay below 4 GiB".into()));
+        }
+        let ep = transport.open_thread(thread, cfg.slots * cfg.slot_bytes)?;
+        let local = ep.local().clone();
+        let slots = Slots::new(cfg.slots);
+        let blades = transport.blades().to_vec();
+        let nslots = cfg.slots;
+        let measure_rtt = cfg.smart.conflict_avoid.is_some_and(|b| b.calibrate_base);
+        let clock = quanta::Clock::new();
+        let start = clock.now();
+        let (tuner, credits) = match &cfg.smart.work_req_throt {
+            Some(tc) => {
+                let (t, limit) = Tuner::new(tc.clone(), 0, 0);
+                (Some(t), Some(CreditThrottle::new(limit)))
+            }
+            None => (None, None),
+        };
+        let backoff = cfg.smart.conflict_avoid.map(|bc| Backoff::new(bc, cfg.coroutines, 0));
+        let inner = Inner {
+            ep: RefCell::new(ep),
+            local,
+            chunks: RefCell::new(vec![(0, 0); blades.len()]),
+            blades,
+            cfg,
+            slots: RefCell::new(slots),
+            stats: RefCell::new(VerbStats::default()),
+            thread,
+            clock,
+            start,
+            credits,
+            credit_fifo: Fifo::default(),
+            tuner: RefCell::new(tuner),
+            completed_wrs: Cell::new(0),
+            backoff: RefCell::new(backoff),
+            in_op: Cell::new(0),
+            op_fifo: Fifo::default(),
+            rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ (thread as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1),
+            timers: Timers::with_capacity(64),
+            measure_rtt,
+            rtt_ns: Cell::new(0),
+        };
+        Ok(Runtime {
+            ctx: Ctx(Rc::new(inner)),
+            tasks: Vec::new(),
+            wakers: Vec::new(),
+            ready: Arc::new(ReadySet::new(MAX_TASKS / 64)),
+            live: 0,
+            cq: Vec::with_capacity(nslots),
+        })
+    }
+
+    /// A handle for coroutines of this runtime.
+    pub fn ctx(&self) -> Ctx {
+        self.ctx.clone()
+    }
+
+    /// Adds a coroutine; it starts at the next [`Runtime::run`].
+    ///
+    /// # Panics
+    /// Past [`MAX_TASKS`] coroutines.
+    pub fn spawn(&mut self, fut: impl Future<Output = ()> + 'static) {
+        let idx = match self.tasks.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                assert!(self.tasks.len() < MAX_TASKS, "at most {MAX_TASKS} coroutines per runtime");
+                self.tasks.push(None);
+                self.wakers
+                    .push(Waker::from(Arc::new(TaskWaker { ready: self.ready.clone(), idx: self.tasks.len() - 1 })));
+                self.tasks.len() - 1
+            }
+        };
+        self.tasks[idx] = Some(Box::pin(fut));
+        self.live += 1;
+        self.wakers[idx].wake_by_ref();
+    }
+
+    /// Runs until every spawned coroutine has finished.
+    pub fn run(&mut self) {
+        self.run_until(|| false);
+    }
+
+    /// Runs `fut` (and any other spawned coroutines meanwhile) to completion.
+    pub fn block_on<F: Future + 'static>(&mut self, fut: F) -> F::Output {
+        let out = Rc::new(RefCell::new(None));
+        let slot = out.clone();
+        self.spawn(async move {
+            *slot.borrow_mut() = Some(fut.await);
+        });
+        self.run_until(|| out.borrow().is_some());
+        let v = out.borrow_mut().take();
+        v.expect("block_on future finished")
+    }
+
+    fn run_until(&mut self, done: impl Fn() -> bool) {
+        let mut idle = 0u32;
+        let adaptive = self.ctx.0.tuner.borrow().is_some() || self.ctx.0.backoff.borrow().is_some();
+        let mut next_tick = 0u64;
+        while self.live > 0 && !done() {
+            if adaptive || !self.ctx.0.timers.is_empty() {
+                let now = self.ctx.0.now_ns();
+                self.ctx.0.timers.fire(now);
+                if adaptive && now >= next_tick {
+                    self.ctx.0.tick(now);
+                    next_tick = now + TICK_NS;
+                }
+            }
+            let mut ran = false;
+            let used = self.tasks.len().div_ceil(64);
+            for w in 0..used {
+                let mut bits = self.ready.take(w);
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    ran = true;
+                    if let Some(task) = self.tasks[i].as_mut() {
+                        let mut cx = Context::from_waker(&self.wakers[i]);
+                        if task.as_mut().poll(&mut cx).is_ready() {
+                            self.tasks[i] = None;
+                            self.live -= 1;
+                        }
+                    }
+                }
+            }
+            if self.poll_cq() > 0 || ran {
+                idle = 0;
+            } else {
+                idle += 1;
+                // Block only when no coroutine sleeps on a (short) timer.
+                if idle >= 64 && self.ctx.0.timers.is_empty() {
+                    self.ctx.0.ep.borrow_mut().idle();
+                }
+            }
+        }
+    }
+
+    /// Polls the CQ once and wakes the owners of finished batches.
+    fn poll_cq(&mut self) -> usize {
+        self.cq.clear();
+        let n = self.ctx.0.ep.borrow_mut().poll(&mut self.cq);
+        if n == 0 {
+            return 0;
+        }
+        let inner = &self.ctx.0;
+        let mut errors = 0;
+        let mut returned = 0u32;
+        let now = if inner.measure_rtt { inner.now_ns() } else { 0 };
+        {
+            let mut slots = inner.slots.borrow_mut();
+            for c in &self.cq {
+                let Completed::Batch { wrs, posted_ns } = slots.complete(c.wr_id, c.status) else { continue };
+                errors += u64::from(c.status.is_err());
+                returned += u32::from(wrs);
+                if inner.measure_rtt {
+                    // EWMA with weight 1/16.
+                    let rtt = now.saturating_sub(posted_ns);
+                    let old = inner.rtt_ns.get();
+                    inner.rtt_ns.set(if old == 0 { rtt } else { old - old / 16 + rtt / 16 });
+                }
+            }
+        }
+        if errors > 0 {
+            inner.stats.borrow_mut().error_completions += errors;
+        }
+        inner.completed_wrs.set(inner.completed_wrs.get() + u64::from(returned));
+        if let Some(c) = &inner.credits {
+            c.release(returned);
+            inner.credit_fifo.wake_turn();
+        }
+        n
+    }
+}
+
+impl Inner {
+    /// Advances the tuner and the backoff controller.
+    fn tick(&self, now: u64) {
+        if let Some(t) = self.tuner.borrow_mut().as_mut() {
+            if let Some(limit) = t.tick(now, self.completed_wrs.get()) {
+                self.credits.as_ref().expect("credits exist with a tuner").set_limit(limit);
+                self.credit_fifo.wake_turn();
+            }
+        }
+        if let Some(b) = self.backoff.borrow_mut().as_mut() {
+            if self.rtt_ns.get() > 0 {
+                b.calibrate(self.rtt_ns.get());
+            }
+            if b.tick(now) {
+                self.op_fifo.wake_turn();
+            }
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Slots: an in-flight batch's place in the thread's registered memory, and
+//! its lifecycle, kept in this one file (as monoio keeps an operation's).
+//!
+//! ```text
+//!            take                posted              completion
+//!   Free ──────────▶ Taken ──────────────▶ InFlight ───────────▶ Done ──poll──▶ Held
+//!    ▲                 │ post failed          │                    │ (error:      │
+//!    │                 ▼                      │ future dropped     │  freed at    │ Done view
+//!    ├─────────────────┘                      ▼                    │  poll)       │ dropped
+//!    │                                    Orphaned                 │              │
+//!    │◀──────── completion ───────────────────┘                    │              │
+//!    │◀──────── future dropped after the completion ───────────────┘              │
+//!    └◀───────────────────────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! A slot's local bytes belong to its batch from `take` until it is Free
+//! again: the backend writes READ data and atomic results there until the
+//! completion, and a [`Done`](super::Done) views them after. A future
+//! dropped while its batch is in flight leaves the slot Orphaned, so the
+//! backend never writes into memory that someone else already reuses; the
+//! completion frees it. Each reuse bumps the slot's generation, carried in
+//! the WR id, so a completion can never be taken for a later batch's.
+
+use std::collections::VecDeque;
+use std::task::{Poll, Waker};
+
+use crate::verbs::WcStatus;
+
+/// A batch's outcome: `Err((status, index of the failed WR))`.
+pub(super) type Status = Result<(), (WcStatus, u16)>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Free,
+    /// Taken for a batch being posted.
+    Taken,
+    InFlight,
+    Done(Status),
+    /// Completed and viewed by a live `Done`.
+    Held,
+    /// Its future was dropped while the batch was in flight.
+    Orphaned,
+}
+
+#[derive(Debug)]
+struct Slot {
+    state: State,
+    generation: u32,
+    /// WRs of the batch: the credits it returns on completion.
+    wrs: u16,
+    /// When it was posted (ns since start), to measure round trips.
+    posted_ns: u64,
+    waker: Option<Waker>,
+}
+
+/// What a completion did to its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Completed {
+    /// Not for a live batch (an old generation): ignored.
+    Stale,
+    /// The batch's `wrs` WRs, posted at `posted_ns`, are done; its owner
+    /// was woken or (orphaned) the slot freed.
+    Batch { wrs: u16, posted_ns: u64 },
+}
+
+/// Every slot of a thread.
+#[derive(Debug)]
+pub(super) struct Slots {
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    /// Coroutines waiting for a free slot.
+    waiters: VecDeque<Waker>,
+}
+
+impl Slots {
+    pub(super) fn new(n: usize) -> Slots {
+        Slots {
+            slots: (0..n)
+                .map(|_| Slot { state: State::Free, generation: 0, wrs: 0, posted_ns: 0, waker: None })
+                .collect(),
+            free: (0..n as u16).rev().collect(),
+            waiters: VecDeque::with_capacity(64),
+        }
+    }
+
+    /// Free → Taken; or, with none free, registers `waker` for the next
+    /// slot freed.
+    #[inline]
+    pub(super) fn take(&mut self, waker: &Waker) -> Option<u16> {
+        let i = self.free.pop();
+        match i {
+            Some(i) => self.slots[i as usize].state = State::Taken,
+            None => {
+                if !self.waiters.iter().any(|w| w.will_wake(waker)) {
+                    self.waiters.push_back(waker.clone());
+                }
+            }
+        }
+        i
+    }
+
+    /// The WR id that names slot `i`'s current batch.
+    #[inline]
+    pub(super) fn wr_id(&self, i: u16) -> u64 {
+        u64::from(self.slots[i as usize].generation) << 16 | u64::from(i)
+    }
+
+    /// Taken → InFlight.
+    #[inline]
+    pub(super) fn posted(&mut self, i: u16, wrs: u16, posted_ns: u64, waker: &Waker) {
+        let s = &mut self.slots[i as usize];
+        debug_assert_eq!(s.state, State::Taken);
+        s.state = State::InFlight;
+        s.wrs = wrs;
+        s.posted_ns = posted_ns;
+        s.waker = Some(waker.clone());
+    }
+
+    /// A completion for `wr_id`: InFlight → Done (waking the owner),
+    /// Orphaned → Free.
+    #[inline]
+    pub(super) fn complete(&mut self, wr_id: u64, status: Status) -> Completed {
+        let i = (wr_id & 0xffff) as u16;
+        let Some(s) = self.slots.get_mut(i as usize) else { return Completed::Stale };
+        if s.generation != (wr_id >> 16) as u32 {
+            return Completed::Stale;
+        }
+        let done = Completed::Batch { wrs: s.wrs, posted_ns: s.posted_ns };
+        match s.state {
+            State::InFlight => {
+                s.state = State::Done(status);
+                if let Some(w) = s.waker.take() {
+                    w.wake();
+                }
+                done
+            }
+            State::Orphaned => {
+                self.free(i);
+                done
+            }
+            State::Free | State::Taken | State::Done(_) | State::Held => Completed::Stale,
+        }
+    }
+
+    /// The owner polls: Done(ok) → Held, Done(error) → Free (the error is
+    /// returned), else the waker is kept for the completion.
+    #[inline]
+    pub(super) fn poll_done(&mut self, i: u16, waker: &Waker) -> Poll<Status> {
+        let s = &mut self.slots[i as usize];
+        match s.state {
+            State::Done(Ok(())) => {
+                s.state = State::Held;
+                Poll::Ready(Ok(()))
+            }
+            State::Done(Err(e)) => {
+                self.free(i);
+                Poll::Ready(Err(e))
+            }
+            _ => {
+                if !s.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                    s.waker = Some(waker.clone());
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The owner's future was dropped: InFlight → Orphaned (freed by its
+    /// completion), Done → Free.
+    pub(super) fn abandon(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        match s.state {
+            State::Done(_) => self.free(i),
+            _ => {
+                s.state = State::Orphaned;
+                s.waker = None;
+            }
+        }
+    }
+
+    /// Taken (its post failed) or Held (its view dropped) → Free.
+    #[inline]
+    pub(super) fn release(&mut self, i: u16) {
+        debug_assert!(matches!(self.slots[i as usize].state, State::Taken | State::Held));
+        self.free(i);
+    }
+
+    fn free(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        s.state = State::Free;
+        s.waker = None;
+        s.generation = s.generation.wrapping_add(1);
+        self.free.push(i);
+        if let Some(w) = self.waiters.pop_front() {
+            w.wake();
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn an_orphaned_slot_is_freed_only_by_its_completion() {
+        let c = Arc::new(Count(AtomicUsize::new(0)));
+        let w = Waker::from(c.clone());
+        let mut s = Slots::new(1);
+        let i = s.take(&w).unwrap();
+        let id = s.wr_id(i);
+        s.posted(i, 2, 0, &w);
+        s.abandon(i);
+        assert!(s.take(&w).is_none(), "orphaned: not reusable before its completion");
+        assert_eq!(s.complete(id, Ok(())), Completed::Batch { wrs: 2, posted_ns: 0 });
+        assert_eq!(c.0.load(Ordering::Relaxed), 1, "the slot waiter was woken");
+        let j = s.take(&w).unwrap();
+        assert_eq!(j, i);
+        assert_ne!(s.wr_id(j), id, "a new generation");
+        assert_eq!(s.complete(id, Ok(())), Completed::Stale, "the old id no longer matches");
+    }
+
+    #[test]
+    fn done_then_held_then_free() {
+        let c = Arc::new(Count(AtomicUsize::new(0)));
+        let w = Waker::from(c.clone());
+        let mut s = Slots::new(2);
+        let i = s.take(&w).unwrap();
+        s.posted(i, 1, 0, &w);
+        assert!(s.poll_done(i, &w).is_pending());
+        s.complete(s.wr_id(i), Err((WcStatus::RemoteAccess, 0)));
+        assert_eq!(c.0.load(Ordering::Relaxed), 1, "the owner was woken");
+        assert_eq!(s.poll_done(i, &w), Poll::Ready(Err((WcStatus::RemoteAccess, 0))));
+        assert_eq!(s.free.len(), 2, "an error frees the slot at once");
+        let i = s.take(&w).unwrap();
+        s.posted(i, 1, 0, &w);
+        s.complete(s.wr_id(i), Ok(()));
+        assert_eq!(s.poll_done(i, &w), Poll::Ready(Ok(())));
+        assert_eq!(s.free.len(), 1, "held while viewed");
+        s.release(i);
+        assert_eq!(s.free.len(), 2);
+    }
+}

@@ -1,0 +1,149 @@
+//! First-come-first-served admission to a scarce resource (WorkReqThrot's
+//! credits, ConflictAvoid's operation permits).
+//!
+//! Waiters take tickets and enter in ticket order, so a coroutine that just
+//! finished cannot barge ahead of ones already waiting (which starves them
+//! when the resource is scarce). Only the waiter whose turn it is can
+//! enter, so only it is ever woken: when the turn passes, when a ticket is
+//! abandoned, or when the resource frees up ([`Fifo::wake_turn`]). A wake
+//! costs O(1) however many wait, instead of every waiter re-polling.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::task::Waker;
+
+/// A ticket queue (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct Fifo {
+    next: Cell<u64>,
+    serving: Cell<u64>,
+    /// Tickets given up by dropped waiters, not yet reached.
+    abandoned: RefCell<Vec<u64>>,
+    /// Registered waiters, in ticket order, one entry per ticket.
+    waiters: RefCell<VecDeque<(u64, Waker)>>,
+}
+
+impl Fifo {
+    /// A new ticket (the caller should try to enter at once).
+    #[inline]
+    pub(super) fn ticket(&self) -> u64 {
+        let t = self.next.get();
+        self.next.set(t + 1);
+        t
+    }
+
+    #[inline]
+    pub(super) fn is_turn(&self, t: u64) -> bool {
+        t == self.serving.get()
+    }
+
+    /// Ticket `t` could not enter yet: wake `waker` when it may.
+    pub(super) fn wait(&self, t: u64, waker: &Waker) {
+        let mut w = self.waiters.borrow_mut();
+        match w.binary_search_by_key(&t, |e| e.0) {
+            Ok(i) => {
+                if !w[i].1.will_wake(waker) {
+                    w[i].1 = waker.clone();
+                }
+            }
+            Err(i) => w.insert(i, (t, waker.clone())),
+        }
+    }
+
+    /// Ticket `t` (whose turn it was) entered: the next one's turn.
+    #[inline]
+    pub(super) fn entered(&self, t: u64) {
+        debug_assert!(self.is_turn(t));
+        self.serving.set(t + 1);
+        self.skip_abandoned();
+        self.wake_turn();
+    }
+
+    /// Ticket `t` will never enter.
+    pub(super) fn abandon(&self, t: u64) {
+        {
+            let mut w = self.waiters.borrow_mut();
+            if let Ok(i) = w.binary_search_by_key(&t, |e| e.0) {
+                w.remove(i);
+            }
+        }
+        if t >= self.serving.get() {
+            self.abandoned.borrow_mut().push(t);
+        }
+        self.skip_abandoned();
+        self.wake_turn();
+    }
+
+    /// Wakes the waiter whose turn it is, if it is registered (the resource
+    /// may have freed up, or the turn just passed to it).
+    #[inline]
+    pub(super) fn wake_turn(&self) {
+        let mut w = self.waiters.borrow_mut();
+        if w.front().is_some_and(|e| e.0 == self.serving.get()) {
+            let (_, waker) = w.pop_front().expect("checked");
+            drop(w);
+            waker.wake();
+        }
+    }
+
+    fn skip_abandoned(&self) {
+        let mut ab = self.abandoned.borrow_mut();
+        while let Some(i) = ab.iter().position(|t| *t == self.serving.get()) {
+            ab.swap_remove(i);
+            self.serving.set(self.serving.get() + 1);
+        }
+    }
+
+    /// Registered waiters (for tests).
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> usize {
+        self.waiters.borrow().len()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn only_the_turn_is_woken_and_abandoned_tickets_are_skipped() {
+        let f = Fifo::default();
+        let counts: Vec<Arc<Count>> = (0..4).map(|_| Arc::new(Count(AtomicUsize::new(0)))).collect();
+        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let woken = |i: usize| counts[i].0.load(Ordering::Relaxed);
+        let t: Vec<u64> = (0..4).map(|_| f.ticket()).collect();
+        // Ticket 0 holds the turn but the resource is taken: everyone waits.
+        for i in 0..4 {
+            f.wait(t[i], &wakers[i]);
+            f.wait(t[i], &wakers[i]); // re-registering keeps one entry
+        }
+        assert_eq!(f.waiting(), 4);
+        f.wake_turn();
+        assert_eq!((woken(0), woken(1), woken(2), woken(3)), (1, 0, 0, 0), "only the turn");
+        // 1 gives up; 0 enters: the turn skips to 2, which alone is woken.
+        f.abandon(t[1]);
+        assert_eq!(woken(1), 0);
+        f.entered(t[0]);
+        assert!(f.is_turn(t[2]));
+        assert_eq!((woken(2), woken(3)), (1, 0));
+        f.entered(t[2]);
+        assert_eq!(woken(3), 1);
+        f.entered(t[3]);
+        assert_eq!(f.waiting(), 0);
+        // A ticket abandoned after its turn passed leaves nothing behind.
+        let late = f.ticket();
+        f.entered(late);
+        f.abandon(late);
+        assert!(f.abandoned.borrow().is_empty());
+    }
+}

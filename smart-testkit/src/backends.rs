@@ -1,0 +1,113 @@
+//! The backend matrix every semantic test runs against: the embedded
+//! backend, the same with chaos (tearing, delayed and reordered
+//! completions), and a real `memory-blade` server on loopback TCP, in this
+//! process.
+
+use std::fmt;
+use std::sync::Arc;
+
+use smart_core::blade::{BladeHandle, BladeServer};
+use smart_core::region::Region;
+use smart_core::{ChaosConfig, EmbeddedTransport, TcpTransport, Transport};
+
+/// Bytes of each blade unless a test asks for another size.
+pub const DEFAULT_BLADE_BYTES: u64 = 8 << 20;
+
+/// A transport plus whatever keeps it alive (blade servers, stopped when
+/// the `Backend` is dropped).
+pub struct Backend {
+    /// "embedded", "embedded+chaos", "tcp" or "verbs", for messages.
+    pub name: &'static str,
+    /// The transport to open runtimes on.
+    pub transport: Arc<dyn Transport>,
+    _blades: Vec<BladeHandle>,
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend").field("name", &self.name).field("blades", &self.transport.blades().len()).finish()
+    }
+}
+
+/// `blades` embedded blades of 8 MiB.
+pub fn embedded(blades: usize) -> Backend {
+    embedded_sized(blades, DEFAULT_BLADE_BYTES)
+}
+
+/// `blades` embedded blades of `bytes` each.
+///
+/// # Panics
+/// If the blades cannot be mapped.
+pub fn embedded_sized(blades: usize, bytes: u64) -> Backend {
+    Backend { name: "embedded", transport: Arc::new(EmbeddedTransport::new(blades, bytes).unwrap()), _blades: vec![] }
+}
+
+/// `blades` embedded blades of 8 MiB in chaos mode, seeded.
+pub fn chaos(blades: usize, seed: u64) -> Backend {
+    chaos_sized(blades, DEFAULT_BLADE_BYTES, seed)
+}
+
+/// `blades` embedded blades of `bytes` each in chaos mode, seeded.
+///
+/// # Panics
+/// If the blades cannot be mapped.
+pub fn chaos_sized(blades: usize, bytes: u64, seed: u64) -> Backend {
+    let t = EmbeddedTransport::new(blades, bytes).unwrap().with_chaos(ChaosConfig::new(seed));
+    Backend { name: "embedded+chaos", transport: Arc::new(t), _blades: vec![] }
+}
+
+/// `blades` memory-blade servers of 8 MiB on loopback TCP (in this
+/// process, on threads), and a TCP transport to them.
+pub fn tcp(blades: usize) -> Backend {
+    tcp_sized(blades, DEFAULT_BLADE_BYTES)
+}
+
+/// `blades` memory-blade servers of `bytes` each on loopback TCP.
+///
+/// # Panics
+/// If a server cannot bind 127.0.0.1 or the transport cannot connect.
+pub fn tcp_sized(blades: usize, bytes: u64) -> Backend {
+    let handles: Vec<BladeHandle> = (0..blades)
+        .map(|_| {
+            let region = Arc::new(Region::anonymous(bytes).unwrap());
+            BladeServer::bind("127.0.0.1:0", region).unwrap().spawn().unwrap()
+        })
+        .collect();
+    let addrs: Vec<String> = handles.iter().map(|h| h.addr().to_string()).collect();
+    Backend { name: "tcp", transport: Arc::new(TcpTransport::connect(&addrs).unwrap()), _blades: handles }
+}
+
+/// Every backend, with `blades` memory blades of 8 MiB each.
+pub fn all(blades: usize) -> Vec<Backend> {
+    all_sized(blades, DEFAULT_BLADE_BYTES)
+}
+
+/// Every backend, with `blades` memory blades of `bytes` each.
+pub fn all_sized(blades: usize, bytes: u64) -> Vec<Backend> {
+    vec![embedded_sized(blades, bytes), chaos_sized(blades, bytes, 7), tcp_sized(blades, bytes)]
+}
+
+/// Real RDMA: `blades` memory blades registered on the device named by
+/// `SMART_RDMA_DEVICE` (GID index from `SMART_RDMA_GID_INDEX`), served on
+/// loopback for connection setup. `None` when the variable is unset.
+///
+/// # Panics
+/// If the device or the loopback set-up fails.
+#[cfg(feature = "verbs")]
+pub fn verbs(blades: usize) -> Option<Backend> {
+    use smart_core::backend::verbs::{VerbsBlade, VerbsConfig, VerbsTransport};
+    let device = std::env::var("SMART_RDMA_DEVICE").ok()?;
+    let gid_index =
+        std::env::var("SMART_RDMA_GID_INDEX").ok().map(|g| g.parse().expect("SMART_RDMA_GID_INDEX is a number"));
+    let cfg = VerbsConfig { device: Some(device), gid_index };
+    let handles: Vec<BladeHandle> = (0..blades)
+        .map(|_| {
+            let region = Arc::new(Region::anonymous(8 << 20).unwrap());
+            let vb = VerbsBlade::open(region.clone(), &cfg).unwrap();
+            BladeServer::bind("127.0.0.1:0", region).unwrap().with_verbs(Arc::new(vb)).spawn().unwrap()
+        })
+        .collect();
+    let addrs: Vec<String> = handles.iter().map(|h| h.addr().to_string()).collect();
+    let transport = Arc::new(VerbsTransport::connect(&addrs, &cfg).unwrap());
+    Some(Backend { name: "verbs", transport, _blades: handles })
+}

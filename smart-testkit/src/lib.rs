@@ -1,0 +1,17 @@
+//! # smart-testkit
+//!
+//! Test helpers shared by every Smart-rs crate (a dev-dependency only):
+//!
+//! * [`backends`]: the backend matrix (embedded, embedded with chaos, a real
+//!   memory-blade server on loopback TCP in this process, and real RDMA
+//!   where a device is named), so every application's tests run on all of
+//!   them;
+//! * [`lin`]: a linearizability checker for register histories;
+//! * [`oracle`]: operation sequences checked against a `BTreeMap` for any
+//!   [`KvIndex`](smart_core::KvIndex).
+
+pub mod backends;
+pub mod lin;
+pub mod oracle;
+
+pub use backends::Backend;

@@ -1,0 +1,211 @@
+//! What was typed: the command-line flags of both binaries, as clap parses
+//! them. Nothing here is validated beyond its type; [`crate::config`] turns
+//! flags into what to do.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use smart_bench::size::parse_size;
+
+/// How a binary reaches the memory blades' region: flags both binaries take.
+#[derive(Args, Debug, Clone)]
+pub struct LinkFlags {
+    /// Transport: tcp (the software RNIC) or verbs (RDMA).
+    #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
+    pub transport: TransportArg,
+    /// RDMA device (with --transport verbs; default: the first with an active port).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// GID index (with --transport verbs on RoCE; default 0).
+    #[arg(long)]
+    pub gid_index: Option<u32>,
+}
+
+/// `--transport`.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum TransportArg {
+    /// Verbs over TCP to a `memory-blade` process.
+    Tcp,
+    /// RDMA verbs (cargo feature `verbs`).
+    Verbs,
+}
+
+/// `memory-blade`'s flags.
+#[derive(Parser, Debug)]
+#[command(name = "memory-blade", version, about = "Smart-rs memory blade: serves one-sided verbs on its memory")]
+pub struct MemoryCli {
+    /// Address to listen on, e.g. 0.0.0.0:7000 (port 0 picks a free port).
+    #[arg(long)]
+    pub listen: String,
+    /// Region size, e.g. 1GiB. Default 1GiB; with an existing backing file,
+    /// the file's size.
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Keep the region in this file: its contents survive a restart.
+    #[arg(long)]
+    pub backing_file: Option<PathBuf>,
+    /// How compute blades reach the region.
+    #[command(flatten)]
+    pub link: LinkFlags,
+}
+
+/// `compute-blade`'s flags.
+#[derive(Parser, Debug)]
+#[command(name = "compute-blade", version, about = "Smart-rs compute blade: benchmarks over one-sided verbs")]
+pub struct ComputeCli {
+    /// The benchmark.
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// `compute-blade`'s subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Verbs micro-benchmark: READ, WRITE, CAS or FAA as fast as possible.
+    Micro(MicroArgs),
+    /// YCSB over a disaggregated index (the RACE hash table).
+    Ycsb(YcsbArgs),
+}
+
+/// Options every subcommand takes.
+#[derive(Args, Debug)]
+pub struct Common {
+    /// Memory blades (HOST:PORT,...); omit for an embedded blade in this process.
+    #[arg(long, value_delimiter = ',')]
+    pub blades: Vec<String>,
+    /// Transport to the --blades.
+    #[command(flatten)]
+    pub link: LinkFlags,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Coroutines per worker thread.
+    #[arg(long, default_value_t = 8)]
+    pub coroutines: usize,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Seconds of warmup before measuring.
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// Smart techniques to enable: all, none, or a list of thd-res-alloc,
+    /// work-req-throt, conflict-avoid, spec-lookup.
+    #[arg(long, default_value = "none")]
+    pub smart: String,
+    /// QP policy: shared, multiplexed:K, per-thread-qp, per-thread-db
+    /// (default: per-thread-db with thd-res-alloc, else per-thread-qp).
+    #[arg(long)]
+    pub qp_policy: Option<String>,
+    /// Completion queues: one per thread (Smart) or one shared by all threads.
+    #[arg(long, value_enum, default_value_t = CqArg::PerThread)]
+    pub cq: CqArg,
+    /// Emulated doorbell registers of the soft backends, LOW:MEDIUM
+    /// (ConnectX-6: 4:12). Fewer doorbells make sharing show at few threads.
+    #[arg(long, default_value = "4:12")]
+    pub doorbells: String,
+    /// Write the result record (JSON) to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Size of each embedded blade (without --blades).
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    pub blade_size: u64,
+    /// Number of embedded blades (without --blades).
+    #[arg(long, default_value_t = 1)]
+    pub embedded_blades: usize,
+    /// No per-second progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// `--cq`.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum CqArg {
+    /// A CQ per worker thread.
+    PerThread,
+    /// One CQ shared by all threads.
+    Shared,
+}
+
+/// `micro --op`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OpArg {
+    /// RDMA READ.
+    Read,
+    /// RDMA WRITE.
+    Write,
+    /// Compare-and-swap.
+    Cas,
+    /// Fetch-and-add.
+    Faa,
+}
+
+/// `compute-blade micro`.
+#[derive(Args, Debug)]
+pub struct MicroArgs {
+    /// Options of every subcommand.
+    #[command(flatten)]
+    pub common: Common,
+    /// The verb.
+    #[arg(long, value_enum, default_value_t = OpArg::Read)]
+    pub op: OpArg,
+    /// Bytes per READ or WRITE (atomics are 8).
+    #[arg(long, default_value = "8", value_parser = parse_size)]
+    pub size: u64,
+    /// WRs per batch (one doorbell).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// All WRs on one 8-byte word (CAS becomes a CAS-increment loop).
+    #[arg(long)]
+    pub contended: bool,
+    /// Bytes per blade that uncontended WRs spread over.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    pub area: u64,
+}
+
+/// `ycsb --app`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum AppArg {
+    /// The RACE hash table.
+    Race,
+    /// The Sherman B+tree (not built yet).
+    Sherman,
+}
+
+/// `compute-blade ycsb`.
+#[derive(Args, Debug)]
+pub struct YcsbArgs {
+    /// Options of every subcommand.
+    #[command(flatten)]
+    pub common: Common,
+    /// The index.
+    #[arg(long, value_enum, default_value_t = AppArg::Race)]
+    pub app: AppArg,
+    /// a, b, c, d, e, f, update-only (or write-heavy, read-heavy, read-only).
+    #[arg(long, default_value = "a")]
+    pub workload: String,
+    /// Name of the index on the blades.
+    #[arg(long, default_value = "ycsb")]
+    pub table: String,
+    /// Keys loaded before the run.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    /// Zipfian exponent of the request distribution.
+    #[arg(long, default_value_t = 0.99, conflicts_with = "uniform")]
+    pub zipf: f64,
+    /// Uniform requests instead of Zipfian.
+    #[arg(long)]
+    pub uniform: bool,
+    /// Key bytes (≥ 8).
+    #[arg(long, default_value_t = 8)]
+    pub key_size: usize,
+    /// Value bytes (≥ 16).
+    #[arg(long, default_value_t = 16)]
+    pub value_size: usize,
+    /// Check every value read and read every key back after the run.
+    #[arg(long)]
+    pub verify: bool,
+    /// Keys the hash table is created for (default: --keys); it grows
+    /// beyond by splitting subtables.
+    #[arg(long)]
+    pub capacity: Option<u64>,
+}

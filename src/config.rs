@@ -1,0 +1,284 @@
+//! What to do: the flags of [`crate::cli`] resolved into typed, validated
+//! configurations. Every check of the command line happens here, once, with
+//! messages that name the flag; the libraries below never see a flag.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use smart_bench::harness::RunConfig;
+use smart_bench::micro::MicroConfig;
+use smart_core::runtime::MAX_BATCH;
+use smart_core::smart::{DoorbellConfig, SmartConfig};
+use smart_core::{EmbeddedTransport, Opcode, RuntimeConfig, TcpTransport, Transport};
+use ycsb::bench::YcsbConfig;
+
+use crate::cli::{AppArg, Cmd, Common, ComputeCli, CqArg, LinkFlags, MicroArgs, OpArg, TransportArg, YcsbArgs};
+
+/// How to reach the blades' memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// The software RNIC over TCP.
+    Tcp,
+    /// RDMA verbs on a device.
+    Verbs {
+        /// The device (default: the first with an active port).
+        device: Option<String>,
+        /// The GID index (RoCE).
+        gid_index: Option<u32>,
+    },
+}
+
+impl Link {
+    /// Resolves `--transport`, `--device`, `--gid-index`.
+    ///
+    /// # Errors
+    /// Device flags without verbs.
+    pub fn resolve(f: &LinkFlags) -> Result<Link> {
+        match f.transport {
+            TransportArg::Tcp if f.device.is_some() || f.gid_index.is_some() => {
+                bail!("--device and --gid-index apply to --transport verbs only")
+            }
+            TransportArg::Tcp => Ok(Link::Tcp),
+            TransportArg::Verbs => Ok(Link::Verbs { device: f.device.clone(), gid_index: f.gid_index }),
+        }
+    }
+}
+
+/// Where the memory blades are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blades {
+    /// In this process.
+    Embedded {
+        /// How many.
+        count: usize,
+        /// Bytes each.
+        size: u64,
+    },
+    /// `memory-blade` processes.
+    Remote {
+        /// Their HOST:PORT addresses.
+        addrs: Vec<String>,
+        /// How to reach them.
+        link: Link,
+    },
+}
+
+impl Blades {
+    /// Connects (or creates the embedded blades).
+    ///
+    /// # Errors
+    /// Unreachable blades, a missing RDMA device, a failed mapping.
+    pub fn connect(&self) -> Result<Arc<dyn Transport>> {
+        Ok(match self {
+            Blades::Embedded { count, size } => {
+                Arc::new(EmbeddedTransport::new(*count, *size).context("creating the embedded blade")?)
+            }
+            Blades::Remote { addrs, link: Link::Tcp } => {
+                Arc::new(TcpTransport::connect(addrs).context("connecting to the memory blades")?)
+            }
+            Blades::Remote { addrs, link: Link::Verbs { device, gid_index } } => {
+                verbs_transport(addrs, device.clone(), *gid_index)?
+            }
+        })
+    }
+}
+
+#[cfg(feature = "verbs")]
+fn verbs_transport(addrs: &[String], device: Option<String>, gid_index: Option<u32>) -> Result<Arc<dyn Transport>> {
+    use smart_core::backend::verbs::{VerbsConfig, VerbsTransport};
+    let cfg = VerbsConfig { device, gid_index };
+    Ok(Arc::new(VerbsTransport::connect(addrs, &cfg).context("connecting over RDMA verbs")?))
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_transport(_: &[String], _: Option<String>, _: Option<u32>) -> Result<Arc<dyn Transport>> {
+    bail!("{}", smart_core::backend::verbs::NOT_BUILT)
+}
+
+/// What every subcommand resolves to.
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// The memory blades.
+    pub blades: Blades,
+    /// Threads, coroutines, times, runtime and Smart techniques.
+    pub run: RunConfig,
+    /// Where to write the result record.
+    pub json: Option<PathBuf>,
+}
+
+/// The ycsb subcommand, resolved.
+#[derive(Clone, Debug)]
+pub struct YcsbJob {
+    /// The index.
+    pub app: App,
+    /// The workload.
+    pub y: YcsbConfig,
+    /// "uniform" or "zipf-THETA", for the record.
+    pub distribution: String,
+}
+
+/// The indexes YCSB can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum App {
+    /// The RACE hash table (`race-ht`).
+    Race,
+}
+
+/// A subcommand, resolved.
+#[derive(Clone, Debug)]
+pub enum Job {
+    /// `micro`.
+    Micro(MicroConfig),
+    /// `ycsb`.
+    Ycsb(YcsbJob),
+}
+
+/// A whole `compute-blade` command line, resolved.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The common part.
+    pub session: Session,
+    /// The subcommand.
+    pub job: Job,
+}
+
+impl Config {
+    /// Resolves and validates every flag.
+    ///
+    /// # Errors
+    /// The first bad flag, named.
+    pub fn from_cli(cli: &ComputeCli) -> Result<Config> {
+        match &cli.cmd {
+            Cmd::Micro(a) => {
+                let session = Session::resolve(&a.common)?;
+                let job = Job::Micro(micro(a, &session.run)?);
+                Ok(Config { session, job })
+            }
+            Cmd::Ycsb(a) => {
+                let job = Job::Ycsb(ycsb(a)?);
+                Ok(Config { session: Session::resolve(&a.common)?, job })
+            }
+        }
+    }
+}
+
+fn parse_doorbells(s: &str) -> Result<DoorbellConfig> {
+    let bad = || anyhow::anyhow!("--doorbells {s:?}: use LOW:MEDIUM, e.g. 4:12, with MEDIUM ≥ 1");
+    let (l, m) = s.split_once(':').ok_or_else(bad)?;
+    let (low_latency, medium) = (l.trim().parse().map_err(|_| bad())?, m.trim().parse().map_err(|_| bad())?);
+    if medium == 0 {
+        return Err(bad());
+    }
+    Ok(DoorbellConfig { low_latency, medium })
+}
+
+impl Session {
+    /// Resolves the options every subcommand takes.
+    ///
+    /// # Errors
+    /// The first bad flag, named.
+    pub fn resolve(c: &Common) -> Result<Session> {
+        let mut smart = SmartConfig::parse(&c.smart).map_err(|e| anyhow::anyhow!("--smart: {e}"))?;
+        smart.doorbells = parse_doorbells(&c.doorbells)?;
+        smart.shared_cq = c.cq == CqArg::Shared;
+        if let Some(p) = &c.qp_policy {
+            smart.qp_policy = p.parse().map_err(|e| anyhow::anyhow!("--qp-policy: {e}"))?;
+        }
+        let link = Link::resolve(&c.link)?;
+        if c.threads == 0 || c.coroutines == 0 {
+            bail!("--threads and --coroutines must be at least 1");
+        }
+        if !(c.duration > 0.0 && c.duration.is_finite() && c.warmup >= 0.0 && c.warmup.is_finite()) {
+            bail!("--duration must be positive and --warmup non-negative");
+        }
+        let blades = if c.blades.is_empty() {
+            if link != Link::Tcp {
+                bail!("--transport verbs needs --blades");
+            }
+            if c.embedded_blades == 0 {
+                bail!("--embedded-blades must be at least 1");
+            }
+            Blades::Embedded { count: c.embedded_blades, size: c.blade_size }
+        } else {
+            Blades::Remote { addrs: c.blades.clone(), link }
+        };
+        let run = RunConfig {
+            threads: c.threads,
+            coroutines: c.coroutines,
+            duration: Duration::from_secs_f64(c.duration),
+            warmup: Duration::from_secs_f64(c.warmup),
+            runtime: RuntimeConfig { smart, ..RuntimeConfig::default() },
+            progress: !c.quiet,
+        };
+        Ok(Session { blades, run, json: c.json.clone() })
+    }
+}
+
+fn micro(a: &MicroArgs, run: &RunConfig) -> Result<MicroConfig> {
+    let op = match a.op {
+        OpArg::Read => Opcode::Read,
+        OpArg::Write => Opcode::Write,
+        OpArg::Cas => Opcode::Cas,
+        OpArg::Faa => Opcode::Faa,
+    };
+    let size = if op.is_atomic() { 8 } else { u32::try_from(a.size).context("--size must fit 32 bits")? };
+    if size == 0 {
+        bail!("--size must be at least 1 byte");
+    }
+    if a.batch == 0 || a.batch > MAX_BATCH {
+        bail!("--batch must be 1 to {MAX_BATCH}");
+    }
+    if a.contended && op == Opcode::Cas && a.batch != 1 {
+        bail!("a contended CAS-increment is one CAS at a time: use --batch 1");
+    }
+    let slot = run.runtime.slot_bytes as u64;
+    if u64::from(size) * a.batch as u64 > slot {
+        bail!("--size × --batch exceeds the {slot} local bytes of a slot");
+    }
+    if a.area < u64::from(size).next_multiple_of(8) {
+        bail!("--area must hold at least one WR of --size bytes");
+    }
+    Ok(MicroConfig { op, size, batch: a.batch, contended: a.contended, area: a.area })
+}
+
+fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
+    let app = match a.app {
+        AppArg::Race => App::Race,
+        AppArg::Sherman => bail!("--app sherman: the Sherman B+tree is not built yet; use --app race"),
+    };
+    let workload = ycsb::Workload::parse(&a.workload).map_err(|e| anyhow::anyhow!("--workload: {e}"))?;
+    if workload.mix[3] > 0.0 {
+        bail!("--workload {}: needs range scans, which the hash table (--app race) does not have", workload.name);
+    }
+    let zipf_ok = a.zipf > 0.0 && (a.zipf - 1.0).abs() > 1e-9 && a.zipf.is_finite();
+    if !a.uniform && !zipf_ok {
+        bail!("--zipf must be a positive number other than 1 (the paper uses 0.99)");
+    }
+    if a.keys == 0 {
+        bail!("--keys must be at least 1");
+    }
+    if a.key_size < 8 || a.value_size < 16 {
+        bail!("--key-size must be ≥ 8 and --value-size ≥ 16");
+    }
+    if a.capacity == Some(0) {
+        bail!("--capacity must be at least 1");
+    }
+    if a.table.is_empty() {
+        bail!("--table must not be empty");
+    }
+    let chooser = if a.uniform { ycsb::KeyChooser::Uniform(a.keys) } else { ycsb::KeyChooser::zipfian(a.keys, a.zipf) };
+    let y = YcsbConfig {
+        table: a.table.clone(),
+        keys: a.keys,
+        workload,
+        chooser,
+        key_size: a.key_size,
+        value_size: a.value_size,
+        verify: a.verify,
+        capacity: a.capacity.unwrap_or(a.keys),
+    };
+    let distribution = if a.uniform { "uniform".to_string() } else { format!("zipf-{}", a.zipf) };
+    Ok(YcsbJob { app, y, distribution })
+}
