@@ -1,4 +1,5 @@
-//! Remote layout of the table (APPS.md §1), declared once.
+//! Remote layout of the table (RACE, Zuo et al., ATC '21, as Smart-HT uses
+//! it), declared once.
 //!
 //! ```text
 //! table header  [magic u64][dir word u64][groups per subtable u64]

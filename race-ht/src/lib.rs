@@ -3,7 +3,7 @@
 //! A lock-free extendible hash table in disaggregated memory after RACE
 //! (ATC '21), with Smart's change: back off after a failed slot CAS
 //! (ConflictAvoid, through [`smart_core::runtime::Op::retry`]). Layout and
-//! round trips follow APPS.md §1 (see [`layout`]).
+//! round trips follow RACE's (see [`layout`]).
 //!
 //! * **Search**: READ both combined buckets (one doorbell), then READ the
 //!   KV blocks whose fingerprint matches (one doorbell). 2 RTTs.

@@ -1,16 +1,58 @@
-//! Latency histograms (HDR), kept per thread and merged at the end of a run.
+//! Latency histograms (log-linear, as HDR histograms), kept per thread and
+//! merged at the end of a run.
 
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
-/// A latency histogram in nanoseconds (1 ns to 100 s, 3 significant digits).
+/// Sub-buckets per power of two: 2^9, so a bucket spans under 0.2% of its
+/// values, and its midpoint is within 0.1% of any of them.
+const SUB_BITS: u32 = 9;
+const SUB: usize = 1 << SUB_BITS;
+/// Buckets: values below `SUB` exactly, then `SUB` per power of two up to
+/// 2^64.
+const BUCKETS: usize = (64 - SUB_BITS as usize + 1) * SUB;
+
+/// A latency histogram in nanoseconds.
+///
+/// Recording is on every operation's path, so it is one log-linear bucket
+/// increment (a leading-zero count, a shift, an add), the same structure as
+/// an HDR histogram with 2^9 sub-buckets per power of two but without its
+/// range checks and bookkeeping, which cost ~130 instructions per record
+/// (measured with callgrind on `compute-blade micro`). Percentiles are
+/// bucket midpoints: exact below 512 ns, within 0.1% above; the maximum is
+/// exact.
 #[derive(Debug, Clone)]
-pub struct Latency(Histogram<u64>);
+pub struct Latency {
+    counts: Box<[u64]>,
+    n: u64,
+    max: u64,
+}
 
 impl Default for Latency {
     fn default() -> Self {
-        Latency(Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds"))
+        Latency { counts: vec![0; BUCKETS].into_boxed_slice(), n: 0, max: 0 }
     }
+}
+
+#[inline]
+fn bucket(v: u64) -> usize {
+    if v < SUB as u64 {
+        return v as usize;
+    }
+    let e = 63 - v.leading_zeros(); // ≥ SUB_BITS
+    let m = (v >> (e - SUB_BITS)) as usize & (SUB - 1);
+    (e - SUB_BITS + 1) as usize * SUB + m
+}
+
+/// The middle of bucket `i`'s values.
+fn midpoint(i: usize) -> u64 {
+    if i < SUB {
+        return i as u64;
+    }
+    let e = (i / SUB) as u32 + SUB_BITS - 1;
+    let m = (i % SUB) as u64;
+    let shift = e - SUB_BITS;
+    let low = (SUB as u64 + m) << shift;
+    low + ((1u64 << shift) >> 1)
 }
 
 /// Latency percentiles in microseconds, as the result record reports them.
@@ -27,42 +69,86 @@ pub struct LatencySummary {
 }
 
 impl Latency {
-    /// Records one latency in nanoseconds (clamped into range).
+    /// Records one latency in nanoseconds.
     #[inline]
     pub fn record(&mut self, ns: u64) {
-        self.0.saturating_record(ns.max(1));
+        self.counts[bucket(ns)] += 1;
+        self.n += 1;
+        self.max = self.max.max(ns);
     }
 
     /// Adds all samples of `o`.
     pub fn merge(&mut self, o: &Latency) {
-        self.0.add(&o.0).expect("histograms with equal bounds merge");
+        for (a, b) in self.counts.iter_mut().zip(o.counts.iter()) {
+            *a += b;
+        }
+        self.n += o.n;
+        self.max = self.max.max(o.max);
     }
 
     /// Number of samples.
     pub fn len(&self) -> u64 {
-        self.0.len()
+        self.n
     }
 
     /// Whether there are no samples.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.n == 0
     }
 
     /// Drops all samples.
     pub fn clear(&mut self) {
-        self.0.reset();
+        self.counts.fill(0);
+        self.n = 0;
+        self.max = 0;
     }
 
     /// Percentiles over all samples, in microseconds.
     pub fn summary(&self) -> LatencySummary {
-        let us = |q: f64| self.0.value_at_quantile(q) as f64 / 1000.0;
-        LatencySummary { p50: us(0.5), p99: us(0.99), p999: us(0.999), max: self.0.max() as f64 / 1000.0 }
+        let us = |q: f64| self.quantile(q) as f64 / 1000.0;
+        LatencySummary { p50: us(0.5), p99: us(0.99), p999: us(0.999), max: self.max as f64 / 1000.0 }
+    }
+
+    /// The smallest recorded value (as its bucket's midpoint, at most the
+    /// maximum) with at least a fraction `q` of the samples at or below it.
+    pub fn quantile(&self, q: f64) -> u64 {
+        if self.n == 0 {
+            return 0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return midpoint(i).min(self.max);
+            }
+        }
+        self.max
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_are_exact_below_512_and_within_a_tenth_of_a_percent_above() {
+        for v in (0..512).chain([512, 513, 1000, 12_345, 999_999, 1 << 40, u64::MAX]) {
+            let mid = midpoint(bucket(v));
+            let err = mid.abs_diff(v) as f64 / (v.max(1) as f64);
+            assert!(err <= 0.001, "{v} → bucket {} → {mid}", bucket(v));
+        }
+        for v in 0..512 {
+            assert_eq!(midpoint(bucket(v)), v);
+        }
+        assert!(bucket(u64::MAX) < BUCKETS);
+        // Monotone: a larger value never lands in a lower bucket.
+        let mut last = 0;
+        for v in (0..100_000u64).step_by(7) {
+            assert!(bucket(v) >= last);
+            last = bucket(v);
+        }
+    }
 
     #[test]
     fn merged_percentiles_cover_all_threads() {

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngCore, SeedableRng};
 
 use smart_core::backend::Transport;
 use smart_core::runtime::{Runtime, MAX_BATCH};
@@ -59,6 +59,13 @@ pub struct MicroReport {
     pub counter: u64,
     /// Counter mismatches (must be 0).
     pub violations: u64,
+}
+
+/// A number in `0..n` from 64 random bits (multiply-shift: one multiply,
+/// no division or rejection loop; its bias, below n / 2^64, is nil here).
+#[inline]
+fn pick(r: u64, n: u64) -> u64 {
+    ((u128::from(r) * u128::from(n)) >> 64) as u64
 }
 
 /// Runs the micro-benchmark.
@@ -151,9 +158,9 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                     let mut b = ctx.batch();
                     // A batch is one doorbell to one QP, so all its WRs go
                     // to one blade; the blade is drawn per batch.
-                    let area = areas[rng.random_range(0..areas.len())];
+                    let area = areas[pick(rng.next_u64(), areas.len() as u64) as usize];
                     for _ in 0..m.batch {
-                        let at = if m.contended { counter } else { area.add(rng.random_range(0..slots) * stride) };
+                        let at = if m.contended { counter } else { area.add(pick(rng.next_u64(), slots) * stride) };
                         match m.op {
                             Opcode::Read => {
                                 b.read(at, size as usize);
@@ -186,4 +193,48 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
     let increments = increments.load(Ordering::Relaxed);
     let violations = u64::from(checked && final_counter != increments);
     Ok(MicroReport { run, increments, counter: if checked { final_counter } else { 0 }, violations })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use smart_core::{EmbeddedTransport, RuntimeConfig};
+
+    use super::*;
+
+    #[test]
+    fn batches_over_several_blades_never_span_two() {
+        // Uncontended WRs spread over every blade, but a batch is one
+        // doorbell to one QP: each batch must stay on one blade.
+        let t = EmbeddedTransport::new(3, 32 << 20).unwrap();
+        for op in [Opcode::Read, Opcode::Write, Opcode::Cas, Opcode::Faa] {
+            let cfg = RunConfig {
+                threads: 1,
+                coroutines: 4,
+                duration: Duration::from_millis(150),
+                warmup: Duration::ZERO,
+                runtime: RuntimeConfig::default(),
+                progress: false,
+            };
+            let m = MicroConfig { op, size: 64, batch: 8, contended: false, area: 1 << 20 };
+            let r = run(&t, &cfg, &m).unwrap();
+            assert_eq!(r.run.errors, 0, "{op:?}: {:?}", r.run.first_error);
+            assert!(r.run.ops > 0, "{op:?}");
+            assert_eq!(r.run.verbs.wrs, 8 * r.run.verbs.doorbells, "{op:?}: 8 WRs per doorbell");
+        }
+    }
+
+    #[test]
+    fn pick_stays_in_range_and_spreads() {
+        let mut seen = [0u32; 5];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..10_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            seen[pick(x, 5) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 1500), "{seen:?}");
+        assert_eq!(pick(u64::MAX, 7), 6);
+        assert_eq!(pick(0, 7), 0);
+    }
 }

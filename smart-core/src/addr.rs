@@ -35,32 +35,38 @@ impl GlobalAddr {
     ///
     /// # Panics
     /// If `blade` does not fit 16 bits or `offset` does not fit 48 bits.
+    #[inline]
     pub const fn new(blade: u16, offset: u64) -> Self {
         assert!(offset <= OFFSET_MASK, "offset does not fit 48 bits");
         GlobalAddr(((blade as u64) << OFFSET_BITS) | offset)
     }
 
     /// Rebuilds an address from its 64-bit encoding.
+    #[inline]
     pub const fn from_raw(raw: u64) -> Self {
         GlobalAddr(raw)
     }
 
     /// The 64-bit encoding, to store in remote memory.
+    #[inline]
     pub const fn raw(self) -> u64 {
         self.0
     }
 
     /// The memory blade this address lives on.
+    #[inline]
     pub const fn blade(self) -> u16 {
         (self.0 >> OFFSET_BITS) as u16
     }
 
     /// The byte offset inside the blade's region.
+    #[inline]
     pub const fn offset(self) -> u64 {
         self.0 & OFFSET_MASK
     }
 
     /// Whether this is [`GlobalAddr::NULL`].
+    #[inline]
     pub const fn is_null(self) -> bool {
         self.0 == 0
     }
@@ -69,6 +75,7 @@ impl GlobalAddr {
     ///
     /// # Panics
     /// If the offset would leave the 48-bit range.
+    #[inline]
     pub const fn add(self, bytes: u64) -> Self {
         GlobalAddr::new(self.blade(), self.offset() + bytes)
     }

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::backend::verbs::conn::{self, BladeVerbsInfo, QpEndpoint};
 use crate::layout;
 use crate::region::{NoPause, Region};
 use crate::verbs::{Opcode, WcStatus};
+use crate::wire::conn::{self, BladeVerbsInfo, QpEndpoint};
 use crate::wire::{self, Header, Welcome, WrDesc, HEADER_LEN, MAX_FRAME, WR_DESC_LEN};
 
 /// What the blade needs from an RDMA device to serve verbs clients (the

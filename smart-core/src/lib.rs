@@ -34,7 +34,7 @@
 //! assert_eq!(v, 12);
 //! ```
 //!
-//! Consistency model (as on an RNIC, SPEC.md §5): only 8-byte aligned CAS
+//! Consistency model (as on an RNIC; Ziegler et al., SIGMOD '23): only 8-byte aligned CAS
 //! and FAA are atomic; a READ or WRITE of more than 8 bytes may tear at
 //! 8-byte granularity; WRs of one QP execute in order; nothing is ordered
 //! across QPs or blades.

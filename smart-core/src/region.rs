@@ -4,7 +4,9 @@
 //! at unaligned edges), so concurrent READs, WRITEs and atomics from many
 //! threads are free of data races in Rust's memory model, and a multi-word
 //! READ or WRITE can tear exactly as on an RNIC: at 8-byte granularity, never
-//! inside an aligned word (SPEC.md §5). Only CAS and FAA are atomic as wholes.
+//! inside an aligned word (Ziegler et al., "Design Guidelines for Correct,
+//! Efficient, and Scalable One-Sided RDMA", SIGMOD '23). Only CAS and FAA are
+//! atomic as wholes.
 
 use std::fs::{File, OpenOptions};
 use std::io;

@@ -41,7 +41,10 @@ impl Doorbell {
     /// Runs `post` (placing WQEs) and rings: under the doorbell's lock when
     /// it is shared by several QPs.
     #[inline]
-    pub(crate) fn ring<R>(&self, locked: bool, post: impl FnOnce() -> R) -> R {
+    ///
+    /// `exclusive`: only one thread ever rings it (its only QP is not
+    /// shared), so the ring count needs no locked instruction.
+    pub(crate) fn ring<R>(&self, locked: bool, exclusive: bool, post: impl FnOnce() -> R) -> R {
         if locked {
             while self.lock.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
                 while self.lock.load(Ordering::Relaxed) {
@@ -50,7 +53,13 @@ impl Doorbell {
             }
         }
         let r = post();
-        self.record.fetch_add(1, Ordering::Relaxed);
+        if exclusive && !locked {
+            // One writer: a plain store counts exactly and spares a locked
+            // instruction per post.
+            self.record.store(self.record.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        } else {
+            self.record.fetch_add(1, Ordering::Relaxed);
+        }
         if locked {
             self.lock.store(false, Ordering::Release);
         }
@@ -234,7 +243,14 @@ pub(crate) enum QpRef<Q> {
 }
 
 impl<Q> QpRef<Q> {
+    /// Whether this thread alone uses the QP.
+    #[inline]
+    pub(crate) fn is_own(&self) -> bool {
+        matches!(self, QpRef::Own(_))
+    }
+
     /// Runs `f` on the QP (under its lock when shared).
+    #[inline]
     pub(crate) fn with<R>(&mut self, f: impl FnOnce(&mut Q) -> R) -> R {
         match self {
             QpRef::Own(q) => f(q),
@@ -303,7 +319,8 @@ impl<Q> SoftPort<Q> {
     /// Posts to blade `b`'s QP with `post`, ringing its doorbell around it.
     pub(crate) fn ring<R>(&mut self, b: usize, post: impl FnOnce(&mut Q) -> R) -> R {
         let q = &mut self.qps[b];
-        self.doorbells[b].ring(self.slots[b].doorbell_shared, || q.with(post))
+        let slot = &self.slots[b];
+        self.doorbells[b].ring(slot.doorbell_shared, !slot.qp_shared, || q.with(post))
     }
 
     /// Ends a poll: passes this poll's completions (`out[before..]`) through

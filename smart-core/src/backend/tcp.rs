@@ -103,7 +103,7 @@ pub fn handshake_with(peer: &str, version: u32, flags: u32) -> Result<(TcpStream
     let mut w = [0u8; wire::WELCOME_LEN];
     s.read_exact(&mut w).map_err(|e| hs(format!("no answer to the greeting ({e}); is this a memory-blade port?")))?;
     let welcome = Welcome::decode(&w).map_err(hs)?;
-    if welcome.status == super::verbs::conn::STATUS_NO_VERBS {
+    if welcome.status == crate::wire::conn::STATUS_NO_VERBS {
         return Err(hs("this memory blade serves TCP only: start it with --transport verbs".into()));
     }
     if welcome.status != wire::STATUS_OK || welcome.version != version {
@@ -376,7 +376,7 @@ impl Endpoint for TcpEndpoint {
         let failed = &mut self.failed;
         let SoftPort { id: me, local, nic, slots, doorbells, qps, .. } = &mut self.port;
         let (me, conn) = (*me, &mut qps[b]);
-        doorbells[b].ring(slots[b].doorbell_shared, || {
+        doorbells[b].ring(slots[b].doorbell_shared, !slots[b].qp_shared, || {
             conn.with(|c| {
                 if c.broken.is_some() {
                     failed.push(Completion { wr_id, status: Err((WcStatus::Transport, 0)) });

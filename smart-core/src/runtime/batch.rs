@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -48,25 +49,52 @@ const EMPTY_WR: WorkRequest =
 /// ```
 pub struct Batch<'a> {
     ctx: &'a Ctx,
-    wrs: [WorkRequest; MAX_BATCH],
-    payloads: [&'a [u8]; MAX_BATCH],
+    /// The WRs and payloads, in a pooled staging area: building a batch
+    /// neither initializes nor moves them.
+    staging: Option<Box<Staging>>,
     n: usize,
     bytes: u32,
     blade: Option<u16>,
     error: Option<Error>,
+    /// The WRITE payloads borrowed until the post.
+    _payloads: PhantomData<&'a [u8]>,
+}
+
+/// Where a batch's WRs and WRITE payloads wait for the post. A thread keeps
+/// a pool of these (one per batch being built at once, so about one per
+/// coroutine), taken by [`Ctx::batch`] and returned when the batch drops.
+pub(super) struct Staging {
+    wrs: [WorkRequest; MAX_BATCH],
+    /// WRITE payloads as (pointer, length): borrowed for the batch's `'a`,
+    /// which outlives every use (the post copies them into the slot).
+    payloads: [(*const u8, usize); MAX_BATCH],
+}
+
+impl Staging {
+    pub(super) fn new() -> Box<Staging> {
+        Box::new(Staging { wrs: [EMPTY_WR; MAX_BATCH], payloads: [(std::ptr::null(), 0); MAX_BATCH] })
+    }
 }
 
 impl fmt::Debug for Batch<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Batch").field("wrs", &&self.wrs[..self.n]).field("error", &self.error).finish()
+        f.debug_struct("Batch").field("wrs", &&self.staged().wrs[..self.n]).field("error", &self.error).finish()
     }
 }
 
 impl<'a> Batch<'a> {
+    #[inline]
     pub(super) fn new(ctx: &'a Ctx) -> Self {
-        Batch { ctx, wrs: [EMPTY_WR; MAX_BATCH], payloads: [&[]; MAX_BATCH], n: 0, bytes: 0, blade: None, error: None }
+        let staging = ctx.0.staging.borrow_mut().pop().unwrap_or_else(Staging::new);
+        Batch { ctx, staging: Some(staging), n: 0, bytes: 0, blade: None, error: None, _payloads: PhantomData }
     }
 
+    #[inline]
+    fn staged(&self) -> &Staging {
+        self.staging.as_deref().expect("a live batch has its staging area")
+    }
+
+    #[inline]
     fn push(
         &mut self,
         op: Opcode,
@@ -106,41 +134,49 @@ impl<'a> Batch<'a> {
             return 0;
         }
         self.blade = Some(remote.blade());
-        self.wrs[self.n] = WorkRequest { op, local_off: off, len, remote, rkey: info.rkey, compare_add, swap };
-        self.payloads[self.n] = payload;
+        let rkey = info.rkey;
+        let st = self.staging.as_deref_mut().expect("a live batch has its staging area");
+        st.wrs[self.n] = WorkRequest { op, local_off: off, len, remote, rkey, compare_add, swap };
+        st.payloads[self.n] = (payload.as_ptr(), payload.len());
         self.n += 1;
         self.bytes = end as u32;
         off
     }
 
     /// Adds a READ of `len` bytes at `addr`.
+    #[inline]
     pub fn read(&mut self, addr: GlobalAddr, len: usize) -> ReadRef {
         let len = u32::try_from(len).unwrap_or(u32::MAX);
         ReadRef { off: self.push(Opcode::Read, addr, len, 0, 0, &[]), len }
     }
 
     /// Adds a WRITE of `data` at `addr` (copied into registered memory at post).
+    #[inline]
     pub fn write(&mut self, addr: GlobalAddr, data: &'a [u8]) {
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
         self.push(Opcode::Write, addr, len, 0, 0, data);
     }
 
     /// Adds a CAS of the 8-byte word at `addr`: `expected` → `new`.
+    #[inline]
     pub fn cas(&mut self, addr: GlobalAddr, expected: u64, new: u64) -> AtomicRef {
         AtomicRef { off: self.push(Opcode::Cas, addr, 8, expected, new, &[]) }
     }
 
     /// Adds an FAA of `add` to the 8-byte word at `addr`.
+    #[inline]
     pub fn faa(&mut self, addr: GlobalAddr, add: u64) -> AtomicRef {
         AtomicRef { off: self.push(Opcode::Faa, addr, 8, add, 0, &[]) }
     }
 
     /// WRs in the batch.
+    #[inline]
     pub fn len(&self) -> usize {
         self.n
     }
 
     /// Whether the batch has no WR.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }
@@ -152,6 +188,7 @@ impl<'a> Batch<'a> {
     /// [`Error::Wc`] if a WR completed with an error (the QP is then in the
     /// error state, see [`Ctx::reset_qp`]); errors of building the batch
     /// (too large, two blades, unknown blade); transport errors.
+    #[inline]
     pub fn post(&mut self) -> Post<'_, 'a> {
         Post { batch: self, slot: None, credit_ticket: None }
     }
@@ -160,6 +197,14 @@ impl<'a> Batch<'a> {
         self.n = 0;
         self.bytes = 0;
         self.blade = None;
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if let Some(st) = self.staging.take() {
+            self.ctx.0.staging.borrow_mut().push(st);
+        }
     }
 }
 
@@ -217,7 +262,11 @@ impl<'a> Future for Post<'_, 'a> {
             this.credit_ticket = None;
             fifo.entered(t);
         }
-        let Some(slot) = inner.slots.borrow_mut().take(cx.waker()) else {
+        // One borrow of the slots for take → post → InFlight (the backend
+        // never calls back into the runtime).
+        let mut slots = inner.slots.borrow_mut();
+        let Some(slot) = slots.take(cx.waker()) else {
+            drop(slots);
             // Woken when a slot frees; the credits go back meanwhile.
             if let Some(c) = &inner.credits {
                 c.release(nwr);
@@ -226,9 +275,10 @@ impl<'a> Future for Post<'_, 'a> {
             return Poll::Pending;
         };
         let base = slot_base(inner, slot);
+        let staged = b.staging.as_deref_mut().expect("a live batch has its staging area");
         {
             let mut st = inner.stats.borrow_mut();
-            for (wr, payload) in b.wrs[..b.n].iter_mut().zip(&b.payloads[..b.n]) {
+            for (wr, &(ptr, len)) in staged.wrs[..b.n].iter_mut().zip(&staged.payloads[..b.n]) {
                 wr.local_off += base;
                 match wr.op {
                     Opcode::Read => {
@@ -236,6 +286,9 @@ impl<'a> Future for Post<'_, 'a> {
                         st.bytes_read += u64::from(wr.len);
                     }
                     Opcode::Write => {
+                        // SAFETY: the payload was borrowed for the batch's
+                        // lifetime `'a`, which `self.batch` still holds.
+                        let payload = unsafe { std::slice::from_raw_parts(ptr, len) };
                         // SAFETY: the slot was just taken, so no WR is in
                         // flight into it and no `Done` views it.
                         unsafe { inner.local.bytes_mut(wr.local_off, wr.len) }.copy_from_slice(payload);
@@ -249,12 +302,13 @@ impl<'a> Future for Post<'_, 'a> {
             st.wrs += u64::from(nwr);
             st.doorbells += 1;
         }
-        let wr_id = inner.slots.borrow().wr_id(slot);
+        let wr_id = slots.wr_id(slot);
         let blade = b.blade.expect("a non-empty batch has a blade");
-        let posted = inner.ep.borrow_mut().post(blade, wr_id, &b.wrs[..b.n]);
+        let posted = inner.ep.borrow_mut().post(blade, wr_id, &staged.wrs[..b.n]);
         b.clear();
         if let Err(e) = posted {
-            inner.slots.borrow_mut().release(slot);
+            slots.release(slot);
+            drop(slots);
             if let Some(c) = &inner.credits {
                 c.release(nwr);
                 inner.credit_fifo.wake_turn();
@@ -262,7 +316,7 @@ impl<'a> Future for Post<'_, 'a> {
             return Poll::Ready(Err(e));
         }
         let posted_ns = if inner.measure_rtt { inner.now_ns() } else { 0 };
-        inner.slots.borrow_mut().posted(slot, nwr as u16, posted_ns, cx.waker());
+        slots.posted(slot, nwr as u16, posted_ns, cx.waker());
         this.slot = Some(slot);
         Poll::Pending
     }
@@ -302,6 +356,7 @@ impl fmt::Debug for Done<'_> {
 
 impl Done<'_> {
     /// The bytes a READ fetched.
+    #[inline]
     pub fn bytes(&self, r: ReadRef) -> &[u8] {
         assert!(r.off as usize + r.len as usize <= self.ctx.0.cfg.slot_bytes, "ReadRef of another batch");
         // SAFETY: the slot's batch completed and this `Done` owns the slot
@@ -311,6 +366,7 @@ impl Done<'_> {
 
     /// The old value returned by a CAS or FAA (a CAS succeeded iff it equals
     /// the expected value).
+    #[inline]
     pub fn old(&self, a: AtomicRef) -> u64 {
         assert!(a.off as usize + 8 <= self.ctx.0.cfg.slot_bytes, "AtomicRef of another batch");
         // SAFETY: as in `bytes`.

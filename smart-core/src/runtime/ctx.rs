@@ -6,7 +6,7 @@ use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use super::batch::Batch;
+use super::batch::{Batch, Staging};
 use super::config::{RuntimeConfig, SmartState, MAX_BATCH};
 use super::slot::Slots;
 use super::timer::Timers;
@@ -23,6 +23,9 @@ pub(super) struct Inner {
     pub(super) blades: Vec<BladeInfo>,
     pub(super) cfg: RuntimeConfig,
     pub(super) slots: RefCell<Slots>,
+    /// Staging areas of batches being built.
+    #[allow(clippy::vec_box, reason = "a batch takes the box itself: the pool hands out pointers, never copies")]
+    pub(super) staging: RefCell<Vec<Box<Staging>>>,
     /// Counted in place (no copy of the whole record per post).
     pub(super) stats: RefCell<VerbStats>,
     /// Per blade: the rest of the chunk this thread took from its heap.
@@ -77,6 +80,7 @@ impl fmt::Debug for Ctx {
 
 impl Ctx {
     /// An empty batch.
+    #[inline]
     pub fn batch(&self) -> Batch<'_> {
         Batch::new(self)
     }

@@ -10,6 +10,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
+use super::batch::Staging;
 use super::config::{RuntimeConfig, TICK_NS};
 use super::ctx::Inner;
 use super::ready::ReadySet;
@@ -114,6 +115,7 @@ impl Runtime {
             None => (None, None),
         };
         let backoff = cfg.smart.conflict_avoid.map(|bc| Backoff::new(bc, cfg.coroutines, 0));
+        let staging = (0..cfg.coroutines.min(MAX_TASKS)).map(|_| Staging::new()).collect();
         let inner = Inner {
             ep: RefCell::new(ep),
             local,
@@ -121,6 +123,8 @@ impl Runtime {
             blades,
             cfg,
             slots: RefCell::new(slots),
+            // One staging area per coroutine up front; more on demand.
+            staging: RefCell::new(staging),
             stats: RefCell::new(VerbStats::default()),
             thread,
             clock,

@@ -1,4 +1,4 @@
-//! Conflict avoidance (ConflictAvoid, SPEC.md §2.3).
+//! Conflict avoidance (ConflictAvoid of Smart, Ren et al., ASPLOS '24).
 //!
 //! Failed CAS retries waste IOPS, and they multiply under skew. After an
 //! unsuccessful attempt a coroutine waits `random(0, min(cap, C0 · 2^k))`

@@ -1,4 +1,4 @@
-//! The Smart techniques (SPEC.md §2), each switchable at run time.
+//! The Smart techniques (Ren et al., ASPLOS '24), each switchable at run time.
 //!
 //! * [`QpPolicy`]: thread-aware resource allocation (ThdResAlloc). How the
 //!   threads' QPs map onto connections and doorbells.

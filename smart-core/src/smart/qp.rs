@@ -1,4 +1,5 @@
-//! Thread-aware resource allocation (ThdResAlloc, SPEC.md §2.1): which QP
+//! Thread-aware resource allocation (ThdResAlloc of Smart, Ren et al.,
+//! ASPLOS '24): which QP
 //! each (thread, blade) pair uses, and which doorbell each QP rings.
 //!
 //! An RNIC context has few doorbell registers. The ConnectX-6 default is 16:

@@ -1,5 +1,5 @@
-//! Adaptive work-request throttling (WorkReqThrot, SPEC.md §2.2, Algorithm 1
-//! of the paper).
+//! Adaptive work-request throttling (WorkReqThrot; Ren et al., ASPLOS '24,
+//! Algorithm 1).
 //!
 //! Too many outstanding WRs thrash the RNIC's WQE cache, and the best depth
 //! depends on threads and workload. So each thread holds credits:

@@ -173,7 +173,7 @@ fn restarted_blade_on_the_same_backing_file_keeps_the_data() {
 #[test]
 fn a_verbs_client_is_told_that_the_blade_serves_tcp_only() {
     use smart_core::backend::tcp::handshake_with;
-    use smart_core::backend::verbs::conn::FLAG_VERBS;
+    use smart_core::wire::conn::FLAG_VERBS;
     let h = serve(Region::anonymous(1 << 20).unwrap());
     let e = handshake_with(&h.addr().to_string(), wire::PROTOCOL_VERSION, FLAG_VERBS).unwrap_err();
     assert!(e.to_string().contains("--transport verbs"), "{e}");

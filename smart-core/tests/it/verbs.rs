@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use smart_core::backend::verbs::{VerbsConfig, VerbsTransport, NO_DEVICE_HELP};
 
-use crate::{backends, semantics};
+use smart_testkit::backends;
+
+use crate::semantics;
 
 const HOW: &str = "needs an RDMA device: SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_";
 

@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
-use super::conn::QpEndpoint;
 use super::device::{DeviceDesc, LinkLayer, PortDesc};
 use super::plan::PlannedWr;
+use crate::wire::conn::QpEndpoint;
 use crate::{Error, Result};
 
 fn fail(call: &'static str) -> Error {

@@ -1,7 +1,7 @@
 //! The RDMA verbs backend (cargo feature `verbs`, through `rdma-sys`).
 //!
 //! Real RC QPs on an RNIC (ConnectX, or Soft-RoCE `rxe` on any Linux host
-//! whose kernel has it). The layout follows Smart (SPEC.md §2.1):
+//! whose kernel has it). The layout follows Smart (its thread-aware resource allocation):
 //!
 //! * One device context, protection domain and memory registration shared
 //!   by all threads: the compute side's local buffers are one registered
@@ -24,7 +24,6 @@
 //! the feature. The FFI lives in `ffi` (feature `verbs` only), the one
 //! module with `unsafe` calls into libibverbs.
 
-pub mod conn;
 pub mod device;
 pub mod plan;
 pub mod status;

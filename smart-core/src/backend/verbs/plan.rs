@@ -13,8 +13,8 @@
 //!   failing index can be reported.
 //! * WRITEs of at most `max_inline` bytes are sent inline.
 
-use super::conn::BladeVerbsInfo;
 use crate::verbs::{Opcode, WorkRequest};
+use crate::wire::conn::BladeVerbsInfo;
 
 /// `IBV_WR_RDMA_WRITE`.
 pub const WR_RDMA_WRITE: u32 = 0;

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use memmap2::{MmapMut, MmapOptions};
 use rdma_sys::ibv_wc;
 
-use super::conn::{self, BladeVerbsInfo, QpEndpoint};
 use super::device;
 use super::ffi::{Context, Cq, DeviceList, Mr, Pd, Qp, QpCaps};
 use super::plan::{self, PlannedWr};
@@ -19,6 +18,7 @@ use crate::region::Region;
 use crate::runtime::MAX_BATCH;
 use crate::smart::{QpPlan, QpPolicy};
 use crate::verbs::{Completion, WorkRequest};
+use crate::wire::conn::{self, BladeVerbsInfo, QpEndpoint};
 use crate::wire::{self, Header, HEADER_LEN};
 use crate::{Error, Result};
 

@@ -20,6 +20,8 @@
 //! `wr_id u64`; then, for every WR that succeeded, in order: a READ's data or
 //! an atomic's 8-byte old value (WRITEs add nothing).
 
+pub mod conn;
+
 use crate::verbs::{Opcode, WcStatus};
 
 /// Client greeting magic.
