@@ -58,8 +58,8 @@ PY
 irop() {
   local bin=$1 tag=$2
   rm -f "$out/cg.$tag".*
-  valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/cg.$tag.%p" \
-    "$bin" "${args[@]}" --duration 1 >/dev/null 2>&1
+  valgrind --tool=callgrind --fair-sched=yes --separate-threads=yes --callgrind-out-file="$out/cg.$tag.%p" \
+    "$bin" "${args[@]}" --duration 2 >/dev/null 2>&1
   local f
   f=$(ls "$out/cg.$tag".*-02 | head -1)
   local total calls

@@ -17,8 +17,6 @@
 //!   backs off when the technique is on). One operation is one successful
 //!   increment; the final counter must equal their number.
 
-use std::cell::Cell;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -66,6 +64,46 @@ pub struct MicroReport {
 #[inline]
 fn pick(r: u64, n: u64) -> u64 {
     ((u128::from(r) * u128::from(n)) >> 64) as u64
+}
+
+/// Successful increments of one coroutine, added to the run's total when it
+/// is dropped.
+struct Tally<'a> {
+    n: u64,
+    into: &'a AtomicU64,
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        self.into.fetch_add(self.n, Ordering::Relaxed);
+    }
+}
+
+/// The contended CAS-increment loop: read the counter, CAS old → old+1, and
+/// on failure retry with the value the CAS returned, backing off through
+/// ConflictAvoid when it is on.
+async fn cas_increments(w: &harness::Worker, counter: GlobalAddr, mut done: Tally<'_>) -> Result<()> {
+    let ctx = w.ctx();
+    let mut expected = ctx.read_u64(counter).await?;
+    while w.running() {
+        let t0 = w.now();
+        let mut op = ctx.op().await;
+        loop {
+            let old = ctx.cas(counter, expected, expected + 1).await?;
+            if old == expected {
+                expected += 1;
+                break;
+            }
+            // Retry with the value the CAS saw, after backing off when
+            // conflict avoidance is on.
+            expected = old;
+            op.retry().await;
+        }
+        drop(op);
+        done.n += 1;
+        w.record(t0, 1);
+    }
+    Ok(())
 }
 
 /// Runs the micro-benchmark.
@@ -129,62 +167,41 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
             let ctx = w.ctx().clone();
             let mut rng = SmallRng::seed_from_u64((w.thread() as u64) << 32 | w.coroutine() as u64);
             let payload = vec![0xa5u8; size as usize];
-            let done = Rc::new(Cell::new(0u64));
-            let result = async {
-                if m.contended && m.op == Opcode::Cas {
-                    let mut expected = ctx.read_u64(counter).await?;
-                    while w.running() {
-                        let t0 = w.now();
-                        let mut op = ctx.op().await;
-                        loop {
-                            let old = ctx.cas(counter, expected, expected + 1).await?;
-                            if old == expected {
-                                expected += 1;
-                                break;
-                            }
-                            // Retry with the value the CAS saw, after backing
-                            // off when conflict avoidance is on.
-                            expected = old;
-                            op.retry().await;
-                        }
-                        drop(op);
-                        done.set(done.get() + 1);
-                        w.record(t0, 1);
-                    }
-                    return Ok(());
-                }
-                while w.running() {
-                    let t0 = w.now();
-                    let mut b = ctx.batch();
-                    // A batch is one doorbell to one QP, so all its WRs go
-                    // to one blade; the blade is drawn per batch.
-                    let area = areas[pick(rng.next_u64(), areas.len() as u64) as usize];
-                    for _ in 0..m.batch {
-                        let at = if m.contended { counter } else { area.add(pick(rng.next_u64(), slots) * stride) };
-                        match m.op {
-                            Opcode::Read => {
-                                b.read(at, size as usize);
-                            }
-                            Opcode::Write => b.write(at, &payload),
-                            Opcode::Cas => {
-                                b.cas(at, 0, 0);
-                            }
-                            Opcode::Faa => {
-                                b.faa(at, 1);
-                            }
-                        }
-                    }
-                    b.post().await?;
-                    if m.contended && m.op == Opcode::Faa {
-                        done.set(done.get() + m.batch as u64);
-                    }
-                    w.record(t0, m.batch as u64);
-                }
-                Ok(())
+            // Adds the increments to the shared total when the coroutine
+            // ends, by the stop or by an error (no nested future per op).
+            let done = Tally { n: 0, into: &increments };
+            if m.contended && m.op == Opcode::Cas {
+                return cas_increments(&w, counter, done).await;
             }
-            .await;
-            increments.fetch_add(done.get(), Ordering::Relaxed);
-            result
+            let mut done = done;
+            while w.running() {
+                let t0 = w.now();
+                let mut b = ctx.batch();
+                // A batch is one doorbell to one QP, so all its WRs go to one
+                // blade; the blade is drawn per batch.
+                let area = areas[pick(rng.next_u64(), areas.len() as u64) as usize];
+                for _ in 0..m.batch {
+                    let at = if m.contended { counter } else { area.add(pick(rng.next_u64(), slots) * stride) };
+                    match m.op {
+                        Opcode::Read => {
+                            b.read(at, size as usize);
+                        }
+                        Opcode::Write => b.write(at, &payload),
+                        Opcode::Cas => {
+                            b.cas(at, 0, 0);
+                        }
+                        Opcode::Faa => {
+                            b.faa(at, 1);
+                        }
+                    }
+                }
+                b.post().await?;
+                if m.contended && m.op == Opcode::Faa {
+                    done.n += m.batch as u64;
+                }
+                w.record(t0, m.batch as u64);
+            }
+            Ok(())
         }
     })?;
     let ctx = setup.ctx();

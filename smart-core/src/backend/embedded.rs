@@ -146,14 +146,7 @@ impl Transport for EmbeddedTransport {
             cfg,
             rng: SmallRng::seed_from_u64(cfg.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         });
-        let blades = self.regions.len();
-        Ok(Box::new(EmbeddedEndpoint {
-            port,
-            chaos,
-            order: Vec::new(),
-            done: Vec::with_capacity(local_bytes / 64),
-            done_qps: Vec::with_capacity(blades.max(local_bytes / 64)),
-        }))
+        Ok(Box::new(EmbeddedEndpoint { port, chaos, order: Vec::new(), done: Vec::with_capacity(local_bytes / 64) }))
     }
 }
 
@@ -197,10 +190,9 @@ struct EmbeddedEndpoint {
     port: SoftPort<Qp>,
     chaos: Option<Chaos>,
     order: Vec<usize>,
-    /// Completions of batches executed at post, for the next poll, and
+    /// Completions of batches executed at post, for the next poll, with
     /// their QPs (a QP with one is busy for `reset_qp`).
-    done: Vec<Completion>,
-    done_qps: Vec<u16>,
+    done: Vec<(Completion, u16)>,
 }
 
 impl Qp {
@@ -355,8 +347,7 @@ impl Endpoint for EmbeddedEndpoint {
             let SoftPort { local, qps, doorbells, slots, .. } = &mut self.port;
             let done =
                 doorbells[b].ring(slots[b].doorbell_shared, true, || qps[b].with(|q| q.run_now(wr_id, wrs, local)));
-            self.done.push(done);
-            self.done_qps.push(qp);
+            self.done.push((done, qp));
             return Ok(());
         }
         let me = self.port.id;
@@ -367,8 +358,8 @@ impl Endpoint for EmbeddedEndpoint {
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
         if !self.done.is_empty() {
-            out.append(&mut self.done);
-            self.done_qps.clear();
+            out.extend(self.done.iter().map(|(c, _)| *c));
+            self.done.clear();
         }
         let n = self.port.qps.len();
         if let Some(chaos) = &mut self.chaos {
@@ -390,7 +381,7 @@ impl Endpoint for EmbeddedEndpoint {
 
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
         let q = self.port.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, self.port.slots.len()))?;
-        let undelivered = self.done_qps.contains(&qp);
+        let undelivered = self.done.iter().any(|(_, q)| *q == qp);
         q.with(|q| {
             if !q.batches.is_empty() || undelivered {
                 return Err(Error::QpBusy(qp));

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -51,7 +52,8 @@ pub struct Batch<'a> {
     ctx: &'a Ctx,
     /// The WRs and payloads, in a pooled staging area: building a batch
     /// neither initializes nor moves them.
-    staging: Option<Box<Staging>>,
+    /// Returned to the pool on drop (taken out exactly once there).
+    staging: ManuallyDrop<Box<Staging>>,
     n: usize,
     bytes: u32,
     blade: Option<u16>,
@@ -86,12 +88,20 @@ impl<'a> Batch<'a> {
     #[inline]
     pub(super) fn new(ctx: &'a Ctx) -> Self {
         let staging = ctx.0.staging.borrow_mut().pop().unwrap_or_else(Staging::new);
-        Batch { ctx, staging: Some(staging), n: 0, bytes: 0, blade: None, error: None, _payloads: PhantomData }
+        Batch {
+            ctx,
+            staging: ManuallyDrop::new(staging),
+            n: 0,
+            bytes: 0,
+            blade: None,
+            error: None,
+            _payloads: PhantomData,
+        }
     }
 
     #[inline]
     fn staged(&self) -> &Staging {
-        self.staging.as_deref().expect("a live batch has its staging area")
+        &self.staging
     }
 
     #[inline]
@@ -135,7 +145,7 @@ impl<'a> Batch<'a> {
         }
         self.blade = Some(remote.blade());
         let rkey = info.rkey;
-        let st = self.staging.as_deref_mut().expect("a live batch has its staging area");
+        let st = &mut **self.staging;
         st.wrs[self.n] = WorkRequest { op, local_off: off, len, remote, rkey, compare_add, swap };
         st.payloads[self.n] = (payload.as_ptr(), payload.len());
         self.n += 1;
@@ -202,9 +212,9 @@ impl<'a> Batch<'a> {
 
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
-        if let Some(st) = self.staging.take() {
-            self.ctx.0.staging.borrow_mut().push(st);
-        }
+        // SAFETY: `staging` is taken once, here, and never used after.
+        let st = unsafe { ManuallyDrop::take(&mut self.staging) };
+        self.ctx.0.staging.borrow_mut().push(st);
     }
 }
 
@@ -226,22 +236,40 @@ impl fmt::Debug for Post<'_, '_> {
 impl<'a> Future for Post<'_, 'a> {
     type Output = Result<Done<'a>>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        let inner = &this.batch.ctx.0;
-        if let Some(slot) = this.slot {
-            // Posted already: wait for the completion.
-            return match inner.slots.borrow_mut().poll_done(slot, cx.waker()) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(status) => {
-                    this.slot = None;
-                    Poll::Ready(match status {
-                        Ok(()) => Ok(Done { ctx: this.batch.ctx, slot, base: slot_base(inner, slot) }),
-                        Err((status, index)) => Err(Error::Wc { status, index }),
-                    })
-                }
-            };
+        match self.slot {
+            // Posted already: wait for the completion (the small, hot half).
+            Some(slot) => self.poll_completion(slot, cx),
+            None => self.post_now(cx),
         }
+    }
+}
+
+impl<'a> Post<'_, 'a> {
+    #[inline]
+    fn poll_completion(&mut self, slot: u16, cx: &mut Context<'_>) -> Poll<Result<Done<'a>>> {
+        let inner = &self.batch.ctx.0;
+        let task = inner.local_task(cx.waker());
+        let status = inner.slots.borrow_mut().poll_done(slot, task, cx.waker());
+        match status {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(status) => {
+                self.slot = None;
+                Poll::Ready(match status {
+                    Ok(()) => Ok(Done { ctx: self.batch.ctx, slot, base: slot_base(inner, slot) }),
+                    Err((status, index)) => Err(Error::Wc { status, index }),
+                })
+            }
+        }
+    }
+
+    /// Takes credits (WorkReqThrot) and a slot, copies the WRITE payloads,
+    /// and rings the doorbell.
+    #[inline(never)]
+    fn post_now(&mut self, cx: &mut Context<'_>) -> Poll<Result<Done<'a>>> {
+        let this = self;
+        let inner = &this.batch.ctx.0;
         let b = &mut *this.batch;
         if let Some(e) = b.error.take() {
             b.clear();
@@ -275,7 +303,7 @@ impl<'a> Future for Post<'_, 'a> {
             return Poll::Pending;
         };
         let base = slot_base(inner, slot);
-        let staged = b.staging.as_deref_mut().expect("a live batch has its staging area");
+        let staged = &mut **b.staging;
         {
             let mut st = inner.stats.borrow_mut();
             for (wr, &(ptr, len)) in staged.wrs[..b.n].iter_mut().zip(&staged.payloads[..b.n]) {
@@ -316,7 +344,7 @@ impl<'a> Future for Post<'_, 'a> {
             return Poll::Ready(Err(e));
         }
         let posted_ns = if inner.measure_rtt { inner.now_ns() } else { 0 };
-        slots.posted(slot, nwr as u16, posted_ns, cx.waker());
+        slots.posted(slot, nwr as u16, posted_ns, inner.local_task(cx.waker()), cx.waker());
         this.slot = Some(slot);
         Poll::Pending
     }

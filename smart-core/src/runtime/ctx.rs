@@ -5,6 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{RawWakerVTable, Waker};
 
 use super::batch::{Batch, Staging};
 use super::config::{RuntimeConfig, SmartState, MAX_BATCH};
@@ -49,9 +50,30 @@ pub(super) struct Inner {
     pub(super) rtt_ns: Cell<u64>,
     /// Sleeping coroutines.
     pub(super) timers: Timers,
+    /// The task being polled: its index and its waker's identity (data and
+    /// vtable pointers), so that a batch it posts can name it directly.
+    pub(super) polling: Cell<(u32, *const (), *const RawWakerVTable)>,
+    /// Tasks made ready by this thread's own completions (no atomics; the
+    /// executor drains them with the cross-thread ready set).
+    pub(super) local_ready: Box<[Cell<u64>]>,
 }
 
 impl Inner {
+    /// The local task `waker` wakes, if it is the waker of the task being
+    /// polled (then marking that task ready is what waking it would do).
+    #[inline]
+    pub(super) fn local_task(&self, waker: &Waker) -> Option<u32> {
+        let (i, data, vtable) = self.polling.get();
+        (waker.data() == data && std::ptr::eq(waker.vtable(), vtable)).then_some(i)
+    }
+
+    /// Marks local task `t` ready.
+    #[inline]
+    pub(super) fn ready_local(&self, t: u32) {
+        let w = &self.local_ready[t as usize / 64];
+        w.set(w.get() | 1 << (t % 64));
+    }
+
     #[inline]
     pub(super) fn now_ns(&self) -> u64 {
         self.clock.now().saturating_duration_since(self.start).as_nanos() as u64

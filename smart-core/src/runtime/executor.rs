@@ -138,6 +138,8 @@ impl Runtime {
             op_fifo: Fifo::default(),
             rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ (thread as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1),
             timers: Timers::with_capacity(64),
+            polling: Cell::new((u32::MAX, std::ptr::null(), std::ptr::null())),
+            local_ready: (0..MAX_TASKS / 64).map(|_| Cell::new(0)).collect(),
             measure_rtt,
             rtt_ns: Cell::new(0),
         };
@@ -209,13 +211,19 @@ impl Runtime {
             let mut ran = false;
             let used = self.tasks.len().div_ceil(64);
             for w in 0..used {
-                let mut bits = self.ready.take(w);
+                let inner = &self.ctx.0;
+                // Cross-thread wakes (an atomic swap only when there are
+                // some), then this thread's own completions.
+                let mut bits = if self.ready.peek(w) != 0 { self.ready.take(w) } else { 0 };
+                bits |= inner.local_ready[w].replace(0);
                 while bits != 0 {
                     let i = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     ran = true;
                     if let Some(task) = self.tasks[i].as_mut() {
-                        let mut cx = Context::from_waker(&self.wakers[i]);
+                        let waker = &self.wakers[i];
+                        inner.polling.set((i as u32, waker.data(), waker.vtable()));
+                        let mut cx = Context::from_waker(waker);
                         if task.as_mut().poll(&mut cx).is_ready() {
                             self.tasks[i] = None;
                             self.live -= 1;
@@ -249,7 +257,10 @@ impl Runtime {
         {
             let mut slots = inner.slots.borrow_mut();
             for c in &self.cq {
-                let Completed::Batch { wrs, posted_ns } = slots.complete(c.wr_id, c.status) else { continue };
+                let Completed::Batch { wrs, posted_ns, task } = slots.complete(c.wr_id, c.status) else { continue };
+                if let Some(t) = task {
+                    inner.ready_local(t);
+                }
                 errors += u64::from(c.status.is_err());
                 returned += u32::from(wrs);
                 if inner.measure_rtt {

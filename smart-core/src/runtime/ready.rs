@@ -29,6 +29,14 @@ impl ReadySet {
         self.words[idx / 64].fetch_or(1 << (idx % 64), Ordering::Release);
     }
 
+    /// The runnable bits of word `w`, without taking them (a relaxed load:
+    /// a bit set concurrently may show only at the next look, never be lost,
+    /// since only [`ReadySet::take`] clears bits).
+    #[inline]
+    pub(crate) fn peek(&self, w: usize) -> u64 {
+        self.words[w].load(Ordering::Relaxed)
+    }
+
     /// Takes (and clears) the runnable bits of word `w`.
     #[inline]
     pub(crate) fn take(&self, w: usize) -> u64 {

@@ -50,11 +50,33 @@ struct Slot {
     wrs: u16,
     /// When it was posted (ns since start), to measure round trips.
     posted_ns: u64,
-    /// The owner's waker. Kept when the slot is freed: the coroutine that
-    /// frees a slot usually takes it again for its next batch (the free list
-    /// is LIFO), and then its waker need not be cloned (no reference-count
-    /// traffic per batch).
+    /// The owner, when it is a task of this runtime polled with its own
+    /// waker: its completion sets the task's ready bit directly (no waker
+    /// call, no atomic). [`NO_TASK`] otherwise.
+    task: u32,
+    /// The owner's waker, when `task` is [`NO_TASK`]. Kept when the slot is
+    /// freed: the coroutine that frees a slot usually takes it again for its
+    /// next batch (the free list is LIFO), and then its waker need not be
+    /// cloned (no reference-count traffic per batch).
     waker: Option<Waker>,
+}
+
+/// No local task owns the slot: wake its waker.
+const NO_TASK: u32 = u32::MAX;
+
+impl Slot {
+    #[inline]
+    fn set_owner(&mut self, task: Option<u32>, waker: &Waker) {
+        match task {
+            Some(t) => self.task = t,
+            None => {
+                self.task = NO_TASK;
+                if !self.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                    self.waker = Some(waker.clone());
+                }
+            }
+        }
+    }
 }
 
 /// What a completion did to its slot.
@@ -63,8 +85,9 @@ pub(super) enum Completed {
     /// Not for a live batch (an old generation): ignored.
     Stale,
     /// The batch's `wrs` WRs, posted at `posted_ns`, are done; its owner
-    /// was woken or (orphaned) the slot freed.
-    Batch { wrs: u16, posted_ns: u64 },
+    /// was woken, or is the local `task` to mark ready, or (orphaned) the
+    /// slot was freed.
+    Batch { wrs: u16, posted_ns: u64, task: Option<u32> },
 }
 
 /// Every slot of a thread.
@@ -80,7 +103,7 @@ impl Slots {
     pub(super) fn new(n: usize) -> Slots {
         Slots {
             slots: (0..n)
-                .map(|_| Slot { state: State::Free, generation: 0, wrs: 0, posted_ns: 0, waker: None })
+                .map(|_| Slot { state: State::Free, generation: 0, wrs: 0, posted_ns: 0, task: NO_TASK, waker: None })
                 .collect(),
             free: (0..n as u16).rev().collect(),
             waiters: VecDeque::with_capacity(64),
@@ -109,17 +132,16 @@ impl Slots {
         u64::from(self.slots[i as usize].generation) << 16 | u64::from(i)
     }
 
-    /// Taken → InFlight.
+    /// Taken → InFlight, owned by local task `task` if it is one, else by
+    /// `waker`.
     #[inline]
-    pub(super) fn posted(&mut self, i: u16, wrs: u16, posted_ns: u64, waker: &Waker) {
+    pub(super) fn posted(&mut self, i: u16, wrs: u16, posted_ns: u64, task: Option<u32>, waker: &Waker) {
         let s = &mut self.slots[i as usize];
         debug_assert_eq!(s.state, State::Taken);
         s.state = State::InFlight;
         s.wrs = wrs;
         s.posted_ns = posted_ns;
-        if !s.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
-            s.waker = Some(waker.clone());
-        }
+        s.set_owner(task, waker);
     }
 
     /// A completion for `wr_id`: InFlight → Done (waking the owner),
@@ -131,27 +153,31 @@ impl Slots {
         if s.generation != (wr_id >> 16) as u32 {
             return Completed::Stale;
         }
-        let done = Completed::Batch { wrs: s.wrs, posted_ns: s.posted_ns };
+        let (wrs, posted_ns) = (s.wrs, s.posted_ns);
         match s.state {
             State::InFlight => {
                 s.state = State::Done(status);
-                if let Some(w) = &s.waker {
-                    w.wake_by_ref();
+                let task = (s.task != NO_TASK).then_some(s.task);
+                if task.is_none() {
+                    if let Some(w) = &s.waker {
+                        w.wake_by_ref();
+                    }
                 }
-                done
+                Completed::Batch { wrs, posted_ns, task }
             }
             State::Orphaned => {
                 self.free(i);
-                done
+                Completed::Batch { wrs, posted_ns, task: None }
             }
             State::Free | State::Taken | State::Done(_) | State::Held => Completed::Stale,
         }
     }
 
     /// The owner polls: Done(ok) → Held, Done(error) → Free (the error is
-    /// returned), else the waker is kept for the completion.
+    /// returned), else the owner (local task or waker) is kept for the
+    /// completion.
     #[inline]
-    pub(super) fn poll_done(&mut self, i: u16, waker: &Waker) -> Poll<Status> {
+    pub(super) fn poll_done(&mut self, i: u16, task: Option<u32>, waker: &Waker) -> Poll<Status> {
         let s = &mut self.slots[i as usize];
         match s.state {
             State::Done(Ok(())) => {
@@ -163,9 +189,7 @@ impl Slots {
                 Poll::Ready(Err(e))
             }
             _ => {
-                if !s.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
-                    s.waker = Some(waker.clone());
-                }
+                s.set_owner(task, waker);
                 Poll::Pending
             }
         }
@@ -220,10 +244,10 @@ mod tests {
         let mut s = Slots::new(1);
         let i = s.take(&w).unwrap();
         let id = s.wr_id(i);
-        s.posted(i, 2, 0, &w);
+        s.posted(i, 2, 0, None, &w);
         s.abandon(i);
         assert!(s.take(&w).is_none(), "orphaned: not reusable before its completion");
-        assert_eq!(s.complete(id, Ok(())), Completed::Batch { wrs: 2, posted_ns: 0 });
+        assert_eq!(s.complete(id, Ok(())), Completed::Batch { wrs: 2, posted_ns: 0, task: None });
         assert_eq!(c.0.load(Ordering::Relaxed), 1, "the slot waiter was woken");
         let j = s.take(&w).unwrap();
         assert_eq!(j, i);
@@ -237,16 +261,18 @@ mod tests {
         let w = Waker::from(c.clone());
         let mut s = Slots::new(2);
         let i = s.take(&w).unwrap();
-        s.posted(i, 1, 0, &w);
-        assert!(s.poll_done(i, &w).is_pending());
+        s.posted(i, 1, 0, None, &w);
+        assert!(s.poll_done(i, None, &w).is_pending());
         s.complete(s.wr_id(i), Err((WcStatus::RemoteAccess, 0)));
         assert_eq!(c.0.load(Ordering::Relaxed), 1, "the owner was woken");
-        assert_eq!(s.poll_done(i, &w), Poll::Ready(Err((WcStatus::RemoteAccess, 0))));
+        assert_eq!(s.poll_done(i, None, &w), Poll::Ready(Err((WcStatus::RemoteAccess, 0))));
         assert_eq!(s.free.len(), 2, "an error frees the slot at once");
         let i = s.take(&w).unwrap();
-        s.posted(i, 1, 0, &w);
-        s.complete(s.wr_id(i), Ok(()));
-        assert_eq!(s.poll_done(i, &w), Poll::Ready(Ok(())));
+        s.posted(i, 1, 0, Some(3), &w);
+        let n = c.0.load(Ordering::Relaxed);
+        assert_eq!(s.complete(s.wr_id(i), Ok(())), Completed::Batch { wrs: 1, posted_ns: 0, task: Some(3) });
+        assert_eq!(c.0.load(Ordering::Relaxed), n, "a local task is marked ready by the executor, not woken");
+        assert_eq!(s.poll_done(i, Some(3), &w), Poll::Ready(Ok(())));
         assert_eq!(s.free.len(), 1, "held while viewed");
         s.release(i);
         assert_eq!(s.free.len(), 2);
