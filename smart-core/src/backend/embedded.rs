@@ -344,9 +344,9 @@ impl Endpoint for EmbeddedEndpoint {
             // Nobody else posts to this QP and nothing is queued on it: the
             // emulated NIC executes the batch right at the doorbell (one
             // valid schedule of an RNIC) and the CQE waits for the next poll.
-            let SoftPort { local, qps, doorbells, slots, .. } = &mut self.port;
+            let SoftPort { local, qps, doorbells, bindings, .. } = &mut self.port;
             let done =
-                doorbells[b].ring(slots[b].doorbell_shared, true, || qps[b].with(|q| q.run_now(wr_id, wrs, local)));
+                doorbells[b].ring(bindings[b].doorbell_shared, true, || qps[b].with(|q| q.run_now(wr_id, wrs, local)));
             self.done.push((done, qp));
             return Ok(());
         }
@@ -380,7 +380,7 @@ impl Endpoint for EmbeddedEndpoint {
     }
 
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
-        let q = self.port.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, self.port.slots.len()))?;
+        let q = self.port.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, self.port.bindings.len()))?;
         let undelivered = self.done.iter().any(|(_, q)| *q == qp);
         q.with(|q| {
             if !q.batches.is_empty() || undelivered {

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use crossbeam_utils::CachePadded;
 
 use super::LocalMem;
-use crate::smart::{DoorbellConfig, QpPlan, QpPolicy, QpSlot};
+use crate::smart::{DoorbellConfig, QpBinding, QpPlan, QpPolicy};
 use crate::verbs::Completion;
 use crate::{Error, Result};
 
@@ -102,7 +102,7 @@ pub(crate) struct Attachment {
     /// Its inbox.
     pub(crate) inbox: Arc<Inbox>,
     /// Where it posts for each blade.
-    pub(crate) slots: Vec<QpSlot>,
+    pub(crate) bindings: Vec<QpBinding>,
     /// The doorbell of each blade's QP (held, so ringing takes no lookup).
     pub(crate) doorbells: Vec<Arc<CachePadded<Doorbell>>>,
     /// Whether completions go through the shared CQ.
@@ -149,7 +149,7 @@ impl<Q> SoftNic<Q> {
         *unpoison(self.plan.read())
     }
 
-    /// Registers a thread's endpoint and computes its QP slots.
+    /// Registers a thread's endpoint and computes its QP bindings.
     pub(crate) fn attach(&self, thread: usize, local: Arc<LocalMem>) -> Result<Attachment> {
         let plan = self.plan();
         if thread >= plan.threads && plan.policy != QpPolicy::PerThreadQp {
@@ -158,10 +158,10 @@ impl<Q> SoftNic<Q> {
                 plan.policy, plan.threads
             )));
         }
-        let slots: Vec<QpSlot> = (0..plan.blades).map(|b| plan.slot(thread, b)).collect();
+        let bindings: Vec<QpBinding> = (0..plan.blades).map(|b| plan.binding(thread, b)).collect();
         let doorbells = {
             let dbs = unpoison(self.doorbells.lock());
-            slots
+            bindings
                 .iter()
                 .map(|s| {
                     dbs.get(s.doorbell).cloned().ok_or_else(|| {
@@ -178,8 +178,8 @@ impl<Q> SoftNic<Q> {
         let id = self.next_endpoint.fetch_add(1, Ordering::Relaxed);
         debug_assert_eq!(id, eps.len());
         eps.push(EndpointShare { local, inbox: inbox.clone() });
-        let uses_inbox = plan.shared_cq || slots.iter().any(|s| s.qp_shared);
-        Ok(Attachment { id, inbox, slots, doorbells, shared_cq: plan.shared_cq, uses_inbox })
+        let uses_inbox = plan.shared_cq || bindings.iter().any(|s| s.qp_shared);
+        Ok(Attachment { id, inbox, bindings, doorbells, shared_cq: plan.shared_cq, uses_inbox })
     }
 
     /// Times each doorbell was rung (for tests and reports).
@@ -269,7 +269,7 @@ impl<Q> QpRef<Q> {
 }
 
 /// What every soft endpoint holds: its identity on the emulated NIC, its
-/// memory and inbox, and per blade its QP slot, doorbell and QP.
+/// memory and inbox, and per blade its QP binding, doorbell and QP.
 #[derive(Debug)]
 pub(crate) struct SoftPort<Q> {
     pub(crate) id: usize,
@@ -279,7 +279,7 @@ pub(crate) struct SoftPort<Q> {
     /// Completions may arrive in the inbox (shared QP or shared CQ).
     pub(crate) uses_inbox: bool,
     pub(crate) shared_cq: bool,
-    pub(crate) slots: Vec<QpSlot>,
+    pub(crate) bindings: Vec<QpBinding>,
     pub(crate) doorbells: Vec<Arc<CachePadded<Doorbell>>>,
     pub(crate) qps: Vec<QpRef<Q>>,
 }
@@ -295,10 +295,10 @@ impl<Q> SoftPort<Q> {
     ) -> Result<SoftPort<Q>> {
         let local = LocalMem::new(local_bytes)?;
         let att = nic.attach(thread, local.clone())?;
-        let mut qps = Vec::with_capacity(att.slots.len());
-        for (b, slot) in att.slots.iter().enumerate() {
-            qps.push(if slot.qp_shared {
-                QpRef::Shared(nic.shared_qp(slot.qp, || make(b))?)
+        let mut qps = Vec::with_capacity(att.bindings.len());
+        for (b, binding) in att.bindings.iter().enumerate() {
+            qps.push(if binding.qp_shared {
+                QpRef::Shared(nic.shared_qp(binding.qp, || make(b))?)
             } else {
                 QpRef::Own(make(b)?)
             });
@@ -310,7 +310,7 @@ impl<Q> SoftPort<Q> {
             nic: nic.clone(),
             uses_inbox: att.uses_inbox,
             shared_cq: att.shared_cq,
-            slots: att.slots,
+            bindings: att.bindings,
             doorbells: att.doorbells,
             qps,
         })
@@ -319,8 +319,8 @@ impl<Q> SoftPort<Q> {
     /// Posts to blade `b`'s QP with `post`, ringing its doorbell around it.
     pub(crate) fn ring<R>(&mut self, b: usize, post: impl FnOnce(&mut Q) -> R) -> R {
         let q = &mut self.qps[b];
-        let slot = &self.slots[b];
-        self.doorbells[b].ring(slot.doorbell_shared, !slot.qp_shared, || q.with(post))
+        let binding = &self.bindings[b];
+        self.doorbells[b].ring(binding.doorbell_shared, !binding.qp_shared, || q.with(post))
     }
 
     /// Ends a poll: passes this poll's completions (`out[before..]`) through

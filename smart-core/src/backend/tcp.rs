@@ -374,9 +374,9 @@ impl Endpoint for TcpEndpoint {
             return Err(Error::BatchTooLarge { what: format!("frame of {body} bytes"), knob: "slot_bytes" });
         }
         let failed = &mut self.failed;
-        let SoftPort { id: me, local, nic, slots, doorbells, qps, .. } = &mut self.port;
+        let SoftPort { id: me, local, nic, bindings, doorbells, qps, .. } = &mut self.port;
         let (me, conn) = (*me, &mut qps[b]);
-        doorbells[b].ring(slots[b].doorbell_shared, !slots[b].qp_shared, || {
+        doorbells[b].ring(bindings[b].doorbell_shared, !bindings[b].qp_shared, || {
             conn.with(|c| {
                 if c.broken.is_some() {
                     failed.push(Completion { wr_id, status: Err((WcStatus::Transport, 0)) });
@@ -452,7 +452,7 @@ impl Endpoint for TcpEndpoint {
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
         let (me, nic) = (self.port.id, self.port.nic.clone());
         let failed = &mut self.failed;
-        let conn = self.port.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, self.port.slots.len()))?;
+        let conn = self.port.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, self.port.bindings.len()))?;
         conn.with(|c| {
             if !c.batches.is_empty() {
                 return Err(Error::QpBusy(qp));

@@ -60,6 +60,10 @@ impl Wake for TaskWaker {
     }
 }
 
+/// Passes over the ready tasks in one executor round before the CQ is
+/// polled again (see `run_until`).
+const SAME_ROUND_PASSES: usize = 16;
+
 /// Most tasks one runtime runs.
 pub const MAX_TASKS: usize = 4096;
 
@@ -210,26 +214,38 @@ impl Runtime {
             }
             let mut ran = false;
             let used = self.tasks.len().div_ceil(64);
-            for w in 0..used {
-                let inner = &self.ctx.0;
-                // Cross-thread wakes (an atomic swap only when there are
-                // some), then this thread's own completions.
-                let mut bits = if self.ready.peek(w) != 0 { self.ready.take(w) } else { 0 };
-                bits |= inner.local_ready[w].replace(0);
-                while bits != 0 {
-                    let i = w * 64 + bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    ran = true;
-                    if let Some(task) = self.tasks[i].as_mut() {
-                        let waker = &self.wakers[i];
-                        inner.polling.set((i as u32, waker.data(), waker.vtable()));
-                        let mut cx = Context::from_waker(waker);
-                        if task.as_mut().poll(&mut cx).is_ready() {
-                            self.tasks[i] = None;
-                            self.live -= 1;
+            // Coroutines woken by this round's polls (the next waiter of a
+            // FIFO whose turn just came, a freed slot's waiter) run in this
+            // round too, so their batches join this round's doorbells;
+            // bounded, so that a coroutine that yields cannot keep the CQ
+            // from being polled.
+            for _ in 0..SAME_ROUND_PASSES {
+                let mut any = false;
+                for w in 0..used {
+                    let inner = &self.ctx.0;
+                    // Cross-thread wakes (an atomic swap only when there are
+                    // some), then this thread's own completions.
+                    let mut bits = if self.ready.peek(w) != 0 { self.ready.take(w) } else { 0 };
+                    bits |= inner.local_ready[w].replace(0);
+                    any |= bits != 0;
+                    while bits != 0 {
+                        let i = w * 64 + bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        if let Some(task) = self.tasks[i].as_mut() {
+                            let waker = &self.wakers[i];
+                            inner.polling.set((i as u32, waker.data(), waker.vtable()));
+                            let mut cx = Context::from_waker(waker);
+                            if task.as_mut().poll(&mut cx).is_ready() {
+                                self.tasks[i] = None;
+                                self.live -= 1;
+                            }
                         }
                     }
                 }
+                if !any {
+                    break;
+                }
+                ran = true;
             }
             if self.poll_cq() > 0 || ran {
                 idle = 0;

@@ -54,6 +54,15 @@ impl Fifo {
     #[inline]
     pub(super) fn entered(&self, t: u64) {
         debug_assert!(self.is_turn(t));
+        {
+            // It may have entered on a poll that its registration did not
+            // cause (another wake): drop the registration, which would
+            // otherwise sit at the front and hide the next turn's waiter.
+            let mut w = self.waiters.borrow_mut();
+            if w.front().is_some_and(|e| e.0 == t) {
+                w.pop_front();
+            }
+        }
         self.serving.set(t + 1);
         self.skip_abandoned();
         self.wake_turn();
@@ -79,6 +88,10 @@ impl Fifo {
     #[inline]
     pub(super) fn wake_turn(&self) {
         let mut w = self.waiters.borrow_mut();
+        // Registrations of tickets already served cannot be woken usefully.
+        while w.front().is_some_and(|e| e.0 < self.serving.get()) {
+            w.pop_front();
+        }
         if w.front().is_some_and(|e| e.0 == self.serving.get()) {
             let (_, waker) = w.pop_front().expect("checked");
             drop(w);
@@ -139,6 +152,18 @@ mod tests {
         f.entered(t[2]);
         assert_eq!(woken(3), 1);
         f.entered(t[3]);
+        assert_eq!(f.waiting(), 0);
+        // The turn-holder registers, then enters on a poll caused by something
+        // else (its registration is still there): the next waiter must still
+        // be woken when the turn passes to it.
+        let a = f.ticket();
+        let b = f.ticket();
+        f.wait(a, &wakers[0]);
+        f.wait(b, &wakers[1]);
+        let before = woken(1);
+        f.entered(a);
+        assert_eq!(woken(1), before + 1, "the next turn is woken past a stale registration");
+        f.entered(b);
         assert_eq!(f.waiting(), 0);
         // A ticket abandoned after its turn passed leaves nothing behind.
         let late = f.ticket();

@@ -17,7 +17,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use backoff::{Backoff, BackoffConfig};
-pub use qp::{DoorbellConfig, QpPlan, QpSlot};
+pub use qp::{DoorbellConfig, QpBinding, QpPlan};
 pub use throttle::{CreditThrottle, Tuner, TunerConfig};
 
 /// How QPs are allocated to threads (paper §3.1 baselines and Smart).

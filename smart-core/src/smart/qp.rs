@@ -43,7 +43,7 @@ impl Default for DoorbellConfig {
 
 /// A QP's place in the plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpSlot {
+pub struct QpBinding {
     /// Index of the QP (creation order).
     pub qp: usize,
     /// The doorbell it rings.
@@ -136,14 +136,14 @@ impl QpPlan {
     }
 
     /// Where thread `thread` posts WRs for blade `blade`.
-    pub fn slot(&self, thread: usize, blade: usize) -> QpSlot {
+    pub fn binding(&self, thread: usize, blade: usize) -> QpBinding {
         let qp = (thread / self.group()) * self.blades + blade;
         let doorbell = self.doorbell_of(qp);
         let doorbell_shared = match self.policy {
             QpPolicy::PerThreadDb => false,
             _ => doorbell >= self.doorbells.low_latency && self.qps_on_doorbell(doorbell) > 1,
         };
-        QpSlot { qp, doorbell, qp_shared: self.sharers(qp).len() > 1, doorbell_shared }
+        QpBinding { qp, doorbell, qp_shared: self.sharers(qp).len() > 1, doorbell_shared }
     }
 }
 
@@ -159,14 +159,14 @@ mod tests {
     fn shared_and_multiplexed_group_threads_on_qps() {
         let p = plan(QpPolicy::Shared, 8, 2);
         assert_eq!(p.qps(), 2);
-        assert_eq!(p.slot(0, 1).qp, p.slot(7, 1).qp);
-        assert!(p.slot(3, 0).qp_shared);
+        assert_eq!(p.binding(0, 1).qp, p.binding(7, 1).qp);
+        assert!(p.binding(3, 0).qp_shared);
         assert_eq!(p.sharers(0), 0..8);
         let m = plan(QpPolicy::Multiplexed(3), 8, 1);
         assert_eq!(m.qps(), 3);
-        assert_eq!([0, 1, 2, 3, 5, 6, 7].map(|t| m.slot(t, 0).qp), [0, 0, 0, 1, 1, 2, 2]);
+        assert_eq!([0, 1, 2, 3, 5, 6, 7].map(|t| m.binding(t, 0).qp), [0, 0, 0, 1, 1, 2, 2]);
         assert_eq!(m.sharers(2), 6..8, "the last group is short");
-        assert!(!plan(QpPolicy::Shared, 1, 1).slot(0, 0).qp_shared, "one thread shares with nobody");
+        assert!(!plan(QpPolicy::Shared, 1, 1).binding(0, 0).qp_shared, "one thread shares with nobody");
     }
 
     #[test]
@@ -176,27 +176,27 @@ mod tests {
         let p = plan(QpPolicy::PerThreadQp, 24, 1);
         assert_eq!(p.qps(), 24);
         for t in 0..4 {
-            let s = p.slot(t, 0);
+            let s = p.binding(t, 0);
             assert_eq!((s.doorbell, s.doorbell_shared, s.qp_shared), (t, false, false));
         }
-        assert_eq!(p.slot(4, 0).doorbell, 4);
-        assert_eq!(p.slot(15, 0).doorbell, 15);
-        assert_eq!(p.slot(16, 0).doorbell, 4, "wraps around the medium doorbells");
-        assert!(p.slot(4, 0).doorbell_shared && p.slot(16, 0).doorbell_shared);
+        assert_eq!(p.binding(4, 0).doorbell, 4);
+        assert_eq!(p.binding(15, 0).doorbell, 15);
+        assert_eq!(p.binding(16, 0).doorbell, 4, "wraps around the medium doorbells");
+        assert!(p.binding(4, 0).doorbell_shared && p.binding(16, 0).doorbell_shared);
         // QPs 4..23 fill doorbells 4..15 then 4..11 again: 12..15 have one QP.
-        assert!(p.slot(11, 0).doorbell_shared);
-        assert!(!p.slot(15, 0).doorbell_shared);
+        assert!(p.binding(11, 0).doorbell_shared);
+        assert!(!p.binding(15, 0).doorbell_shared);
         assert_eq!(p.doorbells_used(), 16);
         // Few threads: medium doorbells with one QP each are not contended.
         let small = plan(QpPolicy::PerThreadQp, 6, 1);
-        assert!((0..6).all(|t| !small.slot(t, 0).doorbell_shared));
+        assert!((0..6).all(|t| !small.binding(t, 0).doorbell_shared));
         // Two blades: one thread's two QPs may land on different doorbells,
         // and threads share doorbells sooner.
         let two = plan(QpPolicy::PerThreadQp, 10, 2);
-        assert_eq!(two.slot(2, 0).qp, 4);
-        assert_eq!(two.slot(2, 0).doorbell, 4);
-        assert_eq!(two.slot(8, 0).doorbell, 4, "QP 16 wraps onto QP 4's doorbell");
-        assert!(two.slot(8, 0).doorbell_shared);
+        assert_eq!(two.binding(2, 0).qp, 4);
+        assert_eq!(two.binding(2, 0).doorbell, 4);
+        assert_eq!(two.binding(8, 0).doorbell, 4, "QP 16 wraps onto QP 4's doorbell");
+        assert!(two.binding(8, 0).doorbell_shared);
     }
 
     #[test]
@@ -205,9 +205,9 @@ mod tests {
             let p = plan(QpPolicy::PerThreadDb, threads, 3);
             assert_eq!(p.doorbells_used(), threads);
             for t in 0..threads {
-                let dbs: Vec<usize> = (0..3).map(|b| p.slot(t, b).doorbell).collect();
+                let dbs: Vec<usize> = (0..3).map(|b| p.binding(t, b).doorbell).collect();
                 assert_eq!(dbs, [t, t, t], "all of a thread's QPs on its doorbell");
-                assert!((0..3).all(|b| !p.slot(t, b).doorbell_shared && !p.slot(t, b).qp_shared));
+                assert!((0..3).all(|b| !p.binding(t, b).doorbell_shared && !p.binding(t, b).qp_shared));
             }
         }
     }
