@@ -14,11 +14,13 @@ use smart_core::{Completion, EmbeddedTransport, GlobalAddr, Opcode, Runtime, Run
 
 use smart_testkit::backends;
 
-/// Wraps a transport and records the most WRs ever outstanding on a thread.
+/// Wraps a transport and records the most WRs ever outstanding on a thread,
+/// and the most batches posted between two CQ polls.
 #[derive(Debug)]
 struct Counting {
     inner: EmbeddedTransport,
     max: Arc<AtomicUsize>,
+    burst: Arc<AtomicUsize>,
 }
 
 #[derive(Debug)]
@@ -27,6 +29,8 @@ struct CountingEp {
     max: Arc<AtomicUsize>,
     outstanding: usize,
     sizes: std::collections::HashMap<u64, usize>,
+    burst: Arc<AtomicUsize>,
+    since_poll: usize,
 }
 
 impl Transport for Counting {
@@ -38,7 +42,14 @@ impl Transport for Counting {
     }
     fn open_thread(&self, thread: usize, local_bytes: usize) -> smart_core::Result<Box<dyn Endpoint>> {
         let inner = self.inner.open_thread(thread, local_bytes)?;
-        Ok(Box::new(CountingEp { inner, max: self.max.clone(), outstanding: 0, sizes: Default::default() }))
+        Ok(Box::new(CountingEp {
+            inner,
+            max: self.max.clone(),
+            outstanding: 0,
+            sizes: Default::default(),
+            burst: self.burst.clone(),
+            since_poll: 0,
+        }))
     }
 }
 
@@ -51,9 +62,12 @@ impl Endpoint for CountingEp {
         self.outstanding += wrs.len();
         self.sizes.insert(wr_id, wrs.len());
         self.max.fetch_max(self.outstanding, Ordering::Relaxed);
+        self.since_poll += 1;
+        self.burst.fetch_max(self.since_poll, Ordering::Relaxed);
         Ok(())
     }
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
+        self.since_poll = 0;
         let before = out.len();
         let n = self.inner.poll(out);
         for c in &out[before..] {
@@ -69,8 +83,14 @@ impl Endpoint for CountingEp {
 /// Runs 16 coroutines × 50 batches of 2 WRs, plus one batch of 5 WRs;
 /// returns the most WRs outstanding at once.
 fn max_outstanding(throttle: Option<TunerConfig>) -> usize {
+    outstanding_and_burst(throttle).0
+}
+
+/// As [`max_outstanding`], and the most batches posted between two CQ polls.
+fn outstanding_and_burst(throttle: Option<TunerConfig>) -> (usize, usize) {
     let max = Arc::new(AtomicUsize::new(0));
-    let t = Counting { inner: EmbeddedTransport::new(1, 8 << 20).unwrap(), max: max.clone() };
+    let burst = Arc::new(AtomicUsize::new(0));
+    let t = Counting { inner: EmbeddedTransport::new(1, 8 << 20).unwrap(), max: max.clone(), burst: burst.clone() };
     let cfg = RuntimeConfig {
         smart: SmartConfig { work_req_throt: throttle, ..SmartConfig::default() },
         ..RuntimeConfig::default()
@@ -100,7 +120,7 @@ fn max_outstanding(throttle: Option<TunerConfig>) -> usize {
     }
     rt.run();
     assert_eq!(done.get(), 16, "a coroutine stalled");
-    max.load(Ordering::Relaxed)
+    (max.load(Ordering::Relaxed), burst.load(Ordering::Relaxed))
 }
 
 #[test]
@@ -109,6 +129,18 @@ fn credits_bound_outstanding_wrs_and_never_stall_large_batches() {
     assert!(max_outstanding(None) >= 16, "without throttling every coroutine has WRs out");
     assert_eq!(max_outstanding(Some(fixed(4))), 5, "limit 4: pairs up to 4, the lone 5-WR batch");
     assert_eq!(max_outstanding(Some(fixed(6))), 6);
+}
+
+#[test]
+fn credit_waiters_whose_turn_comes_post_in_the_same_round() {
+    // With 8 credits and batches of 2, the waiters admitted one after
+    // another (first come, first served) must all post before the CQ is
+    // polled again, so their batches share a round (one `write` over TCP),
+    // not one batch per round.
+    let fixed = TunerConfig { candidates: vec![8], initial: 8, ..TunerConfig::default() };
+    let (max, burst) = outstanding_and_burst(Some(fixed));
+    assert_eq!(max, 8);
+    assert!(burst >= 4, "at most {burst} batches between two polls");
 }
 
 #[test]
