@@ -9,7 +9,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use smart_bench::harness::{self as driver, RunConfig};
 use smart_core::smart::SmartConfig;
-use smart_core::{ChaosConfig, EmbeddedTransport, Runtime, RuntimeConfig};
+use smart_core::{ChaosConfig, EmbeddedTransport, Runtime, RuntimeConfig, Transport};
+use smart_testkit::backends;
 
 use crate::{race_ht_scan, tiny, value, wrap};
 
@@ -96,11 +97,17 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
 
 #[test]
 fn racing_inserts_of_one_key_leave_one_slot() {
-    // 4 threads × 8 coroutines insert the same 40 fresh keys at once, each
-    // with its own value; afterwards every key is in exactly one slot and
-    // reads return one of the inserted values.
-    let t = EmbeddedTransport::new(1, 64 << 20).unwrap().with_chaos(ChaosConfig::new(9));
-    let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    // Under chaos, and over a real memory-blade server on loopback TCP.
+    for b in [backends::chaos_sized(1, 64 << 20, 9), backends::tcp_sized(1, 64 << 20)] {
+        racing_inserts(&*b.transport);
+    }
+}
+
+/// 4 threads × 8 coroutines insert the same 40 fresh keys at once, each
+/// with its own value; afterwards every key is in exactly one slot and reads
+/// return one of the inserted values.
+fn racing_inserts(t: &dyn Transport) {
+    let mut setup = Runtime::new(t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     setup.block_on(async move {
         RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
@@ -114,7 +121,7 @@ fn racing_inserts_of_one_key_leave_one_slot() {
         runtime: RuntimeConfig::default(),
         progress: false,
     };
-    let r = driver::run(&t, &cfg, |w| {
+    let r = driver::run(t, &cfg, |w| {
         let wins = wins.clone();
         async move {
             let mut ht = RaceHt::open(w.ctx(), "stress").await.map_err(wrap)?;
@@ -130,7 +137,7 @@ fn racing_inserts_of_one_key_leave_one_slot() {
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
     // At least one insert per key succeeded; races may let several "win".
     assert!(wins.load(std::sync::atomic::Ordering::Relaxed) >= 40);
-    let mut check = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let mut check = Runtime::new(t, 0, RuntimeConfig::default()).unwrap();
     let ctx = check.ctx();
     check.block_on(async move {
         let mut keys = race_ht_scan(&ctx).await;
