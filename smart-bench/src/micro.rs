@@ -179,9 +179,15 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                 let mut b = ctx.batch();
                 // A batch is one doorbell to one QP, so all its WRs go to one
                 // blade; the blade is drawn per batch.
-                let area = areas[pick(rng.next_u64(), areas.len() as u64) as usize];
-                for _ in 0..m.batch {
-                    let at = if m.contended { counter } else { area.add(pick(rng.next_u64(), slots) * stride) };
+                let mut r = rng.next_u64();
+                let area = areas[pick(r, areas.len() as u64) as usize];
+                for i in 0..m.batch {
+                    // The blade is drawn from the high half of the first
+                    // draw, the first place from its low half (rotated up).
+                    if i > 0 {
+                        r = rng.next_u64();
+                    }
+                    let at = if m.contended { counter } else { area.add(pick(r.rotate_left(32), slots) * stride) };
                     match m.op {
                         Opcode::Read => {
                             b.read(at, size as usize);
