@@ -106,12 +106,12 @@ pub struct Common {
     /// Write the result record (JSON) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Size of each embedded blade (without --blades).
-    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
-    pub blade_size: u64,
-    /// Number of embedded blades (without --blades).
-    #[arg(long, default_value_t = 1)]
-    pub embedded_blades: usize,
+    /// Size of each embedded blade (without --blades; default 256MiB).
+    #[arg(long, value_parser = parse_size)]
+    pub blade_size: Option<u64>,
+    /// Number of embedded blades (without --blades; default 1).
+    #[arg(long)]
+    pub embedded_blades: Option<usize>,
     /// No per-second progress lines.
     #[arg(long)]
     pub quiet: bool,
@@ -195,12 +195,12 @@ pub struct YcsbArgs {
     /// Uniform requests instead of Zipfian.
     #[arg(long)]
     pub uniform: bool,
-    /// Key bytes (≥ 8).
-    #[arg(long, default_value_t = 8)]
-    pub key_size: usize,
-    /// Value bytes (≥ 16).
-    #[arg(long, default_value_t = 16)]
-    pub value_size: usize,
+    /// Key bytes (≥ 8; suffixes as for sizes).
+    #[arg(long, default_value = "8", value_parser = parse_size)]
+    pub key_size: u64,
+    /// Value bytes (≥ 16; suffixes as for sizes).
+    #[arg(long, default_value = "16", value_parser = parse_size)]
+    pub value_size: u64,
     /// Check every value read and read every key back after the run.
     #[arg(long)]
     pub verify: bool,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use smart_bench::harness::RunConfig;
 use smart_bench::micro::MicroConfig;
-use smart_core::runtime::MAX_BATCH;
+use smart_core::runtime::{MAX_BATCH, MAX_TASKS};
 use smart_core::smart::{DoorbellConfig, SmartConfig};
 use smart_core::{EmbeddedTransport, Opcode, RuntimeConfig, TcpTransport, Transport};
 use ycsb::bench::YcsbConfig;
@@ -164,14 +164,53 @@ impl Config {
     }
 }
 
+/// Most worker threads (each opens a QP, a connection, per blade).
+pub const MAX_THREADS: usize = 1024;
+/// Most emulated doorbells of either kind.
+pub const MAX_DOORBELLS: usize = 1024;
+/// Longest `--duration` or `--warmup`, in seconds.
+pub const MAX_SECONDS: f64 = 1e6;
+
 fn parse_doorbells(s: &str) -> Result<DoorbellConfig> {
-    let bad = || anyhow::anyhow!("--doorbells {s:?}: use LOW:MEDIUM, e.g. 4:12, with MEDIUM ≥ 1");
+    let bad = || {
+        anyhow::anyhow!("--doorbells {s:?}: use LOW:MEDIUM, e.g. 4:12, with 0 ≤ LOW ≤ {MAX_DOORBELLS} and 1 ≤ MEDIUM ≤ {MAX_DOORBELLS}")
+    };
     let (l, m) = s.split_once(':').ok_or_else(bad)?;
-    let (low_latency, medium) = (l.trim().parse().map_err(|_| bad())?, m.trim().parse().map_err(|_| bad())?);
-    if medium == 0 {
+    let (low_latency, medium): (usize, usize) =
+        (l.trim().parse().map_err(|_| bad())?, m.trim().parse().map_err(|_| bad())?);
+    if medium == 0 || medium > MAX_DOORBELLS || low_latency > MAX_DOORBELLS {
         return Err(bad());
     }
     Ok(DoorbellConfig { low_latency, medium })
+}
+
+/// `--blades`: every address non-empty, none twice.
+fn check_blades(addrs: &[String]) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for a in addrs {
+        let a = a.trim();
+        if a.is_empty() {
+            bail!("--blades has an empty address (a trailing or doubled comma?): give HOST:PORT[,HOST:PORT...]");
+        }
+        if !seen.insert(a) {
+            bail!("--blades names {a} twice: each memory blade once");
+        }
+    }
+    Ok(())
+}
+
+/// `--json`: checked writable before the run, not after it.
+fn check_json(p: &std::path::Path) -> Result<()> {
+    let existed = p.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(p)
+        .with_context(|| format!("--json {}: cannot write the record there", p.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
 }
 
 impl Session {
@@ -190,20 +229,34 @@ impl Session {
         if c.threads == 0 || c.coroutines == 0 {
             bail!("--threads and --coroutines must be at least 1");
         }
-        if !(c.duration > 0.0 && c.duration.is_finite() && c.warmup >= 0.0 && c.warmup.is_finite()) {
-            bail!("--duration must be positive and --warmup non-negative");
+        if c.threads > MAX_THREADS {
+            bail!("--threads must be at most {MAX_THREADS}");
+        }
+        if c.coroutines > MAX_TASKS {
+            bail!("--coroutines must be at most {MAX_TASKS} per thread");
+        }
+        if !(c.duration > 0.0 && c.duration <= MAX_SECONDS && (0.0..=MAX_SECONDS).contains(&c.warmup)) {
+            bail!("--duration must be positive and --warmup non-negative, both at most {MAX_SECONDS} seconds");
         }
         let blades = if c.blades.is_empty() {
             if link != Link::Tcp {
                 bail!("--transport verbs needs --blades");
             }
-            if c.embedded_blades == 0 {
-                bail!("--embedded-blades must be at least 1");
+            let count = c.embedded_blades.unwrap_or(1);
+            if count == 0 || count > smart_core::addr::MAX_BLADES {
+                bail!("--embedded-blades must be 1 to {}", smart_core::addr::MAX_BLADES);
             }
-            Blades::Embedded { count: c.embedded_blades, size: c.blade_size }
+            Blades::Embedded { count, size: c.blade_size.unwrap_or(256 << 20) }
         } else {
-            Blades::Remote { addrs: c.blades.clone(), link }
+            if c.blade_size.is_some() || c.embedded_blades.is_some() {
+                bail!("--blade-size and --embedded-blades apply to embedded blades only, not with --blades");
+            }
+            check_blades(&c.blades)?;
+            Blades::Remote { addrs: c.blades.iter().map(|a| a.trim().to_string()).collect(), link }
         };
+        if let Some(p) = &c.json {
+            check_json(p)?;
+        }
         let run = RunConfig {
             threads: c.threads,
             coroutines: c.coroutines,
@@ -223,19 +276,19 @@ fn micro(a: &MicroArgs, run: &RunConfig) -> Result<MicroConfig> {
         OpArg::Cas => Opcode::Cas,
         OpArg::Faa => Opcode::Faa,
     };
-    let size = if op.is_atomic() { 8 } else { u32::try_from(a.size).context("--size must fit 32 bits")? };
-    if size == 0 {
-        bail!("--size must be at least 1 byte");
+    let slot = run.runtime.slot_bytes as u64;
+    if !op.is_atomic() && (a.size == 0 || a.size > slot) {
+        bail!("--size must be 1 to {slot} bytes (one batch's local bytes)");
     }
+    let size = if op.is_atomic() { 8 } else { a.size as u32 };
     if a.batch == 0 || a.batch > MAX_BATCH {
         bail!("--batch must be 1 to {MAX_BATCH}");
     }
     if a.contended && op == Opcode::Cas && a.batch != 1 {
         bail!("a contended CAS-increment is one CAS at a time: use --batch 1");
     }
-    let slot = run.runtime.slot_bytes as u64;
     if u64::from(size) * a.batch as u64 > slot {
-        bail!("--size × --batch exceeds the {slot} local bytes of a slot");
+        bail!("--size × --batch must be at most {slot} bytes (one batch's local bytes)");
     }
     if a.area < u64::from(size).next_multiple_of(8) {
         bail!("--area must hold at least one WR of --size bytes");
@@ -262,6 +315,12 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
     if a.key_size < 8 || a.value_size < 16 {
         bail!("--key-size must be ≥ 8 and --value-size ≥ 16");
     }
+    let max = match app {
+        App::Race => race_ht::RaceHt::max_kv_bytes(RuntimeConfig::default().slot_bytes) as u64,
+    };
+    if a.key_size.saturating_add(a.value_size) > max {
+        bail!("--key-size + --value-size must be at most {max} bytes (the largest entry the index stores)");
+    }
     if a.capacity == Some(0) {
         bail!("--capacity must be at least 1");
     }
@@ -274,8 +333,8 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
         keys: a.keys,
         workload,
         chooser,
-        key_size: a.key_size,
-        value_size: a.value_size,
+        key_size: a.key_size as usize,
+        value_size: a.value_size as usize,
         verify: a.verify,
         capacity: a.capacity.unwrap_or(a.keys),
     };

@@ -17,6 +17,16 @@ pub enum RaceError {
     /// A KV block stayed torn or garbled over many re-reads.
     #[error("KV block at {0} failed its CRC on every re-read")]
     Torn(GlobalAddr),
+    /// The key and value do not fit one KV block that a batch can carry.
+    #[error("a key of {key} bytes and a value of {value} bytes exceed the {max} bytes a KV block can hold")]
+    TooLarge {
+        /// Key bytes asked.
+        key: usize,
+        /// Value bytes asked.
+        value: usize,
+        /// Most key + value bytes (see [`crate::RaceHt::max_kv_bytes`]).
+        max: usize,
+    },
     /// The remote structure is not what this table expects.
     #[error("table {0}")]
     Corrupt(String),

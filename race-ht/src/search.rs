@@ -101,8 +101,15 @@ impl RaceHt {
         // whatever order the blocks decode in.
         let mut found_at: Option<GlobalAddr> = None;
         let mut start = 0;
+        let room = self.ctx.config().slot_bytes;
         while start < cands.n {
-            let end = (start + READ_CHUNK).min(cands.n);
+            // Up to READ_CHUNK blocks, and no more bytes than a batch holds.
+            let mut end = start + 1;
+            let mut bytes = cands.items[start].1.block_len();
+            while end < cands.n && end - start < READ_CHUNK && bytes + cands.items[end].1.block_len() <= room {
+                bytes += cands.items[end].1.block_len();
+                end += 1;
+            }
             let mut pending = Matches::default();
             for &(a, s) in &cands.items[start..end] {
                 pending.push(a, s);

@@ -3,8 +3,8 @@
 //! insert.
 
 use crate::directory::{Place, Wait};
-use crate::layout::SLOTS;
-use crate::{RaceHt, Result};
+use crate::layout::{self, SLOTS};
+use crate::{RaceError, RaceHt, Result};
 
 /// What [`RaceHt::put`] does with a present or absent key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +18,17 @@ pub(crate) enum Mode {
 }
 
 impl RaceHt {
+    /// Most key + value bytes one entry can have with local slots of
+    /// `slot_bytes` (the runtime's [`RuntimeConfig::slot_bytes`](smart_core::RuntimeConfig::slot_bytes)):
+    /// the block (header, key, value, CRC, in 64-byte units) must fit the
+    /// slot word's 8-bit length (at most 255 units) and, with the two
+    /// bucket READs it is written with, one batch.
+    pub fn max_kv_bytes(slot_bytes: usize) -> usize {
+        let by_layout = 255 * 64;
+        let by_batch = slot_bytes.saturating_sub(2 * layout::COMBINED) / 64 * 64;
+        by_layout.min(by_batch).saturating_sub(layout::KV_HEADER + 4)
+    }
+
     /// Inserts `key` if absent. Returns `false` (and changes nothing) if it
     /// exists. With a racing insert of the same key, one value survives.
     /// Splits the key's subtable when its buckets are full.
@@ -41,6 +52,10 @@ impl RaceHt {
     /// overwrites) or into an empty slot (if the mode inserts). Returns
     /// whether the table changed.
     pub(crate) async fn put(&mut self, key: &[u8], value: &[u8], mode: Mode) -> Result<bool> {
+        let max = Self::max_kv_bytes(self.ctx.config().slot_bytes);
+        if key.len() + value.len() > max {
+            return Err(RaceError::TooLarge { key: key.len(), value: value.len(), max });
+        }
         let mut p = self.place(key);
         // One clock read per operation, for the recycler.
         let now = self.ctx.now_ns();

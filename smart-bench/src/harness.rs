@@ -99,6 +99,43 @@ fn mean(ps: &[CachePadded<Published>], f: impl Fn(&Published) -> &AtomicU64) -> 
     (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
 }
 
+/// A worker thread's arrival at the start barrier and at the end, counted
+/// when it leaves by any path (an error or a panic too).
+struct Arrival<'a> {
+    ready: &'a AtomicUsize,
+    finished: &'a AtomicUsize,
+    failed: &'a AtomicBool,
+    readied: bool,
+    done: bool,
+}
+
+impl Arrival<'_> {
+    fn ready(&mut self) {
+        self.readied = true;
+        self.ready.fetch_add(1, Ordering::Release);
+    }
+
+    fn finished(&mut self) {
+        self.done = true;
+        self.finished.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Drop for Arrival<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Stops the run: the main thread ends the measured phase.
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        if !self.readied {
+            self.ready();
+        }
+        if !self.done {
+            self.finished();
+        }
+    }
+}
+
 /// A start time taken with [`Worker::now`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Stamp(u64);
@@ -380,12 +417,14 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                 std::thread::Builder::new()
                     .name(format!("worker-{t}"))
                     .spawn_scoped(s, move || -> Result<(VerbStats, Latency, u64, u64, SmartState)> {
+                        // Counts this thread as ready and finished however it
+                        // leaves, a panic included, so nobody waits for it.
+                        let mut arrival = Arrival { ready, finished, failed, readied: false, done: false };
                         let rcfg = RuntimeConfig { coroutines: cfg.coroutines, ..cfg.runtime.clone() };
                         let mut rt = match Runtime::new(transport, t, rcfg) {
                             Ok(rt) => rt,
                             Err(e) => {
                                 failed.store(true, Ordering::Relaxed);
-                                ready.fetch_add(1, Ordering::Release);
                                 return Err(e);
                             }
                         };
@@ -432,12 +471,12 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                                 }
                             });
                         }
-                        ready.fetch_add(1, Ordering::Release);
+                        arrival.ready();
                         while ready.load(Ordering::Acquire) < cfg.threads {
                             std::thread::yield_now();
                         }
                         rt.run();
-                        finished.fetch_add(1, Ordering::Release);
+                        arrival.finished();
                         if let Some(state) = state {
                             bench.close_thread(state);
                         }
@@ -476,7 +515,10 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                 let next = t0 + Duration::from_secs(tick).min(cfg.duration);
                 // Sleep to the next tick, but end early once every thread's
                 // coroutines have returned.
-                while Instant::now() < next && finished.load(Ordering::Acquire) < cfg.threads {
+                while Instant::now() < next
+                    && finished.load(Ordering::Acquire) < cfg.threads
+                    && !failed.load(Ordering::Relaxed)
+                {
                     std::thread::sleep(next.saturating_duration_since(Instant::now()).min(Duration::from_millis(5)));
                 }
                 let total: u64 = progress.iter().map(|p| p.ops.load(Ordering::Relaxed)).sum();
@@ -502,7 +544,11 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                 timeline.push(sample);
                 last = total;
                 tick += 1;
-                if elapsed >= cfg.duration || finished.load(Ordering::Acquire) == cfg.threads {
+                // A worker that panicked ends the run at once.
+                if elapsed >= cfg.duration
+                    || finished.load(Ordering::Acquire) == cfg.threads
+                    || failed.load(Ordering::Relaxed)
+                {
                     break;
                 }
             }
@@ -511,7 +557,21 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
         } else {
             phase.store(STOP, Ordering::Relaxed);
         }
-        let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("worker thread panicked")).collect();
+        // Every thread is joined; a panic becomes the run's error.
+        let results: Vec<_> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(t, h)| {
+                h.join().unwrap_or_else(|p| {
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic without a message".into());
+                    Err(Error::WorkerPanicked(format!("thread {t}: {what}")))
+                })
+            })
+            .collect();
         (results, measured, timeline)
     });
     let mut out = RunReport {
@@ -536,4 +596,85 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
     }
     out.first_error = first_error.lock().expect("no poisoned lock").take();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+
+    use smart_core::{Ctx, EmbeddedTransport, GlobalAddr};
+
+    use super::*;
+
+    fn cfg(threads: usize) -> RunConfig {
+        RunConfig {
+            threads,
+            coroutines: 2,
+            // Long: the run must end because of the failure, not the clock.
+            duration: Duration::from_secs(600),
+            warmup: Duration::ZERO,
+            runtime: RuntimeConfig::default(),
+            progress: false,
+        }
+    }
+
+    #[test]
+    fn a_coroutine_that_panics_stops_the_run_with_an_error() {
+        let t = EmbeddedTransport::new(1, 8 << 20).unwrap();
+        let r = run(&t, &cfg(2), |w| async move {
+            let at = GlobalAddr::new(0, 4096);
+            if w.thread() == 1 && w.coroutine() == 1 {
+                w.ctx().read_u64(at).await?;
+                panic!("injected fault");
+            }
+            while w.running() {
+                let t0 = w.now();
+                w.ctx().read_u64(at).await?;
+                w.record(t0, 1);
+            }
+            Ok(())
+        });
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::WorkerPanicked(_)) && e.to_string().contains("injected fault"), "{e}");
+    }
+
+    /// Panics while opening its per-thread state, before the start barrier.
+    struct PanicsOpening;
+
+    // The futures must be 'static, so they cannot be `async fn`s borrowing
+    // `&self`.
+    #[allow(clippy::manual_async_fn)]
+    impl Bench for PanicsOpening {
+        type Error = Error;
+        type Thread = ();
+
+        fn open_thread(&self, ctx: Ctx) -> impl Future<Output = Result<()>> + 'static {
+            async move {
+                assert!(ctx.thread() != 0, "thread 0 cannot open");
+                Ok(())
+            }
+        }
+
+        fn coroutine(&self, w: Worker, _: ()) -> impl Future<Output = Result<()>> + 'static {
+            async move {
+                while w.running() {
+                    let t0 = w.now();
+                    crate::harness::tests::yield_once().await;
+                    w.record(t0, 1);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn yield_once() {
+        smart_core::runtime::yield_now().await;
+    }
+
+    #[test]
+    fn a_thread_that_panics_before_the_start_does_not_hang_the_others() {
+        let t = EmbeddedTransport::new(1, 8 << 20).unwrap();
+        let e = run_bench(&t, &cfg(3), &PanicsOpening).unwrap_err();
+        assert!(e.to_string().contains("thread 0 cannot open"), "{e}");
+    }
 }

@@ -40,6 +40,10 @@ pub enum Error {
         source: LayoutError,
     },
     /// A batch needs more WRs or local bytes than a slot holds.
+    /// A worker thread panicked (a bug): its run was stopped and every
+    /// other thread joined.
+    #[error("a worker thread panicked: {0}")]
+    WorkerPanicked(String),
     #[error("batch too large: {what} (raise RuntimeConfig::{knob})")]
     BatchTooLarge {
         /// What overflowed.

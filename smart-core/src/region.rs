@@ -80,7 +80,37 @@ impl Region {
     /// # Errors
     /// If the file cannot be opened or mapped, or its size differs from `size`.
     pub fn file_backed(path: &Path, size: Option<u64>) -> io::Result<Region> {
+        if size.is_none() && !path.exists() {
+            // Refused before anything is created: no empty file left behind.
+            return Err(io::Error::other(format!(
+                "backing file {} does not exist: give --size to create it",
+                path.display()
+            )));
+        }
+        let created = !path.exists();
+        let opened = Self::open_locked(path, size);
+        if opened.is_err() && created {
+            let _ = std::fs::remove_file(path);
+        }
+        opened
+    }
+
+    fn open_locked(path: &Path, size: Option<u64>) -> io::Result<Region> {
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        // One memory-blade per backing file: an exclusive advisory lock, held
+        // as long as the file is open (the region's life).
+        // SAFETY: flock on a file descriptor this function owns (open above).
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                io::Error::other(format!(
+                    "backing file {} is in use by another memory-blade (it holds the file's lock)",
+                    path.display()
+                ))
+            } else {
+                e
+            });
+        }
         let existing = file.metadata()?.len();
         let len = match (existing, size) {
             (0, Some(s)) => {
@@ -88,7 +118,7 @@ impl Region {
                 s
             }
             (0, None) => {
-                return Err(io::Error::other(format!("backing file {} is new or empty: give --size", path.display())))
+                return Err(io::Error::other(format!("backing file {} is empty: give --size", path.display())))
             }
             (e, Some(s)) if e != s => {
                 return Err(io::Error::other(format!(

@@ -16,6 +16,14 @@ use smart_core::region::Region;
 fn main() -> Result<()> {
     let args = MemoryCli::parse();
     let link = Link::resolve(&args.link)?;
+    if let Some(size) = args.size {
+        if size <= smart_core::layout::HEAP_START {
+            anyhow::bail!(
+                "--size {size} is too small: a memory blade needs more than {} bytes (its superblock, then the heap)",
+                smart_core::layout::HEAP_START
+            );
+        }
+    }
     let verbs = link != Link::Tcp;
     #[cfg(not(feature = "verbs"))]
     if verbs {

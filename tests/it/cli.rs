@@ -173,6 +173,21 @@ fn bad_arguments_fail_with_a_message() {
         (&["micro", "--op", "cas", "--contended", "--batch", "2"], "--batch 1"),
         (&["micro", "--blades", "127.0.0.1:1"], "connecting"),
         (&["micro", "--device", "mlx5_0"], "--transport verbs only"),
+        // Limits said up front, never a panic or a hang later.
+        (&["micro", "--coroutines", "4097"], "at most 4096"),
+        (&["micro", "--threads", "100000"], "at most 1024"),
+        (&["micro", "--duration", "1e20"], "--duration"),
+        (&["micro", "--warmup", "inf"], "--warmup"),
+        (&["micro", "--doorbells", "100000:1"], "--doorbells"),
+        (&["micro", "--size", "20KiB"], "1 to 16384 bytes"),
+        (&["micro", "--size", "8KiB", "--batch", "4"], "at most 16384"),
+        (&["micro", "--blades", "127.0.0.1:1,"], "empty address"),
+        (&["micro", "--blades", "127.0.0.1:1,127.0.0.1:1"], "twice"),
+        (&["micro", "--blades", "127.0.0.1:1", "--blade-size", "1GiB"], "embedded blades only"),
+        (&["micro", "--json", "/nonexistent-dir-of-smart-rs/x.json"], "--json"),
+        (&["ycsb", "--value-size", "16320"], "at most 16116"),
+        (&["ycsb", "--key-size", "8KiB", "--value-size", "8KiB"], "at most 16116"),
+        (&["ycsb", "--workload", "e"], "range scans"),
     ];
     for (args, needle) in cases {
         let out = compute(args);
@@ -222,8 +237,32 @@ fn blade_flushes_its_backing_file_on_sigterm_and_restarts_with_the_data() {
     });
     assert_eq!(root, Some(a));
     assert!(data.iter().all(|b| *b == 0x5a));
+    // A second blade on the file being served is refused: the file is locked.
+    let out = Command::new(BLADE).args(["--listen", "127.0.0.1:0", "--backing-file", f]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another memory-blade"));
     drop(blade);
     std::fs::remove_file(&file).unwrap();
+}
+
+#[test]
+fn a_blade_refuses_bad_backing_files_and_sizes_without_leaving_files_behind() {
+    let file = tmp("never-created");
+    let _ = std::fs::remove_file(&file);
+    let out = Command::new(BLADE)
+        .args(["--listen", "127.0.0.1:0", "--backing-file", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give --size"));
+    assert!(!file.exists(), "no empty file is left behind");
+    for size in ["0", "4096"] {
+        let out = Command::new(BLADE).args(["--listen", "127.0.0.1:0", "--size", size]).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("too small") && err.contains("more than 4096"), "{size}: {err}");
+        assert!(!err.contains("listening"), "the message names the size, not the listener: {err}");
+    }
 }
 
 #[test]

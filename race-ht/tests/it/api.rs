@@ -68,3 +68,27 @@ fn speculative_lookups_hit_with_one_doorbell() {
         assert!(!ht.get(&8u64.to_le_bytes(), &mut out).await.unwrap(), "a deleted key is not found speculatively");
     });
 }
+
+#[test]
+fn entries_up_to_the_maximum_fit_and_larger_ones_are_refused() {
+    let t = EmbeddedTransport::new(1, 64 << 20).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "big", small()).await.unwrap();
+        let max = RaceHt::max_kv_bytes(ctx.config().slot_bytes);
+        assert!(max > 16_000, "{max}");
+        let key = b"key".to_vec();
+        let v = vec![7u8; max - key.len()];
+        assert!(ht.insert(&key, &v).await.unwrap());
+        let mut out = Vec::new();
+        assert!(ht.get(&key, &mut out).await.unwrap());
+        assert_eq!(out, v, "the largest entry reads back whole");
+        let too = vec![8u8; max - key.len() + 1];
+        let e = ht.upsert(&key, &too).await.unwrap_err();
+        assert!(matches!(e, race_ht::RaceError::TooLarge { .. }), "{e}");
+        assert!(e.to_string().contains(&max.to_string()), "{e}");
+        assert!(ht.get(&key, &mut out).await.unwrap());
+        assert_eq!(out, v, "a refused write changes nothing");
+    });
+}
