@@ -44,6 +44,10 @@ pub struct MemoryCli {
     /// Keep the region in this file: its contents survive a restart.
     #[arg(long)]
     pub backing_file: Option<PathBuf>,
+    /// Most connections served at once (a compute thread opens one per
+    /// blade); one beyond is told so and closed.
+    #[arg(long, default_value_t = smart_core::blade::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
     /// How compute blades reach the region.
     #[command(flatten)]
     pub link: LinkFlags,

@@ -4,7 +4,16 @@
 //! application logic, only executes the one-sided verbs that arrive, in
 //! order per connection (a connection is a QP), with real atomics on its
 //! region. Each connection has its own thread; a batch arrives as one frame
-//! and all responses to the frames of one `read` leave in one `write`.
+//! and the responses to the frames of one `read` leave together in one
+//! `write`, up to [`FLUSH_BYTES`]: past that they are sent before the next
+//! frame runs, so whatever a client asks, a connection makes the blade hold
+//! at most one frame's response (≤ 16 MiB) beyond that.
+//!
+//! Limits: at most [`BladeServer::with_max_connections`] connections (1024
+//! by default); one beyond is told so in its welcome and closed. An accept
+//! or thread-start failure (e.g. out of file descriptors) is logged and
+//! survived: the server backs off and keeps accepting. A handshake must be
+//! complete within [`HANDSHAKE_TIMEOUT`] however slowly its bytes trickle.
 //!
 //! Robustness: every WR is checked for bounds, alignment and region key; a
 //! bad WR gets an error completion and puts only that connection's QP in the
@@ -14,10 +23,10 @@
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::layout;
 use crate::region::{NoPause, Region};
@@ -38,6 +47,15 @@ pub trait VerbsAcceptor: Send + Sync + std::fmt::Debug {
     fn accept(&self, remote: &QpEndpoint) -> Result<(Box<dyn Send>, QpEndpoint), String>;
 }
 
+/// Responses held for one connection before they are sent mid-`read`.
+pub const FLUSH_BYTES: usize = 1 << 20;
+
+/// The whole handshake (greeting in) must take at most this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections served at once unless configured otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 /// A memory blade serving its region over TCP.
 #[derive(Debug)]
 pub struct BladeServer {
@@ -46,6 +64,9 @@ pub struct BladeServer {
     rkey: u32,
     stop: Arc<AtomicBool>,
     verbs: Option<Arc<dyn VerbsAcceptor>>,
+    max_connections: usize,
+    handshake_timeout: Duration,
+    live: Arc<AtomicUsize>,
 }
 
 /// A blade server running on a background thread; stops when dropped.
@@ -88,7 +109,23 @@ impl BladeServer {
             rkey: rand::random::<u32>() | 1,
             stop: Arc::new(AtomicBool::new(false)),
             verbs: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            live: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// Serves at most `n` connections at once (at least 1); one beyond is
+    /// refused with [`wire::STATUS_FULL`] in its welcome.
+    pub fn with_max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Bounds the whole handshake by `t` (default [`HANDSHAKE_TIMEOUT`]).
+    pub fn with_handshake_timeout(mut self, t: Duration) -> Self {
+        self.handshake_timeout = t;
+        self
     }
 
     /// Also serves RDMA verbs clients: they get connection data for RC QPs
@@ -111,25 +148,58 @@ impl BladeServer {
         self.stop.clone()
     }
 
-    /// Accepts and serves connections until the stop flag is set.
+    /// Accepts and serves connections until the stop flag is set. Accept
+    /// and thread-start failures are logged and survived (with a pause, so
+    /// that an exhausted resource is not retried in a busy loop).
     ///
     /// # Errors
-    /// If accepting fails for a reason other than a passing one.
+    /// None today; the signature leaves room for fatal listener errors.
     pub fn serve(&self) -> io::Result<()> {
+        let mut last_complaint: Option<std::time::Instant> = None;
+        let mut complain = |what: String| {
+            // At most one line a second, however often it fails.
+            if last_complaint.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                eprintln!("memory-blade: {what}; still serving");
+                last_complaint = Some(std::time::Instant::now());
+            }
+        };
         while !self.stop.load(Ordering::Relaxed) {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
+                    if self.live.load(Ordering::Relaxed) >= self.max_connections {
+                        refuse_full(stream);
+                        complain(format!(
+                            "refused a connection from {peer}: {} connections is the maximum",
+                            self.max_connections
+                        ));
+                        continue;
+                    }
                     let region = self.region.clone();
                     let (rkey, stop, verbs) = (self.rkey, self.stop.clone(), self.verbs.clone());
-                    std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
-                        if let Err(reason) = serve_conn(stream, &region, rkey, &stop, verbs.as_deref()) {
+                    let (live, deadline) = (self.live.clone(), self.handshake_timeout);
+                    live.fetch_add(1, Ordering::Relaxed);
+                    let spawned = std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
+                        let _live = LiveGuard(&live);
+                        if let Err(reason) = serve_conn(stream, &region, rkey, &stop, verbs.as_deref(), deadline) {
                             eprintln!("memory-blade: closing connection from {peer}: {reason}");
                         }
-                    })?;
+                    });
+                    if let Err(e) = spawned {
+                        // The closure (and the stream) were dropped: the peer
+                        // sees the connection close.
+                        self.live.fetch_sub(1, Ordering::Relaxed);
+                        complain(format!("cannot start a thread for {peer} ({e})"));
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
                 Err(e) if matches!(e.kind(), ErrorKind::ConnectionAborted | ErrorKind::Interrupted) => {}
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // E.g. out of file descriptors: back off, keep serving
+                    // the connections there are.
+                    complain(format!("accept failed ({e})"));
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
         }
         Ok(())
@@ -147,6 +217,43 @@ impl BladeServer {
     }
 }
 
+/// Counts a connection as live while it is served.
+struct LiveGuard<'a>(&'a AtomicUsize);
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Tells a connection beyond the maximum so, best effort, and closes it.
+fn refuse_full(mut s: TcpStream) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+    let welcome = Welcome { version: wire::PROTOCOL_VERSION, status: wire::STATUS_FULL, size: 0, rkey: 0 };
+    let _ = s.write_all(&welcome.encode());
+}
+
+/// Reads exactly `buf.len()` bytes before `deadline`, however slowly they
+/// come.
+fn read_until(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<(), String> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("no complete greeting within the handshake time-out ({got} of {} bytes)", buf.len()));
+        }
+        s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err("connection closed during the handshake".into()),
+            Ok(n) => got += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+            Err(e) => return Err(format!("handshake: {e}")),
+        }
+    }
+    Ok(())
+}
+
 /// Serves one connection; `Err` carries the reason for closing it early.
 fn serve_conn(
     mut s: TcpStream,
@@ -154,12 +261,12 @@ fn serve_conn(
     rkey: u32,
     stop: &AtomicBool,
     verbs: Option<&dyn VerbsAcceptor>,
+    handshake_timeout: Duration,
 ) -> Result<(), String> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
     let mut hello = [0u8; wire::HELLO_LEN];
-    s.read_exact(&mut hello).map_err(|e| format!("handshake: {e}"))?;
+    read_until(&mut s, &mut hello, Instant::now() + handshake_timeout)?;
     let (version, flags) = wire::parse_hello(&hello)?;
     let ok = version == wire::PROTOCOL_VERSION;
     let wants_verbs = flags & conn::FLAG_VERBS != 0;
@@ -223,6 +330,12 @@ fn serve_conn(
             }
             conn.frame(h, &buf[start + HEADER_LEN..start + total])?;
             start += total;
+            if conn.out.len() >= FLUSH_BYTES {
+                // Send before running more frames: the responses a client
+                // can make the blade hold stay bounded.
+                s.write_all(&conn.out).map_err(|e| format!("sending responses: {e}"))?;
+                conn.out.clear();
+            }
         }
         if start == end {
             start = 0;
@@ -230,6 +343,10 @@ fn serve_conn(
         }
         if !conn.out.is_empty() {
             s.write_all(&conn.out).map_err(|e| format!("sending responses: {e}"))?;
+        }
+        if conn.out.capacity() > 2 * FLUSH_BYTES {
+            // A large READ grew it: give the memory back.
+            conn.out = Vec::with_capacity(64 << 10);
         }
     }
 }

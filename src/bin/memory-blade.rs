@@ -16,6 +16,9 @@ use smart_core::region::Region;
 fn main() -> Result<()> {
     let args = MemoryCli::parse();
     let link = Link::resolve(&args.link)?;
+    if args.max_connections == 0 {
+        anyhow::bail!("--max-connections must be at least 1");
+    }
     if let Some(size) = args.size {
         if size <= smart_core::layout::HEAP_START {
             anyhow::bail!(
@@ -52,8 +55,9 @@ fn main() -> Result<()> {
     };
     let region = Arc::new(region);
     #[allow(unused_mut)]
-    let mut server =
-        BladeServer::bind(&args.listen, region.clone()).with_context(|| format!("listening on {}", args.listen))?;
+    let mut server = BladeServer::bind(&args.listen, region.clone())
+        .with_context(|| format!("listening on {}", args.listen))?
+        .with_max_connections(args.max_connections);
     // The device is opened before "ready", so a missing one fails at once.
     #[cfg(feature = "verbs")]
     if let Link::Verbs { device, gid_index } = &link {

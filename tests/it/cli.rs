@@ -1,6 +1,6 @@
 //! The binaries as a user runs them: processes over loopback TCP.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -350,4 +350,64 @@ fn ycsb_over_the_hash_table_verifies_on_embedded_and_tcp() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not built yet"));
     let out = compute(&["ycsb", "--workload", "e", "--keys", "100", "--duration", "0.1"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("range scans"));
+}
+
+/// Resident memory of process `pid` in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_client_cannot_make_the_blade_hold_unbounded_responses() {
+    use smart_core::backend::tcp::handshake;
+    use smart_core::wire::{self, Header, WrDesc};
+    // 100 frames of 56 bytes, each asking a 16 MiB READ, sent at once and
+    // never read back: the blade may hold one frame's response and a bounded
+    // buffer, not all 1.6 GiB.
+    let blade = Blade::start(&["--size", "64MiB"]);
+    let before = rss_kib(blade.child.id());
+    let (mut s, info) = handshake(&blade.addr, wire::PROTOCOL_VERSION).unwrap();
+    let mut frames = Vec::new();
+    for i in 0..100u64 {
+        let d = WrDesc { op: 0, rkey: info.rkey, remote: 8192, len: 16 << 20, compare_add: 0, swap: 0 };
+        Header { len: wire::WR_DESC_LEN as u32, kind: wire::KIND_BATCH, count: 1, wr_id: i }.put(&mut frames);
+        d.put(&mut frames);
+    }
+    s.write_all(&frames).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let grown = rss_kib(blade.child.id()).saturating_sub(before);
+    assert!(grown < 200 << 10, "the blade grew by {} MiB", grown >> 10);
+    drop(s);
+    // And it still serves.
+    let out = compute(&["micro", "--blades", &blade.addr, "--duration", "0.2", "--warmup", "0", "--quiet"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_blade_out_of_file_descriptors_keeps_serving() {
+    // Under a 48-descriptor limit, 80 idle connections exhaust the blade's
+    // descriptors; accept failures are logged and survived, and once they
+    // close the blade serves a compute blade as usual.
+    let mut child = Command::new("sh")
+        .args(["-c", &format!("ulimit -n 48 && exec {BLADE} --listen 127.0.0.1:0 --size 64MiB")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.strip_prefix("ready ").unwrap().trim().to_string();
+    let idle: Vec<std::net::TcpStream> = (0..80).filter_map(|_| std::net::TcpStream::connect(&addr).ok()).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "the blade died when out of descriptors");
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(500));
+    let out = compute(&["micro", "--blades", &addr, "--duration", "0.2", "--warmup", "0", "--quiet"]);
+    let _ = child.kill();
+    let blade_out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&blade_out.stderr);
+    assert!(err.contains("accept failed") && err.contains("still serving"), "{err}");
 }

@@ -103,6 +103,13 @@ pub fn handshake_with(peer: &str, version: u32, flags: u32) -> Result<(TcpStream
     let mut w = [0u8; wire::WELCOME_LEN];
     s.read_exact(&mut w).map_err(|e| hs(format!("no answer to the greeting ({e}); is this a memory-blade port?")))?;
     let welcome = Welcome::decode(&w).map_err(hs)?;
+    if welcome.status == wire::STATUS_FULL {
+        return Err(hs(
+            "the memory blade refuses: it serves its maximum number of connections (its --max-connections); \
+             use fewer threads or raise the limit"
+                .into(),
+        ));
+    }
     if welcome.status == crate::wire::conn::STATUS_NO_VERBS {
         return Err(hs("this memory blade serves TCP only: start it with --transport verbs".into()));
     }

@@ -50,6 +50,8 @@ pub const KIND_RESET: u8 = 2;
 pub const STATUS_OK: u32 = 0;
 /// Welcome status: protocol versions differ.
 pub const STATUS_VERSION_MISMATCH: u32 = 1;
+/// Welcome status: the blade serves its maximum number of connections.
+pub const STATUS_FULL: u32 = 3;
 
 /// Encodes the client greeting.
 pub fn hello(version: u32) -> [u8; HELLO_LEN] {

@@ -180,3 +180,52 @@ fn a_verbs_client_is_told_that_the_blade_serves_tcp_only() {
     // And the blade still serves TCP clients.
     assert!(handshake(&h.addr().to_string(), wire::PROTOCOL_VERSION).is_ok());
 }
+
+#[test]
+fn a_greeting_that_trickles_in_is_cut_off_by_the_handshake_deadline() {
+    // One byte every 300 ms would take 4.8 s for the 16-byte greeting; the
+    // deadline bounds the whole handshake (1 s here), not each read.
+    let region = Arc::new(Region::anonymous(1 << 20).unwrap());
+    let server = BladeServer::bind("127.0.0.1:0", region).unwrap().with_handshake_timeout(Duration::from_secs(1));
+    let blade = server.spawn().unwrap();
+    let mut s = TcpStream::connect(blade.addr()).unwrap();
+    let hello = wire::hello(wire::PROTOCOL_VERSION);
+    let mut cut = false;
+    for b in hello {
+        if s.write_all(&[b]).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Whether or not the last writes still went out, no welcome comes.
+    let mut w = [0u8; wire::WELCOME_LEN];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let welcomed = s.read_exact(&mut w).is_ok();
+    assert!(cut || !welcomed, "a greeting trickled over 4.8 s was answered");
+    assert!(!welcomed);
+}
+
+#[test]
+fn connections_beyond_the_maximum_are_refused_with_a_reason() {
+    let region = Arc::new(Region::anonymous(1 << 20).unwrap());
+    let blade = BladeServer::bind("127.0.0.1:0", region).unwrap().with_max_connections(2).spawn().unwrap();
+    let peer = blade.addr().to_string();
+    let a = handshake(&peer, wire::PROTOCOL_VERSION).unwrap();
+    let b = handshake(&peer, wire::PROTOCOL_VERSION).unwrap();
+    let e = handshake(&peer, wire::PROTOCOL_VERSION).unwrap_err();
+    assert!(e.to_string().contains("maximum number of connections"), "{e}");
+    // Closing one makes room again.
+    drop(a);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match handshake(&peer, wire::PROTOCOL_VERSION) {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "no room after a close: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    drop(b);
+}
