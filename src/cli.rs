@@ -119,6 +119,10 @@ pub struct Common {
     /// No per-second progress lines.
     #[arg(long)]
     pub quiet: bool,
+    /// Seed of every random choice (recorded); default: a fresh one per run,
+    /// so concurrent processes do not replay the same keys.
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 /// `--cq`.

@@ -10,11 +10,41 @@ use smart_core::{KvIndex, Transport};
 use crate::config::{App, Session, YcsbJob};
 use crate::report::{self, Subject};
 
-/// `compute-blade micro`. Returns whether the run was clean.
+/// How a subcommand ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// It ran to its end with no violation or failed coroutine.
+    Clean,
+    /// Violations or failed coroutines (reported on stderr and in the record).
+    Failed,
+    /// A signal stopped it; the record holds what ran.
+    Interrupted,
+}
+
+impl Outcome {
+    /// The process's exit status: 0, 1, or 130 (as after SIGINT).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Outcome::Clean => 0,
+            Outcome::Failed => 1,
+            Outcome::Interrupted => 130,
+        }
+    }
+
+    fn of(clean: bool, interrupted: bool) -> Outcome {
+        match (clean, interrupted) {
+            (false, _) => Outcome::Failed,
+            (true, true) => Outcome::Interrupted,
+            (true, false) => Outcome::Clean,
+        }
+    }
+}
+
+/// `compute-blade micro`.
 ///
 /// # Errors
 /// Set-up failures; a record that cannot be written.
-pub fn micro(s: &Session, t: &dyn Transport, m: &MicroConfig) -> Result<bool> {
+pub fn micro(s: &Session, t: &dyn Transport, m: &MicroConfig) -> Result<Outcome> {
     let rep = micro::run(t, &s.run, m)?;
     let name = format!("{:?}", m.op).to_lowercase();
     let workload = format!("{name}-{}{}", m.size, if m.contended { "-contended" } else { "" });
@@ -32,14 +62,14 @@ pub fn micro(s: &Session, t: &dyn Transport, m: &MicroConfig) -> Result<bool> {
     if rep.violations > 0 {
         eprintln!("compute-blade: VIOLATION: counter is {} but {} increments completed", rep.counter, rep.increments);
     }
-    Ok(rep.violations == 0 && rep.run.first_error.is_none())
+    Ok(Outcome::of(rep.violations == 0 && rep.run.first_error.is_none(), rep.run.interrupted))
 }
 
-/// `compute-blade ycsb`. Returns whether the run was clean.
+/// `compute-blade ycsb`.
 ///
 /// # Errors
 /// Set-up, load or verification failures; a record that cannot be written.
-pub fn ycsb(s: &Session, t: &dyn Transport, job: &YcsbJob) -> Result<bool> {
+pub fn ycsb(s: &Session, t: &dyn Transport, job: &YcsbJob) -> Result<Outcome> {
     match job.app {
         App::Race => ycsb_on::<RaceHt>(s, t, job),
     }
@@ -47,12 +77,19 @@ pub fn ycsb(s: &Session, t: &dyn Transport, job: &YcsbJob) -> Result<bool> {
 
 /// YCSB on index `I`: its shape and counters go into the record under its
 /// name.
-fn ycsb_on<I: KvIndex>(s: &Session, t: &dyn Transport, job: &YcsbJob) -> Result<bool>
+fn ycsb_on<I: KvIndex>(s: &Session, t: &dyn Transport, job: &YcsbJob) -> Result<Outcome>
 where
     I::Error: Send + Sync,
 {
     let y = &job.y;
-    let rep = ycsb::bench::run::<I>(t, &s.run, y)?;
+    let rep = match ycsb::bench::run::<I>(t, &s.run, y) {
+        Ok(rep) => rep,
+        Err(e @ ycsb::bench::YcsbError::Interrupted(_)) => {
+            eprintln!("compute-blade: {e}; no run, no record");
+            return Ok(Outcome::Interrupted);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let index = report::merged([serde_json::to_value(&rep.shape)?, serde_json::to_value(&rep.stats)?]);
     let extra = json!({
         "table": y.table,
@@ -74,5 +111,5 @@ where
     if rep.violations > 0 {
         eprintln!("compute-blade: VIOLATION: {} values were wrong or lost", rep.violations);
     }
-    Ok(rep.violations == 0 && rep.run.first_error.is_none())
+    Ok(Outcome::of(rep.violations == 0 && rep.run.first_error.is_none(), rep.run.interrupted))
 }

@@ -264,6 +264,8 @@ impl Session {
             warmup: Duration::from_secs_f64(c.warmup),
             runtime: RuntimeConfig { smart, ..RuntimeConfig::default() },
             progress: !c.quiet,
+            seed: c.seed.unwrap_or_else(rand::random),
+            interrupt: None,
         };
         Ok(Session { blades, run, json: c.json.clone() })
     }

@@ -45,6 +45,8 @@ pub fn record(what: Subject<'_>, s: &Session, t: &dyn Transport, r: &RunReport, 
         "cq": if smart.shared_cq { "shared" } else { "per-thread" },
         "doorbells": format!("{}:{}", smart.doorbells.low_latency, smart.doorbells.medium),
         "doorbell_rings": t.doorbell_rings(),
+        "seed": s.run.seed,
+        "interrupted": r.interrupted,
         "first_error": r.first_error,
     });
     let obj = v.as_object_mut().expect("object");

@@ -54,6 +54,33 @@ pub struct RunConfig {
     pub runtime: RuntimeConfig,
     /// Print a line per second on stderr.
     pub progress: bool,
+    /// Seeds every coroutine's random choices ([`Worker::seed`]); recorded,
+    /// so a run can be replayed.
+    pub seed: u64,
+    /// When set (e.g. by SIGINT), the run stops as if its time were up:
+    /// coroutines finish their current operation, and the report says so.
+    pub interrupt: Option<Arc<AtomicBool>>,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            threads: 1,
+            coroutines: 8,
+            duration: Duration::from_secs(5),
+            warmup: Duration::from_secs(1),
+            runtime: RuntimeConfig::default(),
+            progress: false,
+            seed: 0,
+            interrupt: None,
+        }
+    }
+}
+
+impl RunConfig {
+    fn interrupted(&self) -> bool {
+        self.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
+    }
 }
 
 struct ThreadRec {
@@ -97,6 +124,14 @@ impl Published {
 fn mean(ps: &[CachePadded<Published>], f: impl Fn(&Published) -> &AtomicU64) -> Option<f64> {
     let v: Vec<u64> = ps.iter().map(|p| f(p).load(Ordering::Relaxed)).filter(|v| *v != u64::MAX).collect();
     (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
+}
+
+/// splitmix64 of the run's seed, thread and coroutine.
+fn mix(seed: u64, thread: u64, coroutine: u64) -> u64 {
+    let mut z = seed ^ thread.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ coroutine.wrapping_mul(0xd1b5_4a32_d192_ed03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A worker thread's arrival at the start barrier and at the end, counted
@@ -149,6 +184,7 @@ pub struct Worker {
     /// The phase this coroutine saw last (the thread's record is updated
     /// only on a change).
     seen: Cell<u8>,
+    seed: u64,
     rec: Rc<RefCell<ThreadRec>>,
     progress: Arc<[CachePadded<Published>]>,
     clock: quanta::Clock,
@@ -179,6 +215,13 @@ impl Worker {
     /// Coroutines per thread in this run.
     pub fn coroutines(&self) -> usize {
         self.ctx.config().coroutines
+    }
+
+    /// This coroutine's seed: the run's seed mixed with the thread and
+    /// coroutine, so every coroutine draws its own sequence and a run with
+    /// the same seed draws the same ones.
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     /// Whether the run goes on (false once the measured time is over).
@@ -263,6 +306,8 @@ pub struct RunReport {
     pub errors: u64,
     /// The first such error.
     pub first_error: Option<String>,
+    /// Whether the run was stopped by [`RunConfig::interrupt`].
+    pub interrupted: bool,
 }
 
 impl RunReport {
@@ -455,6 +500,7 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                                 coroutine: c,
                                 phase: phase.clone(),
                                 seen: Cell::new(WARMUP),
+                                seed: mix(cfg.seed, t as u64, c as u64),
                                 rec: rec.clone(),
                                 progress: progress.clone(),
                                 clock: clock.clone(),
@@ -506,7 +552,10 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
             if cfg.progress && !cfg.warmup.is_zero() {
                 eprintln!("warming up for {:.1}s", cfg.warmup.as_secs_f64());
             }
-            std::thread::sleep(cfg.warmup);
+            let warm_until = Instant::now() + cfg.warmup;
+            while Instant::now() < warm_until && !cfg.interrupted() {
+                std::thread::sleep(warm_until.saturating_duration_since(Instant::now()).min(Duration::from_millis(5)));
+            }
             phase.store(MEASURE, Ordering::Relaxed);
             let t0 = Instant::now();
             let mut last = 0u64;
@@ -518,6 +567,7 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                 while Instant::now() < next
                     && finished.load(Ordering::Acquire) < cfg.threads
                     && !failed.load(Ordering::Relaxed)
+                    && !cfg.interrupted()
                 {
                     std::thread::sleep(next.saturating_duration_since(Instant::now()).min(Duration::from_millis(5)));
                 }
@@ -548,6 +598,7 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                 if elapsed >= cfg.duration
                     || finished.load(Ordering::Acquire) == cfg.threads
                     || failed.load(Ordering::Relaxed)
+                    || cfg.interrupted()
                 {
                     break;
                 }
@@ -585,6 +636,7 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
         timeline,
         errors: 0,
         first_error: None,
+        interrupted: cfg.interrupted(),
     };
     for r in report {
         let (verbs, hist, ops, errors, smart) = r?;
@@ -615,6 +667,7 @@ mod tests {
             warmup: Duration::ZERO,
             runtime: RuntimeConfig::default(),
             progress: false,
+            ..RunConfig::default()
         }
     }
 

@@ -2,6 +2,9 @@
 //!
 //! The area is found again through the blade's named root
 //! `micro-area-<bytes>`, so repeated runs against one memory blade reuse it.
+//! A contended run's counter is its own (taken from the root
+//! `micro-counters`), so runs in several processes against one blade at the
+//! same time do not disturb each other's check.
 //!
 //! Every coroutine posts batches of `batch` WRs of one kind, as fast as
 //! completions return, to random `size`-aligned places in an area allocated
@@ -106,6 +109,27 @@ async fn cas_increments(w: &harness::Worker, counter: GlobalAddr, mut done: Tall
     Ok(())
 }
 
+/// Counters that contended runs on one blade take in turn.
+const COUNTERS: u64 = 1023;
+
+/// A counter for this run alone, zeroed: runs against one blade at the same
+/// time (several processes) each take their own (the next of [`COUNTERS`],
+/// claimed by FAA), so none zeroes another's or counts its increments.
+async fn own_counter(ctx: smart_core::Ctx) -> Result<GlobalAddr> {
+    let name = "micro-counters";
+    let area = match ctx.root(0, name).await? {
+        Some(a) => a,
+        None => {
+            let fresh = ctx.alloc(0, 64 * (COUNTERS + 1), 4096).await?;
+            ctx.set_root(0, name, fresh).await?
+        }
+    };
+    let n = ctx.faa(area, 1).await?;
+    let counter = area.add(64 * (1 + n % COUNTERS));
+    ctx.write(counter, &0u64.to_le_bytes()).await?;
+    Ok(counter)
+}
+
 /// Runs the micro-benchmark.
 ///
 /// # Errors
@@ -131,10 +155,12 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
     if m.area < stride {
         return Err(Error::Unsupported("the area must hold at least one WR".into()));
     }
-    // Set up on the driving thread: an area per blade, the counter zeroed.
+    // Set up on the driving thread: an area per blade, and a counter of
+    // this run's own, zeroed.
     let nblades = transport.blades().len();
     let mut setup = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = setup.ctx();
+    let counter = setup.block_on(own_counter(ctx.clone()))?;
     let area = m.area;
     let areas: Vec<GlobalAddr> = setup.block_on(async move {
         let mut v = Vec::with_capacity(nblades);
@@ -150,12 +176,10 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                     ctx.set_root(b, &name, fresh).await?
                 }
             };
-            ctx.write(a, &0u64.to_le_bytes()).await?;
             v.push(a);
         }
         Ok::<_, Error>(v)
     })?;
-    let counter = areas[0];
     let slots = m.area / stride;
     let increments = Arc::new(AtomicU64::new(0));
     let m = *m;
@@ -165,7 +189,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
         let increments = increments.clone();
         async move {
             let ctx = w.ctx().clone();
-            let mut rng = SmallRng::seed_from_u64((w.thread() as u64) << 32 | w.coroutine() as u64);
+            let mut rng = SmallRng::seed_from_u64(w.seed());
             let payload = vec![0xa5u8; size as usize];
             // Adds the increments to the shared total when the coroutine
             // ends, by the stop or by an error (no nested future per op).
@@ -239,6 +263,7 @@ mod tests {
                 warmup: Duration::ZERO,
                 runtime: RuntimeConfig::default(),
                 progress: false,
+                ..RunConfig::default()
             };
             let m = MicroConfig { op, size: 64, batch: 8, contended: false, area: 1 << 20 };
             let r = run(&t, &cfg, &m).unwrap();

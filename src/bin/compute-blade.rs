@@ -2,21 +2,32 @@
 //!
 //! Without `--blades` the memory blade is embedded in this process.
 
-use anyhow::Result;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
 use clap::Parser;
 use smart::cli::ComputeCli;
-use smart::commands;
+use smart::commands::{self, Outcome};
 use smart::config::{Config, Job};
 
 fn main() -> Result<()> {
-    let cfg = Config::from_cli(&ComputeCli::parse())?;
+    let mut cfg = Config::from_cli(&ComputeCli::parse())?;
+    // SIGINT or SIGTERM stops the run cleanly: coroutines finish their
+    // current operation, the summary and the record of what ran are written,
+    // and the exit status is 130.
+    let interrupt = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, interrupt.clone()).context("installing signal handlers")?;
+    }
+    cfg.session.run.interrupt = Some(interrupt);
     let transport = cfg.session.blades.connect()?;
-    let ok = match &cfg.job {
+    let outcome = match &cfg.job {
         Job::Micro(m) => commands::micro(&cfg.session, &*transport, m)?,
         Job::Ycsb(y) => commands::ycsb(&cfg.session, &*transport, y)?,
     };
-    if !ok {
-        std::process::exit(1);
+    if outcome == Outcome::Interrupted {
+        eprintln!("compute-blade: interrupted; the record holds what ran");
     }
-    Ok(())
+    std::process::exit(outcome.exit_code());
 }

@@ -411,3 +411,84 @@ fn a_blade_out_of_file_descriptors_keeps_serving() {
     let err = String::from_utf8_lossy(&blade_out.stderr);
     assert!(err.contains("accept failed") && err.contains("still serving"), "{err}");
 }
+
+/// Sends SIGINT to `child` after `after`, then waits (bounded) for its exit.
+fn interrupt(mut child: Child, after: Duration) -> std::process::ExitStatus {
+    std::thread::sleep(after);
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("compute-blade ignored SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigint_stops_a_run_cleanly_with_its_record_and_status_130() {
+    for (name, args) in [
+        ("micro", vec!["micro", "--threads", "2"]),
+        ("ycsb", vec!["ycsb", "--keys", "2000", "--verify", "--threads", "2", "--coroutines", "4"]),
+    ] {
+        let json = tmp(&format!("sigint-{name}.json"));
+        let child = Command::new(COMPUTE)
+            .args(&args)
+            .args(["--duration", "120", "--warmup", "0", "--quiet", "--json", json.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let st = interrupt(child, Duration::from_millis(2500));
+        assert_eq!(st.code(), Some(130), "{name}: {st:?}");
+        let r = record(&json);
+        assert_eq!(r["interrupted"], json!(true), "{name}");
+        assert!(r["ops"].as_u64().unwrap() > 0, "{name}");
+        assert!(r["duration_s"].as_f64().unwrap() < 60.0, "{name}: stopped early");
+        assert_eq!(r["errors"], json!(0), "{name}: operations finished, not cut");
+        if name == "ycsb" {
+            assert_eq!(r["violations"], json!(0));
+        }
+        std::fs::remove_file(json).unwrap();
+    }
+}
+
+#[test]
+fn concurrent_contended_runs_on_one_blade_each_check_their_own_counter() {
+    let blade = Blade::start(&["--size", "64MiB"]);
+    let run = || {
+        Command::new(COMPUTE)
+            .args(["micro", "--blades", &blade.addr, "--op", "faa", "--contended", "--threads", "2"])
+            .args(["--duration", "1.5", "--warmup", "0", "--quiet"])
+            .output()
+            .unwrap()
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(run);
+        let b = s.spawn(run);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for out in [a, b] {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("VIOLATION"));
+    }
+}
+
+#[test]
+fn the_seed_is_recorded_and_differs_by_default() {
+    let seed_of = |extra: &[&str]| {
+        let json = tmp(&format!("seed-{}.json", extra.len()));
+        let mut a = vec!["micro", "--duration", "0.1", "--warmup", "0", "--quiet", "--json", json.to_str().unwrap()];
+        a.extend(extra);
+        assert!(compute(&a).status.success());
+        let s = record(&json)["seed"].as_u64().unwrap();
+        std::fs::remove_file(json).unwrap();
+        s
+    };
+    assert_eq!(seed_of(&["--seed", "42"]), 42);
+    assert_ne!(seed_of(&[]), seed_of(&[]), "two runs without --seed draw different seeds");
+}

@@ -63,6 +63,9 @@ pub enum YcsbError<E: std::error::Error + 'static> {
     /// A coroutine of the load failed.
     #[error("load failed: {0}")]
     Load(String),
+    /// The load was interrupted (every insert that started finished).
+    #[error("interrupted during the load, after {0:.1} s")]
+    Interrupted(f64),
 }
 
 /// The outcome of a YCSB run.
@@ -142,7 +145,8 @@ impl<I: KvIndex> Bench for Load<'_, I> {
             let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
             let (mut kb, mut vb) = (Vec::new(), Vec::new());
             let mut k = me;
-            while k < y.keys {
+            // An interrupted load stops between inserts (never inside one).
+            while k < y.keys && w.running() {
                 let t = w.now();
                 key_bytes(k, y.key_size, &mut kb);
                 value_bytes(k, 0, y.value_size, &mut vb);
@@ -178,7 +182,7 @@ impl<I: KvIndex> Bench for Run<'_, I> {
             // ends, whether it ends by the stop or by an error.
             let bad = Cell::new(0u64);
             let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
-            let mut rng = SmallRng::seed_from_u64(me ^ 0x5eed);
+            let mut rng = SmallRng::seed_from_u64(w.seed());
             let (mut kb, mut vb, mut out) = (Vec::new(), Vec::new(), Vec::new());
             let mut pairs = Vec::new();
             let mut version = 1u64;
@@ -296,6 +300,9 @@ pub fn run<I: KvIndex>(
         return Err(YcsbError::Load(e));
     }
     let load_s = t0.elapsed().as_secs_f64();
+    if load.interrupted {
+        return Err(YcsbError::Interrupted(load_s));
+    }
     if cfg.progress {
         eprintln!("loaded {} keys in {load_s:.1}s", y.keys);
     }
@@ -303,7 +310,12 @@ pub fn run<I: KvIndex>(
     let run = harness::run_bench(transport, cfg, &Run(phase()))?;
 
     let ctx = setup.ctx();
-    let (keys, ksz, verify, name) = (y.keys, y.key_size, y.verify, y.table.clone());
+    // An interrupted run is reported as it ran, without the read-back.
+    let verify_after = y.verify && !run.interrupted;
+    if y.verify && run.interrupted && cfg.progress {
+        eprintln!("interrupted: skipping the read-back of every key");
+    }
+    let (keys, ksz, verify, name) = (y.keys, y.key_size, verify_after, y.table.clone());
     let (shape, duplicates, lost) = setup
         .block_on(async move {
             let (mut ix, _) = I::open_or_create(&ctx, &name, 1).await?;

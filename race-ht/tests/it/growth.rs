@@ -39,6 +39,7 @@ fn a_one_group_table_grows_under_chaos_while_operations_continue() {
         warmup: Duration::ZERO,
         runtime: RuntimeConfig { smart: SmartConfig::parse("all").unwrap(), ..RuntimeConfig::default() },
         progress: false,
+        ..RunConfig::default()
     };
     let r = driver::run(&t, &cfg, |w| {
         let bad = bad.clone();

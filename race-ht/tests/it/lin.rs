@@ -40,6 +40,7 @@ fn per_key_histories_under_chaos_are_linearizable() {
             warmup: Duration::ZERO,
             runtime: RuntimeConfig { smart: SmartConfig::parse(smart).unwrap(), ..RuntimeConfig::default() },
             progress: false,
+            ..RunConfig::default()
         };
         history.lock().unwrap().clear();
         let r = driver::run(&t, &cfg, |w| {

@@ -39,6 +39,7 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
             warmup: Duration::ZERO,
             runtime: RuntimeConfig { smart: SmartConfig::parse(smart).unwrap(), ..RuntimeConfig::default() },
             progress: false,
+            ..RunConfig::default()
         };
         let r = driver::run(&t, &cfg, |w| {
             let (bad, done) = (bad.clone(), done.clone());
@@ -120,6 +121,7 @@ fn racing_inserts(t: &dyn Transport) {
         warmup: Duration::ZERO,
         runtime: RuntimeConfig::default(),
         progress: false,
+        ..RunConfig::default()
     };
     let r = driver::run(t, &cfg, |w| {
         let wins = wins.clone();

@@ -17,6 +17,7 @@ fn cfg(threads: usize, coroutines: usize, slots: usize) -> RunConfig {
         warmup: Duration::ZERO,
         runtime: RuntimeConfig { slots, slot_bytes: 4096, chunk_bytes: 64 << 10, ..RuntimeConfig::default() },
         progress: false,
+        ..RunConfig::default()
     }
 }
 

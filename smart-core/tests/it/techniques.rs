@@ -218,6 +218,7 @@ fn contended_cas_counter_is_exact_under_every_toggle_and_policy() {
                 warmup: Duration::from_millis(50),
                 runtime: RuntimeConfig { smart, ..RuntimeConfig::default() },
                 progress: false,
+                ..RunConfig::default()
             };
             let m = MicroConfig { op: Opcode::Cas, size: 8, batch: 1, contended: true, area: 4096 };
             let r = micro::run(&*b.transport, &cfg, &m).unwrap();
@@ -248,6 +249,7 @@ fn rings(b: &smart_testkit::backends::Backend, policy: &str, threads: usize) -> 
         warmup: Duration::ZERO,
         runtime: RuntimeConfig { smart, ..RuntimeConfig::default() },
         progress: false,
+        ..RunConfig::default()
     };
     let before = b.transport.doorbell_rings();
     let r = smart_bench::harness::run(&*b.transport, &cfg, |w| async move {
@@ -299,6 +301,7 @@ fn credit_shares(threads: usize) -> Vec<u64> {
             ..RuntimeConfig::default()
         },
         progress: false,
+        ..RunConfig::default()
     };
     let total = Arc::new(AtomicUsize::new(0));
     let shares = Arc::new(std::sync::Mutex::new(Vec::new()));

@@ -18,6 +18,7 @@ fn run_cfg(threads: usize, coroutines: usize, ms: u64, smart: &str) -> RunConfig
         warmup: Duration::from_millis(ms / 6),
         runtime: RuntimeConfig { smart: SmartConfig::parse(smart).unwrap(), ..RuntimeConfig::default() },
         progress: false,
+        ..RunConfig::default()
     }
 }
 
