@@ -119,6 +119,10 @@ pub struct Common {
     /// No per-second progress lines.
     #[arg(long)]
     pub quiet: bool,
+    /// Seconds a batch may wait for its completion before the run fails with
+    /// a time-out naming the blade (0: wait forever).
+    #[arg(long, default_value_t = 10.0)]
+    pub request_timeout: f64,
     /// Seed of every random choice (recorded); default: a fresh one per run,
     /// so concurrent processes do not replay the same keys.
     #[arg(long)]

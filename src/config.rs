@@ -257,12 +257,16 @@ impl Session {
         if let Some(p) = &c.json {
             check_json(p)?;
         }
+        if !(0.0..=MAX_SECONDS).contains(&c.request_timeout) {
+            bail!("--request-timeout must be 0 (none) to {MAX_SECONDS} seconds");
+        }
+        let request_timeout = (c.request_timeout > 0.0).then(|| Duration::from_secs_f64(c.request_timeout));
         let run = RunConfig {
             threads: c.threads,
             coroutines: c.coroutines,
             duration: Duration::from_secs_f64(c.duration),
             warmup: Duration::from_secs_f64(c.warmup),
-            runtime: RuntimeConfig { smart, ..RuntimeConfig::default() },
+            runtime: RuntimeConfig { smart, request_timeout, ..RuntimeConfig::default() },
             progress: !c.quiet,
             seed: c.seed.unwrap_or_else(rand::random),
             interrupt: None,

@@ -338,6 +338,7 @@ impl RunReport {
             verbs: self.verbs,
             smart_state: self.smart.clone(),
             timeline: self.timeline.clone(),
+            zero_seconds: self.timeline.iter().filter(|s| s.mops == 0.0).count(),
         }
     }
 

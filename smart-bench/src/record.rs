@@ -47,4 +47,7 @@ pub struct Record {
     pub smart_state: Vec<SmartState>,
     /// One sample per second of the measured phase.
     pub timeline: Vec<Sample>,
+    /// Seconds of the timeline in which no operation completed (a stall
+    /// that the run's average would hide).
+    pub zero_seconds: usize,
 }

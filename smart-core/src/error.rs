@@ -40,6 +40,17 @@ pub enum Error {
         source: LayoutError,
     },
     /// A batch needs more WRs or local bytes than a slot holds.
+    /// A batch got no completion within the request time-out.
+    #[error(
+        "memory blade {blade} did not answer a batch within {waited_ms} ms (frozen, overloaded or unreachable; \
+         the limit is RuntimeConfig::request_timeout, --request-timeout)"
+    )]
+    Timeout {
+        /// The blade (QP) it was posted to.
+        blade: u16,
+        /// How long it had waited, in ms.
+        waited_ms: u64,
+    },
     /// A worker thread panicked (a bug): its run was stopped and every
     /// other thread joined.
     #[error("a worker thread panicked: {0}")]

@@ -492,3 +492,62 @@ fn the_seed_is_recorded_and_differs_by_default() {
     assert_eq!(seed_of(&["--seed", "42"]), 42);
     assert_ne!(seed_of(&[]), seed_of(&[]), "two runs without --seed draw different seeds");
 }
+
+/// A peer that completes every handshake and then never answers a batch
+/// (a frozen blade); stops when dropped.
+struct Mute {
+    addr: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Mute {
+    fn start() -> Mute {
+        use smart_core::wire;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let halt = stop.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((mut s, _)) => {
+                        use std::io::Read;
+                        s.set_nonblocking(false).unwrap();
+                        let mut hello = [0u8; wire::HELLO_LEN];
+                        if s.read_exact(&mut hello).is_ok() {
+                            let w = wire::Welcome {
+                                version: wire::PROTOCOL_VERSION,
+                                status: wire::STATUS_OK,
+                                size: 64 << 20,
+                                rkey: 1,
+                            };
+                            let _ = s.write_all(&w.encode());
+                            held.push(s);
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Mute { addr, stop }
+    }
+}
+
+impl Drop for Mute {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_blade_that_never_answers_is_a_timeout_naming_it_not_a_hang() {
+    let mute = Mute::start();
+    let t0 = Instant::now();
+    let out = compute(&["micro", "--blades", &mute.addr, "--request-timeout", "1", "--duration", "60", "--quiet"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("memory blade 0 did not answer"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(50), "gave up on the time-out, not at the end of the run");
+}

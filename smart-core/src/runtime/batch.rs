@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::config::MAX_BATCH;
+use super::slot::Failure;
 use super::Ctx;
 use crate::verbs::{Opcode, WorkRequest};
 use crate::{Error, GlobalAddr, Result};
@@ -251,14 +252,17 @@ impl<'a> Post<'_, 'a> {
     fn poll_completion(&mut self, slot: u16, cx: &mut Context<'_>) -> Poll<Result<Done<'a>>> {
         let inner = &self.batch.ctx.0;
         let task = inner.local_task(cx.waker());
-        let status = inner.slots.borrow_mut().poll_done(slot, task, cx.waker());
+        let status = inner.slots.borrow_mut().poll_done(slot, task, cx.waker(), inner.coarse_now.get());
         match status {
             Poll::Pending => Poll::Pending,
             Poll::Ready(status) => {
                 self.slot = None;
                 Poll::Ready(match status {
                     Ok(()) => Ok(Done { ctx: self.batch.ctx, slot, base: slot_base(inner, slot) }),
-                    Err((status, index)) => Err(Error::Wc { status, index }),
+                    Err(Failure::Wc(status, index)) => Err(Error::Wc { status, index }),
+                    Err(Failure::TimedOut { qp, waited_ns }) => {
+                        Err(Error::Timeout { blade: qp, waited_ms: waited_ns / 1_000_000 })
+                    }
                 })
             }
         }
@@ -343,8 +347,8 @@ impl<'a> Post<'_, 'a> {
             }
             return Poll::Ready(Err(e));
         }
-        let posted_ns = if inner.measure_rtt { inner.now_ns() } else { 0 };
-        slots.posted(slot, nwr as u16, posted_ns, inner.local_task(cx.waker()), cx.waker());
+        let posted_ns = if inner.measure_rtt { inner.now_ns() } else { inner.coarse_now.get() };
+        slots.posted(slot, blade, nwr as u16, posted_ns, inner.local_task(cx.waker()), cx.waker());
         this.slot = Some(slot);
         Poll::Pending
     }

@@ -20,6 +20,10 @@ pub struct RuntimeConfig {
     pub coroutines: usize,
     /// The Smart techniques.
     pub smart: SmartConfig,
+    /// A batch with no completion after this long fails with
+    /// [`Error::Timeout`](crate::Error::Timeout) (its slot stays reserved
+    /// for a late completion); `None`: wait forever.
+    pub request_timeout: Option<std::time::Duration>,
 }
 
 impl Default for RuntimeConfig {
@@ -30,6 +34,7 @@ impl Default for RuntimeConfig {
             chunk_bytes: 1 << 20,
             coroutines: 8,
             smart: SmartConfig::default(),
+            request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
         }
     }
 }
@@ -47,6 +52,13 @@ pub struct SmartState {
     /// calibrated).
     pub backoff_base_ns: Option<u64>,
 }
+
+/// The default request time-out: far above any round trip, short enough
+/// that a frozen blade is noticed.
+pub const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often the executor looks for batches past the request time-out.
+pub(super) const EXPIRE_EVERY_NS: u64 = 20_000_000;
 
 /// How often the executor ticks the tuner and the backoff controller.
 pub(super) const TICK_NS: u64 = 50_000;

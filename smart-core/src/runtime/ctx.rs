@@ -53,6 +53,9 @@ pub(super) struct Inner {
     /// The task being polled: its index and its waker's identity (data and
     /// vtable pointers), so that a batch it posts can name it directly.
     pub(super) polling: Cell<(u32, *const (), *const RawWakerVTable)>,
+    /// The executor's clock, read once per round (ns since start): the
+    /// posting time of batches, for the request time-out.
+    pub(super) coarse_now: Cell<u64>,
     /// Tasks made ready by this thread's own completions (no atomics; the
     /// executor drains them with the cross-thread ready set).
     pub(super) local_ready: Box<[Cell<u64>]>,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use super::batch::Staging;
-use super::config::{RuntimeConfig, TICK_NS};
+use super::config::{RuntimeConfig, EXPIRE_EVERY_NS, TICK_NS};
 use super::ctx::Inner;
 use super::ready::ReadySet;
 use super::slot::{Completed, Slots};
@@ -143,6 +143,7 @@ impl Runtime {
             rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ (thread as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1),
             timers: Timers::with_capacity(64),
             polling: Cell::new((u32::MAX, std::ptr::null(), std::ptr::null())),
+            coarse_now: Cell::new(0),
             local_ready: (0..MAX_TASKS / 64).map(|_| Cell::new(0)).collect(),
             measure_rtt,
             rtt_ns: Cell::new(0),
@@ -203,13 +204,23 @@ impl Runtime {
         let mut idle = 0u32;
         let adaptive = self.ctx.0.tuner.borrow().is_some() || self.ctx.0.backoff.borrow().is_some();
         let mut next_tick = 0u64;
+        let timeout_ns = self.ctx.0.cfg.request_timeout.map(|t| t.as_nanos().min(u128::from(u64::MAX)) as u64);
+        let mut next_expiry = EXPIRE_EVERY_NS;
         while self.live > 0 && !done() {
-            if adaptive || !self.ctx.0.timers.is_empty() {
-                let now = self.ctx.0.now_ns();
-                self.ctx.0.timers.fire(now);
+            let inner = &self.ctx.0;
+            let now = inner.now_ns();
+            inner.coarse_now.set(now);
+            if adaptive || !inner.timers.is_empty() {
+                inner.timers.fire(now);
                 if adaptive && now >= next_tick {
-                    self.ctx.0.tick(now);
+                    inner.tick(now);
                     next_tick = now + TICK_NS;
+                }
+            }
+            if let Some(t) = timeout_ns {
+                if now >= next_expiry {
+                    next_expiry = now + EXPIRE_EVERY_NS;
+                    inner.slots.borrow_mut().expire(now.saturating_sub(t), |task| inner.ready_local(task));
                 }
             }
             let mut ran = false;

@@ -42,7 +42,7 @@ mod timer;
 mod waiting;
 
 pub use batch::{AtomicRef, Batch, Done, Post, ReadRef};
-pub use config::{RuntimeConfig, SmartState, MAX_BATCH};
+pub use config::{RuntimeConfig, SmartState, DEFAULT_REQUEST_TIMEOUT, MAX_BATCH};
 pub use conflict::OpGuard;
 pub use ctx::Ctx;
 pub use executor::{yield_now, Runtime, YieldNow, MAX_TASKS};

@@ -4,6 +4,12 @@
 //! ```text
 //!            take                posted              completion
 //!   Free ──────────▶ Taken ──────────────▶ InFlight ───────────▶ Done ──poll──▶ Held
+//!                                            │ request time-out     ▲
+//!                                            ▼                      │ late completion
+//!                                         TimedOut ─────────────────┘
+//!                                            │ owner polls (learns the time-out)
+//!                                            ▼
+//!                                         Orphaned (below)
 //!    ▲                 │ post failed          │                    │ (error:      │
 //!    │                 ▼                      │ future dropped     │  freed at    │ Done view
 //!    ├─────────────────┘                      ▼                    │  poll)       │ dropped
@@ -29,6 +35,20 @@ use crate::verbs::WcStatus;
 /// A batch's outcome: `Err((status, index of the failed WR))`.
 pub(super) type Status = Result<(), (WcStatus, u16)>;
 
+/// Why a batch failed, as its owner learns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failure {
+    /// A WR completed with an error.
+    Wc(WcStatus, u16),
+    /// No completion came from QP `qp` within the request time-out.
+    TimedOut {
+        /// The QP (blade) it was posted to.
+        qp: u16,
+        /// How long it had been in flight.
+        waited_ns: u64,
+    },
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Free,
@@ -40,6 +60,9 @@ enum State {
     Held,
     /// Its future was dropped while the batch was in flight.
     Orphaned,
+    /// In flight past the request time-out: the owner will be told; the
+    /// slot stays the backend's until the completion comes (if ever).
+    TimedOut,
 }
 
 #[derive(Debug)]
@@ -48,8 +71,11 @@ struct Slot {
     generation: u32,
     /// WRs of the batch: the credits it returns on completion.
     wrs: u16,
-    /// When it was posted (ns since start), to measure round trips.
+    /// When it was posted (ns since start, the executor's coarse clock
+    /// unless round trips are measured), for round trips and time-outs.
     posted_ns: u64,
+    /// The QP (blade) it was posted to.
+    qp: u16,
     /// The owner, when it is a task of this runtime polled with its own
     /// waker: its completion sets the task's ready bit directly (no waker
     /// call, no atomic). [`NO_TASK`] otherwise.
@@ -103,7 +129,15 @@ impl Slots {
     pub(super) fn new(n: usize) -> Slots {
         Slots {
             slots: (0..n)
-                .map(|_| Slot { state: State::Free, generation: 0, wrs: 0, posted_ns: 0, task: NO_TASK, waker: None })
+                .map(|_| Slot {
+                    state: State::Free,
+                    generation: 0,
+                    wrs: 0,
+                    posted_ns: 0,
+                    qp: 0,
+                    task: NO_TASK,
+                    waker: None,
+                })
                 .collect(),
             free: (0..n as u16).rev().collect(),
             waiters: VecDeque::with_capacity(64),
@@ -135,11 +169,13 @@ impl Slots {
     /// Taken → InFlight, owned by local task `task` if it is one, else by
     /// `waker`.
     #[inline]
-    pub(super) fn posted(&mut self, i: u16, wrs: u16, posted_ns: u64, task: Option<u32>, waker: &Waker) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn posted(&mut self, i: u16, qp: u16, wrs: u16, posted_ns: u64, task: Option<u32>, waker: &Waker) {
         let s = &mut self.slots[i as usize];
         debug_assert_eq!(s.state, State::Taken);
         s.state = State::InFlight;
         s.wrs = wrs;
+        s.qp = qp;
         s.posted_ns = posted_ns;
         s.set_owner(task, waker);
     }
@@ -155,7 +191,9 @@ impl Slots {
         }
         let (wrs, posted_ns) = (s.wrs, s.posted_ns);
         match s.state {
-            State::InFlight => {
+            // Late but before its owner learned of the time-out: the real
+            // outcome replaces it.
+            State::InFlight | State::TimedOut => {
                 s.state = State::Done(status);
                 let task = (s.task != NO_TASK).then_some(s.task);
                 if task.is_none() {
@@ -177,16 +215,27 @@ impl Slots {
     /// returned), else the owner (local task or waker) is kept for the
     /// completion.
     #[inline]
-    pub(super) fn poll_done(&mut self, i: u16, task: Option<u32>, waker: &Waker) -> Poll<Status> {
+    pub(super) fn poll_done(
+        &mut self,
+        i: u16,
+        task: Option<u32>,
+        waker: &Waker,
+        now_ns: u64,
+    ) -> Poll<Result<(), Failure>> {
         let s = &mut self.slots[i as usize];
         match s.state {
             State::Done(Ok(())) => {
                 s.state = State::Held;
                 Poll::Ready(Ok(()))
             }
-            State::Done(Err(e)) => {
+            State::Done(Err((status, index))) => {
                 self.free(i);
-                Poll::Ready(Err(e))
+                Poll::Ready(Err(Failure::Wc(status, index)))
+            }
+            State::TimedOut => {
+                // The owner gives up; a late completion frees the slot.
+                s.state = State::Orphaned;
+                Poll::Ready(Err(Failure::TimedOut { qp: s.qp, waited_ns: now_ns.saturating_sub(s.posted_ns) }))
             }
             _ => {
                 s.set_owner(task, waker);
@@ -203,6 +252,24 @@ impl Slots {
             State::Done(_) => self.free(i),
             _ => s.state = State::Orphaned,
         }
+    }
+
+    /// InFlight → TimedOut for every batch posted before `before_ns`; wakes
+    /// their owners (local tasks through `mark`). Returns how many.
+    pub(super) fn expire(&mut self, before_ns: u64, mut mark: impl FnMut(u32)) -> usize {
+        let mut n = 0;
+        for s in &mut self.slots {
+            if s.state == State::InFlight && s.posted_ns < before_ns {
+                s.state = State::TimedOut;
+                n += 1;
+                if s.task != NO_TASK {
+                    mark(s.task);
+                } else if let Some(w) = &s.waker {
+                    w.wake_by_ref();
+                }
+            }
+        }
+        n
     }
 
     /// Taken (its post failed) or Held (its view dropped) → Free.
@@ -244,7 +311,7 @@ mod tests {
         let mut s = Slots::new(1);
         let i = s.take(&w).unwrap();
         let id = s.wr_id(i);
-        s.posted(i, 2, 0, None, &w);
+        s.posted(i, 0, 2, 0, None, &w);
         s.abandon(i);
         assert!(s.take(&w).is_none(), "orphaned: not reusable before its completion");
         assert_eq!(s.complete(id, Ok(())), Completed::Batch { wrs: 2, posted_ns: 0, task: None });
@@ -256,23 +323,45 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_past_its_deadline_times_out_and_its_slot_waits_for_the_completion() {
+        let c = Arc::new(Count(AtomicUsize::new(0)));
+        let w = Waker::from(c.clone());
+        let mut s = Slots::new(2);
+        let (i, j) = (s.take(&w).unwrap(), s.take(&w).unwrap());
+        s.posted(i, 3, 1, 100, None, &w);
+        s.posted(j, 0, 1, 900, None, &w);
+        assert_eq!(s.expire(500, |_| {}), 1, "only the batch posted before the deadline");
+        assert_eq!(c.0.load(Ordering::Relaxed), 1, "its owner was woken");
+        assert_eq!(s.poll_done(i, None, &w, 700), Poll::Ready(Err(Failure::TimedOut { qp: 3, waited_ns: 600 })));
+        assert!(s.take(&w).is_none(), "the timed-out slot is not reusable yet");
+        let id = s.wr_id(i);
+        assert!(matches!(s.complete(id, Ok(())), Completed::Batch { .. }), "a late completion frees it");
+        assert_eq!(s.take(&w), Some(i));
+        // A completion that beats the owner's poll delivers the real result.
+        let jd = s.wr_id(j);
+        s.expire(1000, |_| {});
+        s.complete(jd, Ok(()));
+        assert_eq!(s.poll_done(j, None, &w, 1100), Poll::Ready(Ok(())));
+    }
+
+    #[test]
     fn done_then_held_then_free() {
         let c = Arc::new(Count(AtomicUsize::new(0)));
         let w = Waker::from(c.clone());
         let mut s = Slots::new(2);
         let i = s.take(&w).unwrap();
-        s.posted(i, 1, 0, None, &w);
-        assert!(s.poll_done(i, None, &w).is_pending());
+        s.posted(i, 0, 1, 0, None, &w);
+        assert!(s.poll_done(i, None, &w, 0).is_pending());
         s.complete(s.wr_id(i), Err((WcStatus::RemoteAccess, 0)));
         assert_eq!(c.0.load(Ordering::Relaxed), 1, "the owner was woken");
-        assert_eq!(s.poll_done(i, None, &w), Poll::Ready(Err((WcStatus::RemoteAccess, 0))));
+        assert_eq!(s.poll_done(i, None, &w, 0), Poll::Ready(Err(Failure::Wc(WcStatus::RemoteAccess, 0))));
         assert_eq!(s.free.len(), 2, "an error frees the slot at once");
         let i = s.take(&w).unwrap();
-        s.posted(i, 1, 0, Some(3), &w);
+        s.posted(i, 0, 1, 0, Some(3), &w);
         let n = c.0.load(Ordering::Relaxed);
         assert_eq!(s.complete(s.wr_id(i), Ok(())), Completed::Batch { wrs: 1, posted_ns: 0, task: Some(3) });
         assert_eq!(c.0.load(Ordering::Relaxed), n, "a local task is marked ready by the executor, not woken");
-        assert_eq!(s.poll_done(i, Some(3), &w), Poll::Ready(Ok(())));
+        assert_eq!(s.poll_done(i, Some(3), &w, 0), Poll::Ready(Ok(())));
         assert_eq!(s.free.len(), 1, "held while viewed");
         s.release(i);
         assert_eq!(s.free.len(), 2);
