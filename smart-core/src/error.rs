@@ -16,12 +16,12 @@ pub enum Error {
         index: u16,
     },
     /// An I/O error on the connection to a memory blade.
-    #[error("memory blade {peer}: {source}")]
+    #[error("memory blade {peer}: {cause}")]
     Io {
         /// The blade's address.
         peer: String,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (in the message, so not repeated as a source).
+        cause: std::io::Error,
     },
     /// The peer is not a compatible memory blade.
     #[error("handshake with memory blade {peer} failed: {reason}")]
@@ -32,12 +32,12 @@ pub enum Error {
         reason: String,
     },
     /// A blade's superblock is missing or incompatible.
-    #[error("memory blade {blade}: {source}")]
+    #[error("memory blade {blade}: {cause}")]
     Layout {
         /// Which blade.
         blade: u16,
         /// The cause.
-        source: LayoutError,
+        cause: LayoutError,
     },
     /// A batch needs more WRs or local bytes than a slot holds.
     /// A batch got no completion within the request time-out.
@@ -69,7 +69,10 @@ pub enum Error {
     #[error("a batch must target one memory blade, got {0} and {1}")]
     BatchSpansBlades(u16, u16),
     /// The blade's heap is exhausted.
-    #[error("memory blade {blade} is out of memory (asked {bytes} bytes, size {size})")]
+    #[error(
+        "memory blade {blade} is out of memory: asked {bytes} bytes of a {size}-byte blade whose heap is used up \
+         (start it with a larger --size, or a larger --blade-size for embedded blades)"
+    )]
     OutOfMemory {
         /// Which blade.
         blade: u16,

@@ -188,6 +188,8 @@ fn bad_arguments_fail_with_a_message() {
         (&["ycsb", "--value-size", "16320"], "at most 16116"),
         (&["ycsb", "--key-size", "8KiB", "--value-size", "8KiB"], "at most 16116"),
         (&["ycsb", "--workload", "e"], "range scans"),
+        (&["micro", "--blade-size", "1MiB"], "larger --blade-size"),
+        (&["micro", "--request-timeout=-1"], "--request-timeout"),
     ];
     for (args, needle) in cases {
         let out = compute(args);
@@ -195,6 +197,9 @@ fn bad_arguments_fail_with_a_message() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+    // A cause is said once, not repeated by the error chain.
+    let out = compute(&["micro", "--blades", "127.0.0.1:1"]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("Connection refused").count(), 1);
     let out = Command::new(BLADE).args(["--listen", "127.0.0.1:0", "--size", "1KiB"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("too small"));

@@ -75,9 +75,7 @@ impl EmbeddedTransport {
     pub fn new(blades: usize, size: u64) -> Result<Self> {
         let regions = (0..blades)
             .map(|_| {
-                Region::anonymous(size)
-                    .map(Arc::new)
-                    .map_err(|e| Error::Io { peer: "embedded blade".into(), source: e })
+                Region::anonymous(size).map(Arc::new).map_err(|e| Error::Io { peer: "embedded blade".into(), cause: e })
             })
             .collect::<Result<Vec<_>>>()?;
         Self::from_regions(regions)
@@ -93,7 +91,7 @@ impl EmbeddedTransport {
         }
         let mut infos = Vec::with_capacity(regions.len());
         for (i, r) in regions.iter().enumerate() {
-            layout::format_or_check(r).map_err(|source| Error::Layout { blade: i as u16, source })?;
+            layout::format_or_check(r).map_err(|source| Error::Layout { blade: i as u16, cause: source })?;
             infos.push(BladeInfo { size: r.len(), rkey: rand::random::<u32>() | 1 });
         }
         let nic = Arc::new(SoftNic::new(regions.len()));

@@ -143,7 +143,7 @@ impl LocalMem {
     /// # Errors
     /// If the mapping fails.
     pub fn new(len: usize) -> Result<Arc<LocalMem>> {
-        let map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::Io { peer: "local memory".into(), source: e })?;
+        let map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::Io { peer: "local memory".into(), cause: e })?;
         Ok(Self::within(Arc::new(map), 0, len))
     }
 

@@ -93,7 +93,7 @@ pub fn handshake(peer: &str, version: u32) -> Result<(TcpStream, BladeInfo)> {
 /// # Errors
 /// As [`handshake`]; a blade that does not serve verbs is named as such.
 pub fn handshake_with(peer: &str, version: u32, flags: u32) -> Result<(TcpStream, BladeInfo)> {
-    let io = |source| Error::Io { peer: peer.to_string(), source };
+    let io = |source| Error::Io { peer: peer.to_string(), cause: source };
     let hs = |reason: String| Error::Handshake { peer: peer.to_string(), reason };
     let addr = peer.to_socket_addrs().map_err(io)?.next().ok_or_else(|| hs("address resolves to nothing".into()))?;
     let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(io)?;
@@ -101,7 +101,14 @@ pub fn handshake_with(peer: &str, version: u32, flags: u32) -> Result<(TcpStream
     s.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(io)?;
     s.write_all(&wire::hello_with(version, flags)).map_err(io)?;
     let mut w = [0u8; wire::WELCOME_LEN];
-    s.read_exact(&mut w).map_err(|e| hs(format!("no answer to the greeting ({e}); is this a memory-blade port?")))?;
+    s.read_exact(&mut w).map_err(|e| {
+        let why = if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+            format!("no answer to the greeting within {CONNECT_TIMEOUT:?} (time-out)")
+        } else {
+            format!("no answer to the greeting ({e})")
+        };
+        hs(format!("{why}; is this a memory-blade port?"))
+    })?;
     let welcome = Welcome::decode(&w).map_err(hs)?;
     if welcome.status == wire::STATUS_FULL {
         return Err(hs(
@@ -159,7 +166,7 @@ impl TcpTransport {
                 reason: "blade changed size since the transport connected".into(),
             });
         }
-        stream.set_nonblocking(true).map_err(|source| Error::Io { peer: peer.clone(), source })?;
+        stream.set_nonblocking(true).map_err(|source| Error::Io { peer: peer.clone(), cause: source })?;
         Ok(Conn {
             stream,
             peer: peer.clone(),

@@ -15,7 +15,7 @@ impl Ctx {
         let mut sb = [0u8; 24];
         self.read(GlobalAddr::new(blade, 0), &mut sb).await?;
         let w = |i: usize| u64::from_le_bytes(sb[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        layout::check_words(w(0), w(1), w(2), size).map_err(|source| Error::Layout { blade, source })
+        layout::check_words(w(0), w(1), w(2), size).map_err(|source| Error::Layout { blade, cause: source })
     }
 
     /// Allocates `size` bytes aligned to `align` (a power of two ≤ 4096) on

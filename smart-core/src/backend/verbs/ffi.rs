@@ -18,7 +18,7 @@ use crate::wire::conn::QpEndpoint;
 use crate::{Error, Result};
 
 fn fail(call: &'static str) -> Error {
-    Error::Io { peer: format!("libibverbs {call}"), source: io::Error::last_os_error() }
+    Error::Io { peer: format!("libibverbs {call}"), cause: io::Error::last_os_error() }
 }
 
 fn check(call: &'static str, rc: i32) -> Result<()> {
@@ -27,7 +27,7 @@ fn check(call: &'static str, rc: i32) -> Result<()> {
     } else {
         // Verbs calls return the errno value itself, or -1 with errno set.
         let source = if rc > 0 { io::Error::from_raw_os_error(rc) } else { io::Error::last_os_error() };
-        Err(Error::Io { peer: format!("libibverbs {call}"), source })
+        Err(Error::Io { peer: format!("libibverbs {call}"), cause: source })
     }
 }
 

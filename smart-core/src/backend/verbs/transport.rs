@@ -102,7 +102,7 @@ fn map_huge(len: usize, what: &str) -> Result<MmapMut> {
         return Ok(m);
     }
     eprintln!("smart-core: no 2 MiB huge pages for {what}; using normal pages (see README, 'Huge pages')");
-    MmapOptions::new().len(len.max(1)).map_anon().map_err(|e| Error::Io { peer: what.into(), source: e })
+    MmapOptions::new().len(len.max(1)).map_anon().map_err(|e| Error::Io { peer: what.into(), cause: e })
 }
 
 /// A memory blade's region registered with the RNIC.
@@ -174,7 +174,7 @@ struct BladeLink {
 impl BladeLink {
     /// Asks the blade for a QP connected to `mine`.
     fn connect_qp(&self, mine: &QpEndpoint) -> Result<QpEndpoint> {
-        let io = |source| Error::Io { peer: self.peer.clone(), source };
+        let io = |source| Error::Io { peer: self.peer.clone(), cause: source };
         let mut s = self.ctrl.lock().unwrap_or_else(PoisonError::into_inner);
         let mut req = Vec::with_capacity(HEADER_LEN + conn::QP_ENDPOINT_LEN);
         Header { len: conn::QP_ENDPOINT_LEN as u32, kind: conn::KIND_QP_CONNECT, count: 0, wr_id: 0 }.put(&mut req);
@@ -240,7 +240,7 @@ impl VerbsTransport {
         for peer in addrs {
             let (mut s, _) = handshake_with(peer, wire::PROTOCOL_VERSION, conn::FLAG_VERBS)?;
             let mut b = [0u8; conn::BLADE_INFO_LEN];
-            s.read_exact(&mut b).map_err(|source| Error::Io { peer: peer.clone(), source })?;
+            s.read_exact(&mut b).map_err(|source| Error::Io { peer: peer.clone(), cause: source })?;
             let info = BladeVerbsInfo::decode(&b).map_err(|reason| Error::Handshake { peer: peer.clone(), reason })?;
             infos.push(BladeInfo { size: info.size, rkey: info.rkey });
             links.push(Arc::new(BladeLink { peer: peer.clone(), ctrl: Mutex::new(s), info }));
