@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The performance guard of the memory blade's I/O: compute-blade micro over
+# loopback TCP (8-byte READ and FAA, 2 threads × 1, 8, 32 coroutines), this
+# tree's blade and compute blade against a baseline commit's, alternating
+# per cell so both see the same machine. Prints Mop/s and the ratio per cell.
+# Usage: scripts/bench-blade-io.sh [BASE_REV] [SECONDS]
+#   BASE_REV defaults to 44c237c; it is built in target/hotpath-base.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base_rev=${1:-44c237c}
+secs=${2:-2}
+out=${OUT:-results/blade-io}
+mkdir -p "$out"
+cargo build --release --quiet --bin compute-blade --bin memory-blade
+wt=target/hotpath-base
+[ -d "$wt" ] || git worktree add --detach "$wt" "$base_rev" >/dev/null
+git -C "$wt" checkout --quiet --detach "$base_rev"
+(cd "$wt" && CARGO_TARGET_DIR=target cargo build --release --quiet --bin compute-blade --bin memory-blade)
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+start() { # start DIR TAG: a blade from DIR/target/release, address in $addr
+  "$1/target/release/memory-blade" --listen 127.0.0.1:0 --size 256MiB >"$out/blade-$2.out" 2>/dev/null &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q '^ready ' "$out/blade-$2.out" 2>/dev/null && break; sleep 0.1; done
+  awk '/^ready /{print $2}' "$out/blade-$2.out"
+}
+a_old=$(start "$wt" old)
+a_new=$(start . new)
+echo "| op | coroutines | baseline Mop/s | this tree Mop/s | ratio |"
+echo "|---|---|---|---|---|"
+for op in read faa; do
+  for c in 1 8 32; do
+    args=(micro --op "$op" --threads 2 --coroutines "$c" --duration "$secs" --warmup 0.5 --quiet)
+    o=$("$wt/target/release/compute-blade" "${args[@]}" --blades "$a_old" | awk '{print $1}')
+    n=$(target/release/compute-blade "${args[@]}" --blades "$a_new" | awk '{print $1}')
+    python3 -c "o,n=$o,$n; print(f'| $op | $c | {o:.3f} | {n:.3f} | {n/o:.2f}× |')"
+  done
+done
