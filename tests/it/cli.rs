@@ -368,6 +368,7 @@ fn rss_kib(pid: u32) -> u64 {
 fn a_client_cannot_make_the_blade_hold_unbounded_responses() {
     use smart_core::backend::tcp::handshake;
     use smart_core::wire::{self, Header, WrDesc};
+    use smart_core::Opcode;
     // 100 frames of 56 bytes, each asking a 16 MiB READ, sent at once and
     // never read back: the blade may hold one frame's response and a bounded
     // buffer, not all 1.6 GiB.
@@ -376,7 +377,7 @@ fn a_client_cannot_make_the_blade_hold_unbounded_responses() {
     let (mut s, info) = handshake(&blade.addr, wire::PROTOCOL_VERSION).unwrap();
     let mut frames = Vec::new();
     for i in 0..100u64 {
-        let d = WrDesc { op: 0, rkey: info.rkey, remote: 8192, len: 16 << 20, compare_add: 0, swap: 0 };
+        let d = WrDesc { op: Opcode::Read as u8, rkey: info.rkey, remote: 8192, len: 16 << 20, compare_add: 0, swap: 0 };
         Header { len: wire::WR_DESC_LEN as u32, kind: wire::KIND_BATCH, count: 1, wr_id: i }.put(&mut frames);
         d.put(&mut frames);
     }
