@@ -377,7 +377,8 @@ fn a_client_cannot_make_the_blade_hold_unbounded_responses() {
     let (mut s, info) = handshake(&blade.addr, wire::PROTOCOL_VERSION).unwrap();
     let mut frames = Vec::new();
     for i in 0..100u64 {
-        let d = WrDesc { op: Opcode::Read as u8, rkey: info.rkey, remote: 8192, len: 16 << 20, compare_add: 0, swap: 0 };
+        let d =
+            WrDesc { op: Opcode::Read as u8, rkey: info.rkey, remote: 8192, len: 16 << 20, compare_add: 0, swap: 0 };
         Header { len: wire::WR_DESC_LEN as u32, kind: wire::KIND_BATCH, count: 1, wr_id: i }.put(&mut frames);
         d.put(&mut frames);
     }

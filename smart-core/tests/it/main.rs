@@ -4,6 +4,7 @@ mod alloc;
 mod blade;
 mod chaos;
 mod concurrency;
+mod frames;
 mod semantics;
 mod techniques;
 #[cfg(feature = "verbs")]
