@@ -2,7 +2,7 @@
 //!
 //! A lock-free extendible hash table in disaggregated memory after RACE
 //! (ATC '21), with Smart's change: back off after a failed slot CAS
-//! (ConflictAvoid, through [`smart_core::runtime::Op::retry`]). Layout and
+//! (ConflictAvoid, through [`smart_core::runtime::OpGuard::retry`]). Layout and
 //! round trips follow RACE's (see [`layout`]).
 //!
 //! * **Search**: READ both combined buckets (one doorbell), then READ the

@@ -23,7 +23,7 @@ pub struct VerbStats {
     pub bytes_written: u64,
     /// Batches that completed with an error.
     pub error_completions: u64,
-    /// Unsuccessful attempts reported with `Op::retry`.
+    /// Unsuccessful attempts reported with `OpGuard::retry`.
     pub retries: u64,
     /// Nanoseconds of backoff drawn for those retries.
     pub backoff_ns: u64,

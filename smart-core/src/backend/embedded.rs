@@ -10,11 +10,11 @@
 //! completion's timing relative to `poll` are the same). With no contention
 //! this path takes no lock, allocates nothing and makes no syscall.
 //!
-//! QPs follow the transport's [`QpPlan`](crate::smart::QpPlan): a QP of its
+//! QPs follow the transport's [`crate::smart::QpPlan`]: a QP of its
 //! own per blade, or a QP shared with other threads (`shared`,
 //! `multiplexed:K`) behind a lock, executed by whichever of its threads
 //! polls. Every post rings the QP's emulated doorbell (see
-//! [`softnic`](super::softnic)).
+//! `softnic`).
 //!
 //! **Chaos mode** ([`ChaosConfig`]) exists for tests: multi-line READs and
 //! WRITEs are copied one 8-byte word at a time with random pauses between

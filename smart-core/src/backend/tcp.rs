@@ -16,11 +16,11 @@
 //! A broken connection completes every batch in flight on it, and every
 //! later one, with [`WcStatus::Transport`]; nothing waits forever.
 //!
-//! QPs follow the transport's [`QpPlan`](crate::smart::QpPlan). A QP shared
+//! QPs follow the transport's [`crate::smart::QpPlan`]. A QP shared
 //! by several threads (`shared`, `multiplexed:K`) is one connection behind a
 //! lock: any of its threads sends the queued frames and receives responses,
 //! delivering each to the thread that posted it (see
-//! [`softnic`](super::softnic)). Every post rings the QP's emulated doorbell.
+//! `softnic`). Every post rings the QP's emulated doorbell.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};

@@ -13,7 +13,7 @@
 //!   (see [`QpPlan`](crate::smart::QpPlan)).
 //! * One RC QP per (thread, blade), INIT → RTR → RTS. Connection data
 //!   (QPN, PSN, LID, GID) is exchanged over the memory blade's TCP port, with
-//!   the same versioned handshake as the TCP backend ([`conn`]).
+//!   the same versioned handshake as the TCP backend ([`crate::wire::conn`]).
 //! * A batch is one `ibv_post_send` of a chained WR list with only the last
 //!   WR signalled ([`plan`]); small WRITEs go inline. The CQ is polled by the
 //!   runtime's executor, and completion errors map to [`WcStatus`](crate::WcStatus)
