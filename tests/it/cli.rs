@@ -443,14 +443,21 @@ fn sigint_stops_a_run_cleanly_with_its_record_and_status_130() {
         ("ycsb", vec!["ycsb", "--keys", "2000", "--verify", "--threads", "2", "--coroutines", "4"]),
     ] {
         let json = tmp(&format!("sigint-{name}.json"));
-        let child = Command::new(COMPUTE)
+        // Progress lines on stderr say when the timed run has begun (after
+        // the load, for ycsb); the signal comes a second into it.
+        let mut child = Command::new(COMPUTE)
             .args(&args)
-            .args(["--duration", "120", "--warmup", "0", "--quiet", "--json", json.to_str().unwrap()])
+            .args(["--duration", "120", "--warmup", "0", "--json", json.to_str().unwrap()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let st = interrupt(child, Duration::from_millis(2500));
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let begun = lines.by_ref().map_while(Result::ok).any(|l| l.contains("Mop/s"));
+        assert!(begun, "{name}: no progress line");
+        // Keep draining stderr so the child never blocks on it.
+        std::thread::spawn(move || lines.for_each(drop));
+        let st = interrupt(child, Duration::from_millis(1000));
         assert_eq!(st.code(), Some(130), "{name}: {st:?}");
         let r = record(&json);
         assert_eq!(r["interrupted"], json!(true), "{name}");
