@@ -18,16 +18,21 @@ git -C "$wt" checkout --quiet --detach "$base_rev"
 (cd "$wt" && CARGO_TARGET_DIR=target cargo build --release --quiet --bin compute-blade --bin memory-blade)
 
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
-start() { # start DIR TAG: a blade from DIR/target/release, address in $addr
+# start DIR TAG: a blade from DIR/target/release; its PID joins $pids (in this
+# shell, not a subshell, so the trap can end it) and its address is in $addr.
+start() {
   "$1/target/release/memory-blade" --listen 127.0.0.1:0 --size 256MiB >"$out/blade-$2.out" 2>/dev/null &
   pids+=($!)
   for _ in $(seq 100); do grep -q '^ready ' "$out/blade-$2.out" 2>/dev/null && break; sleep 0.1; done
-  awk '/^ready /{print $2}' "$out/blade-$2.out"
+  addr=$(awk '/^ready /{print $2}' "$out/blade-$2.out")
+  [ -n "$addr" ] || { echo "memory-blade from $1 never printed its ready line" >&2; exit 1; }
 }
-a_old=$(start "$wt" old)
-a_new=$(start . new)
+start "$wt" old
+a_old=$addr
+start . new
+a_new=$addr
 echo "| op | coroutines | baseline Mop/s | this tree Mop/s | ratio |"
 echo "|---|---|---|---|---|"
 for op in read faa; do
