@@ -126,6 +126,29 @@ fn mean(ps: &[CachePadded<Published>], f: impl Fn(&Published) -> &AtomicU64) -> 
     (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
 }
 
+/// A coroutine's count of something (increments, violations), kept locally
+/// and added to a shared total when dropped: when the coroutine ends by the
+/// stop or by an error, with no shared write per operation.
+#[derive(Debug)]
+pub struct Tally<'a> {
+    /// The count so far.
+    pub n: u64,
+    into: &'a AtomicU64,
+}
+
+impl<'a> Tally<'a> {
+    /// A count of 0 that goes into `into`.
+    pub fn new(into: &'a AtomicU64) -> Self {
+        Tally { n: 0, into }
+    }
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        self.into.fetch_add(self.n, Ordering::Relaxed);
+    }
+}
+
 /// splitmix64 of the run's seed, thread and coroutine.
 fn mix(seed: u64, thread: u64, coroutine: u64) -> u64 {
     let mut z = seed ^ thread.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ coroutine.wrapping_mul(0xd1b5_4a32_d192_ed03);

@@ -31,7 +31,7 @@ use smart_core::runtime::{Runtime, MAX_BATCH};
 use smart_core::verbs::Opcode;
 use smart_core::{Error, GlobalAddr, Result};
 
-use crate::harness::{self, RunConfig, RunReport};
+use crate::harness::{self, RunConfig, RunReport, Tally};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,19 +67,6 @@ pub struct MicroReport {
 #[inline]
 fn pick(r: u64, n: u64) -> u64 {
     ((u128::from(r) * u128::from(n)) >> 64) as u64
-}
-
-/// Successful increments of one coroutine, added to the run's total when it
-/// is dropped.
-struct Tally<'a> {
-    n: u64,
-    into: &'a AtomicU64,
-}
-
-impl Drop for Tally<'_> {
-    fn drop(&mut self) {
-        self.into.fetch_add(self.n, Ordering::Relaxed);
-    }
 }
 
 /// The contended CAS-increment loop: read the counter, CAS old → old+1, and
@@ -193,7 +180,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
             let payload = vec![0xa5u8; size as usize];
             // Adds the increments to the shared total when the coroutine
             // ends, by the stop or by an error (no nested future per op).
-            let done = Tally { n: 0, into: &increments };
+            let done = Tally::new(&increments);
             if m.contended && m.op == Opcode::Cas {
                 return cas_increments(&w, counter, done).await;
             }

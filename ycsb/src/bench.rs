@@ -10,7 +10,6 @@
 //! the handle's caches) through the harness's per-thread hook; the index's
 //! per-thread counters are merged into the report.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use smart_bench::harness::{self, Bench, RunConfig, RunReport, Worker};
+use smart_bench::harness::{self, Bench, RunConfig, RunReport, Tally, Worker};
 use smart_core::{Ctx, IndexStats, KvIndex, Runtime, Transport};
 
 use crate::{KeyChooser, Op, Workload};
@@ -106,8 +105,11 @@ pub(crate) fn holds_key(v: &[u8], k: u64) -> bool {
     v.len() >= 16 && v[..8] == k.to_le_bytes()
 }
 
-/// What the load and the run share: the config and the merged counters.
+/// The load (coroutine i of n inserts keys i, i+n, i+2n, ...) or the timed
+/// run, as a [`Bench`]: each thread opens one handle on the index, and its
+/// counters are merged when the thread ends.
 struct Phase<'a, I: KvIndex> {
+    load: bool,
     y: &'a YcsbConfig,
     /// Coroutines in all (the load's stride, the inserts' stride).
     total: u64,
@@ -116,130 +118,106 @@ struct Phase<'a, I: KvIndex> {
     _index: PhantomData<fn() -> I>,
 }
 
-impl<I: KvIndex> Phase<'_, I> {
-    fn open(&self, ctx: Ctx) -> impl Future<Output = Result<I, I::Error>> + 'static {
+impl<I: KvIndex> Bench for Phase<'_, I> {
+    type Error = I::Error;
+    type Thread = I;
+
+    fn open_thread(&self, ctx: Ctx) -> impl Future<Output = Result<I, I::Error>> + 'static {
         let name = self.y.table.clone();
         let capacity = self.y.capacity;
         async move { I::open_or_create(&ctx, &name, capacity).await.map(|(ix, _)| ix) }
     }
 
-    fn close(&self, ix: I) {
+    fn coroutine(&self, w: Worker, ix: I) -> impl Future<Output = Result<(), I::Error>> + 'static {
+        let (y, total, load) = (self.y.clone(), self.total, self.load);
+        let violations = self.violations.clone();
+        async move {
+            if load {
+                load_keys(&w, ix, &y, total).await
+            } else {
+                run_ops(&w, ix, &y, total, Tally::new(&violations)).await
+            }
+        }
+    }
+
+    fn close_thread(&self, ix: I) {
         self.stats.lock().expect("not poisoned").merge(&ix.stats());
     }
 }
 
-/// The load: coroutine i of n inserts keys i, i+n, i+2n, ...
-struct Load<'a, I: KvIndex>(Phase<'a, I>);
-
-impl<I: KvIndex> Bench for Load<'_, I> {
-    type Error = I::Error;
-    type Thread = I;
-
-    fn open_thread(&self, ctx: Ctx) -> impl Future<Output = Result<I, I::Error>> + 'static {
-        self.0.open(ctx)
+/// This coroutine's share of the load.
+async fn load_keys<I: KvIndex>(w: &Worker, mut ix: I, y: &YcsbConfig, total: u64) -> Result<(), I::Error> {
+    let (mut kb, mut vb) = (Vec::new(), Vec::new());
+    let mut k = (w.thread() * w.coroutines() + w.coroutine()) as u64;
+    // An interrupted load stops between inserts (never inside one).
+    while k < y.keys && w.running() {
+        let t = w.now();
+        key_bytes(k, y.key_size, &mut kb);
+        value_bytes(k, 0, y.value_size, &mut vb);
+        ix.insert(&kb, &vb).await?;
+        w.record(t, 1);
+        k += total;
     }
-
-    fn coroutine(&self, w: Worker, mut ix: I) -> impl Future<Output = Result<(), I::Error>> + 'static {
-        let (y, total) = (self.0.y.clone(), self.0.total);
-        async move {
-            let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
-            let (mut kb, mut vb) = (Vec::new(), Vec::new());
-            let mut k = me;
-            // An interrupted load stops between inserts (never inside one).
-            while k < y.keys && w.running() {
-                let t = w.now();
-                key_bytes(k, y.key_size, &mut kb);
-                value_bytes(k, 0, y.value_size, &mut vb);
-                ix.insert(&kb, &vb).await?;
-                w.record(t, 1);
-                k += total;
-            }
-            Ok(())
-        }
-    }
-
-    fn close_thread(&self, ix: I) {
-        self.0.close(ix);
-    }
+    Ok(())
 }
 
-/// The timed run.
-struct Run<'a, I: KvIndex>(Phase<'a, I>);
-
-impl<I: KvIndex> Bench for Run<'_, I> {
-    type Error = I::Error;
-    type Thread = I;
-
-    fn open_thread(&self, ctx: Ctx) -> impl Future<Output = Result<I, I::Error>> + 'static {
-        self.0.open(ctx)
-    }
-
-    fn coroutine(&self, w: Worker, mut ix: I) -> impl Future<Output = Result<(), I::Error>> + 'static {
-        let (y, total) = (self.0.y.clone(), self.0.total);
-        let violations = self.0.violations.clone();
-        async move {
-            // Counted locally, added to the shared total when the coroutine
-            // ends, whether it ends by the stop or by an error.
-            let bad = Cell::new(0u64);
-            let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
-            let mut rng = SmallRng::seed_from_u64(w.seed());
-            let (mut kb, mut vb, mut out) = (Vec::new(), Vec::new(), Vec::new());
-            let mut pairs = Vec::new();
-            let mut version = 1u64;
-            let mut next_insert = y.keys + me;
-            let check = |found: bool, v: &[u8], k: u64| {
-                if y.verify && (!found || !holds_key(v, k)) {
-                    bad.set(bad.get() + 1);
-                }
-            };
-            let result = async {
-                while w.running() {
-                    let t = w.now();
-                    let op = y.workload.next_op(&mut rng);
-                    let k = if op == Op::Insert { next_insert } else { y.chooser.next(&mut rng) };
-                    key_bytes(k, y.key_size, &mut kb);
-                    match op {
-                        Op::Read => {
-                            let found = ix.get(&kb, &mut out).await?;
-                            check(found, &out, k);
-                        }
-                        Op::Update | Op::ReadModifyWrite => {
-                            if op == Op::ReadModifyWrite {
-                                let found = ix.get(&kb, &mut out).await?;
-                                check(found, &out, k);
-                            }
-                            value_bytes(k, version, y.value_size, &mut vb);
-                            version += 1;
-                            let updated = ix.update(&kb, &vb).await?;
-                            check(updated, &vb, k);
-                        }
-                        Op::Insert => {
-                            value_bytes(k, 0, y.value_size, &mut vb);
-                            ix.insert(&kb, &vb).await?;
-                            next_insert += total;
-                        }
-                        Op::Scan => {
-                            let n = rng.random_range(1..=MAX_SCAN);
-                            ix.scan(&kb, n, &mut pairs).await?;
-                            for (pk, pv) in &pairs {
-                                let pk = u64::from_le_bytes(pk[..8].try_into().expect("keys are ≥ 8 bytes"));
-                                check(true, pv, pk);
-                            }
-                        }
-                    }
-                    w.record(t, 1);
-                }
-                Ok(())
-            }
-            .await;
-            violations.fetch_add(bad.get(), Ordering::Relaxed);
-            result
+/// This coroutine's operations of the timed run; values that fail the
+/// check go into `bad`.
+async fn run_ops<I: KvIndex>(
+    w: &Worker,
+    mut ix: I,
+    y: &YcsbConfig,
+    total: u64,
+    mut bad: Tally<'_>,
+) -> Result<(), I::Error> {
+    let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
+    let mut rng = SmallRng::seed_from_u64(w.seed());
+    let (mut kb, mut vb, mut out) = (Vec::new(), Vec::new(), Vec::new());
+    let mut pairs = Vec::new();
+    let mut version = 1u64;
+    let mut next_insert = y.keys + me;
+    let mut check = |found: bool, v: &[u8], k: u64| {
+        if y.verify && (!found || !holds_key(v, k)) {
+            bad.n += 1;
         }
+    };
+    while w.running() {
+        let t = w.now();
+        let op = y.workload.next_op(&mut rng);
+        let k = if op == Op::Insert { next_insert } else { y.chooser.next(&mut rng) };
+        key_bytes(k, y.key_size, &mut kb);
+        match op {
+            Op::Read => {
+                let found = ix.get(&kb, &mut out).await?;
+                check(found, &out, k);
+            }
+            Op::Update | Op::ReadModifyWrite => {
+                if op == Op::ReadModifyWrite {
+                    let found = ix.get(&kb, &mut out).await?;
+                    check(found, &out, k);
+                }
+                value_bytes(k, version, y.value_size, &mut vb);
+                version += 1;
+                let updated = ix.update(&kb, &vb).await?;
+                check(updated, &vb, k);
+            }
+            Op::Insert => {
+                value_bytes(k, 0, y.value_size, &mut vb);
+                ix.insert(&kb, &vb).await?;
+                next_insert += total;
+            }
+            Op::Scan => {
+                let n = rng.random_range(1..=MAX_SCAN);
+                ix.scan(&kb, n, &mut pairs).await?;
+                for (pk, pv) in &pairs {
+                    let pk = u64::from_le_bytes(pk[..8].try_into().expect("keys are ≥ 8 bytes"));
+                    check(true, pv, pk);
+                }
+            }
+        }
+        w.record(t, 1);
     }
-
-    fn close_thread(&self, ix: I) {
-        self.0.close(ix);
-    }
+    Ok(())
 }
 
 /// Loads `y.keys` keys into index `y.table` (created for `y.capacity` keys
@@ -283,7 +261,8 @@ pub fn run<I: KvIndex>(
 
     let stats = Mutex::new(I::Stats::default());
     let violations = Arc::new(AtomicU64::new(0));
-    let phase = || Phase::<I> {
+    let phase = |load| Phase::<I> {
+        load,
         y,
         total: (cfg.threads * cfg.coroutines) as u64,
         stats: &stats,
@@ -295,7 +274,7 @@ pub fn run<I: KvIndex>(
         eprintln!("loading {} keys", y.keys);
     }
     let load_cfg = RunConfig { duration: Duration::from_secs(24 * 3600), warmup: Duration::ZERO, ..cfg.clone() };
-    let load = harness::run_bench(transport, &load_cfg, &Load(phase()))?;
+    let load = harness::run_bench(transport, &load_cfg, &phase(true))?;
     if let Some(e) = load.first_error {
         return Err(YcsbError::Load(e));
     }
@@ -307,7 +286,7 @@ pub fn run<I: KvIndex>(
         eprintln!("loaded {} keys in {load_s:.1}s", y.keys);
     }
 
-    let run = harness::run_bench(transport, cfg, &Run(phase()))?;
+    let run = harness::run_bench(transport, cfg, &phase(false))?;
 
     let ctx = setup.ctx();
     // An interrupted run is reported as it ran, without the read-back.
