@@ -736,16 +736,12 @@ mod tests {
             async move {
                 while w.running() {
                     let t0 = w.now();
-                    crate::harness::tests::yield_once().await;
+                    smart_core::runtime::yield_now().await;
                     w.record(t0, 1);
                 }
                 Ok(())
             }
         }
-    }
-
-    async fn yield_once() {
-        smart_core::runtime::yield_now().await;
     }
 
     #[test]

@@ -41,6 +41,22 @@ mod slot;
 mod timer;
 mod waiting;
 
+/// A waker that counts its wakes, for the unit tests of the runtime's parts.
+#[cfg(all(test, not(loom)))]
+mod test_waker {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    pub(super) struct Count(pub(super) AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 pub use batch::{AtomicRef, Batch, Done, Post, ReadRef};
 pub use config::{RuntimeConfig, SmartState, DEFAULT_REQUEST_TIMEOUT, MAX_BATCH};
 pub use conflict::OpGuard;

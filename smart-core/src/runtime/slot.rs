@@ -293,16 +293,9 @@ impl Slots {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::runtime::test_waker::Count;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use std::task::Wake;
-
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
 
     #[test]
     fn an_orphaned_slot_is_freed_only_by_its_completion() {

@@ -88,10 +88,9 @@ impl Fifo {
     #[inline]
     pub(super) fn wake_turn(&self) {
         let mut w = self.waiters.borrow_mut();
-        // Registrations of tickets already served cannot be woken usefully.
-        while w.front().is_some_and(|e| e.0 < self.serving.get()) {
-            w.pop_front();
-        }
+        // Every earlier ticket entered (its registration dropped there) or
+        // was abandoned (removed there): the front is the turn or later.
+        debug_assert!(w.front().is_none_or(|e| e.0 >= self.serving.get()));
         if w.front().is_some_and(|e| e.0 == self.serving.get()) {
             let (_, waker) = w.pop_front().expect("checked");
             drop(w);
@@ -117,16 +116,9 @@ impl Fifo {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::runtime::test_waker::Count;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use std::task::Wake;
-
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
 
     #[test]
     fn only_the_turn_is_woken_and_abandoned_tickets_are_skipped() {
