@@ -54,7 +54,7 @@ pub mod verbs;
 pub mod wire;
 
 pub use addr::GlobalAddr;
-pub use backend::{BladeInfo, ChaosConfig, EmbeddedTransport, TcpTransport, Transport};
+pub use backend::{BladeInfo, ChaosConfig, EmbeddedTransport, TcpTransport, ThreadSpec, Transport};
 pub use error::{Error, Result};
 pub use index::{Audit, IndexStats, KvIndex};
 pub use runtime::{Batch, Ctx, Done, Runtime, RuntimeConfig};

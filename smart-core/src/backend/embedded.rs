@@ -30,7 +30,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::softnic::{self, SoftNic, SoftPort};
-use super::{validate_batch, BladeInfo, Endpoint, LocalMem, Transport};
+use super::{validate_batch, BladeInfo, Endpoint, LocalMem, ThreadSpec, Transport};
 use crate::layout;
 use crate::region::{LinePacer, NoPause, Region};
 use crate::smart::QpPlan;
@@ -138,7 +138,8 @@ impl Transport for EmbeddedTransport {
         self.nic.doorbell_rings()
     }
 
-    fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>> {
+    fn open_thread(&self, thread: usize, spec: ThreadSpec) -> Result<Box<dyn Endpoint>> {
+        let local_bytes = spec.local_bytes;
         let port = SoftPort::open(&self.nic, thread, local_bytes, |b| Ok(self.new_qp(b)))?;
         let chaos = self.chaos.map(|cfg| Chaos {
             cfg,

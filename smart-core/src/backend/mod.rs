@@ -35,6 +35,19 @@ pub struct BladeInfo {
     pub rkey: u32,
 }
 
+/// What one thread's endpoint must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadSpec {
+    /// Bytes of registered local memory.
+    pub local_bytes: usize,
+    /// The most WRs the thread has in flight at once over all its QPs (the
+    /// runtime's slots × [`MAX_BATCH`](crate::runtime::MAX_BATCH)). The
+    /// verbs backend sizes its send queues and CQ from it, so that neither
+    /// can overflow, not even when every WR of an errored QP comes back as
+    /// a flushed completion.
+    pub max_wrs: usize,
+}
+
 /// The process-wide part of a backend.
 pub trait Transport: Send + Sync + fmt::Debug {
     /// Short name for reports ("embedded", "tcp", "verbs").
@@ -43,12 +56,12 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// The memory blades, indexed by [`GlobalAddr::blade`](crate::GlobalAddr::blade).
     fn blades(&self) -> &[BladeInfo];
 
-    /// Opens the endpoint of one worker thread, with `local_bytes` of
-    /// registered local memory. Call it on the thread that will use it.
+    /// Opens the endpoint of one worker thread, sized by `spec`. Call it on
+    /// the thread that will use it.
     ///
     /// # Errors
     /// If connecting to a blade or registering memory fails.
-    fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>>;
+    fn open_thread(&self, thread: usize, spec: ThreadSpec) -> Result<Box<dyn Endpoint>>;
 
     /// Sets the QP and doorbell plan (ThdResAlloc) for the threads opened
     /// afterwards. The default accepts only the plain per-thread-QP plan.
@@ -204,13 +217,18 @@ impl LocalMem {
     }
 }
 
-/// Checks the local ranges and blade of a batch before it is posted.
+/// Checks a batch before it is posted, the same way on every backend: the
+/// local ranges, the blade, and the shape of atomics (CAS and FAA act on
+/// exactly 8 bytes at an 8-byte aligned remote address, as RDMA requires;
+/// an RNIC refuses other atomics at post time, so they are refused here
+/// for every backend alike).
 #[inline]
 pub(crate) fn validate_batch(local: &LocalMem, qp: u16, wrs: &[WorkRequest]) -> Result<()> {
     if wrs.is_empty() {
         return Err(Error::InvalidWr("empty batch"));
     }
-    if wrs.iter().all(|wr| wr.remote.blade() == qp && local.contains(wr.local_off, wr.len)) {
+    let atomic_ok = |wr: &WorkRequest| !wr.op.is_atomic() || (wr.len == 8 && wr.remote.offset() % 8 == 0);
+    if wrs.iter().all(|wr| wr.remote.blade() == qp && local.contains(wr.local_off, wr.len) && atomic_ok(wr)) {
         return Ok(());
     }
     for wr in wrs {
@@ -219,6 +237,12 @@ pub(crate) fn validate_batch(local: &LocalMem, qp: u16, wrs: &[WorkRequest]) -> 
         }
         if wr.remote.blade() != qp {
             return Err(Error::InvalidWr("WR targets another blade than its QP"));
+        }
+        if wr.op.is_atomic() && wr.len != 8 {
+            return Err(Error::InvalidWr("an atomic (CAS/FAA) acts on exactly 8 bytes"));
+        }
+        if wr.op.is_atomic() && wr.remote.offset() % 8 != 0 {
+            return Err(Error::InvalidWr("an atomic (CAS/FAA) needs an 8-byte aligned remote address"));
         }
     }
     Ok(())

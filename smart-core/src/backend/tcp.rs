@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::softnic::{self, SoftNic, SoftPort};
-use super::{validate_batch, BladeInfo, Endpoint, LocalMem, Transport};
+use super::{validate_batch, BladeInfo, Endpoint, LocalMem, ThreadSpec, Transport};
 use crate::smart::QpPlan;
 use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
 use crate::wire::{self, Header, Welcome, WrDesc, HEADER_LEN, MAX_FRAME, WR_DESC_LEN};
@@ -149,8 +149,8 @@ impl Transport for TcpTransport {
         self.nic.doorbell_rings()
     }
 
-    fn open_thread(&self, thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>> {
-        let port = SoftPort::open(&self.nic, thread, local_bytes, |b| self.connect_qp(b))?;
+    fn open_thread(&self, thread: usize, spec: ThreadSpec) -> Result<Box<dyn Endpoint>> {
+        let port = SoftPort::open(&self.nic, thread, spec.local_bytes, |b| self.connect_qp(b))?;
         Ok(Box::new(TcpEndpoint { port, failed: Vec::new(), fds: Vec::new() }))
     }
 }

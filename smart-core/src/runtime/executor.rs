@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use super::batch::Staging;
-use super::config::{RuntimeConfig, EXPIRE_EVERY_NS, TICK_NS};
+use super::config::{RuntimeConfig, EXPIRE_EVERY_NS, MAX_BATCH, TICK_NS};
 use super::ctx::Inner;
 use super::ready::ReadySet;
 use super::slot::{Completed, Slots};
 use super::timer::Timers;
 use super::waiting::Fifo;
 use super::Ctx;
-use crate::backend::Transport;
+use crate::backend::{ThreadSpec, Transport};
 use crate::smart::{Backoff, CreditThrottle, Tuner};
 use crate::stats::VerbStats;
 use crate::verbs::Completion;
@@ -103,7 +103,8 @@ impl Runtime {
         if cfg.slots as u64 * cfg.slot_bytes as u64 > u64::from(u32::MAX) {
             return Err(Error::Unsupported("slots × slot_bytes must stay below 4 GiB".into()));
         }
-        let ep = transport.open_thread(thread, cfg.slots * cfg.slot_bytes)?;
+        let spec = ThreadSpec { local_bytes: cfg.slots * cfg.slot_bytes, max_wrs: cfg.slots * MAX_BATCH };
+        let ep = transport.open_thread(thread, spec)?;
         let local = ep.local().clone();
         let slots = Slots::new(cfg.slots);
         let blades = transport.blades().to_vec();

@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use smart_core::backend::Endpoint;
-use smart_core::{Completion, Error, GlobalAddr, Opcode, Runtime, RuntimeConfig, WcStatus, WorkRequest};
+use smart_core::{Completion, Error, GlobalAddr, Opcode, Runtime, RuntimeConfig, ThreadSpec, WcStatus, WorkRequest};
 
 use smart_testkit::backends::{self, Backend};
 
@@ -86,6 +86,10 @@ pub(crate) fn bad_batches_are_refused_before_posting_on(b: &Backend) {
         bt.read(GlobalAddr::new(0, 4096), 1 << 20);
         assert!(matches!(bt.post().await, Err(Error::BatchTooLarge { .. })));
         assert!(matches!(ctx.batch().post().await, Err(Error::InvalidWr(_))));
+        let mut bt = ctx.batch();
+        bt.faa(GlobalAddr::new(0, 4096), 1);
+        bt.cas(GlobalAddr::new(0, 4100), 0, 1);
+        assert!(matches!(bt.post().await, Err(Error::InvalidWr(m)) if m.contains("aligned")));
         // The runtime still works after refusals.
         assert_eq!(ctx.faa(GlobalAddr::new(0, 4096), 1).await.unwrap(), 0);
     });
@@ -117,8 +121,8 @@ fn bad_wrs_get_error_completions_and_error_only_their_qp() {
 pub(crate) fn bad_wrs_get_error_completions_and_error_only_their_qp_on(b: &Backend) {
     let name = b.name;
     let info = b.transport.blades()[0];
-    let mut ep = b.transport.open_thread(0, 4096).unwrap();
-    let mut other = b.transport.open_thread(1, 4096).unwrap();
+    let mut ep = b.transport.open_thread(0, ThreadSpec { local_bytes: 4096, max_wrs: 64 }).unwrap();
+    let mut other = b.transport.open_thread(1, ThreadSpec { local_bytes: 4096, max_wrs: 64 }).unwrap();
     let wr = |op, off: u64, len, rkey| WorkRequest {
         op,
         local_off: 0,
@@ -133,8 +137,6 @@ pub(crate) fn bad_wrs_get_error_completions_and_error_only_their_qp_on(b: &Backe
         ("out of bounds read", wr(Opcode::Read, info.size - 4, 8, info.rkey), WcStatus::RemoteAccess),
         ("offset overflow", wr(Opcode::Write, (1 << 48) - 1, 16, info.rkey), WcStatus::RemoteAccess),
         ("wrong rkey", wr(Opcode::Read, 4096, 8, info.rkey ^ 0x55), WcStatus::RemoteAccess),
-        ("misaligned CAS", wr(Opcode::Cas, 4100, 8, info.rkey), WcStatus::RemoteInvalidRequest),
-        ("short FAA", wr(Opcode::Faa, 4096, 4, info.rkey), WcStatus::RemoteInvalidRequest),
     ];
     for (i, (what, bad, status)) in cases.into_iter().enumerate() {
         // [good, bad, good]: the first takes effect, the error names index 1.
@@ -157,10 +159,24 @@ pub(crate) fn bad_wrs_get_error_completions_and_error_only_their_qp_on(b: &Backe
     assert_eq!(c.status, Ok(()));
     // SAFETY: the batch completed, and nothing else is in flight on this endpoint.
     let old = u64::from_ne_bytes(unsafe { ep.local().bytes(0, 8) }.try_into().unwrap());
-    assert_eq!(old, 5 * 3, "{name}: FAAs that took effect");
-    // Local ranges outside local memory are refused at post.
+    assert_eq!(old, 3 * 3, "{name}: FAAs that took effect");
+    // Local ranges outside local memory, and atomics that are not 8 aligned
+    // bytes, are refused at post, before anything reaches the blade.
     let far = WorkRequest { local_off: 4090, ..good };
     assert!(matches!(ep.post(0, 11, &[far]), Err(Error::InvalidWr(_))), "{name}");
+    for (what, bad) in [
+        ("misaligned CAS", wr(Opcode::Cas, 4100, 8, info.rkey)),
+        ("short FAA", wr(Opcode::Faa, 4096, 4, info.rkey)),
+        ("long CAS", wr(Opcode::Cas, 4096, 16, info.rkey)),
+    ] {
+        let e = ep.post(0, 12, &[good, bad]).unwrap_err();
+        assert!(matches!(e, Error::InvalidWr(m) if m.contains("atomic")), "{name}: {what}: {e}");
+    }
+    let c = post_wait(&mut *ep, 0, 13, &[good]);
+    assert_eq!(c.status, Ok(()), "{name}: the QP is unharmed by refused batches");
+    // SAFETY: as above.
+    let old = u64::from_ne_bytes(unsafe { ep.local().bytes(0, 8) }.try_into().unwrap());
+    assert_eq!(old, 3 * 3 + 1, "{name}: refused batches did not run their good WR");
 }
 
 #[test]
@@ -211,10 +227,17 @@ pub(crate) fn named_roots_have_one_winner_on(b: &Backend) {
 
 #[test]
 fn dropped_future_keeps_its_slot_until_completion() {
+    for b in backends::all(1) {
+        dropped_future_keeps_its_slot_until_completion_on(&b);
+    }
+}
+
+/// The body of [`dropped_future_keeps_its_slot_until_completion`] for one backend (also run by the verbs device tests).
+pub(crate) fn dropped_future_keeps_its_slot_until_completion_on(b: &Backend) {
     // A coroutine drops its post future while the READ is in flight; the
     // slot must not be reused until the completion lands, or the late READ
     // data would overwrite the next batch's buffers.
-    for b in backends::all(1) {
+    {
         let cfg = RuntimeConfig { slots: 1, ..RuntimeConfig::default() };
         let mut rt = Runtime::new(&*b.transport, 0, cfg).unwrap();
         let ctx = rt.ctx();
@@ -242,4 +265,45 @@ fn dropped_future_keeps_its_slot_until_completion() {
             assert_eq!(done.old(f), 0xeeee_eeee_eeee_eeee, "{name}");
         });
     }
+}
+
+#[test]
+fn teardown_with_wrs_in_flight_is_clean() {
+    for b in backends::all(2) {
+        teardown_with_wrs_in_flight_is_clean_on(b);
+    }
+}
+
+/// The body of [`teardown_with_wrs_in_flight_is_clean`] for one backend (also run by the verbs device tests).
+pub(crate) fn teardown_with_wrs_in_flight_is_clean_on(b: Backend) {
+    let name = b.name;
+    let info = b.transport.blades()[0];
+    let spec = ThreadSpec { local_bytes: 4 << 20, max_wrs: 64 };
+    let read = |i: u32| WorkRequest {
+        op: Opcode::Read,
+        local_off: i << 20,
+        len: 1 << 20,
+        remote: GlobalAddr::new(0, u64::from(i) << 20),
+        rkey: info.rkey,
+        compare_add: 0,
+        swap: 0,
+    };
+    // A thread ends with 4 MiB of READs in flight, never polled.
+    let mut ep = b.transport.open_thread(0, spec).unwrap();
+    for i in 0..4 {
+        ep.post(0, u64::from(i), &[read(i)]).unwrap();
+    }
+    drop(ep);
+    // The transport and the blade serve the next thread as before.
+    let mut ep = b.transport.open_thread(1, spec).unwrap();
+    let faa = WorkRequest { op: Opcode::Faa, len: 8, compare_add: 1, ..read(0) };
+    assert_eq!(post_wait(&mut *ep, 0, 1, &[faa]).status, Ok(()), "{name}: after a thread ended mid-flight");
+    // The whole backend goes away with WRs in flight on both blades.
+    for i in 0..4 {
+        ep.post(0, 10 + u64::from(i), &[read(i)]).unwrap();
+    }
+    let far = WorkRequest { remote: GlobalAddr::new(1, 0), rkey: b.transport.blades()[1].rkey, ..read(0) };
+    ep.post(1, 20, &[far]).unwrap();
+    drop(b);
+    drop(ep);
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use smart_bench::harness::RunConfig;
 use smart_bench::micro::{self, MicroConfig};
-use smart_core::backend::{BladeInfo, Endpoint, LocalMem, Transport};
+use smart_core::backend::{BladeInfo, Endpoint, LocalMem, ThreadSpec, Transport};
 use smart_core::smart::{BackoffConfig, DoorbellConfig, SmartConfig, TunerConfig};
 use smart_core::{Completion, EmbeddedTransport, GlobalAddr, Opcode, Runtime, RuntimeConfig, WorkRequest};
 
@@ -41,8 +41,8 @@ impl Transport for Counting {
     fn blades(&self) -> &[BladeInfo] {
         self.inner.blades()
     }
-    fn open_thread(&self, thread: usize, local_bytes: usize) -> smart_core::Result<Box<dyn Endpoint>> {
-        let inner = self.inner.open_thread(thread, local_bytes)?;
+    fn open_thread(&self, thread: usize, spec: ThreadSpec) -> smart_core::Result<Box<dyn Endpoint>> {
+        let inner = self.inner.open_thread(thread, spec)?;
         Ok(Box::new(CountingEp {
             inner,
             max: self.max.clone(),

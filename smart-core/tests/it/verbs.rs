@@ -1,9 +1,10 @@
-//! The verbs backend on a real RDMA device: the same semantic suite as the
-//! other backends. These tests need a device, so they are ignored by
-//! default. Run them on a host with RDMA (or Soft-RoCE, see README):
+//! The verbs backend on a real RDMA device: the same semantic and error-path
+//! suites as the other backends, each part on fresh blades. These tests need
+//! a device, so they are ignored by default. Run them on a host with RDMA,
+//! or in the Soft-RoCE VM (`scripts/softroce-vm.sh`, see README):
 //!
 //! ```sh
-//! SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_
+//! SMART_RDMA_DEVICE=rxe0 [SMART_RDMA_GID_INDEX=1] cargo test --release -p smart-core --features verbs -- --ignored verbs_
 //! ```
 //!
 //! Without a device, the backend must refuse quickly and say why; that part
@@ -17,8 +18,8 @@ use smart_testkit::backends;
 
 use crate::semantics;
 
-const HOW: &str = "needs an RDMA device: SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_";
-
+/// Fresh blades registered on the device: no part depends on what an
+/// earlier one left behind.
 fn device_backend(blades: usize) -> backends::Backend {
     backends::verbs(blades).expect("set SMART_RDMA_DEVICE to an RDMA device (e.g. rxe0) to run the device tests")
 }
@@ -26,20 +27,26 @@ fn device_backend(blades: usize) -> backends::Backend {
 #[test]
 #[ignore = "needs an RDMA device: SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_"]
 fn verbs_device_semantic_suite() {
-    let _ = HOW;
-    let b = device_backend(2);
-    semantics::verbs_behave_like_rdma_on_every_backend_on(&b);
-    semantics::bad_batches_are_refused_before_posting_on(&b);
-    semantics::named_roots_have_one_winner_on(&b);
+    semantics::verbs_behave_like_rdma_on_every_backend_on(&device_backend(2));
+    semantics::bad_batches_are_refused_before_posting_on(&device_backend(2));
+    semantics::named_roots_have_one_winner_on(&device_backend(1));
 }
 
 #[test]
 #[ignore = "needs an RDMA device: SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_"]
 fn verbs_device_error_completions_and_reset() {
-    let b = device_backend(2);
-    semantics::bad_wrs_get_error_completions_and_error_only_their_qp_on(&b);
-    let b = device_backend(1);
-    semantics::runtime_reports_error_completions_and_recovers_after_reset_on(&b);
+    // Out of bounds, offset overflow, wrong rkey: one completion per failed
+    // batch with the failing WR's index, later batches flushed, the other
+    // thread's QP and the other blade unaffected, reset brings the QP back.
+    semantics::bad_wrs_get_error_completions_and_error_only_their_qp_on(&device_backend(2));
+    semantics::runtime_reports_error_completions_and_recovers_after_reset_on(&device_backend(1));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_"]
+fn verbs_device_dropped_future_and_teardown_in_flight() {
+    semantics::dropped_future_keeps_its_slot_until_completion_on(&device_backend(1));
+    semantics::teardown_with_wrs_in_flight_is_clean_on(device_backend(2));
 }
 
 #[test]

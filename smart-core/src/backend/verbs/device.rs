@@ -88,6 +88,23 @@ pub fn gid_index(port: &PortDesc, requested: Option<u32>) -> Result<Option<u32>,
     }
 }
 
+/// Whether a GID is an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`), the
+/// form RoCE v2 over IPv4 uses.
+pub fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
+    gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff
+}
+
+/// The local GID a RoCE QP towards `remote` uses: both ends of a RoCE v2
+/// path must be of one family (IPv4-mapped or IPv6), so a memory blade
+/// answers each client from a GID of the client's family, preferring the
+/// configured index. `table` lists the port's non-zero GIDs with their
+/// indexes. `None` if the port has no GID of that family.
+pub fn matching_gid(table: &[(u32, [u8; 16])], preferred: u32, remote: &[u8; 16]) -> Option<(u32, [u8; 16])> {
+    let family = is_ipv4_mapped(remote);
+    let fits = |g: &&(u32, [u8; 16])| is_ipv4_mapped(&g.1) == family;
+    table.iter().filter(fits).find(|g| g.0 == preferred).or_else(|| table.iter().find(fits)).copied()
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -123,5 +140,22 @@ mod tests {
         assert!(gid_index(&roce, Some(8)).unwrap_err().contains("beyond"));
         assert_eq!(LinkLayer::from_raw(2), LinkLayer::Ethernet);
         assert_eq!(LinkLayer::from_raw(1), LinkLayer::InfiniBand);
+    }
+
+    #[test]
+    fn a_blade_answers_from_a_gid_of_the_clients_family() {
+        let mut link_local = [0u8; 16];
+        link_local[..2].copy_from_slice(&[0xfe, 0x80]);
+        link_local[15] = 7;
+        let mut v4 = [0u8; 16];
+        v4[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 1]);
+        let mut v4b = v4;
+        v4b[15] = 2;
+        assert!(is_ipv4_mapped(&v4) && !is_ipv4_mapped(&link_local));
+        let table = [(0, link_local), (1, v4), (3, v4b)];
+        assert_eq!(matching_gid(&table, 0, &v4), Some((1, v4)), "an IPv4 client gets the first IPv4 GID");
+        assert_eq!(matching_gid(&table, 3, &v4), Some((3, v4b)), "the configured index when it fits");
+        assert_eq!(matching_gid(&table, 1, &link_local), Some((0, link_local)), "an IPv6 client gets an IPv6 GID");
+        assert_eq!(matching_gid(&table[1..], 1, &link_local), None, "no GID of that family");
     }
 }

@@ -292,16 +292,16 @@ impl Cq {
         Ok(Arc::new(Cq { cq, _ctx: ctx.clone() }))
     }
 
-    /// Polls up to `wcs.len()` completions; returns (wr_id, status) pairs
-    /// through `each`.
-    pub(crate) fn poll(&self, wcs: &mut [ibv_wc], mut each: impl FnMut(u64, u32)) -> Result<usize> {
+    /// Polls up to `wcs.len()` completions; hands each one's wr_id, status
+    /// and QP number to `each`.
+    pub(crate) fn poll(&self, wcs: &mut [ibv_wc], mut each: impl FnMut(u64, u32, u32)) -> Result<usize> {
         // SAFETY: valid CQ; `wcs` has room for the count passed.
         let n = unsafe { ibv_poll_cq(self.cq.as_ptr(), wcs.len() as i32, wcs.as_mut_ptr()) };
         if n < 0 {
             return Err(fail("ibv_poll_cq"));
         }
         for wc in &wcs[..n as usize] {
-            each(wc.wr_id, wc.status);
+            each(wc.wr_id, wc.status, wc.qp_num);
         }
         Ok(n as usize)
     }
@@ -440,6 +440,15 @@ impl Qp {
             | m::IBV_QP_SQ_PSN
             | m::IBV_QP_MAX_QP_RD_ATOMIC;
         self.modify(&mut a, rts, "ibv_modify_qp(RTS)")
+    }
+
+    /// Moves the QP to the error state: every WR still outstanding completes
+    /// as flushed, so its CQEs can be drained before the QP is destroyed.
+    pub(crate) fn to_error(&self) -> Result<()> {
+        // SAFETY: zeroed is a valid attribute to fill in.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE, "ibv_modify_qp(ERR)")
     }
 
     /// Posts a planned batch as one chained WR list (one doorbell).

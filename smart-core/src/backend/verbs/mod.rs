@@ -17,16 +17,20 @@
 //! * A batch is one `ibv_post_send` of a chained WR list with only the last
 //!   WR signalled ([`plan`]); small WRITEs go inline. The CQ is polled by the
 //!   runtime's executor, and completion errors map to [`WcStatus`](crate::WcStatus)
-//!   ([`status`]).
+//!   ([`status`]). A failed batch yields several CQEs (its later WRs, and
+//!   all WRs posted after it, come back flushed); `track` turns them into
+//!   exactly one completion per batch.
 //!
 //! Everything that needs no device (connection data, WR planning, status
-//! mapping, device and GID choice) is in modules compiled and tested without
+//! mapping, device and GID choice, completion tracking) is in modules compiled and tested without
 //! the feature. The FFI lives in `ffi` (feature `verbs` only), the one
 //! module with `unsafe` calls into libibverbs.
 
 pub mod device;
 pub mod plan;
 pub mod status;
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+mod track;
 
 #[cfg(feature = "verbs")]
 mod ffi;

@@ -2,7 +2,9 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use memmap2::{MmapMut, MmapOptions};
 use rdma_sys::ibv_wc;
@@ -11,8 +13,9 @@ use super::device;
 use super::ffi::{Context, Cq, DeviceList, Mr, Pd, Qp, QpCaps};
 use super::plan::{self, PlannedWr};
 use super::status;
+use super::track::{Cqe, QpTrack};
 use crate::backend::tcp::handshake_with;
-use crate::backend::{validate_batch, BladeInfo, Endpoint, LocalMem, Transport};
+use crate::backend::{validate_batch, BladeInfo, Endpoint, LocalMem, ThreadSpec, Transport};
 use crate::blade::VerbsAcceptor;
 use crate::region::Region;
 use crate::runtime::MAX_BATCH;
@@ -26,10 +29,14 @@ use crate::{Error, Result};
 const SLAB_BYTES: usize = 64 << 20;
 /// WRITEs up to this many bytes are sent inline.
 const MAX_INLINE: u32 = 64;
-/// Send-queue depth of each QP.
-const SQ_DEPTH: u32 = 1024;
-/// CQ depth of each thread.
-const CQ_DEPTH: i32 = 4096;
+/// Send-queue depth of a memory blade's QPs (they only respond).
+const BLADE_SQ_DEPTH: u32 = 16;
+/// Errored QPs replaced by `reset_qp` whose last CQEs are still awaited;
+/// beyond this many the oldest is destroyed without waiting.
+const MAX_RETIRED: usize = 64;
+/// How long `post` waits for send-queue room on a device whose queues are
+/// smaller than the runtime's bound on WRs in flight.
+const ROOM_WAIT: Duration = Duration::from_secs(30);
 
 /// How to pick the RDMA device.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -50,6 +57,9 @@ struct Nic {
     gid: [u8; 16],
     mtu: u8,
     rd_atomic: u8,
+    /// Device limits: WRs per send queue, CQEs per CQ.
+    max_qp_wr: usize,
+    max_cqe: usize,
     name: String,
 }
 
@@ -84,13 +94,15 @@ impl Nic {
             gid,
             mtu: attr.active_mtu as u8,
             rd_atomic,
+            max_qp_wr: usize::try_from(dev.max_qp_wr).unwrap_or(0).max(1),
+            max_cqe: usize::try_from(dev.max_cqe).unwrap_or(0).max(1),
             name: descs[i].name.clone(),
             ctx,
         })
     }
 
-    fn caps(&self) -> QpCaps {
-        QpCaps { max_send_wr: SQ_DEPTH, max_inline: MAX_INLINE }
+    fn caps(&self, sq_depth: usize) -> QpCaps {
+        QpCaps { max_send_wr: sq_depth.min(self.max_qp_wr) as u32, max_inline: MAX_INLINE }
     }
 }
 
@@ -108,6 +120,9 @@ fn map_huge(len: usize, what: &str) -> Result<MmapMut> {
 /// A memory blade's region registered with the RNIC.
 pub struct VerbsBlade {
     nic: Nic,
+    /// The port's non-zero GIDs (RoCE), to answer each client from a GID
+    /// of its family.
+    gids: Vec<(u32, [u8; 16])>,
     cq: Arc<Cq>,
     mr: Mr,
     size: u64,
@@ -131,7 +146,17 @@ impl VerbsBlade {
         // SAFETY: the region stays mapped while we hold its Arc, and the MR
         // is dropped before it (field order: `mr` before `_region`).
         let mr = unsafe { Mr::register(&nic.pd, region.as_ptr(), region.len() as usize)? };
-        Ok(VerbsBlade { nic, cq, mr, size: region.len(), _region: region })
+        let mut gids = Vec::new();
+        if nic.gid_index.is_some() {
+            let port = nic.ctx.query_port(nic.port)?;
+            for i in 0..port.gid_tbl_len.clamp(0, 256) as u32 {
+                match nic.ctx.query_gid(nic.port, i) {
+                    Ok(g) if g != [0; 16] => gids.push((i, g)),
+                    _ => {}
+                }
+            }
+        }
+        Ok(VerbsBlade { nic, gids, cq, mr, size: region.len(), _region: region })
     }
 
     /// The device in use.
@@ -153,13 +178,27 @@ impl VerbsAcceptor for VerbsBlade {
     }
 
     fn accept(&self, remote: &QpEndpoint) -> std::result::Result<(Box<dyn Send>, QpEndpoint), String> {
-        let qp = Qp::new(&self.nic.pd, &self.cq, self.nic.caps(), 1).map_err(|e| e.to_string())?;
+        // RoCE v2 needs both ends' GIDs of one family: answer from a GID of
+        // the client's (which its --gid-index chose).
+        let (gid_index, gid) = match self.nic.gid_index {
+            Some(pref) if remote.gid != [0; 16] => {
+                device::matching_gid(&self.gids, pref, &remote.gid).map(|(i, g)| (Some(i), g)).ok_or_else(|| {
+                    format!(
+                        "{} has no GID of the client's family ({}); give the client another --gid-index",
+                        self.nic.name,
+                        if device::is_ipv4_mapped(&remote.gid) { "IPv4" } else { "IPv6" }
+                    )
+                })?
+            }
+            _ => (self.nic.gid_index, self.nic.gid),
+        };
+        let qp =
+            Qp::new(&self.nic.pd, &self.cq, self.nic.caps(BLADE_SQ_DEPTH as usize), 1).map_err(|e| e.to_string())?;
         qp.to_init(self.nic.port).map_err(|e| e.to_string())?;
         let psn = conn::random_psn();
         let mtu = conn::path_mtu(self.nic.mtu, remote.mtu);
-        qp.connect(remote, self.nic.port, self.nic.gid_index, mtu, psn, self.nic.rd_atomic)
-            .map_err(|e| e.to_string())?;
-        let mine = QpEndpoint { qpn: qp.qpn(), psn, lid: self.nic.lid, mtu, gid: self.nic.gid };
+        qp.connect(remote, self.nic.port, gid_index, mtu, psn, self.nic.rd_atomic).map_err(|e| e.to_string())?;
+        let mine = QpEndpoint { qpn: qp.qpn(), psn, lid: self.nic.lid, mtu, gid };
         Ok((Box::new(qp), mine))
     }
 }
@@ -212,6 +251,8 @@ pub struct VerbsTransport {
     infos: Vec<BladeInfo>,
     plan: Mutex<QpPlan>,
     pool: Mutex<Pool>,
+    /// The fallback from thread domains was reported.
+    said_no_td: AtomicBool,
 }
 
 impl std::fmt::Debug for VerbsTransport {
@@ -252,6 +293,7 @@ impl VerbsTransport {
             infos,
             plan: Mutex::new(plan),
             pool: Mutex::new(Pool { slabs: Vec::new(), used: 0 }),
+            said_no_td: AtomicBool::new(false),
         })
     }
 
@@ -296,10 +338,16 @@ impl Transport for VerbsTransport {
         Ok(())
     }
 
-    fn open_thread(&self, _thread: usize, local_bytes: usize) -> Result<Box<dyn Endpoint>> {
+    fn open_thread(&self, _thread: usize, spec: ThreadSpec) -> Result<Box<dyn Endpoint>> {
         let plan = *self.plan.lock().unwrap_or_else(PoisonError::into_inner);
-        let (local, mr) = self.local_slice(local_bytes)?;
-        let cq = Cq::new(&self.nic.ctx, CQ_DEPTH)?;
+        let (local, mr) = self.local_slice(spec.local_bytes)?;
+        // Sized so that neither queue overflows: a QP holds at most the
+        // thread's WRs in flight; the CQ holds a CQE for each of them (an
+        // errored QP flushes every WR) and as many trailing CQEs of QPs
+        // replaced by `reset_qp`.
+        let max_wrs = spec.max_wrs.max(MAX_BATCH);
+        let sq_depth = max_wrs.min(self.nic.max_qp_wr);
+        let cq = Cq::new(&self.nic.ctx, (2 * max_wrs + 64).min(self.nic.max_cqe).min(i32::MAX as usize) as i32)?;
         // per-thread-db: a thread domain gives this thread's QPs a doorbell
         // of their own without a lock. Without provider support the QPs use
         // the context's doorbells as the driver binds them.
@@ -307,10 +355,12 @@ impl Transport for VerbsTransport {
             QpPolicy::PerThreadDb => match Pd::thread_domain(&self.nic.pd)? {
                 Some(td) => td,
                 None => {
-                    eprintln!(
-                        "smart-core: {} has no thread domains; per-thread-db falls back to driver-bound doorbells",
-                        self.nic.name
-                    );
+                    if !self.said_no_td.swap(true, Ordering::Relaxed) {
+                        eprintln!(
+                            "smart-core: {} has no thread domains; per-thread-db falls back to driver-bound doorbells",
+                            self.nic.name
+                        );
+                    }
                     self.nic.pd.clone()
                 }
             },
@@ -318,29 +368,33 @@ impl Transport for VerbsTransport {
         };
         let mut qps = Vec::with_capacity(self.links.len());
         for link in &self.links {
-            qps.push(connect_qp(&self.nic, &pd, &cq, link)?);
+            qps.push(QpLink::new(connect_qp(&self.nic, &pd, &cq, link, sq_depth)?, spec.max_wrs));
         }
         // SAFETY: zeroed ibv_wc structs are valid (plain integers and a union of integers).
         let wcs = (0..64).map(|_| unsafe { std::mem::zeroed::<ibv_wc>() }).collect();
         Ok(Box::new(VerbsEndpoint {
+            qps,
+            retired: Vec::new(),
             local,
             mr,
             pd,
             cq,
-            qps,
+            sq_depth,
+            pending: Vec::new(),
             blades: self.links.iter().map(|l| l.info).collect(),
             planned: [PlannedWr::default(); MAX_BATCH],
             wcs,
             nic: self.nic.clone(),
             links: self.links.clone(),
+            strays: 0,
         }))
     }
 }
 
 /// Creates an RC QP on `pd`/`cq` and connects it to a new QP of the blade
 /// behind `link` (INIT, exchange, RTR, RTS).
-fn connect_qp(nic: &Nic, pd: &Arc<Pd>, cq: &Arc<Cq>, link: &BladeLink) -> Result<Qp> {
-    let qp = Qp::new(pd, cq, nic.caps(), MAX_BATCH)?;
+fn connect_qp(nic: &Nic, pd: &Arc<Pd>, cq: &Arc<Cq>, link: &BladeLink, sq_depth: usize) -> Result<Qp> {
+    let qp = Qp::new(pd, cq, nic.caps(sq_depth), MAX_BATCH)?;
     qp.to_init(nic.port)?;
     let psn = conn::random_psn();
     let mine = QpEndpoint { qpn: qp.qpn(), psn, lid: nic.lid, mtu: nic.mtu, gid: nic.gid };
@@ -350,25 +404,119 @@ fn connect_qp(nic: &Nic, pd: &Arc<Pd>, cq: &Arc<Cq>, link: &BladeLink) -> Result
     Ok(qp)
 }
 
+/// A QP and its outstanding batches.
+struct QpLink {
+    qp: Qp,
+    qpn: u32,
+    track: QpTrack,
+}
+
+impl QpLink {
+    fn new(qp: Qp, max_wrs: usize) -> QpLink {
+        QpLink { qpn: qp.qpn(), qp, track: QpTrack::with_capacity(max_wrs.min(1 << 16)) }
+    }
+}
+
 /// One thread's CQ, QPs and slice of registered memory.
+///
+/// Field order is drop order: the QPs are destroyed first, so no WR can
+/// touch the CQ, the memory registration or the buffers after them, even
+/// when the endpoint is dropped with WRs in flight.
 struct VerbsEndpoint {
+    qps: Vec<QpLink>,
+    /// QPs replaced by `reset_qp`, kept until their last CQEs arrive.
+    retired: Vec<QpLink>,
     local: Arc<LocalMem>,
     mr: Arc<Mr>,
     pd: Arc<Pd>,
     cq: Arc<Cq>,
-    qps: Vec<Qp>,
+    /// WRs each send queue holds.
+    sq_depth: usize,
+    /// Completions found while waiting for send-queue room, or of retired
+    /// QPs destroyed early: handed out by the next `poll`.
+    pending: Vec<Completion>,
     blades: Vec<BladeVerbsInfo>,
     planned: [PlannedWr; MAX_BATCH],
     wcs: Vec<ibv_wc>,
     nic: Arc<Nic>,
     /// The control links, to reconnect a QP after an error.
     links: Vec<Arc<BladeLink>>,
+    /// CQEs that matched no outstanding batch.
+    strays: u64,
 }
 
 impl std::fmt::Debug for VerbsEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VerbsEndpoint").field("qps", &self.qps.len()).finish()
+        f.debug_struct("VerbsEndpoint").field("qps", &self.qps.len()).field("retired", &self.retired.len()).finish()
     }
+}
+
+impl VerbsEndpoint {
+    /// Polls the CQ once, turning CQEs into one completion per batch
+    /// ([`QpTrack`]); destroys retired QPs whose last CQE came.
+    fn drain_cq(&mut self, out: &mut Vec<Completion>) {
+        let VerbsEndpoint { qps, retired, cq, wcs, strays, .. } = self;
+        let r = cq.poll(wcs, |wr_id, code, qpn| {
+            let (batch, index) = plan::split_wr_id(wr_id);
+            let link = match qps.iter_mut().find(|l| l.qpn == qpn) {
+                Some(l) => l,
+                None => match retired.iter_mut().find(|l| l.qpn == qpn) {
+                    Some(l) => l,
+                    None => {
+                        stray(strays, qpn, batch, index, code);
+                        return;
+                    }
+                },
+            };
+            match link.track.cqe(batch, index, code) {
+                Cqe::Completes(c) => {
+                    if code != status::SUCCESS && code != status::WR_FLUSH_ERR {
+                        eprintln!("smart-core: verbs batch failed at WR {index}: {} (code {code})", status::name(code));
+                    }
+                    out.push(c);
+                }
+                Cqe::Trailing => {}
+                Cqe::Stray => stray(strays, qpn, batch, index, code),
+            }
+        });
+        if let Err(e) = r {
+            eprintln!("smart-core: polling the CQ failed: {e}");
+        }
+        if !self.retired.is_empty() {
+            self.retired.retain(|l| !l.track.drained());
+        }
+    }
+
+    /// Waits until QP `b`'s send queue has room for `n` more WRs (only on a
+    /// device whose queues are smaller than the runtime's bound).
+    fn make_room(&mut self, b: usize, n: usize) -> Result<()> {
+        let deadline = Instant::now() + ROOM_WAIT;
+        let mut found = std::mem::take(&mut self.pending);
+        while self.qps[b].track.wrs() + n > self.sq_depth {
+            if Instant::now() > deadline {
+                self.pending = found;
+                return Err(Error::Timeout { blade: b as u16, waited_ms: ROOM_WAIT.as_millis() as u64 });
+            }
+            self.drain_cq(&mut found);
+            std::hint::spin_loop();
+        }
+        self.pending = found;
+        Ok(())
+    }
+}
+
+/// Reports a CQE that belongs to no outstanding batch (the first one, then
+/// every 1024th).
+fn stray(strays: &mut u64, qpn: u32, batch: u64, index: u16, code: u32) {
+    if *strays % 1024 == 0 {
+        eprintln!(
+            "smart-core: a verbs completion matched no outstanding batch (QP {qpn}, batch {batch}, WR {index}, {}); \
+             {} so far",
+            status::name(code),
+            *strays + 1
+        );
+    }
+    *strays += 1;
 }
 
 impl Endpoint for VerbsEndpoint {
@@ -382,6 +530,9 @@ impl Endpoint for VerbsEndpoint {
             return Err(Error::NoSuchBlade(qp, self.qps.len()));
         }
         validate_batch(&self.local, qp, wrs)?;
+        if self.qps[b].track.wrs() + wrs.len() > self.sq_depth {
+            self.make_room(b, wrs.len())?;
+        }
         let n = plan::plan_batch(
             wrs,
             wr_id,
@@ -391,22 +542,18 @@ impl Endpoint for VerbsEndpoint {
             MAX_INLINE,
             &mut self.planned,
         );
-        self.qps[b].post(&self.planned[..n])
+        let link = &mut self.qps[b];
+        link.qp.post(&self.planned[..n])?;
+        link.track.posted(wr_id, n as u16);
+        Ok(())
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
-        let r = self.cq.poll(&mut self.wcs, |wr_id, code| {
-            let (batch, index) = plan::split_wr_id(wr_id);
-            let status = status::map(code).map_err(|s| (s, index));
-            if code != status::SUCCESS && code != status::WR_FLUSH_ERR {
-                eprintln!("smart-core: verbs completion error: {} (code {code})", status::name(code));
-            }
-            out.push(Completion { wr_id: batch, status });
-        });
-        if let Err(e) = r {
-            eprintln!("smart-core: polling the CQ failed: {e}");
+        if !self.pending.is_empty() {
+            out.append(&mut self.pending);
         }
+        self.drain_cq(out);
         out.len() - before
     }
 
@@ -415,10 +562,23 @@ impl Endpoint for VerbsEndpoint {
         if b >= self.qps.len() {
             return Err(Error::NoSuchBlade(qp, self.qps.len()));
         }
+        if self.qps[b].track.in_flight() {
+            return Err(Error::QpBusy(qp));
+        }
         // An errored RC QP is replaced by a fresh pair: both ends may have
         // left RTS, so reconnecting is the one reliable way back.
-        let fresh = connect_qp(&self.nic, &self.pd, &self.cq, &self.links[b])?;
-        self.qps[b] = fresh;
+        let fresh = connect_qp(&self.nic, &self.pd, &self.cq, &self.links[b], self.sq_depth)?;
+        let old = std::mem::replace(&mut self.qps[b], QpLink::new(fresh, self.sq_depth));
+        if !old.track.drained() {
+            // Flushed CQEs of the failed batch may still come: keep the old
+            // QP (in the error state, so they do) until they have.
+            let _ = old.qp.to_error();
+            if self.retired.len() >= MAX_RETIRED {
+                let mut oldest = self.retired.remove(0);
+                oldest.track.abandon(&mut self.pending);
+            }
+            self.retired.push(old);
+        }
         Ok(())
     }
 }
