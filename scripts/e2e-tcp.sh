@@ -36,7 +36,7 @@ run read --op read --size 64 --threads 2 --coroutines 8
 run write --op write --size 256 --batch 4
 run faa-contended --op faa --contended --threads 2 --coroutines 4
 run cas-contended --op cas --contended --threads 2 --coroutines 4
-run smart-all --op faa --contended --threads 2 --coroutines 4 --smart all
+run smart-none --op faa --contended --threads 2 --coroutines 4 --smart none
 
 # YCSB over the RACE hash table on the blade, every value checked, on a
 # table created for 1000 keys that the load grows.

@@ -92,9 +92,10 @@ pub struct Common {
     /// Seconds of warmup before measuring.
     #[arg(long, default_value_t = 1.0)]
     pub warmup: f64,
-    /// Smart techniques to enable: all, none, or a list of thd-res-alloc,
-    /// work-req-throt, conflict-avoid, spec-lookup.
-    #[arg(long, default_value = "none")]
+    /// Smart techniques to enable: all (the default), none (the baseline),
+    /// or a list of thd-res-alloc, work-req-throt, conflict-avoid,
+    /// spec-lookup.
+    #[arg(long, default_value = "all")]
     pub smart: String,
     /// QP policy: shared, multiplexed:K, per-thread-qp, per-thread-db
     /// (default: per-thread-db with thd-res-alloc, else per-thread-qp).

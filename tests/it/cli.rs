@@ -273,7 +273,9 @@ fn a_blade_refuses_bad_backing_files_and_sizes_without_leaving_files_behind() {
 #[test]
 fn smart_techniques_and_qp_policies_show_in_the_record() {
     for (args, policy, flags) in [
+        (&[][..], "per-thread-db", [true, true, true, true]),
         (&["--smart", "all"][..], "per-thread-db", [true, true, true, true]),
+        (&["--smart", "none"][..], "per-thread-qp", [false, false, false, false]),
         (
             &["--smart", "conflict-avoid", "--qp-policy", "multiplexed:2", "--cq", "shared"][..],
             "multiplexed:2",

@@ -284,15 +284,21 @@ impl<'a> Post<'_, 'a> {
         }
         let nwr = b.n as u32;
         if let Some(c) = &inner.credits {
-            // Credits are handed out first come, first served.
+            // Credits are handed out first come, first served; a newcomer
+            // goes at once when they also suffice for a full batch of each
+            // ticket ahead (see `Fifo::pending`).
             let fifo = &inner.credit_fifo;
-            let t = *this.credit_ticket.get_or_insert_with(|| fifo.ticket());
-            if !fifo.is_turn(t) || !c.try_acquire(nwr) {
-                fifo.wait(t, cx.waker());
-                return Poll::Pending;
+            let reserve = fifo.pending().saturating_mul(MAX_BATCH as u64).min(i64::MAX as u64) as i64;
+            let plenty = this.credit_ticket.is_none() && c.available() - i64::from(nwr) >= reserve;
+            if !(plenty && c.try_acquire(nwr)) {
+                let t = *this.credit_ticket.get_or_insert_with(|| fifo.ticket());
+                if !fifo.is_turn(t) || !c.try_acquire(nwr) {
+                    fifo.wait(t, cx.waker());
+                    return Poll::Pending;
+                }
+                this.credit_ticket = None;
+                fifo.entered(t);
             }
-            this.credit_ticket = None;
-            fifo.entered(t);
         }
         // One borrow of the slots for take → post → InFlight (the backend
         // never calls back into the runtime).

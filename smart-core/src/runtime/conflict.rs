@@ -56,8 +56,15 @@ impl Future for EnterOp<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let inner = self.inner;
         let fifo = &inner.op_fifo;
-        let t = *self.ticket.get_or_insert_with(|| fifo.ticket());
         let n_max = inner.backoff.borrow().as_ref().map_or(usize::MAX, Backoff::n_max);
+        // Room for this one and for every ticket ahead: enter at once
+        // (see `Fifo::pending`).
+        if self.ticket.is_none() && (inner.in_op.get() as u64).saturating_add(1 + fifo.pending()) <= n_max as u64 {
+            inner.in_op.set(inner.in_op.get() + 1);
+            self.entered = true;
+            return Poll::Ready(());
+        }
+        let t = *self.ticket.get_or_insert_with(|| fifo.ticket());
         if fifo.is_turn(t) && inner.in_op.get() < n_max {
             inner.in_op.set(inner.in_op.get() + 1);
             self.entered = true;

@@ -92,11 +92,6 @@ impl Runtime {
     /// # Errors
     /// If the endpoint cannot be opened, or the config is out of range.
     pub fn new(transport: &dyn Transport, thread: usize, cfg: RuntimeConfig) -> Result<Runtime> {
-        if let Some(tc) = &cfg.smart.work_req_throt {
-            if tc.candidates.is_empty() || tc.candidates.contains(&0) || tc.delta_ns == 0 {
-                return Err(Error::Unsupported("work-req-throt needs non-zero candidates and Δ".into()));
-            }
-        }
         if cfg.slots == 0 || cfg.slots >= 1 << 16 || cfg.slot_bytes < 64 || cfg.slot_bytes % 8 != 0 {
             return Err(Error::Unsupported(format!("runtime config out of range: {cfg:?}")));
         }
@@ -114,7 +109,10 @@ impl Runtime {
         let start = clock.now();
         let (tuner, credits) = match &cfg.smart.work_req_throt {
             Some(tc) => {
-                let (t, limit) = Tuner::new(tc.clone(), 0, 0);
+                // The range search's ceiling: every WR this thread can have in flight.
+                let bound = u32::try_from(cfg.slots * MAX_BATCH).unwrap_or(u32::MAX);
+                let tc = tc.clone().resolve(bound).map_err(Error::Unsupported)?;
+                let (t, limit) = Tuner::new(tc, 0, 0);
                 (Some(t), Some(CreditThrottle::new(limit)))
             }
             None => (None, None),

@@ -37,6 +37,21 @@ impl Fifo {
         t == self.serving.get()
     }
 
+    /// Tickets issued that have not entered yet (waiting, woken, or
+    /// abandoned and not yet skipped).
+    ///
+    /// A newcomer may enter without a ticket when the resource has room
+    /// for it *and* for one full claim of each of these: then it takes
+    /// nothing a waiter needs. Without that, once a queue has formed (the
+    /// resource was scarce for a while), every later entrant queues behind
+    /// it and is admitted one wake at a time, even after the resource has
+    /// become plentiful: a convoy that measured 0.6× throughput on
+    /// 8-byte READs after WorkReqThrot's limit rose back.
+    #[inline]
+    pub(super) fn pending(&self) -> u64 {
+        self.next.get() - self.serving.get()
+    }
+
     /// Ticket `t` could not enter yet: wake `waker` when it may.
     pub(super) fn wait(&self, t: u64, waker: &Waker) {
         let mut w = self.waiters.borrow_mut();

@@ -3,16 +3,25 @@
 //! Failed CAS retries waste IOPS, and they multiply under skew. After an
 //! unsuccessful attempt a coroutine waits `random(0, min(cap, C0 · 2^k))`
 //! before its k-th retry (truncated, randomized exponential backoff). The
-//! cap adapts to the thread's retry rate p = retries / operations, measured
-//! over fixed windows (1 ms):
+//! thread's controller moves along one scale of *levels*: levels
+//! 0..=`limit_shift` double the cap from C0 to C0 · 2^`limit_shift`; the
+//! levels above keep the cap there and halve `n_max`, the number of its
+//! coroutines allowed inside an operation at once, down to 1.
 //!
-//! * p > p_high: cap ×= 2, up to `C0 · 2^10`.
-//! * p < p_low: cap /= 2, down to C0.
-//!
-//! When the cap is pinned at a bound, the thread instead changes `n_max`,
-//! the number of its coroutines allowed inside an operation at once. It
-//! shrinks (to 1) under heavy retries and grows back (to the coroutine
-//! count) when they stop.
+//! As in the paper, the retry rate p = retries / operations over fixed
+//! windows (1 ms) triggers the moves: p > p_high calls for a level up,
+//! p < p_low for a level down. Unlike the paper, a level up is a *trial*
+//! judged by goodput (operations finished per window): after `trial`
+//! windows it is kept unless the thread finished clearly fewer operations
+//! (by `margin`) than at the level below, in which case the controller goes
+//! back and holds there for `hold` windows. So backing off continues only
+//! while it does not cost goodput. Over a slow transport (TCP, a 20 µs
+//! round trip), where the paper's ladder ended at `n_max` = 1 and halved
+//! throughput, it stops where throughput peaks. While a level above 0
+//! holds, every `hold` windows (doubling, up to 8×, while such probes lose)
+//! a level down is tried too, and kept if it finishes clearly more
+//! operations: the thread recovers when backing off stops helping even if
+//! retries stay high. [`BackoffConfig::paper`] turns the guard off.
 //!
 //! The controller is driven by time (the executor ticks it), not only by
 //! retries, so a window without retries relaxes the cap even when no
@@ -40,12 +49,25 @@ pub struct BackoffConfig {
     pub limit_shift: u32,
     /// Adaptation window (the paper: 1 ms).
     pub window_ns: u64,
-    /// Retry rate above which the cap grows.
+    /// Retry rate above which the controller goes a level up (the paper:
+    /// 0.5; the default 0.2, since the goodput guard undoes a level up
+    /// that costs throughput).
     pub p_high: f64,
-    /// Retry rate below which the cap shrinks.
+    /// Retry rate below which it goes a level down (the paper: 0.1; the
+    /// default 0.05).
     pub p_low: f64,
     /// Whether coroutine throttling (`n_max`) is on.
     pub throttle_coroutines: bool,
+    /// Whether levels are judged by goodput (off: the paper's controller,
+    /// which moves on the retry rate alone).
+    pub goodput_guard: bool,
+    /// Windows a level is measured before it is judged.
+    pub trial: u32,
+    /// Windows to stay after a level up was undone, and between tries of a
+    /// level down while retries stay high.
+    pub hold: u32,
+    /// Goodput difference that counts as clear (a fraction).
+    pub margin: f64,
 }
 
 impl Default for BackoffConfig {
@@ -55,24 +77,60 @@ impl Default for BackoffConfig {
             calibrate_base: false,
             limit_shift: 10,
             window_ns: 1_000_000,
-            p_high: 0.5,
-            p_low: 0.1,
+            p_high: 0.2,
+            p_low: 0.05,
             throttle_coroutines: true,
+            goodput_guard: true,
+            trial: 8,
+            hold: 128,
+            margin: 0.05,
         }
     }
+}
+
+impl BackoffConfig {
+    /// The paper's controller: its retry band [0.1, 0.5] alone moves the
+    /// levels.
+    pub fn paper() -> BackoffConfig {
+        BackoffConfig { goodput_guard: false, p_high: 0.5, p_low: 0.1, ..BackoffConfig::default() }
+    }
+}
+
+/// A level being measured against the one it came from.
+#[derive(Clone, Copy, Debug)]
+struct Trial {
+    /// The level to go back to.
+    from: u32,
+    /// Operations per window at `from`.
+    before: f64,
+    /// A level down (kept only if clearly better) rather than up (kept
+    /// unless clearly worse).
+    down: bool,
+    windows: u32,
+    ops: u64,
 }
 
 /// The per-thread controller: the backoff cap and `n_max`.
 #[derive(Clone, Debug)]
 pub struct Backoff {
     cfg: BackoffConfig,
-    /// The cap is C0 · 2^cap_shift, cap_shift in [0, limit_shift].
-    cap_shift: u32,
-    n_max: usize,
+    /// The position on the scale (see the module docs).
+    level: u32,
+    max_level: u32,
     n_limit: usize,
     window_start: u64,
     ops: u64,
     retries: u64,
+    /// Goodput at the current level: operations and windows since it was entered.
+    level_ops: u64,
+    level_windows: u32,
+    trial: Option<Trial>,
+    /// Windows until a level up may be tried again / a level down probed.
+    hold: u32,
+    probe_in: u32,
+    /// Windows between probes of the level below: from `hold`, doubled
+    /// (up to 8×) each time the probe loses.
+    probe_every: u32,
 }
 
 impl Backoff {
@@ -80,12 +138,32 @@ impl Backoff {
     /// cap C0 and `n_max` = `coroutines`.
     pub fn new(cfg: BackoffConfig, coroutines: usize, now_ns: u64) -> Backoff {
         let n = coroutines.max(1);
-        Backoff { cap_shift: 0, n_max: n, n_limit: n, window_start: now_ns, ops: 0, retries: 0, cfg }
+        // Halvings of n_max down to 1.
+        let halvings = if cfg.throttle_coroutines { usize::BITS - (n - 1).leading_zeros() } else { 0 };
+        Backoff {
+            level: 0,
+            max_level: cfg.limit_shift + halvings,
+            n_limit: n,
+            window_start: now_ns,
+            ops: 0,
+            retries: 0,
+            level_ops: 0,
+            level_windows: 0,
+            trial: None,
+            hold: 0,
+            probe_in: cfg.hold,
+            probe_every: cfg.hold,
+            cfg,
+        }
+    }
+
+    fn cap_shift(&self) -> u32 {
+        self.level.min(self.cfg.limit_shift)
     }
 
     /// The cap now.
     pub fn cap_ns(&self) -> u64 {
-        self.cfg.base_ns << self.cap_shift
+        self.cfg.base_ns << self.cap_shift()
     }
 
     /// C0 now.
@@ -107,7 +185,8 @@ impl Backoff {
 
     /// Coroutines allowed inside an operation at once.
     pub fn n_max(&self) -> usize {
-        self.n_max
+        let halvings = self.level.saturating_sub(self.cfg.limit_shift);
+        (self.n_limit >> halvings).max(1)
     }
 
     /// Counts one finished operation.
@@ -123,38 +202,96 @@ impl Backoff {
         exp.min(self.cap_ns())
     }
 
+    /// Moves to `level`, starting its goodput measurement afresh.
+    fn enter(&mut self, level: u32) {
+        self.level = level;
+        self.level_ops = 0;
+        self.level_windows = 0;
+    }
+
     /// Adapts at the end of each window; returns whether anything changed.
     pub fn tick(&mut self, now_ns: u64) -> bool {
         if now_ns < self.window_start + self.cfg.window_ns {
             return false;
         }
-        let p = if self.ops == 0 {
-            if self.retries == 0 {
+        let (ops, retries) = (self.ops, self.retries);
+        self.window_start = now_ns;
+        self.ops = 0;
+        self.retries = 0;
+        let p = if ops == 0 {
+            if retries == 0 {
                 0.0
             } else {
                 f64::INFINITY
             }
         } else {
-            self.retries as f64 / self.ops as f64
+            retries as f64 / ops as f64
         };
-        let (shift, n) = (self.cap_shift, self.n_max);
-        if p > self.cfg.p_high {
-            if self.cap_shift < self.cfg.limit_shift {
-                self.cap_shift += 1;
-            } else if self.cfg.throttle_coroutines && self.n_max > 1 {
-                self.n_max -= 1;
-            }
+        let before = (self.cap_ns(), self.n_max());
+        if self.cfg.goodput_guard {
+            self.guarded(ops, p);
+        } else if p > self.cfg.p_high {
+            self.enter((self.level + 1).min(self.max_level));
         } else if p < self.cfg.p_low {
-            if self.cap_shift > 0 {
-                self.cap_shift -= 1;
-            } else if self.cfg.throttle_coroutines && self.n_max < self.n_limit {
-                self.n_max += 1;
-            }
+            self.enter(self.level.saturating_sub(1));
         }
-        self.window_start = now_ns;
-        self.ops = 0;
-        self.retries = 0;
-        shift != self.cap_shift || n != self.n_max
+        before != (self.cap_ns(), self.n_max())
+    }
+
+    /// One window of the goodput-guarded controller.
+    fn guarded(&mut self, ops: u64, p: f64) {
+        self.hold = self.hold.saturating_sub(1);
+        self.probe_in = self.probe_in.saturating_sub(1);
+        if let Some(mut t) = self.trial.take() {
+            t.windows += 1;
+            t.ops += ops;
+            if t.windows < self.cfg.trial {
+                self.trial = Some(t);
+                return;
+            }
+            let now = t.ops as f64 / f64::from(t.windows);
+            let keep = if t.down {
+                now > t.before * (1.0 + self.cfg.margin)
+            } else {
+                now >= t.before * (1.0 - self.cfg.margin)
+            };
+            if keep {
+                // The trial's measurement is the new level's baseline.
+                self.level_ops = t.ops;
+                self.level_windows = t.windows;
+            } else {
+                self.enter(t.from);
+            }
+            if t.down {
+                self.probe_every =
+                    if keep { self.cfg.hold } else { (self.probe_every * 2).min(self.cfg.hold.saturating_mul(8)) };
+                self.probe_in = self.probe_every;
+            } else if !keep {
+                self.hold = self.cfg.hold;
+            }
+            return;
+        }
+        self.level_ops += ops;
+        self.level_windows += 1;
+        let baseline = self.level_windows >= self.cfg.trial;
+        let rate = self.level_ops as f64 / f64::from(self.level_windows.max(1));
+        if p < self.cfg.p_low {
+            // Contention is gone: relax without a trial.
+            if self.level > 0 {
+                self.enter(self.level - 1);
+            }
+            return;
+        }
+        if !baseline {
+            return;
+        }
+        if self.level > 0 && self.probe_in == 0 {
+            self.trial = Some(Trial { from: self.level, before: rate, down: true, windows: 0, ops: 0 });
+            self.enter(self.level - 1);
+        } else if p > self.cfg.p_high && self.level < self.max_level && self.hold == 0 {
+            self.trial = Some(Trial { from: self.level, before: rate, down: false, windows: 0, ops: 0 });
+            self.enter(self.level + 1);
+        }
     }
 }
 
@@ -177,44 +314,115 @@ mod tests {
     }
 
     #[test]
-    fn skewed_updates_pin_the_cap_at_the_limit_then_throttle_coroutines() {
-        let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
+    fn the_paper_controller_pins_the_cap_at_the_limit_then_throttles_coroutines() {
+        let mut b = Backoff::new(BackoffConfig::paper(), 16, 0);
         let mut now = 0;
         drive(&mut b, &mut now, 10, 100, 300); // p = 3
         assert_eq!(b.cap_ns(), b.limit_ns(), "skewed → cap at C_limit");
         assert_eq!(b.n_max(), 16, "n_max moves only once the cap is pinned");
-        drive(&mut b, &mut now, 30, 100, 300);
-        assert_eq!(b.n_max(), 1, "pinned and still retrying → n_max shrinks to 1");
+        drive(&mut b, &mut now, 2, 100, 300);
+        assert_eq!(b.n_max(), 4, "pinned and still retrying → n_max halves");
+        drive(&mut b, &mut now, 10, 100, 300);
+        assert_eq!(b.n_max(), 1, "... down to 1");
     }
 
     #[test]
     fn uniform_updates_keep_the_cap_at_the_base() {
-        let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
-        let mut now = 0;
-        drive(&mut b, &mut now, 50, 1000, 20); // p = 0.02
-        assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 16));
-        // Between the thresholds nothing moves.
-        drive(&mut b, &mut now, 5, 100, 10);
-        drive(&mut b, &mut now, 50, 100, 30); // p = 0.3
-        assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 16));
+        // p = 0.3 and 0.1: inside each controller's band.
+        for (cfg, mid) in [(BackoffConfig::paper(), 30), (BackoffConfig::default(), 10)] {
+            let mut b = Backoff::new(cfg, 16, 0);
+            let mut now = 0;
+            drive(&mut b, &mut now, 50, 1000, 20); // p = 0.02
+            assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 16));
+            // Between the thresholds nothing moves, not even a probe (level 0).
+            drive(&mut b, &mut now, 500, 100, mid);
+            assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 16));
+        }
     }
 
     #[test]
     fn relaxes_on_time_alone_when_contention_stops() {
-        let mut b = Backoff::new(BackoffConfig::default(), 8, 0);
+        for cfg in [BackoffConfig::paper(), BackoffConfig::default()] {
+            let mut b = Backoff::new(cfg, 8, 0);
+            let mut now = 0;
+            drive(&mut b, &mut now, 400, 100, 300);
+            assert_eq!((b.cap_ns(), b.n_max()), (b.limit_ns(), 1));
+            // No operations and no retries at all: windows still pass, and it relaxes.
+            drive(&mut b, &mut now, 40, 0, 0);
+            assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 8));
+        }
+    }
+
+    /// Runs `windows` windows of a thread under heavy retries (p = 3) whose
+    /// goodput (operations per window) at each level is `goodput(level)`,
+    /// with ±3 % of deterministic noise; returns the levels visited.
+    fn contend(b: &mut Backoff, now: &mut u64, windows: usize, goodput: impl Fn(u32) -> f64) -> Vec<u32> {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut levels = Vec::with_capacity(windows);
+        for _ in 0..windows {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let ops = (goodput(b.level) * (0.97 + 0.06 * (rng % 1000) as f64 / 1000.0)) as u64;
+            b.ops += ops;
+            b.retries += 3 * ops;
+            *now += b.cfg.window_ns;
+            b.tick(*now);
+            levels.push(b.level);
+        }
+        levels
+    }
+
+    #[test]
+    fn backing_off_continues_while_it_raises_goodput() {
+        // Embedded-like: every level up finishes more operations.
+        let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
         let mut now = 0;
-        drive(&mut b, &mut now, 40, 100, 300);
-        assert_eq!((b.cap_ns(), b.n_max()), (b.limit_ns(), 1));
-        // No operations and no retries at all: windows still pass, and it relaxes.
-        drive(&mut b, &mut now, 40, 0, 0);
-        assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 8));
+        contend(&mut b, &mut now, 400, |l| 100.0 * 1.2f64.powi(l as i32));
+        let levels = contend(&mut b, &mut now, 2000, |l| 100.0 * 1.2f64.powi(l as i32));
+        let top = levels.iter().filter(|&&l| l == b.max_level).count() as f64 / levels.len() as f64;
+        assert!(top > 0.97, "at the top (n_max 1) {:.1} % of the time; probes below cost the rest", top * 100.0);
+    }
+
+    #[test]
+    fn backing_off_stops_where_goodput_peaks() {
+        // TCP-like: the cap helps up to level 6, then each level up costs 20 %.
+        let peak = 6;
+        let model =
+            |l: u32| if l <= peak { 100.0 + 10.0 * f64::from(l) } else { 160.0 * 0.8f64.powi((l - peak) as i32) };
+        let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
+        let mut now = 0;
+        let levels = contend(&mut b, &mut now, 3000, model);
+        let late = &levels[1000..];
+        let at_peak = late.iter().filter(|&&l| l == peak).count() as f64 / late.len() as f64;
+        assert!(at_peak > 0.9, "at the peak {:.0} % of the time", at_peak * 100.0);
+        assert!(late.iter().all(|&l| l <= peak + 1), "never past a level up on trial");
+        assert_eq!(b.n_max(), 16, "coroutines never throttled");
+        // The paper's controller, on the same model, ends at n_max = 1.
+        let mut paper = Backoff::new(BackoffConfig::paper(), 16, 0);
+        contend(&mut paper, &mut now, 400, model);
+        assert_eq!(paper.n_max(), 1);
+    }
+
+    #[test]
+    fn the_controller_raises_n_max_back_when_backing_off_stops_helping() {
+        let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
+        let mut now = 0;
+        contend(&mut b, &mut now, 200, |l| 100.0 * 1.2f64.powi(l as i32));
+        assert_eq!(b.n_max(), 1);
+        // Retries stay high, but now every level up costs 20 %: probes of the
+        // level below win, one level at a time, back to the bottom.
+        let levels = contend(&mut b, &mut now, 6000, |l| 1000.0 * 0.8f64.powi(l as i32));
+        assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 16), "recovered");
+        let late = &levels[4000..];
+        assert!(late.iter().filter(|&&l| l == 0).count() * 10 > late.len() * 9, "stays recovered");
     }
 
     #[test]
     fn waits_grow_exponentially_and_are_truncated_by_the_cap() {
         let cfg = BackoffConfig { calibrate_base: true, ..BackoffConfig::default() };
         let mut b = Backoff::new(cfg, 1, 0);
-        b.cap_shift = 4;
+        b.level = 4;
         assert_eq!(b.on_retry(1), 2 * cfg.base_ns);
         assert_eq!(b.on_retry(3), 8 * cfg.base_ns);
         assert_eq!(b.on_retry(9), 16 * cfg.base_ns);

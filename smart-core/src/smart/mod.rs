@@ -18,7 +18,7 @@ use std::str::FromStr;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use qp::{DoorbellConfig, QpBinding, QpPlan};
-pub use throttle::{CreditThrottle, Tuner, TunerConfig};
+pub use throttle::{CreditThrottle, Search, Tuner, TunerConfig};
 
 /// How QPs are allocated to threads (paper §3.1 baselines and Smart).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use smart_bench::harness::RunConfig;
 use smart_bench::micro::{self, MicroConfig};
 use smart_core::backend::{BladeInfo, Endpoint, LocalMem, ThreadSpec, Transport};
-use smart_core::smart::{BackoffConfig, DoorbellConfig, SmartConfig, TunerConfig};
+use smart_core::smart::{BackoffConfig, DoorbellConfig, Search, SmartConfig, TunerConfig};
 use smart_core::{Completion, EmbeddedTransport, GlobalAddr, Opcode, Runtime, RuntimeConfig, WorkRequest};
 
 use smart_testkit::backends;
@@ -131,7 +131,7 @@ fn outstanding_and_burst(throttle: Option<TunerConfig>) -> (usize, f64) {
 
 #[test]
 fn credits_bound_outstanding_wrs_and_never_stall_large_batches() {
-    let fixed = |l: u32| TunerConfig { candidates: vec![l], initial: l, ..TunerConfig::default() };
+    let fixed = TunerConfig::fixed;
     assert!(max_outstanding(None) >= 16, "without throttling every coroutine has WRs out");
     assert_eq!(max_outstanding(Some(fixed(4))), 5, "limit 4: pairs up to 4, the lone 5-WR batch");
     assert_eq!(max_outstanding(Some(fixed(6))), 6);
@@ -143,7 +143,7 @@ fn credit_waiters_whose_turn_comes_post_in_the_same_round() {
     // another (first come, first served) must all post before the CQ is
     // polled again, so their batches share a round (one `write` over TCP),
     // not one batch per round.
-    let fixed = TunerConfig { candidates: vec![8], initial: 8, ..TunerConfig::default() };
+    let fixed = TunerConfig::fixed(8);
     let (max, burst) = outstanding_and_burst(Some(fixed));
     assert_eq!(max, 8);
     assert!(burst >= 2.5, "{burst:.2} batches per round on average");
@@ -290,7 +290,7 @@ fn doorbells_ring_where_the_plan_binds_them() {
 /// they completed 40 000 reads in all; returns each coroutine's share.
 fn credit_shares(threads: usize) -> Vec<u64> {
     let t = EmbeddedTransport::new(1, 8 << 20).unwrap();
-    let fixed = TunerConfig { candidates: vec![4], initial: 4, ..TunerConfig::default() };
+    let fixed = TunerConfig::fixed(4);
     let cfg = RunConfig {
         threads,
         coroutines: 16,
@@ -334,4 +334,46 @@ fn credits_are_granted_first_come_first_served() {
         let min = *shares.iter().min().unwrap();
         assert!(min * 4 >= avg, "{threads} thread(s): a coroutine got {min} of {avg} on average: {shares:?}");
     }
+}
+
+#[test]
+fn a_queue_formed_while_credits_were_scarce_dissolves_once_they_are_plentiful() {
+    // 5 ms at a limit of 1 WR (every coroutine queues for credits), then
+    // 4096 for good. Afterwards the 32 coroutines must post together again,
+    // one batch each per CQ poll, not trickle through the old queue one
+    // wake at a time (a convoy that cost 0.6× on 8-byte READs).
+    let tc = TunerConfig {
+        search: Search::Fixed(vec![1, 4096]),
+        delta_ns: 5_000_000,
+        stable_deltas: 100_000,
+        ..TunerConfig::default()
+    };
+    let max = Arc::new(AtomicUsize::new(0));
+    let burst = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let t = Counting { inner: EmbeddedTransport::new(1, 8 << 20).unwrap(), max, burst: burst.clone() };
+    let cfg = RuntimeConfig {
+        smart: SmartConfig { work_req_throt: Some(tc), ..SmartConfig::default() },
+        ..RuntimeConfig::default()
+    };
+    let mut rt = Runtime::new(&t, 0, cfg).unwrap();
+    let start = Instant::now();
+    let reset = Rc::new(Cell::new(false));
+    for c in 0..32u64 {
+        let (ctx, burst, reset) = (rt.ctx(), burst.clone(), reset.clone());
+        rt.spawn(async move {
+            let a = GlobalAddr::new(0, 8192 + 64 * c);
+            while start.elapsed() < Duration::from_millis(80) {
+                if start.elapsed() > Duration::from_millis(40) && !reset.replace(true) {
+                    // Past both update steps: count from here on.
+                    burst.0.store(0, Ordering::Relaxed);
+                    burst.1.store(0, Ordering::Relaxed);
+                }
+                ctx.read_u64(a).await.unwrap();
+            }
+        });
+    }
+    rt.run();
+    assert_eq!(rt.ctx().smart_state().credit_limit, Some(4096));
+    let b = burst.0.load(Ordering::Relaxed) as f64 / burst.1.load(Ordering::Relaxed).max(1) as f64;
+    assert!(b > 28.0, "{b:.1} batches per CQ poll after the limit rose (32 coroutines)");
 }

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The technique matrix: each Smart technique alone and all together against
+# none, for micro READ, contended CAS and YCSB a/b/c/update-only over
+# race-ht, on the embedded backend and over loopback TCP. Within a round the
+# settings of one cell run back to back; each cell reports the median of
+# ROUNDS runs, and the ratios are between medians measured in this run.
+#
+#   scripts/bench-smart-matrix.sh [ROUNDS] [SECONDS] [BACKENDS]
+#
+# ROUNDS (default 3), SECONDS per run (default 2), BACKENDS (default
+# "embedded tcp"). Records go to $OUT (default results/smart-matrix), one
+# JSON file per run; the table is printed and written to $OUT/matrix.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+secs=${2:-2}
+backends=${3:-embedded tcp}
+out=${OUT:-results/smart-matrix}
+. scripts/lib.sh
+prepare "$out"
+rm -f "$out"/*.json
+settings=(none thd-res-alloc work-req-throt conflict-avoid spec-lookup all)
+# name | subcommand and its arguments
+workloads=(
+  "read|micro --op read --size 8 --threads 2 --coroutines 32"
+  "cas|micro --op cas --contended --threads 2 --coroutines 16"
+  "ycsb-a|ycsb --workload a --keys 50000 --threads 2 --coroutines 16"
+  "ycsb-b|ycsb --workload b --keys 50000 --threads 2 --coroutines 16"
+  "ycsb-c|ycsb --workload c --keys 50000 --threads 2 --coroutines 16"
+  "upd-16|ycsb --workload update-only --keys 50000 --threads 2 --coroutines 16"
+  "upd-32|ycsb --workload update-only --keys 50000 --threads 2 --coroutines 32"
+)
+total=$(( rounds * ${#workloads[@]} * $(wc -w <<<"$backends") * ${#settings[@]} ))
+n=0
+for r in $(seq "$rounds"); do
+  for backend in $backends; do
+    for w in "${workloads[@]}"; do
+      # A fresh blade for each cell's settings (YCSB tables fill a blade).
+      extra=()
+      if [ "$backend" = tcp ]; then
+        start_blade "$out" --size 2GiB
+        extra=(--blades "$BLADE_ADDR")
+      fi
+      name=${w%%|*}
+      # shellcheck disable=SC2206
+      cmd=(${w#*|})
+      for s in "${settings[@]}"; do
+        n=$((n + 1))
+        echo "[$n/$total] round $r: $backend $name --smart $s" >&2
+        # A new table per YCSB run on the shared blade.
+        table=()
+        [ "${cmd[0]}" = ycsb ] && table=(--table "m$n")
+        "$bin/compute-blade" "${cmd[@]}" "${extra[@]}" "${table[@]}" --smart "$s" --duration "$secs" --warmup 0.5 \
+          --quiet --json "$out/$backend-$name-$s-$r.json" >/dev/null
+      done
+      stop_blade
+    done
+  done
+done
+python3 - "$out" "$rounds" "$backends" "${settings[*]}" "$(printf '%s\n' "${workloads[@]%%|*}")" <<'PY' | tee "$out/matrix.md"
+import json, os, statistics, sys
+d, rounds, backends, settings, names = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5].split()
+def med(backend, name, s, key):
+    vals = [json.load(open(os.path.join(d, f"{backend}-{name}-{s}-{r}.json")))[key] for r in range(1, rounds + 1)]
+    return statistics.median(vals)
+worst = []
+for b in backends:
+    print(f"\n**{b}** (throughput relative to none, median of {rounds}; Mop/s and retries/op of none and all)\n")
+    print("| workload | none Mop/s | " + " | ".join(settings[1:]) + " | retries/op none → all |")
+    print("|---|---|" + "---|" * (len(settings) - 1) + "---|")
+    for name in names:
+        base = med(b, name, "none", "throughput_mops")
+        cells = []
+        for s in settings[1:]:
+            ratio = med(b, name, s, "throughput_mops") / base
+            worst.append((ratio, b, name, s))
+            cells.append(f"{ratio:.2f}×")
+        rn, ra = med(b, name, "none", "retries_per_op"), med(b, name, "all", "retries_per_op")
+        fewer = f" ({rn / ra:.0f}× fewer)" if ra > 0 and rn > 0 else ""
+        print(f"| {name} | {base:.3f} | " + " | ".join(cells) + f" | {rn:.3f} → {ra:.3f}{fewer} |")
+w = min(worst)
+print(f"\nLowest cell: {w[0]:.2f}× ({w[1]}, {w[2]}, --smart {w[3]}).")
+PY
