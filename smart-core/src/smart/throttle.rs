@@ -98,9 +98,9 @@ pub struct TunerConfig {
     /// completed this fraction more WRs per Δ (a noise margin that keeps
     /// the thread unthrottled unless throttling clearly pays).
     pub margin: f64,
-    /// Range search: the stable phase ends early when two Δ in a row
-    /// complete this fraction more or fewer WRs than the chosen limit did
-    /// when it was measured (the workload changed).
+    /// Range search: the stable phase ends early when two windows of 4 Δ
+    /// in a row complete this fraction more or fewer WRs than the chosen
+    /// limit did when it was measured (the workload changed).
     pub shift: f64,
 }
 
@@ -159,6 +159,10 @@ impl TunerConfig {
     }
 }
 
+/// Δ per window of the stable phase's check for a changed workload: long
+/// enough that scheduling noise rarely moves two windows in a row.
+const SHIFT_WINDOW: u64 = 4;
+
 /// Where the range search is within an update phase.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Step {
@@ -198,9 +202,10 @@ enum Phase {
 /// 3. Confirm: if the best is below `max`, measure `max` and the best again
 ///    and throttle only if the best still wins by `margin`.
 /// 4. Stable: keep the choice for `stable_deltas` Δ, doubled (up to 8×)
-///    while the choice holds from epoch to epoch. Two Δ in a row whose
-///    completions differ by `shift` from the choice's measurement end it
-///    early: the workload changed, so the next update phase starts at once.
+///    while the choice holds from epoch to epoch. Two windows of 4 Δ in a
+///    row whose completions differ by `shift` from the choice's
+///    measurement end it early: the workload changed, so the next update
+///    phase starts at once.
 ///
 /// A smaller limit replaces a larger one only when it completed `margin`
 /// more, so when throttling does not clearly help the thread stays
@@ -290,12 +295,12 @@ impl Tuner {
                 if now_ns >= until {
                     return self.restart(now_ns, completed);
                 }
-                if matches!(self.cfg.search, Search::Fixed(_)) || now_ns < since + delta {
+                if matches!(self.cfg.search, Search::Fixed(_)) || now_ns < since + SHIFT_WINDOW * delta {
                     return None;
                 }
                 // One window of the stable phase: still what was measured?
                 let n = (completed - done) as f64;
-                let reference = self.best.1 as f64;
+                let reference = (SHIFT_WINDOW * self.best.1) as f64;
                 let moved = (n - reference).abs() > self.cfg.shift * reference.max(1.0);
                 let off = if moved { off + 1 } else { 0 };
                 if off >= 2 {

@@ -377,3 +377,122 @@ fn a_queue_formed_while_credits_were_scarce_dissolves_once_they_are_plentiful() 
     let b = burst.0.load(Ordering::Relaxed) as f64 / burst.1.load(Ordering::Relaxed).max(1) as f64;
     assert!(b > 28.0, "{b:.1} batches per CQ poll after the limit rose (32 coroutines)");
 }
+
+/// An endpoint over the embedded backend that models an RNIC whose WQE
+/// cache holds `cache` WRs: each completion costs `base` of the polling
+/// thread's time, times 1 + 4 × (outstanding − cache) / cache once more WRs
+/// are outstanding than the cache holds (thrashing).
+#[derive(Debug)]
+struct ThrashingEp {
+    inner: Box<dyn Endpoint>,
+    cache: Arc<AtomicUsize>,
+    outstanding: usize,
+    sizes: std::collections::HashMap<u64, usize>,
+}
+
+struct Thrashing {
+    inner: EmbeddedTransport,
+    cache: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Thrashing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Thrashing")
+    }
+}
+
+impl Transport for Thrashing {
+    fn name(&self) -> &'static str {
+        "thrashing"
+    }
+    fn blades(&self) -> &[BladeInfo] {
+        self.inner.blades()
+    }
+    fn open_thread(&self, thread: usize, spec: ThreadSpec) -> smart_core::Result<Box<dyn Endpoint>> {
+        let inner = self.inner.open_thread(thread, spec)?;
+        Ok(Box::new(ThrashingEp { inner, cache: self.cache.clone(), outstanding: 0, sizes: Default::default() }))
+    }
+}
+
+impl Endpoint for ThrashingEp {
+    fn local(&self) -> &Arc<LocalMem> {
+        self.inner.local()
+    }
+    fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> smart_core::Result<()> {
+        self.inner.post(qp, wr_id, wrs)?;
+        self.outstanding += wrs.len();
+        self.sizes.insert(wr_id, wrs.len());
+        Ok(())
+    }
+    fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
+        let before = out.len();
+        let n = self.inner.poll(out);
+        let cache = self.cache.load(Ordering::Relaxed).max(1);
+        let over = self.outstanding.saturating_sub(cache) as f64 / cache as f64;
+        let cost = Duration::from_nanos((300.0 * (1.0 + 4.0 * over)) as u64 * n as u64);
+        let t0 = Instant::now();
+        while t0.elapsed() < cost {
+            std::hint::spin_loop();
+        }
+        for c in &out[before..] {
+            self.outstanding -= self.sizes.remove(&c.wr_id).unwrap();
+        }
+        n
+    }
+    fn reset_qp(&mut self, qp: u16) -> smart_core::Result<()> {
+        self.inner.reset_qp(qp)
+    }
+}
+
+#[test]
+fn the_tuner_follows_the_best_depth_when_the_workload_changes() {
+    // 32 coroutines keep one READ each in flight. For 1.5 s the modelled
+    // cache holds 64 WRs (no limit helps), then 8 for 1.5 s (a limit near 8
+    // wins by ~10×), then 64 again for 3 s. The per-100 ms timeline of the
+    // credit limit is printed; the tuner must settle near each best depth.
+    let cache = Arc::new(AtomicUsize::new(64));
+    let t = Thrashing { inner: EmbeddedTransport::new(1, 8 << 20).unwrap(), cache: cache.clone() };
+    let cfg = RuntimeConfig {
+        smart: SmartConfig { work_req_throt: Some(TunerConfig::default()), ..SmartConfig::default() },
+        ..RuntimeConfig::default()
+    };
+    let mut rt = Runtime::new(&t, 0, cfg).unwrap();
+    let start = Instant::now();
+    let end = Duration::from_millis(6000);
+    for c in 0..32u64 {
+        let ctx = rt.ctx();
+        rt.spawn(async move {
+            let a = GlobalAddr::new(0, 8192 + 64 * c);
+            while start.elapsed() < end {
+                ctx.read_u64(a).await.unwrap();
+            }
+        });
+    }
+    let timeline = Rc::new(std::cell::RefCell::new(Vec::new()));
+    {
+        let (ctx, timeline) = (rt.ctx(), timeline.clone());
+        rt.spawn(async move {
+            let mut last = 0;
+            while start.elapsed() < end {
+                ctx.sleep_ns(100_000_000).await;
+                let ms = start.elapsed().as_millis() as u64;
+                cache.store(if (1500..3000).contains(&ms) { 8 } else { 64 }, Ordering::Relaxed);
+                let done = ctx.stats().reads;
+                timeline.borrow_mut().push((ms, ctx.smart_state().credit_limit.unwrap(), done - last));
+                last = done;
+            }
+        });
+    }
+    rt.run();
+    let tl = timeline.borrow();
+    for (ms, limit, reads) in tl.iter() {
+        println!("{ms:>5} ms  credit limit {limit:>5}  reads {reads}");
+    }
+    let share = |from: u64, to: u64, ok: &dyn Fn(u32) -> bool| {
+        let w: Vec<_> = tl.iter().filter(|s| s.0 >= from && s.0 < to).collect();
+        w.iter().filter(|s| ok(s.1)).count() as f64 / w.len().max(1) as f64
+    };
+    assert!(share(500, 1500, &|l| l >= 32) > 0.7, "unthrottled while nothing thrashes");
+    assert!(share(1800, 3000, &|l| l <= 12) > 0.7, "near 8 while the cache holds 8");
+    assert!(share(4500, 6000, &|l| l >= 32) > 0.7, "back up once it holds 64 again");
+}
