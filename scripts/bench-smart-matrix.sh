@@ -2,8 +2,10 @@
 # The technique matrix: each Smart technique alone and all together against
 # none, for micro READ, contended CAS and YCSB a/b/c/update-only over
 # race-ht, on the embedded backend and over loopback TCP. Within a round the
-# settings of one cell run back to back; each cell reports the median of
-# ROUNDS runs, and the ratios are between medians measured in this run.
+# settings of one cell run back to back, in an order that rotates from round
+# to round; each cell reports the median over
+# ROUNDS of the ratio to the none run of the same round (all measured in
+# this run).
 #
 #   scripts/bench-smart-matrix.sh [ROUNDS] [SECONDS] [BACKENDS]
 #
@@ -44,7 +46,10 @@ for r in $(seq "$rounds"); do
       name=${w%%|*}
       # shellcheck disable=SC2206
       cmd=(${w#*|})
-      for s in "${settings[@]}"; do
+      # The order of the settings rotates from round to round, so that no
+      # setting always runs first on a fresh blade.
+      k=$(( (r - 1) % ${#settings[@]} ))
+      for s in "${settings[@]:k}" "${settings[@]:0:k}"; do
         n=$((n + 1))
         echo "[$n/$total] round $r: $backend $name --smart $s" >&2
         # A new table per YCSB run on the shared blade.
@@ -63,16 +68,24 @@ d, rounds, backends, settings, names = sys.argv[1], int(sys.argv[2]), sys.argv[3
 def med(backend, name, s, key):
     vals = [json.load(open(os.path.join(d, f"{backend}-{name}-{s}-{r}.json")))[key] for r in range(1, rounds + 1)]
     return statistics.median(vals)
+def rec(backend, name, s, r):
+    return json.load(open(os.path.join(d, f"{backend}-{name}-{s}-{r}.json")))
+def paired(backend, name, s):
+    # Each round's run against the none run of the same round (they ran back
+    # to back), then the median over rounds: slow drifts of a noisy machine cancel.
+    return statistics.median(rec(backend, name, s, r)["throughput_mops"] / rec(backend, name, "none", r)["throughput_mops"]
+                             for r in range(1, rounds + 1))
 worst = []
 for b in backends:
-    print(f"\n**{b}** (throughput relative to none, median of {rounds}; Mop/s and retries/op of none and all)\n")
+    print(f"\n**{b}** (throughput relative to none: median over {rounds} rounds of the ratio within a round; "
+          f"median Mop/s and retries/op of none and all)\n")
     print("| workload | none Mop/s | " + " | ".join(settings[1:]) + " | retries/op none → all |")
     print("|---|---|" + "---|" * (len(settings) - 1) + "---|")
     for name in names:
         base = med(b, name, "none", "throughput_mops")
         cells = []
         for s in settings[1:]:
-            ratio = med(b, name, s, "throughput_mops") / base
+            ratio = paired(b, name, s)
             worst.append((ratio, b, name, s))
             cells.append(f"{ratio:.2f}×")
         rn, ra = med(b, name, "none", "retries_per_op"), med(b, name, "all", "retries_per_op")
