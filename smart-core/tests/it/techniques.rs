@@ -16,12 +16,29 @@ use smart_testkit::backends;
 
 /// Wraps a transport and records the most WRs ever outstanding on a thread,
 /// and the batches posted and the CQ polls that followed posts.
+///
+/// With `cache`, it also models an RNIC whose WQE cache holds that many WRs:
+/// each completion costs 300 ns of the polling thread's time, times
+/// 1 + 4 × (outstanding − cache) / cache once more WRs are outstanding than
+/// the cache holds (thrashing).
 #[derive(Debug)]
 struct Counting {
     inner: EmbeddedTransport,
     max: Arc<AtomicUsize>,
     /// (batches posted, polls with posts before them).
     burst: Arc<(AtomicUsize, AtomicUsize)>,
+    cache: Option<Arc<AtomicUsize>>,
+}
+
+impl Counting {
+    fn new(cache: Option<Arc<AtomicUsize>>) -> Counting {
+        Counting {
+            inner: EmbeddedTransport::new(1, 8 << 20).unwrap(),
+            max: Arc::default(),
+            burst: Arc::default(),
+            cache,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -32,6 +49,7 @@ struct CountingEp {
     sizes: std::collections::HashMap<u64, usize>,
     burst: Arc<(AtomicUsize, AtomicUsize)>,
     since_poll: usize,
+    cache: Option<Arc<AtomicUsize>>,
 }
 
 impl Transport for Counting {
@@ -50,6 +68,7 @@ impl Transport for Counting {
             sizes: Default::default(),
             burst: self.burst.clone(),
             since_poll: 0,
+            cache: self.cache.clone(),
         }))
     }
 }
@@ -74,6 +93,15 @@ impl Endpoint for CountingEp {
         self.since_poll = 0;
         let before = out.len();
         let n = self.inner.poll(out);
+        if let Some(cache) = &self.cache {
+            let cache = cache.load(Ordering::Relaxed).max(1);
+            let over = self.outstanding.saturating_sub(cache) as f64 / cache as f64;
+            let cost = Duration::from_nanos((300.0 * (1.0 + 4.0 * over)) as u64 * n as u64);
+            let t0 = Instant::now();
+            while t0.elapsed() < cost {
+                std::hint::spin_loop();
+            }
+        }
         for c in &out[before..] {
             self.outstanding -= self.sizes.remove(&c.wr_id).unwrap();
         }
@@ -93,9 +121,8 @@ fn max_outstanding(throttle: Option<TunerConfig>) -> usize {
 /// As [`max_outstanding`], and the mean number of batches posted between
 /// two CQ polls (over the polls that had posts before them).
 fn outstanding_and_burst(throttle: Option<TunerConfig>) -> (usize, f64) {
-    let max = Arc::new(AtomicUsize::new(0));
-    let burst = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
-    let t = Counting { inner: EmbeddedTransport::new(1, 8 << 20).unwrap(), max: max.clone(), burst: burst.clone() };
+    let t = Counting::new(None);
+    let (max, burst) = (t.max.clone(), t.burst.clone());
     let cfg = RuntimeConfig {
         smart: SmartConfig { work_req_throt: throttle, ..SmartConfig::default() },
         ..RuntimeConfig::default()
@@ -348,9 +375,8 @@ fn a_queue_formed_while_credits_were_scarce_dissolves_once_they_are_plentiful() 
         stable_deltas: 100_000,
         ..TunerConfig::default()
     };
-    let max = Arc::new(AtomicUsize::new(0));
-    let burst = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
-    let t = Counting { inner: EmbeddedTransport::new(1, 8 << 20).unwrap(), max, burst: burst.clone() };
+    let t = Counting::new(None);
+    let burst = t.burst.clone();
     let cfg = RuntimeConfig {
         smart: SmartConfig { work_req_throt: Some(tc), ..SmartConfig::default() },
         ..RuntimeConfig::default()
@@ -378,72 +404,6 @@ fn a_queue_formed_while_credits_were_scarce_dissolves_once_they_are_plentiful() 
     assert!(b > 28.0, "{b:.1} batches per CQ poll after the limit rose (32 coroutines)");
 }
 
-/// An endpoint over the embedded backend that models an RNIC whose WQE
-/// cache holds `cache` WRs: each completion costs `base` of the polling
-/// thread's time, times 1 + 4 × (outstanding − cache) / cache once more WRs
-/// are outstanding than the cache holds (thrashing).
-#[derive(Debug)]
-struct ThrashingEp {
-    inner: Box<dyn Endpoint>,
-    cache: Arc<AtomicUsize>,
-    outstanding: usize,
-    sizes: std::collections::HashMap<u64, usize>,
-}
-
-struct Thrashing {
-    inner: EmbeddedTransport,
-    cache: Arc<AtomicUsize>,
-}
-
-impl std::fmt::Debug for Thrashing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Thrashing")
-    }
-}
-
-impl Transport for Thrashing {
-    fn name(&self) -> &'static str {
-        "thrashing"
-    }
-    fn blades(&self) -> &[BladeInfo] {
-        self.inner.blades()
-    }
-    fn open_thread(&self, thread: usize, spec: ThreadSpec) -> smart_core::Result<Box<dyn Endpoint>> {
-        let inner = self.inner.open_thread(thread, spec)?;
-        Ok(Box::new(ThrashingEp { inner, cache: self.cache.clone(), outstanding: 0, sizes: Default::default() }))
-    }
-}
-
-impl Endpoint for ThrashingEp {
-    fn local(&self) -> &Arc<LocalMem> {
-        self.inner.local()
-    }
-    fn post(&mut self, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> smart_core::Result<()> {
-        self.inner.post(qp, wr_id, wrs)?;
-        self.outstanding += wrs.len();
-        self.sizes.insert(wr_id, wrs.len());
-        Ok(())
-    }
-    fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
-        let before = out.len();
-        let n = self.inner.poll(out);
-        let cache = self.cache.load(Ordering::Relaxed).max(1);
-        let over = self.outstanding.saturating_sub(cache) as f64 / cache as f64;
-        let cost = Duration::from_nanos((300.0 * (1.0 + 4.0 * over)) as u64 * n as u64);
-        let t0 = Instant::now();
-        while t0.elapsed() < cost {
-            std::hint::spin_loop();
-        }
-        for c in &out[before..] {
-            self.outstanding -= self.sizes.remove(&c.wr_id).unwrap();
-        }
-        n
-    }
-    fn reset_qp(&mut self, qp: u16) -> smart_core::Result<()> {
-        self.inner.reset_qp(qp)
-    }
-}
-
 /// Timing-sensitive (it measures throughput per Δ like the tuner does), so
 /// it is not run among the parallel tests: `.ci/run` runs it alone with
 /// `cargo test --release -p smart-core --test it -- --ignored --exact
@@ -451,12 +411,12 @@ impl Endpoint for ThrashingEp {
 #[test]
 #[ignore = "timing-sensitive: .ci/run runs it alone (see its doc comment)"]
 fn the_tuner_follows_the_best_depth_when_the_workload_changes() {
-    // 32 coroutines keep one READ each in flight. For 1.5 s the modelled
-    // cache holds 64 WRs (no limit helps), then 8 for 1.5 s (a limit near 8
+    // 32 coroutines keep one READ each in flight over a modelled thrashing
+    // RNIC (`Counting` with a cache). For 1.5 s the modelled cache holds 64 WRs (no limit helps), then 8 for 1.5 s (a limit near 8
     // wins by ~10×), then 64 again for 3 s. The per-100 ms timeline of the
     // credit limit is printed; the tuner must settle near each best depth.
     let cache = Arc::new(AtomicUsize::new(64));
-    let t = Thrashing { inner: EmbeddedTransport::new(1, 8 << 20).unwrap(), cache: cache.clone() };
+    let t = Counting::new(Some(cache.clone()));
     let cfg = RuntimeConfig {
         smart: SmartConfig { work_req_throt: Some(TunerConfig::default()), ..SmartConfig::default() },
         ..RuntimeConfig::default()
