@@ -286,10 +286,10 @@ impl<'a> Post<'_, 'a> {
         if let Some(c) = &inner.credits {
             // Credits are handed out first come, first served; a newcomer
             // goes at once when they also suffice for a full batch of each
-            // ticket ahead (see `Fifo::pending`).
+            // ticket ahead (see `Fifo::newcomer_fits`).
             let fifo = &inner.credit_fifo;
-            let reserve = fifo.pending().saturating_mul(MAX_BATCH as u64).min(i64::MAX as u64) as i64;
-            let plenty = this.credit_ticket.is_none() && c.available() - i64::from(nwr) >= reserve;
+            let plenty =
+                this.credit_ticket.is_none() && fifo.newcomer_fits(c.available(), i64::from(nwr), MAX_BATCH as i64);
             if !(plenty && c.try_acquire(nwr)) {
                 let t = *this.credit_ticket.get_or_insert_with(|| fifo.ticket());
                 if !fifo.is_turn(t) || !c.try_acquire(nwr) {

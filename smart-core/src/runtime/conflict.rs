@@ -58,8 +58,9 @@ impl Future for EnterOp<'_> {
         let fifo = &inner.op_fifo;
         let n_max = inner.backoff.borrow().as_ref().map_or(usize::MAX, Backoff::n_max);
         // Room for this one and for every ticket ahead: enter at once
-        // (see `Fifo::pending`).
-        if self.ticket.is_none() && (inner.in_op.get() as u64).saturating_add(1 + fifo.pending()) <= n_max as u64 {
+        // (see `Fifo::newcomer_fits`).
+        let free = n_max.saturating_sub(inner.in_op.get()).min(i64::MAX as usize) as i64;
+        if self.ticket.is_none() && fifo.newcomer_fits(free, 1, 1) {
             inner.in_op.set(inner.in_op.get() + 1);
             self.entered = true;
             return Poll::Ready(());

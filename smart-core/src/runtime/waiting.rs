@@ -37,19 +37,21 @@ impl Fifo {
         t == self.serving.get()
     }
 
-    /// Tickets issued that have not entered yet (waiting, woken, or
-    /// abandoned and not yet skipped).
+    /// Whether a newcomer needing `need` of the resource, with `free` of
+    /// it left, may enter at once without a ticket: only if `free` also
+    /// covers a full claim (`per_ticket`) of every ticket issued and not
+    /// yet entered (waiting, woken, or abandoned and not yet skipped), so
+    /// it takes nothing a waiter needs.
     ///
-    /// A newcomer may enter without a ticket when the resource has room
-    /// for it *and* for one full claim of each of these: then it takes
-    /// nothing a waiter needs. Without that, once a queue has formed (the
-    /// resource was scarce for a while), every later entrant queues behind
-    /// it and is admitted one wake at a time, even after the resource has
-    /// become plentiful: a convoy that measured 0.6× throughput on
-    /// 8-byte READs after WorkReqThrot's limit rose back.
+    /// Without this, once a queue has formed (the resource was scarce for a
+    /// while), every later entrant queues behind it and is admitted one
+    /// wake at a time, even after the resource has become plentiful: a
+    /// convoy that measured 0.6× throughput on 8-byte READs after
+    /// WorkReqThrot's limit rose back.
     #[inline]
-    pub(super) fn pending(&self) -> u64 {
-        self.next.get() - self.serving.get()
+    pub(super) fn newcomer_fits(&self, free: i64, need: i64, per_ticket: i64) -> bool {
+        let pending = (self.next.get() - self.serving.get()).min(i64::MAX as u64) as i64;
+        free.saturating_sub(need) >= pending.saturating_mul(per_ticket)
     }
 
     /// Ticket `t` could not enter yet: wake `waker` when it may.
@@ -134,6 +136,20 @@ mod tests {
     use crate::runtime::test_waker::Count;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+
+    #[test]
+    fn a_newcomer_fits_only_beside_a_full_claim_of_every_ticket_ahead() {
+        let f = Fifo::default();
+        assert!(f.newcomer_fits(1, 1, 16), "no queue: what it needs is enough");
+        assert!(!f.newcomer_fits(0, 1, 16));
+        let (a, b) = (f.ticket(), f.ticket());
+        assert!(!f.newcomer_fits(32, 1, 16), "31 left cannot cover two claims of 16");
+        assert!(f.newcomer_fits(33, 1, 16));
+        f.entered(a);
+        assert!(f.newcomer_fits(17, 1, 16), "one ticket ahead");
+        f.abandon(b);
+        assert!(f.newcomer_fits(1, 1, 16), "the queue is gone");
+    }
 
     #[test]
     fn only_the_turn_is_woken_and_abandoned_tickets_are_skipped() {
