@@ -220,8 +220,8 @@ pub struct Tuner {
     idx: usize,
     /// Range search: where the update phase is.
     step: Step,
-    /// Limits measured in this update phase, with WRs completed per Δ.
-    measured: Vec<(u32, u64)>,
+    /// Limits measured in this update phase.
+    measured: Vec<u32>,
     /// The best so far in this update phase (limit, WRs per Δ).
     best: (u32, u64),
     /// The last epoch's choice, and the current stable length in Δ.
@@ -262,11 +262,6 @@ impl Tuner {
     /// The limit in force.
     pub fn limit(&self) -> u32 {
         self.limit
-    }
-
-    /// Whether an update phase is measuring limits now.
-    pub fn updating(&self) -> bool {
-        matches!(self.phase, Phase::Update { .. })
     }
 
     /// Advances with the time and the thread's running count of completed
@@ -314,10 +309,12 @@ impl Tuner {
         }
     }
 
+    /// Applies `limit`; returns it when the executor must set it: when it
+    /// changed, and at every step of the paper's tuner (as in the original).
     fn set(&mut self, limit: u32) -> Option<u32> {
-        let changed = limit != self.limit;
+        let announce = limit != self.limit || matches!(self.cfg.search, Search::Fixed(_));
         self.limit = limit;
-        changed.then_some(limit)
+        announce.then_some(limit)
     }
 
     /// A new update phase.
@@ -331,14 +328,7 @@ impl Tuner {
             Search::Range { max, .. } => *max,
         };
         self.best = (first, 0);
-        // The paper's tuner announces its first candidate even when it is unchanged.
-        match self.cfg.search {
-            Search::Fixed(_) => {
-                self.limit = first;
-                Some(first)
-            }
-            Search::Range { .. } => self.set(first),
-        }
+        self.set(first)
     }
 
     /// Ends the update phase on the best limit.
@@ -352,13 +342,7 @@ impl Tuner {
         }
         let until = now_ns + self.cfg.delta_ns * self.stable_deltas;
         self.phase = Phase::Stable { until, since: now_ns, done: completed, off: 0 };
-        match self.cfg.search {
-            Search::Fixed(_) => {
-                self.limit = choice;
-                Some(choice)
-            }
-            Search::Range { .. } => self.set(choice),
-        }
+        self.set(choice)
     }
 
     /// The paper's update phase: the next candidate, or `None` when done.
@@ -389,7 +373,7 @@ impl Tuner {
         let l = self.limit;
         match self.step {
             Step::Descend => {
-                self.measured.push((l, n));
+                self.measured.push(l);
                 if l == max || self.better(l, n) {
                     self.best = (l, n);
                 }
@@ -401,7 +385,7 @@ impl Tuner {
                 self.next_refinement()
             }
             Step::Refine { left } => {
-                self.measured.push((l, n));
+                self.measured.push(l);
                 if self.better(l, n) {
                     self.best = (l, n);
                 }
@@ -426,7 +410,7 @@ impl Tuner {
         if let Step::Refine { left } = self.step {
             if left > 0 {
                 let b = self.best.0;
-                let tried = |x: u32| self.measured.iter().any(|m| m.0 == x);
+                let tried = |x: u32| self.measured.contains(&x);
                 let below = (b - b / 4).max(min);
                 let above = (b + b / 2).min(max);
                 for c in [above, below] {
