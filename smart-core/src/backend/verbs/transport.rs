@@ -368,7 +368,7 @@ impl Transport for VerbsTransport {
         };
         let mut qps = Vec::with_capacity(self.links.len());
         for link in &self.links {
-            qps.push(QpLink::new(connect_qp(&self.nic, &pd, &cq, link, sq_depth)?, spec.max_wrs));
+            qps.push(QpLink::new(connect_qp(&self.nic, &pd, &cq, link, sq_depth)?, sq_depth));
         }
         // SAFETY: zeroed ibv_wc structs are valid (plain integers and a union of integers).
         let wcs = (0..64).map(|_| unsafe { std::mem::zeroed::<ibv_wc>() }).collect();
@@ -412,8 +412,10 @@ struct QpLink {
 }
 
 impl QpLink {
-    fn new(qp: Qp, max_wrs: usize) -> QpLink {
-        QpLink { qpn: qp.qpn(), qp, track: QpTrack::with_capacity(max_wrs.min(1 << 16)) }
+    /// A QP whose send queue holds `sq_depth` WRs (so at most that many
+    /// batches are outstanding on it).
+    fn new(qp: Qp, sq_depth: usize) -> QpLink {
+        QpLink { qpn: qp.qpn(), qp, track: QpTrack::with_capacity(sq_depth) }
     }
 }
 
