@@ -285,12 +285,10 @@ impl Backoff {
         if !baseline {
             return;
         }
-        if self.level > 0 && self.probe_in == 0 {
-            self.trial = Some(Trial { from: self.level, before: rate, down: true, windows: 0, ops: 0 });
-            self.enter(self.level - 1);
-        } else if p > self.cfg.p_high && self.level < self.max_level && self.hold == 0 {
-            self.trial = Some(Trial { from: self.level, before: rate, down: false, windows: 0, ops: 0 });
-            self.enter(self.level + 1);
+        let down = self.level > 0 && self.probe_in == 0;
+        if down || (p > self.cfg.p_high && self.level < self.max_level && self.hold == 0) {
+            self.trial = Some(Trial { from: self.level, before: rate, down, windows: 0, ops: 0 });
+            self.enter(if down { self.level - 1 } else { self.level + 1 });
         }
     }
 }
