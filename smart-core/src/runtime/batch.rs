@@ -360,6 +360,54 @@ impl<'a> Post<'_, 'a> {
     }
 }
 
+/// Most batches [`post_all`] posts at once.
+pub const MAX_POST_ALL: usize = 16;
+
+/// Posts every batch in `batches` (each one doorbell, to any blades, all
+/// rung before any completion is awaited) and waits for all of them: the
+/// way to overlap the round trips to several blades. Result `i` is that of
+/// `batches[i]` (`None` where there is no batch, and past the slice).
+///
+/// # Panics
+/// With more than [`MAX_POST_ALL`] entries.
+pub async fn post_all<'b, 'a>(batches: &'b mut [Option<Batch<'a>>]) -> [Option<Result<Done<'a>>>; MAX_POST_ALL] {
+    assert!(batches.len() <= MAX_POST_ALL, "post_all takes at most {MAX_POST_ALL} batches");
+    let mut it = batches.iter_mut();
+    let posts: [Option<Post<'_, 'a>>; MAX_POST_ALL] =
+        std::array::from_fn(|_| it.next().and_then(|b| b.as_mut()).map(Batch::post));
+    PostAll { posts, out: std::array::from_fn(|_| None) }.await
+}
+
+struct PostAll<'b, 'a> {
+    posts: [Option<Post<'b, 'a>>; MAX_POST_ALL],
+    out: [Option<Result<Done<'a>>>; MAX_POST_ALL],
+}
+
+impl<'a> Future for PostAll<'_, 'a> {
+    type Output = [Option<Result<Done<'a>>>; MAX_POST_ALL];
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let mut pending = false;
+        for (p, o) in this.posts.iter_mut().zip(this.out.iter_mut()) {
+            if let Some(post) = p {
+                match Pin::new(post).poll(cx) {
+                    Poll::Ready(r) => {
+                        *o = Some(r);
+                        *p = None;
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(std::mem::replace(&mut this.out, std::array::from_fn(|_| None)))
+        }
+    }
+}
+
 impl Drop for Post<'_, '_> {
     fn drop(&mut self) {
         let inner = &self.batch.ctx.0;

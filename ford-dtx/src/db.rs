@@ -1,0 +1,265 @@
+//! A database: its tables' hash stores on the memory blades, replicated,
+//! found through a catalog at a named root.
+//!
+//! Table `t` of a database over `n` blades has its primary on blade
+//! `t mod n` and its backups on the next `k - 1` blades, for any
+//! `n ≥ k` (Smart-DTX handled at most two blades). Every replica has the
+//! same bucket array; overflow buckets are allocated on every replica at
+//! once and each bucket header names every replica's next bucket, so a
+//! record's backup addresses are known from the chain walked on the
+//! primary (FORD derived backup addresses from primary offsets, which is
+//! wrong for overflow buckets).
+
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::error::{DtxError, Result};
+use crate::layout::{self, catalog, registry, MAX_REPLICAS};
+
+/// A table as a database declares it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableSpec {
+    /// For messages.
+    pub name: String,
+    /// Bytes of every value.
+    pub value_size: usize,
+    /// Rows expected: the bucket array is sized for them at half load.
+    pub rows: u64,
+}
+
+/// A database as created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DbSpec {
+    /// Its named root is `ford:NAME`.
+    pub name: String,
+    /// Table `i` has id `i`.
+    pub tables: Vec<TableSpec>,
+    /// Copies of every table, primary included (k).
+    pub replicas: usize,
+}
+
+/// Where a table lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    /// Table id.
+    pub id: u32,
+    /// Bytes of every value.
+    pub value_size: usize,
+    /// Buckets in the array.
+    pub buckets: u64,
+    /// The bucket array of each replica (replica 0 is the primary).
+    pub base: [GlobalAddr; MAX_REPLICAS],
+}
+
+impl Table {
+    /// Bytes of a record.
+    pub fn record_bytes(&self) -> usize {
+        layout::record_bytes(self.value_size)
+    }
+
+    /// Bytes of a bucket.
+    pub fn bucket_bytes(&self) -> u64 {
+        layout::bucket_bytes(self.value_size)
+    }
+
+    /// The first bucket of `key`'s chain on every replica.
+    pub fn home_bucket(&self, key: u64, replicas: usize) -> [GlobalAddr; MAX_REPLICAS] {
+        let b = layout::murmur64a(key, layout::HASH_SEED) % self.buckets;
+        std::array::from_fn(|r| if r < replicas { self.base[r].add(b * self.bucket_bytes()) } else { GlobalAddr::NULL })
+    }
+}
+
+/// An open database: what every compute thread needs to find its rows
+/// (immutable once created; cheap to share).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Db {
+    /// Its name.
+    pub name: String,
+    /// The tables, by id.
+    pub tables: Vec<Table>,
+    /// Copies of every table (k).
+    pub replicas: usize,
+    /// Blades when created (the placement depends on it).
+    pub blades: usize,
+    /// The registry of compute blades.
+    pub registry: GlobalAddr,
+    /// The largest value of any table (sizes log entries).
+    pub max_value: usize,
+}
+
+fn root_name(name: &str) -> String {
+    format!("ford:{name}")
+}
+
+fn word(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+/// Buckets for `rows` rows at half load.
+pub fn buckets_for(rows: u64) -> u64 {
+    rows.div_ceil(layout::SLOTS as u64 / 2).max(1)
+}
+
+impl Db {
+    /// Opens database `name`, if it exists.
+    ///
+    /// # Errors
+    /// A catalog that is not one, or made for another number of blades;
+    /// verb errors.
+    pub async fn open(ctx: &Ctx, name: &str) -> Result<Option<Db>> {
+        let Some(at) = ctx.root(0, &root_name(name)).await? else { return Ok(None) };
+        let mut c = vec![0u8; catalog::BYTES];
+        ctx.read(at, &mut c).await?;
+        if word(&c, 0) != catalog::MAGIC {
+            return Err(DtxError::Corrupt(format!("root ford:{name} at {at} holds no catalog")));
+        }
+        let (ntables, replicas, blades) = (word(&c, 8) as usize, word(&c, 16) as usize, word(&c, 24) as usize);
+        if blades != ctx.blades().len() {
+            return Err(DtxError::Config(format!(
+                "database {name} was created over {blades} memory blades; this run has {}",
+                ctx.blades().len()
+            )));
+        }
+        if ntables > catalog::MAX_TABLES || replicas == 0 || replicas > MAX_REPLICAS {
+            return Err(DtxError::Corrupt(format!("catalog of {name}: {ntables} tables, {replicas} replicas")));
+        }
+        let tables = (0..ntables)
+            .map(|t| {
+                let e = catalog::HEADER + t * catalog::TABLE;
+                Table {
+                    id: word(&c, e) as u32,
+                    value_size: word(&c, e + 8) as usize,
+                    buckets: word(&c, e + 16),
+                    base: std::array::from_fn(|r| GlobalAddr::from_raw(word(&c, e + 32 + 8 * r))),
+                }
+            })
+            .collect();
+        Ok(Some(Db {
+            name: name.to_string(),
+            tables,
+            replicas,
+            blades,
+            registry: GlobalAddr::from_raw(word(&c, 32)),
+            max_value: word(&c, 56) as usize,
+        }))
+    }
+
+    /// Opens database `spec.name`, creating it (empty) unless it exists;
+    /// says whether it existed. Under a race of creators one catalog wins
+    /// and everyone opens it (the losers' allocations are left unused).
+    ///
+    /// # Errors
+    /// A spec that cannot be placed (more replicas than blades, too many
+    /// tables, values too large), an existing database of another shape,
+    /// a blade out of memory; verb errors.
+    pub async fn create(ctx: &Ctx, spec: &DbSpec) -> Result<(Db, bool)> {
+        let n = ctx.blades().len();
+        if spec.replicas == 0 || spec.replicas > MAX_REPLICAS || spec.replicas > n {
+            return Err(DtxError::Config(format!(
+                "{} replicas over {n} memory blades: need 1 ≤ replicas ≤ min(blades, {MAX_REPLICAS})",
+                spec.replicas
+            )));
+        }
+        if spec.tables.is_empty() || spec.tables.len() > catalog::MAX_TABLES {
+            return Err(DtxError::Config(format!("1 to {} tables, not {}", catalog::MAX_TABLES, spec.tables.len())));
+        }
+        if let Some(t) = spec.tables.iter().find(|t| t.value_size == 0 || t.value_size > layout::MAX_VALUE) {
+            return Err(DtxError::Config(format!(
+                "table {}: values of {} bytes (1 to {})",
+                t.name,
+                t.value_size,
+                layout::MAX_VALUE
+            )));
+        }
+        if let Some(db) = Db::open(ctx, &spec.name).await? {
+            db.check_shape(spec)?;
+            return Ok((db, true));
+        }
+        let max_value = spec.tables.iter().map(|t| t.value_size).max().unwrap_or(8);
+        let mut tables = Vec::new();
+        for (t, ts) in spec.tables.iter().enumerate() {
+            let buckets = buckets_for(ts.rows);
+            let bytes = buckets * layout::bucket_bytes(ts.value_size);
+            let mut base = [GlobalAddr::NULL; MAX_REPLICAS];
+            for (r, b) in base.iter_mut().enumerate().take(spec.replicas) {
+                *b = ctx.alloc(((t + r) % n) as u16, bytes, 64).await?;
+            }
+            tables.push(Table { id: t as u32, value_size: ts.value_size, buckets, base });
+        }
+        let registry = ctx.alloc(0, registry::SLOTS * registry::SLOT, 64).await?;
+        let mut c = vec![0u8; catalog::BYTES];
+        let put = |c: &mut [u8], i: usize, v: u64| c[i..i + 8].copy_from_slice(&v.to_le_bytes());
+        put(&mut c, 0, catalog::MAGIC);
+        put(&mut c, 8, tables.len() as u64);
+        put(&mut c, 16, spec.replicas as u64);
+        put(&mut c, 24, n as u64);
+        put(&mut c, 32, registry.raw());
+        put(&mut c, 40, registry::SLOTS);
+        put(&mut c, 56, max_value as u64);
+        for t in &tables {
+            let e = catalog::HEADER + t.id as usize * catalog::TABLE;
+            put(&mut c, e, u64::from(t.id));
+            put(&mut c, e + 8, t.value_size as u64);
+            put(&mut c, e + 16, t.buckets);
+            for r in 0..MAX_REPLICAS {
+                put(&mut c, e + 32 + 8 * r, t.base[r].raw());
+            }
+        }
+        let at = ctx.alloc(0, catalog::BYTES as u64, 64).await?;
+        ctx.write(at, &c).await?;
+        let won = ctx.set_root(0, &root_name(&spec.name), at).await?;
+        let db = Db::open(ctx, &spec.name).await?.ok_or_else(|| DtxError::Corrupt("catalog vanished".into()))?;
+        db.check_shape(spec)?;
+        Ok((db, won != at))
+    }
+
+    fn check_shape(&self, spec: &DbSpec) -> Result<()> {
+        let same = self.replicas == spec.replicas
+            && self.tables.len() == spec.tables.len()
+            && self.tables.iter().zip(&spec.tables).all(|(a, b)| a.value_size == b.value_size);
+        if same {
+            Ok(())
+        } else {
+            Err(DtxError::Config(format!(
+                "database {} exists with another shape ({} replicas, value sizes {:?}): use another name or fresh blades",
+                self.name,
+                self.replicas,
+                self.tables.iter().map(|t| t.value_size).collect::<Vec<_>>()
+            )))
+        }
+    }
+
+    /// Table `id`.
+    ///
+    /// # Panics
+    /// If there is no such table.
+    pub fn table(&self, id: u32) -> &Table {
+        &self.tables[id as usize]
+    }
+
+    /// Registry slot `i`'s address.
+    pub fn registry_slot(&self, i: u16) -> GlobalAddr {
+        self.registry.add(u64::from(i) * registry::SLOT)
+    }
+}
+
+/// Allocates an overflow bucket on every replica and links it after the
+/// chain's last bucket `last` (on the primary); returns the chain's new
+/// last bucket on every replica. The new primary bucket names its mirrors
+/// before it is linked, so the link publishes it whole. Under a race, the
+/// loser's buckets are left unused and the winner's returned.
+///
+/// # Errors
+/// A blade out of memory; verb errors.
+pub(crate) async fn extend_chain(ctx: &Ctx, t: &Table, replicas: usize, last: GlobalAddr) -> Result<GlobalAddr> {
+    let mut header = [0u8; layout::BUCKET_HEADER as usize];
+    let primary = ctx.alloc(last.blade(), t.bucket_bytes(), 64).await?;
+    let n = ctx.blades().len();
+    for r in 1..replicas {
+        let blade = ((primary.blade() as usize + r) % n) as u16;
+        let m = ctx.alloc(blade, t.bucket_bytes(), 64).await?;
+        header[8 * r..8 * r + 8].copy_from_slice(&m.raw().to_le_bytes());
+    }
+    ctx.write(primary, &header).await?;
+    let old = ctx.cas(last, 0, primary.raw()).await?;
+    Ok(if old == 0 { primary } else { GlobalAddr::from_raw(old) })
+}

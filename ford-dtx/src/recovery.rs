@@ -1,0 +1,329 @@
+//! Recovery after compute blades die, and the audit of a quiescent
+//! database.
+//!
+//! A compute blade that dies (SIGKILL at any instant) leaves, at worst, per
+//! coroutine one transaction in flight: locks on primaries that name it,
+//! perhaps a durable undo log entry, perhaps some of its record WRITEs.
+//! [`recover`] finds the registry slots whose lease expired (or the one it
+//! is told), and for each:
+//! 1. reads every log entry of that registration (its nonce, CRC-checked);
+//!    for each, reads the primaries' lock words of its items:
+//!    - all still held by it: the transaction was not acknowledged (it
+//!      returns only after releasing its locks) and may have written some
+//!      records: every replica gets the old image back, then the locks go;
+//!    - some released: it had flushed every record on every replica before
+//!      releasing any lock, so it committed: the rest are released;
+//!    - none: nothing to do;
+//! 2. scans every table's primary for locks that still name the dead
+//!    blade: transactions that died before their log entry was durable,
+//!    so they wrote nothing: released (by CAS, never over another's lock);
+//! 3. frees the slot.
+//!
+//! Every step is idempotent, so a recovery that dies is simply run again.
+//! Committed transactions stay (nothing rolls them back); uncommitted ones
+//! leave nothing behind.
+
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::db::{Db, Table};
+use crate::error::{DtxError, Result};
+use crate::layout::{self, log, registry, state, Owner, MAX_REPLICAS};
+use crate::registry::{now_ms, slots, SlotInfo};
+
+/// How long after its lease expired a slot counts as dead: covers a claim
+/// whose expiry is not written yet, and clock skew between compute blades.
+pub const GRACE_MS: u64 = 2_000;
+
+/// What recovery did for one dead compute blade.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Recovered {
+    /// Its registry slot.
+    pub slot: u16,
+    /// Its process id.
+    pub pid: u64,
+    /// Valid log entries found.
+    pub entries: u64,
+    /// Transactions rolled back (old images restored).
+    pub rolled_back: u64,
+    /// Transactions rolled forward (their remaining locks released).
+    pub rolled_forward: u64,
+    /// Locks of transactions without a log entry, released.
+    pub released: u64,
+}
+
+/// Which registrations to recover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Which {
+    /// Those whose lease expired more than [`GRACE_MS`] ago.
+    Expired,
+    /// This slot, whatever its lease says (the caller knows it is dead).
+    Slot(u16),
+}
+
+/// Recovers the dead compute blades of `db` (see the module docs).
+///
+/// # Errors
+/// A corrupt log; verb errors (recovery can then be run again).
+pub async fn recover(ctx: &Ctx, db: &Db, which: Which) -> Result<Vec<Recovered>> {
+    let now = now_ms();
+    let mut out = Vec::new();
+    for s in slots(ctx, db).await? {
+        let dead = match which {
+            Which::Expired => s.claim != 0 && s.expiry_ms.saturating_add(GRACE_MS) < now,
+            Which::Slot(i) => s.slot == i && s.claim != 0,
+        };
+        if !dead {
+            continue;
+        }
+        let at = db.registry_slot(s.slot);
+        let mine = s.nonce() | registry::RECOVERING;
+        if ctx.cas(at, s.claim, mine).await? != s.claim {
+            continue; // claimed by another recovery, or renewed
+        }
+        // Hold the slot against other recoveries while this one runs.
+        ctx.write(at.add(8), &(now_ms() + 60_000).to_le_bytes()).await?;
+        out.push(recover_slot(ctx, db, &s).await?);
+        ctx.write(at.add(8), &now_ms().to_le_bytes()).await?;
+        ctx.cas(at, mine, 0).await?;
+    }
+    Ok(out)
+}
+
+/// A valid log entry's items: (table, old state, key, old version, loc,
+/// old value).
+struct EntryItem {
+    table: u32,
+    old_state: u8,
+    key: u64,
+    old_version: u64,
+    loc: [GlobalAddr; MAX_REPLICAS],
+    value: Vec<u8>,
+}
+
+fn parse_entry(e: &[u8], nonce: u64, db: &Db) -> Option<(u64, Vec<EntryItem>)> {
+    let w = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
+    if w(0) != log::MAGIC || w(8) != nonce {
+        return None;
+    }
+    let (items, len) = ((w(32) & 0xffff_ffff) as usize, (w(32) >> 32) as usize);
+    let item_bytes = log::ITEM_HEADER + layout::value_cap(db.max_value);
+    if items > log::MAX_WRITES || len != log::HEADER + items * item_bytes || len > e.len() {
+        return None;
+    }
+    if u32::from_le_bytes(e[40..44].try_into().expect("4 bytes")) != log::crc(&e[..len]) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(items);
+    for k in 0..items {
+        let o = log::HEADER + k * item_bytes;
+        let (table, vs) = ((w(o) & 0xffff_ffff) as u32, w(o + 24) as usize);
+        if table as usize >= db.tables.len() || vs != db.table(table).value_size {
+            return None;
+        }
+        out.push(EntryItem {
+            table,
+            old_state: (w(o) >> 32) as u8,
+            key: w(o + 8),
+            old_version: w(o + 16),
+            loc: std::array::from_fn(|r| GlobalAddr::from_raw(w(o + 32 + 8 * r))),
+            value: e[o + log::ITEM_HEADER..o + log::ITEM_HEADER + vs].to_vec(),
+        });
+    }
+    Some((w(24), out))
+}
+
+async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo) -> Result<Recovered> {
+    let mut rep = Recovered { slot: s.slot, pid: s.pid, ..Recovered::default() };
+    let entry_bytes = log::entry_bytes(db.max_value);
+    if !s.log.is_null() {
+        let mut area = vec![0u8; (s.threads * s.coroutines * log::ENTRIES) as usize * entry_bytes];
+        ctx.read_all(s.log, &mut area).await?;
+        for e in area.chunks(entry_bytes) {
+            let Some((lw, items)) = parse_entry(e, s.nonce(), db) else { continue };
+            rep.entries += 1;
+            let mut held = Vec::with_capacity(items.len());
+            for it in &items {
+                held.push(ctx.read_u64(it.loc[0].add(layout::LOCK)).await? == lw);
+            }
+            let n = held.iter().filter(|h| **h).count();
+            if n == items.len() && n > 0 {
+                for it in &items {
+                    restore(ctx, db, it, lw).await?;
+                }
+                rep.rolled_back += 1;
+            } else if n > 0 {
+                rep.rolled_forward += 1;
+            }
+            for (it, h) in items.iter().zip(&held) {
+                if *h {
+                    ctx.cas(it.loc[0].add(layout::LOCK), lw, 0).await?;
+                }
+            }
+        }
+    }
+    for t in &db.tables {
+        let mut locks = Vec::new();
+        scan(ctx, t, 1, |at, recs| {
+            let lock = u64::from_le_bytes(recs[0][40..48].try_into().expect("8 bytes"));
+            if Owner::of(lock).is_some_and(|o| o.blade == s.slot) {
+                locks.push((at, lock));
+            }
+        })
+        .await?;
+        for (at, lock) in locks {
+            if ctx.cas(at.add(layout::LOCK), lock, 0).await? == lock {
+                rep.released += 1;
+            }
+        }
+    }
+    Ok(rep)
+}
+
+/// Writes an item's old image to every replica (the primary keeping the
+/// dead transaction's lock word, released after).
+async fn restore(ctx: &Ctx, db: &Db, it: &EntryItem, lw: u64) -> Result<()> {
+    let t = db.table(it.table);
+    let mut rec = vec![0u8; t.record_bytes()];
+    for r in (0..db.replicas).rev() {
+        let lock = if r == 0 { lw } else { 0 };
+        if it.old_state == state::FREE {
+            rec.fill(0);
+            rec[40..48].copy_from_slice(&lock.to_le_bytes());
+        } else {
+            layout::encode(
+                &mut rec,
+                t.value_size,
+                u64::from(it.table),
+                it.key,
+                it.loc[0],
+                it.old_version,
+                lock,
+                it.old_state,
+                &it.value,
+            );
+        }
+        ctx.write_all(it.loc[r], &rec).await?;
+    }
+    Ok(())
+}
+
+/// Calls `f(primary address, records)` for every slot of table `t` that is
+/// not free, with the records of the first `replicas` replicas (the
+/// primary's first), read in large pieces; follows overflow chains.
+///
+/// # Errors
+/// A chain that names no mirror; verb errors.
+pub async fn scan<F>(ctx: &Ctx, t: &Table, replicas: usize, mut f: F) -> Result<()>
+where
+    F: FnMut(GlobalAddr, [&[u8]; MAX_REPLICAS]),
+{
+    let bb = t.bucket_bytes();
+    let per = (256 << 10) / bb.max(1) + 1;
+    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); replicas];
+    let mut chain: Vec<Vec<u8>> = vec![vec![0; bb as usize]; replicas];
+    let mut b = 0;
+    while b < t.buckets {
+        let n = per.min(t.buckets - b);
+        for (r, buf) in bufs.iter_mut().enumerate() {
+            buf.resize((n * bb) as usize, 0);
+            ctx.read_all(t.base[r].add(b * bb), buf).await?;
+        }
+        for i in 0..n {
+            let o = (i * bb) as usize;
+            let views: [&[u8]; MAX_REPLICAS] =
+                std::array::from_fn(|r| if r < replicas { &bufs[r][o..o + bb as usize] } else { &[][..] });
+            each_slot(t, t.base[0].add((b + i) * bb), views, &mut f);
+            let mut next = layout::header_of(views[0]).0;
+            while next != 0 {
+                let at = GlobalAddr::from_raw(next);
+                ctx.read(at, &mut chain[0]).await?;
+                let (nx, mirrors) = layout::header_of(&chain[0]);
+                for r in 1..replicas {
+                    if mirrors[r] == 0 {
+                        return Err(DtxError::Corrupt(format!("overflow bucket {at} names no replica {r}")));
+                    }
+                    ctx.read(GlobalAddr::from_raw(mirrors[r]), &mut chain[r]).await?;
+                }
+                let views: [&[u8]; MAX_REPLICAS] =
+                    std::array::from_fn(|r| if r < replicas { &chain[r][..] } else { &[][..] });
+                each_slot(t, at, views, &mut f);
+                next = nx;
+            }
+        }
+        b += n;
+    }
+    Ok(())
+}
+
+fn each_slot<F: FnMut(GlobalAddr, [&[u8]; MAX_REPLICAS])>(
+    t: &Table,
+    bucket: GlobalAddr,
+    views: [&[u8]; MAX_REPLICAS],
+    f: &mut F,
+) {
+    let rb = t.record_bytes();
+    for s in 0..layout::SLOTS {
+        let off = layout::slot_offset(t.value_size, s) as usize;
+        let recs: [&[u8]; MAX_REPLICAS] =
+            std::array::from_fn(|r| if views[r].is_empty() { &[][..] } else { &views[r][off..off + rb] });
+        let lock = u64::from_le_bytes(recs[0][40..48].try_into().expect("8 bytes"));
+        if recs[0][rb - 8] == state::FREE && recs[0][..40].iter().all(|b| *b == 0) && lock == 0 {
+            return; // free slots are the chain's tail
+        }
+        f(bucket.add(off as u64), recs);
+    }
+}
+
+/// The audit of a quiescent database (no transaction running).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AuditReport {
+    /// Visible rows per table.
+    pub live: Vec<u64>,
+    /// Locks held (a quiescent database holds none).
+    pub locks_held: u64,
+    /// Records whose replicas differ (outside the lock word).
+    pub replica_mismatches: u64,
+    /// Records that fail their CRC.
+    pub torn: u64,
+}
+
+impl AuditReport {
+    /// Violations: locks held, replicas that differ, torn records.
+    pub fn violations(&self) -> u64 {
+        self.locks_held + self.replica_mismatches + self.torn
+    }
+}
+
+/// Audits every table: replicas agree, no lock held, every record intact;
+/// calls `row(table, key, value)` for every visible row (to check the
+/// application's invariants).
+///
+/// # Errors
+/// Verb errors.
+pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) -> Result<AuditReport> {
+    let mut rep = AuditReport { live: vec![0; db.tables.len()], ..AuditReport::default() };
+    for t in &db.tables {
+        scan(ctx, t, db.replicas, |_, recs| {
+            let rb = t.record_bytes();
+            let p = recs[0];
+            if u64::from_le_bytes(p[40..48].try_into().expect("8 bytes")) != 0 {
+                rep.locks_held += 1;
+            }
+            for r in recs.iter().take(db.replicas).skip(1) {
+                if r[..40] != p[..40] || r[48..rb] != p[48..rb] {
+                    rep.replica_mismatches += 1;
+                }
+            }
+            match layout::decode(p, t.value_size) {
+                Ok(rec) if rec.state == state::LIVE => {
+                    rep.live[t.id as usize] += 1;
+                    row(t.id, rec.key, rec.value);
+                }
+                Ok(_) => {}
+                Err(_) => rep.torn += 1,
+            }
+        })
+        .await?;
+    }
+    Ok(rep)
+}

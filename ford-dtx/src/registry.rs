@@ -1,0 +1,249 @@
+//! Compute blades register on the database with a lease: a registry slot
+//! whose number names them in lock words, their log area, and an expiry
+//! time a heartbeat thread keeps pushing forward. A slot whose lease
+//! expired belongs to a dead compute blade, for [`crate::recovery`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use smart_core::runtime::RuntimeConfig;
+use smart_core::{Ctx, GlobalAddr, Runtime, Transport};
+
+use crate::db::Db;
+use crate::error::{DtxError, Result};
+use crate::layout::{self, log, registry};
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A registry slot as read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotInfo {
+    /// Slot number (the owner id in lock words).
+    pub slot: u16,
+    /// Claim word: 0 free, else the holder's nonce (bit 63: recovering).
+    pub claim: u64,
+    /// Lease expiry, Unix ms.
+    pub expiry_ms: u64,
+    /// The holder's log area.
+    pub log: GlobalAddr,
+    /// Its worker threads.
+    pub threads: u64,
+    /// Its coroutines per thread.
+    pub coroutines: u64,
+    /// Its process id (for messages).
+    pub pid: u64,
+}
+
+impl SlotInfo {
+    fn parse(slot: u16, b: &[u8]) -> SlotInfo {
+        let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        SlotInfo {
+            slot,
+            claim: w(0),
+            expiry_ms: w(8),
+            log: GlobalAddr::from_raw(w(16)),
+            threads: w(24),
+            coroutines: w(32),
+            pid: w(40),
+        }
+    }
+
+    /// The registration nonce (the claim without the recovering bit).
+    pub fn nonce(&self) -> u64 {
+        self.claim & !registry::RECOVERING
+    }
+}
+
+/// Reads every registry slot.
+///
+/// # Errors
+/// Verb errors.
+pub async fn slots(ctx: &Ctx, db: &Db) -> Result<Vec<SlotInfo>> {
+    let mut all = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
+    ctx.read_all(db.registry, &mut all).await?;
+    Ok((1..registry::SLOTS as u16)
+        .map(|i| SlotInfo::parse(i, &all[i as usize * registry::SLOT as usize..][..registry::SLOT as usize]))
+        .collect())
+}
+
+/// Bytes of one coroutine's log ring in a database.
+pub fn ring_bytes(db: &Db) -> u64 {
+    log::ENTRIES * log::entry_bytes(db.max_value) as u64
+}
+
+/// A fresh nonce: non-zero, bit 63 clear.
+fn nonce() -> u64 {
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut z = t ^ u64::from(std::process::id()).rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z ^ (z >> 31)) & !registry::RECOVERING).max(1)
+}
+
+/// Claims a free registry slot for a compute blade of `threads` ×
+/// `coroutines` and allocates its log area; returns the slot and nonce.
+pub(crate) async fn claim(
+    ctx: &Ctx,
+    db: &Db,
+    threads: usize,
+    coroutines: usize,
+    lease: Duration,
+) -> Result<(SlotInfo, u64)> {
+    if threads > layout::MAX_THREADS || coroutines > layout::MAX_THREADS {
+        return Err(DtxError::Config(format!("at most {} threads and coroutines per thread", layout::MAX_THREADS)));
+    }
+    let me = nonce();
+    for s in slots(ctx, db).await? {
+        if s.claim != 0 || ctx.cas(db.registry_slot(s.slot), 0, me).await? != 0 {
+            continue;
+        }
+        let bytes = (threads * coroutines) as u64 * ring_bytes(db);
+        let blade = (s.slot as usize % ctx.blades().len()) as u16;
+        // A slot's earlier log area is reused when it is large enough:
+        // recovery left no live entry in it, and entries carry the nonce of
+        // their registration, so old ones are ignored.
+        let log = if !s.log.is_null() && s.threads * s.coroutines >= (threads * coroutines) as u64 {
+            s.log
+        } else {
+            ctx.alloc(blade, bytes, 64).await?
+        };
+        let (threads, coroutines) = if log == s.log { (s.threads, s.coroutines) } else { (threads as u64, coroutines as u64) };
+        let mut b = [0u8; 48];
+        let info = SlotInfo {
+            slot: s.slot,
+            claim: me,
+            expiry_ms: now_ms() + lease.as_millis() as u64,
+            log,
+            threads,
+            coroutines,
+            pid: u64::from(std::process::id()),
+        };
+        for (i, v) in [info.expiry_ms, log.raw(), threads, coroutines, info.pid].into_iter().enumerate() {
+            b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        ctx.write(db.registry_slot(s.slot).add(8), &b[..40]).await?;
+        return Ok((info, me));
+    }
+    Err(DtxError::RegistryFull(registry::SLOTS - 1))
+}
+
+/// This compute blade's registration: its slot, its log area, and the
+/// heartbeat thread that renews its lease.
+///
+/// [`Registration::close`] frees the slot at a clean end. Dropped without
+/// it (a failed run), the heartbeat stops and the slot stays claimed: its
+/// lease expires and the next recovery repairs whatever the run left.
+#[derive(Debug)]
+pub struct Registration {
+    /// The database.
+    pub db: Arc<Db>,
+    /// The slot as claimed.
+    pub info: SlotInfo,
+    /// Worker threads and coroutines the log area serves.
+    pub threads: usize,
+    /// Coroutines per thread.
+    pub coroutines: usize,
+    stop: Arc<AtomicBool>,
+    heartbeat: Option<JoinHandle<std::result::Result<(), String>>>,
+}
+
+/// Heartbeat runtimes are small: one 8-byte WRITE at a time.
+fn small_runtime() -> RuntimeConfig {
+    RuntimeConfig { slots: 4, slot_bytes: 4096, coroutines: 1, ..RuntimeConfig::default() }
+}
+
+impl Registration {
+    /// Claims a registry slot for `threads` × `coroutines` transactions at
+    /// once, and starts renewing its `lease` every quarter lease.
+    ///
+    /// # Errors
+    /// A full registry, too many threads or coroutines; verb errors.
+    pub fn register(
+        transport: Arc<dyn Transport>,
+        db: Arc<Db>,
+        threads: usize,
+        coroutines: usize,
+        lease: Duration,
+    ) -> Result<Registration> {
+        let mut rt = Runtime::new(&*transport, 0, small_runtime())?;
+        let ctx = rt.ctx();
+        let d = db.clone();
+        let (info, _) = rt.block_on(async move { claim(&ctx, &d, threads, coroutines, lease).await })?;
+        drop(rt);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, at) = (stop.clone(), db.registry_slot(info.slot).add(8));
+        let heartbeat = std::thread::Builder::new()
+            .name(format!("lease-{}", info.slot))
+            .spawn(move || {
+                let mut rt = Runtime::new(&*transport, 0, small_runtime()).map_err(|e| e.to_string())?;
+                let ctx = rt.ctx();
+                let every = (lease / 4).max(Duration::from_millis(10));
+                let mut next = std::time::Instant::now();
+                while !st.load(Ordering::Relaxed) {
+                    if std::time::Instant::now() >= next {
+                        let expiry = (now_ms() + lease.as_millis() as u64).to_le_bytes();
+                        let c = ctx.clone();
+                        rt.block_on(async move { c.write(at, &expiry).await }).map_err(|e| e.to_string())?;
+                        next += every;
+                    }
+                    std::thread::sleep(Duration::from_millis(5).min(every));
+                }
+                Ok(())
+            })
+            .map_err(|e| DtxError::Config(format!("starting the lease thread: {e}")))?;
+        Ok(Registration { db, info, threads, coroutines, stop, heartbeat: Some(heartbeat) })
+    }
+
+    /// The registry slot (owner id in lock words).
+    pub fn slot(&self) -> u16 {
+        self.info.slot
+    }
+
+    /// Where coroutine `c` of thread `t` keeps its log ring.
+    pub fn ring(&self, thread: usize, coroutine: usize) -> GlobalAddr {
+        let i = (thread as u64) * self.info.coroutines + coroutine as u64;
+        self.info.log.add(i * ring_bytes(&self.db))
+    }
+
+    fn stop_heartbeat(&mut self) -> std::result::Result<(), String> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.heartbeat.take().map(JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err("the lease thread panicked".into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the registration cleanly: stops the heartbeat and frees the
+    /// slot. Call it only when no transaction of this compute blade holds
+    /// a lock (every worker finished).
+    ///
+    /// # Errors
+    /// A failed heartbeat (the lease may have expired meanwhile); verb
+    /// errors.
+    pub fn close(mut self, transport: &dyn Transport) -> Result<()> {
+        self.stop_heartbeat().map_err(|e| DtxError::Config(format!("lease heartbeat failed: {e}")))?;
+        let mut rt = Runtime::new(transport, 0, small_runtime())?;
+        let ctx = rt.ctx();
+        let (at, me) = (self.db.registry_slot(self.info.slot), self.info.claim);
+        let old = rt.block_on(async move { ctx.cas(at, me, 0).await })?;
+        if old != me {
+            return Err(DtxError::Config(format!(
+                "registry slot {} was taken over (claim {old:#x}): this compute blade's lease had expired",
+                self.info.slot
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let _ = self.stop_heartbeat();
+    }
+}

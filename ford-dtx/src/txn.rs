@@ -1,0 +1,801 @@
+//! The FORD protocol: a compute thread's handle ([`Dtx`]) and a coroutine's
+//! transaction ([`Txn`]).
+//!
+//! A transaction declares items (read, update, insert, delete), then
+//! [`Txn::execute`] fetches them in round trips of one doorbell per blade
+//! (several rounds when the application's next items depend on values):
+//! - a read item with a cached address: READ the record;
+//! - a written item with a cached address: [CAS lock, READ record] (1 RTT),
+//!   aborting if the lock is held;
+//! - without a cached address: READ the key's bucket (and the overflow
+//!   chain), then lock in a second round.
+//!
+//! [`Txn::commit`] then
+//! 1. writes the undo log entry (old images and every replica's address)
+//!    and, in the same round, validates the read items: a 16-byte READ of
+//!    version **and** lock, aborting if either moved (FORD read only the
+//!    version, which let two transactions that each read what the other
+//!    writes both commit: write skew). A transaction of one read item needs
+//!    no validation: its READ is self-verifying (the record's CRC), so it
+//!    saw one committed state;
+//! 2. commits: on every replica, [WRITE record with version + 1, ...,
+//!    READ 8 bytes] in one doorbell per blade; the trailing READ flushes
+//!    the WRITEs before it on that QP (on persistent memory, to the
+//!    persistence domain), and every QP that carried a commit WRITE gets
+//!    one (FORD flushed only the last item's QP);
+//! 3. releases its locks with a WRITE each, and returns once they landed.
+//!
+//! An abort releases exactly the locks its CASes acquired (FORD added items
+//! to the locked set before the CAS returned, so an abort could release
+//! another transaction's lock).
+//!
+//! **Crash recovery** ([`crate::recovery`]): a dead compute blade's locks
+//! name it. A transaction whose primaries all still hold its locks, and
+//! whose log entry is durable, may have written some records but was not
+//! acknowledged: recovery restores the old images. One that released a lock
+//! had flushed every WRITE: recovery releases the rest. Locks without a log
+//! entry belong to transactions that wrote nothing: recovery releases them.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use smart_core::runtime::{post_all, AtomicRef, Batch, Done, ReadRef, MAX_BATCH, MAX_POST_ALL};
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::db::{extend_chain, Db, Table};
+use crate::error::{Abort, DtxError, TxnError};
+use crate::layout::{self, log, state, Owner, MAX_REPLICAS};
+use crate::registry::Registration;
+
+/// A record's address on every replica (primary first).
+pub type Loc = [GlobalAddr; MAX_REPLICAS];
+
+/// Counters of a thread's transactions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DtxStats {
+    /// Address-cache hits (items found without reading their bucket).
+    pub cache_hits: u64,
+    /// Address-cache misses.
+    pub cache_misses: u64,
+    /// Overflow buckets this thread added.
+    pub chains_extended: u64,
+}
+
+impl DtxStats {
+    /// Adds `o`.
+    pub fn merge(&mut self, o: &DtxStats) {
+        self.cache_hits += o.cache_hits;
+        self.cache_misses += o.cache_misses;
+        self.chains_extended += o.chains_extended;
+    }
+}
+
+struct Shared {
+    ctx: Ctx,
+    db: Arc<Db>,
+    owner: u16,
+    nonce: u64,
+    log: GlobalAddr,
+    log_coroutines: u64,
+    cache: RefCell<HashMap<(u32, u64), Loc>>,
+    stats: RefCell<DtxStats>,
+}
+
+/// A compute thread's handle on the database: the address cache its
+/// coroutines share, and its place in the registration. Cheap to clone.
+#[derive(Clone)]
+pub struct Dtx(Rc<Shared>);
+
+impl std::fmt::Debug for Dtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dtx").field("owner", &self.0.owner).field("thread", &self.0.ctx.thread()).finish()
+    }
+}
+
+impl Registration {
+    /// The handle of worker thread `ctx.thread()` of this compute blade.
+    ///
+    /// # Panics
+    /// If the thread is beyond those registered.
+    pub fn open_thread(&self, ctx: Ctx) -> Dtx {
+        assert!(ctx.thread() < self.info.threads as usize, "thread {} was not registered", ctx.thread());
+        Dtx(Rc::new(Shared {
+            ctx,
+            db: self.db.clone(),
+            owner: self.info.slot,
+            nonce: self.info.claim,
+            log: self.info.log,
+            log_coroutines: self.info.coroutines,
+            cache: RefCell::new(HashMap::new()),
+            stats: RefCell::new(DtxStats::default()),
+        }))
+    }
+}
+
+impl Dtx {
+    /// The runtime handle.
+    pub fn ctx(&self) -> &Ctx {
+        &self.0.ctx
+    }
+
+    /// The database.
+    pub fn db(&self) -> &Arc<Db> {
+        &self.0.db
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> DtxStats {
+        *self.0.stats.borrow()
+    }
+
+    /// Coroutine `coroutine`'s transaction object (reused for every
+    /// transaction the coroutine runs).
+    ///
+    /// # Panics
+    /// If the coroutine is beyond those registered.
+    pub fn txn(&self, coroutine: usize) -> Txn {
+        assert!((coroutine as u64) < self.0.log_coroutines, "coroutine {coroutine} was not registered");
+        let s = &self.0;
+        let ring = (s.ctx.thread() as u64) * s.log_coroutines + coroutine as u64;
+        let ring = s.log.add(ring * crate::registry::ring_bytes(&s.db));
+        let owner = Owner { blade: s.owner, thread: s.ctx.thread() as u16, coroutine: coroutine as u16 };
+        Txn {
+            d: self.clone(),
+            owner,
+            ring,
+            seq: 0,
+            items: Vec::new(),
+            n: 0,
+            executed: 0,
+            entry: vec![0; log::entry_bytes(s.db.max_value)],
+            images: Vec::new(),
+        }
+    }
+}
+
+/// What a transaction does with an item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Read only (validated at commit).
+    Read,
+    /// Read and write (locked).
+    Update,
+    /// Insert a new row (locked; its value set with [`Txn::write`]).
+    Insert,
+    /// Delete an existing row (locked; made invisible).
+    Delete,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Nothing fetched yet.
+    Start,
+    /// READ the record at the known address.
+    Fetch,
+    /// CAS the lock and READ the record.
+    Lock,
+    /// READ this bucket of the chain (`home`: of the bucket array).
+    Bucket { at: GlobalAddr, home: bool },
+    /// The chain is full: add an overflow bucket after `last`.
+    Extend { last: GlobalAddr },
+    /// Fetched (and locked if written).
+    Done,
+}
+
+/// Where an item's WRs went in a round.
+#[derive(Clone, Copy, Debug)]
+struct Posted {
+    batch: usize,
+    read: ReadRef,
+    cas: Option<AtomicRef>,
+}
+
+#[derive(Debug)]
+struct Item {
+    table: u32,
+    key: u64,
+    kind: Kind,
+    step: Step,
+    loc: Loc,
+    cached: bool,
+    version: u64,
+    state: u8,
+    locked: bool,
+    value: Vec<u8>,
+    new: Vec<u8>,
+    written: bool,
+    posted: Option<Posted>,
+}
+
+/// A handle on item of a transaction, from the call that declared it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemId(usize);
+
+/// A declared item as the transaction saw it (for tests and histories).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// Table.
+    pub table: u32,
+    /// Key.
+    pub key: u64,
+    /// What the transaction did.
+    pub kind: Kind,
+    /// The version it read (a written item's new version is this + 1).
+    pub version: u64,
+}
+
+/// A coroutine's transaction: declare items, [`execute`](Txn::execute),
+/// read and write values, [`commit`](Txn::commit). Reused: [`Txn::begin`]
+/// starts the next one.
+pub struct Txn {
+    d: Dtx,
+    owner: Owner,
+    ring: GlobalAddr,
+    seq: u64,
+    items: Vec<Item>,
+    n: usize,
+    executed: usize,
+    entry: Vec<u8>,
+    images: Vec<u8>,
+}
+
+impl std::fmt::Debug for Txn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Txn").field("owner", &self.owner).field("seq", &self.seq).field("items", &self.n).finish()
+    }
+}
+
+/// A round trip: one batch per blade, posted together.
+struct Round<'a> {
+    ctx: &'a Ctx,
+    blades: [u16; MAX_POST_ALL],
+    batches: [Option<Batch<'a>>; MAX_POST_ALL],
+    n: usize,
+}
+
+impl<'a> Round<'a> {
+    fn new(ctx: &'a Ctx) -> Self {
+        Round { ctx, blades: [0; MAX_POST_ALL], batches: std::array::from_fn(|_| None), n: 0 }
+    }
+
+    /// The batch to `blade`, with room for `wrs` more WRs.
+    fn batch(&mut self, blade: u16, wrs: usize) -> Result<(usize, &mut Batch<'a>), TxnError> {
+        let i = match self.blades[..self.n].iter().position(|b| *b == blade) {
+            Some(i) => i,
+            None if self.n < MAX_POST_ALL => {
+                self.blades[self.n] = blade;
+                self.batches[self.n] = Some(self.ctx.batch());
+                self.n += 1;
+                self.n - 1
+            }
+            None => return Err(too_large("blades")),
+        };
+        let b = self.batches[i].as_mut().expect("made above");
+        if b.len() + wrs > MAX_BATCH {
+            return Err(too_large("WRs to one blade"));
+        }
+        Ok((i, b))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    async fn post(&mut self) -> Result<[Option<Done<'a>>; MAX_POST_ALL], TxnError> {
+        let out = post_all(&mut self.batches[..self.n]).await;
+        let mut done: [Option<Done<'a>>; MAX_POST_ALL] = std::array::from_fn(|_| None);
+        let mut first_err = None;
+        for (d, o) in done.iter_mut().zip(out) {
+            match o {
+                Some(Ok(x)) => *d = Some(x),
+                Some(Err(e)) => first_err = first_err.or(Some(e)),
+                None => {}
+            }
+        }
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(done),
+        }
+    }
+}
+
+fn too_large(what: &str) -> TxnError {
+    TxnError::Dtx(DtxError::Config(format!("transaction too large: more {what} than one round trip carries")))
+}
+
+/// The mirrors of a slot at `at` in a bucket whose mirrors are `bucket`.
+fn slot_loc(at: GlobalAddr, bucket_off: u64, mirrors: &Loc, replicas: usize) -> Loc {
+    std::array::from_fn(|r| match r {
+        0 => at,
+        r if r < replicas => mirrors[r].add(bucket_off),
+        _ => GlobalAddr::NULL,
+    })
+}
+
+impl Txn {
+    /// Starts the next transaction (forgetting the last one's items).
+    pub fn begin(&mut self) {
+        self.seq += 1;
+        self.n = 0;
+        self.executed = 0;
+    }
+
+    /// This transaction's lock word.
+    pub fn lock_word(&self) -> u64 {
+        self.owner.lock_word(self.seq)
+    }
+
+    fn add(&mut self, table: u32, key: u64, kind: Kind) -> ItemId {
+        assert!((table as usize) < self.d.0.db.tables.len(), "no table {table}");
+        if let Some(i) = self.items[..self.n].iter().position(|it| it.table == table && it.key == key) {
+            assert!(self.items[i].kind == kind, "item ({table}, {key}) declared twice with different kinds");
+            return ItemId(i);
+        }
+        assert!(self.n < 4 * log::MAX_WRITES, "too many items in one transaction");
+        if self.n == self.items.len() {
+            self.items.push(Item {
+                table,
+                key,
+                kind,
+                step: Step::Start,
+                loc: [GlobalAddr::NULL; MAX_REPLICAS],
+                cached: false,
+                version: 0,
+                state: 0,
+                locked: false,
+                value: Vec::new(),
+                new: Vec::new(),
+                written: false,
+                posted: None,
+            });
+        } else {
+            let it = &mut self.items[self.n];
+            (it.table, it.key, it.kind, it.step) = (table, key, kind, Step::Start);
+            (it.cached, it.version, it.state, it.locked, it.written, it.posted) = (false, 0, 0, false, false, None);
+            it.value.clear();
+            it.new.clear();
+        }
+        self.n += 1;
+        ItemId(self.n - 1)
+    }
+
+    /// Declares a read of `key` in `table`.
+    pub fn read(&mut self, table: u32, key: u64) -> ItemId {
+        self.add(table, key, Kind::Read)
+    }
+
+    /// Declares a read-modify-write of `key` in `table`.
+    pub fn update(&mut self, table: u32, key: u64) -> ItemId {
+        self.add(table, key, Kind::Update)
+    }
+
+    /// Declares an insert of `key` into `table` (set its value with
+    /// [`Txn::write`] before committing).
+    pub fn insert(&mut self, table: u32, key: u64) -> ItemId {
+        self.add(table, key, Kind::Insert)
+    }
+
+    /// Declares a delete of `key` from `table`.
+    pub fn delete(&mut self, table: u32, key: u64) -> ItemId {
+        self.add(table, key, Kind::Delete)
+    }
+
+    /// The value of an executed item (empty for an insert).
+    pub fn value(&self, id: ItemId) -> &[u8] {
+        &self.items[id.0].value
+    }
+
+    /// Sets the new value of an executed update or insert.
+    ///
+    /// # Panics
+    /// On a read or delete item, or a value of the wrong size.
+    pub fn write(&mut self, id: ItemId, value: &[u8]) {
+        let vs = self.d.0.db.table(self.items[id.0].table).value_size;
+        let it = &mut self.items[id.0];
+        assert!(matches!(it.kind, Kind::Update | Kind::Insert), "write() on a {:?} item", it.kind);
+        assert_eq!(value.len(), vs, "value of {} bytes for a table of {vs}-byte values", value.len());
+        it.new.clear();
+        it.new.extend_from_slice(value);
+        it.written = true;
+    }
+
+    /// The items as this transaction saw them.
+    pub fn footprint(&self) -> impl Iterator<Item = Footprint> + '_ {
+        self.items[..self.n].iter().map(|it| Footprint { table: it.table, key: it.key, kind: it.kind, version: it.version })
+    }
+
+    /// Fetches (and locks) the items declared since the last execute.
+    ///
+    /// # Errors
+    /// [`TxnError::Abort`] (every lock released first); verb errors.
+    pub async fn execute(&mut self) -> Result<(), TxnError> {
+        match self.fetch().await {
+            Ok(()) => {
+                self.executed = self.n;
+                Ok(())
+            }
+            Err(TxnError::Abort(a)) => {
+                self.release().await?;
+                Err(TxnError::Abort(a))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Aborts at the application's request, releasing every lock.
+    ///
+    /// # Errors
+    /// Verb errors while releasing.
+    pub async fn abort(&mut self) -> Result<(), TxnError> {
+        self.release().await
+    }
+
+    async fn fetch(&mut self) -> Result<(), TxnError> {
+        let ctx = self.d.0.ctx.clone();
+        let db = self.d.0.db.clone();
+        // Addresses from the cache.
+        {
+            let cache = self.d.0.cache.borrow();
+            let mut st = self.d.0.stats.borrow_mut();
+            for it in &mut self.items[self.executed..self.n] {
+                if it.step != Step::Start {
+                    continue;
+                }
+                match cache.get(&(it.table, it.key)) {
+                    Some(loc) => {
+                        st.cache_hits += 1;
+                        it.loc = *loc;
+                        it.cached = true;
+                        it.step = if it.kind == Kind::Read { Step::Fetch } else { Step::Lock };
+                    }
+                    None => {
+                        st.cache_misses += 1;
+                        let t = db.table(it.table);
+                        it.step = Step::Bucket { at: t.home_bucket(it.key, db.replicas)[0], home: true };
+                    }
+                }
+            }
+        }
+        loop {
+            // Chains to extend first (rare: only inserts into full chains).
+            for i in self.executed..self.n {
+                if let Step::Extend { last } = self.items[i].step {
+                    let t = db.table(self.items[i].table);
+                    let at = extend_chain(&ctx, t, db.replicas, last).await?;
+                    self.d.0.stats.borrow_mut().chains_extended += 1;
+                    self.items[i].step = Step::Bucket { at, home: false };
+                }
+            }
+            let mut round = Round::new(&ctx);
+            for it in &mut self.items[self.executed..self.n] {
+                let t = db.table(it.table);
+                it.posted = match it.step {
+                    Step::Fetch => {
+                        let (batch, b) = round.batch(it.loc[0].blade(), 1)?;
+                        Some(Posted { batch, read: b.read(it.loc[0], t.record_bytes()), cas: None })
+                    }
+                    Step::Lock => {
+                        let lw = self.owner.lock_word(self.seq);
+                        let (batch, b) = round.batch(it.loc[0].blade(), 2)?;
+                        let cas = b.cas(it.loc[0].add(layout::LOCK), 0, lw);
+                        Some(Posted { batch, read: b.read(it.loc[0], t.record_bytes()), cas: Some(cas) })
+                    }
+                    Step::Bucket { at, .. } => {
+                        let (batch, b) = round.batch(at.blade(), 1)?;
+                        Some(Posted { batch, read: b.read(at, t.bucket_bytes() as usize), cas: None })
+                    }
+                    Step::Start | Step::Extend { .. } | Step::Done => None,
+                };
+            }
+            if round.is_empty() {
+                return Ok(());
+            }
+            let done = round.post().await?;
+            // Every lock acquired is recorded before any abort is decided,
+            // so that the abort releases exactly those.
+            let mut abort = None;
+            for it in &mut self.items[self.executed..self.n] {
+                if let Some(Posted { batch, cas: Some(cas), .. }) = it.posted {
+                    let d = done[batch].as_ref().expect("posted");
+                    it.locked = d.old(cas) == 0;
+                    if !it.locked {
+                        abort = Some(Abort::Locked);
+                    }
+                }
+            }
+            if let Some(a) = abort {
+                return Err(TxnError::Abort(a));
+            }
+            for i in self.executed..self.n {
+                let Some(p) = self.items[i].posted.take() else { continue };
+                let bytes = done[p.batch].as_ref().expect("posted").bytes(p.read);
+                let t = db.table(self.items[i].table);
+                if let Err(a) = self.settle(i, t, db.replicas, bytes) {
+                    abort = abort.or(Some(a));
+                }
+            }
+            if let Some(a) = abort {
+                return Err(TxnError::Abort(a));
+            }
+        }
+    }
+
+    /// Takes a fetched record or bucket into item `i`, choosing its next
+    /// step.
+    fn settle(&mut self, i: usize, t: &Table, replicas: usize, bytes: &[u8]) -> Result<(), Abort> {
+        // Free slots this transaction's other inserts chose already (two
+        // inserts into one chain take successive free slots).
+        let claimed: Vec<GlobalAddr> = if self.items[i].kind == Kind::Insert {
+            let n = self.n;
+            self.items[..n]
+                .iter()
+                .enumerate()
+                .filter(|(j, o)| *j != i && o.kind == Kind::Insert && matches!(o.step, Step::Lock | Step::Done))
+                .map(|(_, o)| o.loc[0])
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let it = &mut self.items[i];
+        let vs = t.value_size;
+        match it.step {
+            Step::Fetch | Step::Lock => {
+                let r = layout::decode(bytes, vs).map_err(|_| Abort::Torn)?;
+                let ours = r.state == state::FREE || r.key == it.key;
+                match it.kind {
+                    Kind::Read | Kind::Update | Kind::Delete if r.state != state::LIVE || !ours => {
+                        return Err(Abort::NotFound)
+                    }
+                    Kind::Insert if r.state == state::LIVE && r.key == it.key => return Err(Abort::Exists),
+                    // Another key took the free slot since we read its bucket.
+                    Kind::Insert if !ours => return Err(Abort::Validation),
+                    _ => {}
+                }
+                it.version = r.version;
+                it.state = r.state;
+                it.value.clear();
+                it.value.extend_from_slice(r.value);
+                it.step = Step::Done;
+            }
+            Step::Bucket { at, home } => {
+                let (next, mirrors) = layout::header_of(bytes);
+                let mirrors: Loc = if home {
+                    let off = at.offset() - t.base[0].offset();
+                    std::array::from_fn(|r| if r < replicas { t.base[r].add(off) } else { GlobalAddr::NULL })
+                } else {
+                    std::array::from_fn(|r| GlobalAddr::from_raw(mirrors[r]))
+                };
+                if (1..replicas).any(|r| mirrors[r].is_null()) {
+                    return Err(Abort::Torn);
+                }
+                let rb = t.record_bytes();
+                let mut free = None;
+                for s in 0..layout::SLOTS {
+                    let off = layout::slot_offset(vs, s);
+                    let rec = &bytes[off as usize..off as usize + rb];
+                    let r = layout::decode(rec, vs).map_err(|_| Abort::Torn)?;
+                    if r.state == state::FREE {
+                        if claimed.contains(&at.add(off)) {
+                            continue;
+                        }
+                        free = Some(off);
+                        break;
+                    }
+                    if r.key != it.key || r.table != u64::from(it.table) {
+                        continue;
+                    }
+                    let loc = slot_loc(at.add(off), off, &mirrors, replicas);
+                    it.loc = loc;
+                    // A slot keeps its key for good: cache it.
+                    self.d.0.cache.borrow_mut().insert((it.table, it.key), loc);
+                    match it.kind {
+                        Kind::Read if r.state == state::LIVE => {
+                            it.version = r.version;
+                            it.state = r.state;
+                            it.value.clear();
+                            it.value.extend_from_slice(r.value);
+                            it.step = Step::Done;
+                        }
+                        Kind::Read => return Err(Abort::NotFound),
+                        Kind::Insert if r.state == state::LIVE => return Err(Abort::Exists),
+                        _ => it.step = Step::Lock,
+                    }
+                    return Ok(());
+                }
+                match (free, it.kind) {
+                    (Some(off), Kind::Insert) => {
+                        it.loc = slot_loc(at.add(off), off, &mirrors, replicas);
+                        it.step = Step::Lock;
+                    }
+                    (Some(_), _) => return Err(Abort::NotFound),
+                    (None, _) if next != 0 => it.step = Step::Bucket { at: GlobalAddr::from_raw(next), home: false },
+                    (None, Kind::Insert) => it.step = Step::Extend { last: at },
+                    (None, _) => return Err(Abort::NotFound),
+                }
+            }
+            Step::Start | Step::Extend { .. } | Step::Done => unreachable!("settled only after a fetch"),
+        }
+        Ok(())
+    }
+
+    /// Releases every lock this transaction acquired (and only those).
+    async fn release(&mut self) -> Result<(), TxnError> {
+        let ctx = self.d.0.ctx.clone();
+        let zero = [0u8; 8];
+        let mut round = Round::new(&ctx);
+        for it in &self.items[..self.n] {
+            if it.locked {
+                round.batch(it.loc[0].blade(), 1)?.1.write(it.loc[0].add(layout::LOCK), &zero);
+            }
+        }
+        if !round.is_empty() {
+            round.post().await?;
+        }
+        for it in &mut self.items[..self.n] {
+            it.locked = false;
+        }
+        Ok(())
+    }
+
+    fn writes(&self) -> usize {
+        self.items[..self.n].iter().filter(|it| it.kind != Kind::Read).count()
+    }
+
+    /// Validates, logs, commits and unlocks (see the module docs).
+    ///
+    /// # Errors
+    /// [`TxnError::Abort`] (every lock released first); verb errors (locks
+    /// may be left for recovery).
+    ///
+    /// # Panics
+    /// If items declared since the last [`Txn::execute`] were not executed,
+    /// or an update or insert has no new value.
+    pub async fn commit(&mut self) -> Result<(), TxnError> {
+        assert_eq!(self.executed, self.n, "commit() before execute() of every item");
+        let writes = self.writes();
+        let validate = self.n > 1 || writes > 0;
+        if writes > log::MAX_WRITES {
+            self.release().await?;
+            return Err(too_large("written items"));
+        }
+        if let Some(it) = self.items[..self.n].iter().find(|it| matches!(it.kind, Kind::Update | Kind::Insert) && !it.written) {
+            panic!("item ({}, {}) is written without a value: call write()", it.table, it.key);
+        }
+        match self.validate_and_log(validate, writes).await {
+            Ok(()) => {}
+            Err(TxnError::Abort(a)) => {
+                self.release().await?;
+                return Err(TxnError::Abort(a));
+            }
+            Err(e) => return Err(e),
+        }
+        if writes == 0 {
+            return Ok(());
+        }
+        self.write_records().await?;
+        self.release().await?;
+        // Inserted keys are in their slots for good now.
+        let mut cache = self.d.0.cache.borrow_mut();
+        for it in self.items[..self.n].iter().filter(|it| it.kind == Kind::Insert && !it.cached) {
+            cache.insert((it.table, it.key), it.loc);
+        }
+        Ok(())
+    }
+
+    /// Round 1 of the commit: the log entry WRITE and the read items'
+    /// version-and-lock READs, together.
+    async fn validate_and_log(&mut self, validate: bool, writes: usize) -> Result<(), TxnError> {
+        let ctx = self.d.0.ctx.clone();
+        let entry_len = if writes > 0 { self.encode_entry() } else { 0 };
+        let mut round = Round::new(&ctx);
+        let mut checks = [None; 4 * log::MAX_WRITES];
+        if validate {
+            for (i, it) in self.items[..self.n].iter().enumerate() {
+                if it.kind == Kind::Read {
+                    let (batch, b) = round.batch(it.loc[0].blade(), 1)?;
+                    checks[i] = Some((batch, b.read(it.loc[0].add(layout::VERSION), 16)));
+                }
+            }
+        }
+        let slot = self.seq % log::ENTRIES;
+        if entry_len > 0 {
+            let at = self.ring.add(slot * log::entry_bytes(self.d.0.db.max_value) as u64);
+            round.batch(at.blade(), 1)?.1.write(at, &self.entry[..entry_len]);
+        }
+        if round.is_empty() {
+            return Ok(());
+        }
+        let done = round.post().await?;
+        for (i, c) in checks.iter().enumerate() {
+            if let Some((batch, r)) = c {
+                let b = done[*batch].as_ref().expect("posted").bytes(*r);
+                let version = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+                let lock = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+                if version != self.items[i].version || lock & layout::LOCKED != 0 {
+                    return Err(TxnError::Abort(Abort::Validation));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes the undo log entry; returns its length.
+    fn encode_entry(&mut self) -> usize {
+        let db = &self.d.0.db;
+        let item_bytes = log::ITEM_HEADER + layout::value_cap(db.max_value);
+        let e = &mut self.entry;
+        let put = |e: &mut [u8], i: usize, v: u64| e[i..i + 8].copy_from_slice(&v.to_le_bytes());
+        let mut k = 0;
+        for it in self.items[..self.n].iter().filter(|it| it.kind != Kind::Read) {
+            let o = log::HEADER + k * item_bytes;
+            let vs = db.table(it.table).value_size;
+            put(e, o, u64::from(it.table) | u64::from(it.state) << 32);
+            put(e, o + 8, it.key);
+            put(e, o + 16, it.version);
+            put(e, o + 24, vs as u64);
+            for r in 0..MAX_REPLICAS {
+                put(e, o + 32 + 8 * r, it.loc[r].raw());
+            }
+            let v = &mut e[o + log::ITEM_HEADER..o + item_bytes];
+            v.fill(0);
+            if it.state != state::FREE {
+                v[..vs].copy_from_slice(&it.value);
+            }
+            k += 1;
+        }
+        let len = log::HEADER + k * item_bytes;
+        put(e, 0, log::MAGIC);
+        put(e, 8, self.d.0.nonce);
+        put(e, 16, self.seq);
+        put(e, 24, self.owner.lock_word(self.seq));
+        put(e, 32, k as u64 | (len as u64) << 32);
+        e[40..64].fill(0);
+        let c = log::crc(&e[..len]);
+        e[40..44].copy_from_slice(&c.to_le_bytes());
+        len
+    }
+
+    /// Round 2: every replica's new record, and a flush READ per blade.
+    async fn write_records(&mut self) -> Result<(), TxnError> {
+        let ctx = self.d.0.ctx.clone();
+        let db = self.d.0.db.clone();
+        let lw = self.owner.lock_word(self.seq);
+        let rb_max = layout::record_bytes(db.max_value);
+        self.images.resize(self.n * MAX_REPLICAS * rb_max, 0);
+        for (i, it) in self.items[..self.n].iter().enumerate() {
+            if it.kind == Kind::Read {
+                continue;
+            }
+            let t = db.table(it.table);
+            let (st, value) = match it.kind {
+                Kind::Delete => (state::DELETED, &it.value),
+                _ => (state::LIVE, &it.new),
+            };
+            for r in 0..db.replicas {
+                let out = &mut self.images[(i * MAX_REPLICAS + r) * rb_max..][..t.record_bytes()];
+                let lock = if r == 0 { lw } else { 0 };
+                layout::encode(out, t.value_size, u64::from(it.table), it.key, it.loc[0], it.version + 1, lock, st, value);
+            }
+        }
+        let mut round = Round::new(&ctx);
+        let mut last = [GlobalAddr::NULL; MAX_POST_ALL];
+        for (i, it) in self.items[..self.n].iter().enumerate() {
+            if it.kind == Kind::Read {
+                continue;
+            }
+            let rb = db.table(it.table).record_bytes();
+            for r in 0..db.replicas {
+                let (batch, b) = round.batch(it.loc[r].blade(), 2)?;
+                b.write(it.loc[r], &self.images[(i * MAX_REPLICAS + r) * rb_max..][..rb]);
+                last[batch] = it.loc[r];
+            }
+        }
+        for (batch, at) in last.iter().enumerate().take(round.n) {
+            round.batches[batch].as_mut().expect("made").read(*at, 8);
+        }
+        round.post().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,47 @@
+//! ford-dtx: the protocol on every backend, the defects of FORD fixed,
+//! serializability under chaos, an oracle, and crash recovery.
+
+mod api;
+mod defects;
+mod oracle;
+mod recovery;
+mod serial;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ford_dtx::db::{Db, DbSpec, TableSpec};
+use ford_dtx::{Registration, TxnError};
+use smart_core::{Runtime, RuntimeConfig, Transport};
+
+/// A database of `tables` (value sizes) × `rows` rows, `replicas` copies.
+fn spec(name: &str, tables: &[usize], rows: u64, replicas: usize) -> DbSpec {
+    DbSpec {
+        name: name.into(),
+        tables: tables.iter().enumerate().map(|(i, v)| TableSpec { name: format!("t{i}"), value_size: *v, rows }).collect(),
+        replicas,
+    }
+}
+
+/// Creates the database and registers a compute blade of `threads` ×
+/// `coroutines`; returns a runtime (thread 0), the database and the
+/// registration.
+fn open(t: &Arc<dyn Transport>, s: &DbSpec, threads: usize, coroutines: usize) -> (Runtime, Arc<Db>, Registration) {
+    let mut rt = Runtime::new(&**t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let s2 = s.clone();
+    let db = Arc::new(rt.block_on(async move { Db::create(&ctx, &s2).await }).unwrap().0);
+    let reg = Registration::register(t.clone(), db.clone(), threads, coroutines, Duration::from_secs(30)).unwrap();
+    (rt, db, reg)
+}
+
+fn u(v: &[u8]) -> u64 {
+    u64::from_le_bytes(v[..8].try_into().unwrap())
+}
+
+fn abort_of<T: std::fmt::Debug>(r: Result<T, TxnError>) -> ford_dtx::Abort {
+    match r {
+        Err(TxnError::Abort(a)) => a,
+        other => panic!("expected an abort, got {other:?}"),
+    }
+}

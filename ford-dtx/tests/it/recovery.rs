@@ -1,0 +1,214 @@
+//! Crash recovery in process: a transaction "dies" at every await point of
+//! its commit (its future is dropped there: nothing more of it runs, and
+//! its WRs already posted still land, as when a compute blade is killed),
+//! recovery runs, and the database is consistent: money conserved, the
+//! transaction wholly applied or wholly absent, no lock held, replicas
+//! equal. The real SIGKILL tests of whole processes are in the `smart`
+//! package's tests.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ford_dtx::recovery::{audit, recover, Which};
+use ford_dtx::Registration;
+use smart_core::Transport;
+use smart_testkit::backends;
+
+use crate::{open, spec, u};
+
+/// Polls `f` at most `polls` times; `None` if it had not finished (then it
+/// is dropped: the transaction dies there).
+struct Die<F> {
+    f: Pin<Box<F>>,
+    polls: usize,
+}
+
+impl<F: Future> Future for Die<F> {
+    type Output = Option<F::Output>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.polls == 0 {
+            return Poll::Ready(None);
+        }
+        self.polls -= 1;
+        self.f.as_mut().poll(cx).map(Some)
+    }
+}
+
+const ACCOUNTS: u64 = 8;
+const START: u64 = 1_000;
+
+#[test]
+fn a_transaction_killed_anywhere_is_rolled_back_or_forward() {
+    for b in [backends::embedded(3), backends::chaos(3, 3), backends::tcp(2)] {
+        let t: Arc<dyn Transport> = b.transport.clone();
+        let (mut rt, db, reg) = open(&t, &spec("crash", &[8, 8], 16, 2), 1, 1);
+        let dtx = reg.open_thread(rt.ctx());
+        rt.block_on(async move {
+            let mut tx = dtx.txn(0);
+            for k in 0..ACCOUNTS {
+                tx.begin();
+                let a = tx.insert(0, k);
+                tx.execute().await.unwrap();
+                tx.write(a, &START.to_le_bytes());
+                tx.commit().await.unwrap();
+            }
+        });
+        reg.close(&*t).unwrap();
+        let (mut back, mut forward, mut none, mut completed) = (0, 0, 0, 0);
+        // Committed transfers: balances follow them exactly, plus or minus
+        // the one that died.
+        let mut balances = [START; ACCOUNTS as usize];
+        for round in 0..48usize {
+            // Deaths at each of the first 8 await points, on varied accounts.
+            let polls = 1 + round % 8;
+            let reg = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+            let dtx = reg.open_thread(rt.ctx());
+            let (from, to) = ((round as u64) % ACCOUNTS, (round as u64 * 3 + 1) % ACCOUNTS);
+            let (from, to) = if from == to { (from, (to + 1) % ACCOUNTS) } else { (from, to) };
+            // Also an insert into the second table, so that roll-back of an
+            // insert (a free slot again) is exercised.
+            let body = async move {
+                let mut tx = dtx.txn(0);
+                tx.begin();
+                let a = tx.update(0, from);
+                let c = tx.update(0, to);
+                let i = tx.insert(1, round as u64);
+                tx.execute().await?;
+                let (va, vc) = (u(tx.value(a)), u(tx.value(c)));
+                tx.write(a, &(va - 7).to_le_bytes());
+                tx.write(c, &(vc + 7).to_le_bytes());
+                tx.write(i, &7u64.to_le_bytes());
+                tx.commit().await
+            };
+            let out = rt.block_on(Die { f: Box::pin(body), polls });
+            let finished = matches!(out, Some(Ok(())));
+            let slot = reg.slot();
+            drop(reg); // the compute blade is dead: no clean close
+            let ctx = rt.ctx();
+            let d = db.clone();
+            let (rec, rows, rep) = rt.block_on(async move {
+                // Let WRs posted before the death land (or not: chaos).
+                for _ in 0..50 {
+                    smart_core::runtime::yield_now().await;
+                }
+                let rec = recover(&ctx, &d, Which::Slot(slot)).await.unwrap();
+                let mut rows = Vec::new();
+                let rep = audit(&ctx, &d, |t, k, v| rows.push((t, k, u(v)))).await.unwrap();
+                (rec, rows, rep)
+            });
+            assert_eq!(rep.violations(), 0, "{} round {round} polls {polls}: {rep:?}", b.name);
+            assert_eq!(rec.len(), 1);
+            let applied = rows.iter().any(|r| *r == (1, round as u64, 7));
+            if finished {
+                assert!(applied, "{} round {round} polls {polls}: a committed transaction was lost", b.name);
+                completed += 1;
+            }
+            if applied {
+                balances[from as usize] -= 7;
+                balances[to as usize] += 7;
+            }
+            let mut now = [0u64; ACCOUNTS as usize];
+            for (t, k, v) in &rows {
+                if *t == 0 {
+                    now[*k as usize] = *v;
+                }
+            }
+            assert_eq!(now, balances, "{} round {round} polls {polls}: all of the transaction or none of it", b.name);
+            // What recovery says it did is what the data shows.
+            if rec[0].rolled_back == 1 {
+                assert!(!applied, "{} round {round} polls {polls}: rolled back, yet applied", b.name);
+            }
+            if rec[0].rolled_forward == 1 {
+                assert!(applied, "{} round {round} polls {polls}: rolled forward, yet not applied", b.name);
+            }
+            match (rec[0].rolled_back, rec[0].rolled_forward) {
+                (1, 0) => back += 1,
+                (0, 1) => forward += 1,
+                _ => none += 1,
+            }
+        }
+        eprintln!("{}: back {back} forward {forward} none {none} completed {completed}", b.name);
+        // Deaths before, inside and after the commit all happened.
+        assert!(back > 0 && completed > 0 && none > 0, "{}: back {back} forward {forward} none {none}", b.name);
+    }
+}
+
+#[test]
+fn expired_leases_are_found_and_live_ones_left_alone() {
+    let b = backends::embedded(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, live) = open(&t, &spec("lease", &[8], 16, 2), 1, 1);
+    let dead = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_millis(100)).unwrap();
+    let dead_slot = dead.slot();
+    let dtx = dead.open_thread(rt.ctx());
+    rt.block_on(async move {
+        let mut tx = dtx.txn(0);
+        tx.begin();
+        tx.insert(0, 1);
+        tx.execute().await.unwrap(); // holds a lock, then dies
+    });
+    drop(dead);
+    let ctx = rt.ctx();
+    let d = db.clone();
+    let first = rt.block_on(async move { recover(&ctx, &d, Which::Expired).await.unwrap() });
+    assert!(first.is_empty(), "nothing is dead within the grace period: {first:?}");
+    std::thread::sleep(Duration::from_millis(100 + ford_dtx::recovery::GRACE_MS + 200));
+    let ctx = rt.ctx();
+    let rec = rt.block_on(async move { recover(&ctx, &db, Which::Expired).await.unwrap() });
+    assert_eq!(rec.len(), 1, "only the dead compute blade: {rec:?}");
+    assert_eq!((rec[0].slot, rec[0].released), (dead_slot, 1));
+    live.close(&*t).unwrap();
+}
+
+#[test]
+fn a_transaction_that_released_a_lock_is_rolled_forward() {
+    // A transaction that released one lock had flushed all its records:
+    // recovery keeps them and releases the rest. The state is made by hand:
+    // a committed transfer whose second unlock "did not land" (its lock
+    // word written back).
+    let b = backends::embedded(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, reg) = open(&t, &spec("forward", &[8], 16, 2), 1, 1);
+    let slot = reg.slot();
+    let dtx = reg.open_thread(rt.ctx());
+    let ctx = rt.ctx();
+    let d = db.clone();
+    rt.block_on(async move {
+        let mut tx = dtx.txn(0);
+        for k in 0..2 {
+            tx.begin();
+            let a = tx.insert(0, k);
+            tx.execute().await.unwrap();
+            tx.write(a, &START.to_le_bytes());
+            tx.commit().await.unwrap();
+        }
+        tx.begin();
+        let a = tx.update(0, 0);
+        let c = tx.update(0, 1);
+        tx.execute().await.unwrap();
+        tx.write(a, &(START - 7).to_le_bytes());
+        tx.write(c, &(START + 7).to_le_bytes());
+        tx.commit().await.unwrap();
+        let lw = tx.lock_word();
+        let mut second = None;
+        ford_dtx::recovery::scan(&ctx, d.table(0), 1, |at, recs| {
+            if u(&recs[0][16..24]) == 1 {
+                second = Some(at);
+            }
+        })
+        .await
+        .unwrap();
+        ctx.write(second.unwrap().add(ford_dtx::layout::LOCK), &lw.to_le_bytes()).await.unwrap();
+        let rec = recover(&ctx, &d, Which::Slot(slot)).await.unwrap();
+        assert_eq!((rec[0].rolled_forward, rec[0].rolled_back), (1, 0), "{rec:?}");
+        let mut rows = Vec::new();
+        let rep = audit(&ctx, &d, |_, k, v| rows.push((k, u(v)))).await.unwrap();
+        assert_eq!(rep.violations(), 0, "{rep:?}");
+        rows.sort();
+        assert_eq!(rows, vec![(0, START - 7), (1, START + 7)], "the committed transfer stays");
+    });
+    drop(reg);
+}
