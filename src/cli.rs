@@ -69,6 +69,12 @@ pub enum Cmd {
     Micro(MicroArgs),
     /// YCSB over a disaggregated index (the RACE hash table).
     Ycsb(YcsbArgs),
+    /// SmallBank transactions (FORD on disaggregated memory).
+    Smallbank(SmallbankArgs),
+    /// TATP transactions (FORD on disaggregated memory).
+    Tatp(TatpArgs),
+    /// Roll back or forward the transactions of dead compute blades.
+    Recover(RecoverArgs),
 }
 
 /// Options every subcommand takes.
@@ -221,4 +227,79 @@ pub struct YcsbArgs {
     /// beyond by splitting subtables.
     #[arg(long)]
     pub capacity: Option<u64>,
+}
+
+/// Options of both transaction workloads.
+#[derive(Args, Debug)]
+pub struct DtxFlags {
+    /// Copies of every table, primary included (k ≤ blades; Smart used 2).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: usize,
+    /// Retry a transaction that aborted on a conflict (default: draw a new
+    /// one, as FORD does).
+    #[arg(long)]
+    pub retry_aborts: bool,
+    /// This compute blade's lease on the database, in seconds: after it
+    /// expires unrenewed (the process died), recovery repairs its
+    /// transactions.
+    #[arg(long, default_value_t = 10.0)]
+    pub lease: f64,
+    /// After the run, audit the database (with the workers stopped).
+    #[arg(long)]
+    pub audit: bool,
+    /// Only audit the existing database; no load, no run.
+    #[arg(long, conflicts_with = "audit")]
+    pub audit_only: bool,
+}
+
+/// `compute-blade smallbank`.
+#[derive(Args, Debug)]
+pub struct SmallbankArgs {
+    /// Options of every subcommand.
+    #[command(flatten)]
+    pub common: Common,
+    /// Accounts.
+    #[arg(long, default_value_t = 100_000)]
+    pub accounts: u64,
+    /// Hot accounts, drawn with probability 90%.
+    #[arg(long, default_value_t = 4_000)]
+    pub hot: u64,
+    /// Name of the database on the blades.
+    #[arg(long, default_value = "smallbank")]
+    pub db: String,
+    /// Transaction options.
+    #[command(flatten)]
+    pub dtx: DtxFlags,
+}
+
+/// `compute-blade tatp`.
+#[derive(Args, Debug)]
+pub struct TatpArgs {
+    /// Options of every subcommand.
+    #[command(flatten)]
+    pub common: Common,
+    /// Subscribers.
+    #[arg(long, default_value_t = 100_000)]
+    pub subscribers: u64,
+    /// Name of the database on the blades.
+    #[arg(long, default_value = "tatp")]
+    pub db: String,
+    /// Transaction options.
+    #[command(flatten)]
+    pub dtx: DtxFlags,
+}
+
+/// `compute-blade recover`.
+#[derive(Args, Debug)]
+pub struct RecoverArgs {
+    /// Options of every subcommand (only the blade options matter).
+    #[command(flatten)]
+    pub common: Common,
+    /// Databases to recover (default: smallbank and tatp, those that exist).
+    #[arg(long, value_delimiter = ',')]
+    pub db: Vec<String>,
+    /// Recover this registry slot even if its lease has not expired (only
+    /// when its process is known to be dead).
+    #[arg(long)]
+    pub slot: Option<u16>,
 }

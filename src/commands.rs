@@ -1,13 +1,18 @@
 //! The subcommands: each runs its resolved job and reports; nothing here
 //! parses or validates flags.
 
+use std::sync::Arc;
+
 use anyhow::Result;
+use ford_dtx::recovery::Which;
+use ford_dtx::Abort;
 use race_ht::RaceHt;
 use serde_json::json;
+use smallbank_tatp::{Audited, Workload};
 use smart_bench::micro::{self, MicroConfig};
 use smart_core::{KvIndex, Transport};
 
-use crate::config::{App, Session, YcsbJob};
+use crate::config::{App, DtxJob, DtxWorkload, RecoverJob, Session, YcsbJob};
 use crate::report::{self, Subject};
 
 /// How a subcommand ended.
@@ -112,4 +117,160 @@ where
         eprintln!("compute-blade: VIOLATION: {} values were wrong or lost", rep.violations);
     }
     Ok(Outcome::of(rep.violations == 0 && rep.run.first_error.is_none(), rep.run.interrupted))
+}
+
+/// `compute-blade smallbank` and `compute-blade tatp`.
+///
+/// # Errors
+/// Set-up, recovery, load or audit failures; a record that cannot be
+/// written.
+pub fn dtx(s: &Session, t: Arc<dyn Transport>, job: &DtxJob) -> Result<Outcome> {
+    match &job.workload {
+        DtxWorkload::SmallBank(w) => dtx_on(s, t, job, w, true),
+        DtxWorkload::Tatp(w) => dtx_on(s, t, job, w, false),
+    }
+}
+
+fn audit_line(a: &Audited) {
+    let d = &a.db;
+    let mut line = format!(
+        "audit: {} violations | rows per table {:?} | locks held {} | replica mismatches {} | torn {}",
+        a.violations, d.live, d.locks_held, d.replica_mismatches, d.torn
+    );
+    if let (Some(b), Some(e)) = (a.balances, a.expected) {
+        line += &format!(" | balances {b} cents, initial + ledgers {e} cents");
+    }
+    println!("{line}");
+}
+
+fn dtx_on<W: Workload + Clone + 'static>(
+    s: &Session,
+    t: Arc<dyn Transport>,
+    job: &DtxJob,
+    w: &W,
+    smallbank: bool,
+) -> Result<Outcome> {
+    let name = w.name();
+    if job.audit_only {
+        let a = smallbank_tatp::audit(&*t, &s.run, &job.cfg.db, smallbank)?;
+        audit_line(&a);
+        if let Some(p) = &s.json {
+            let rec = json!({ "bench": name, "app": "ford", "workload": "audit-only", "db": job.cfg.db,
+                "audit": a, "violations": a.violations });
+            std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")?;
+        }
+        if a.violations > 0 {
+            eprintln!("compute-blade: VIOLATION: the audit of {:?} failed", job.cfg.db);
+        }
+        return Ok(Outcome::of(a.violations == 0, false));
+    }
+    let rep = match smallbank_tatp::run(t.clone(), &s.run, w, &job.cfg) {
+        Ok(rep) => rep,
+        Err(e @ smallbank_tatp::WorkloadError::Interrupted(_)) => {
+            eprintln!("compute-blade: {e}; no run, no record");
+            return Ok(Outcome::Interrupted);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let c = &rep.counts;
+    let (attempted, committed) = (c.total_attempted(), c.total_committed());
+    let secs = rep.run.duration_s.max(1e-9);
+    let mut by_type = serde_json::Map::new();
+    for (i, ty) in w.types().iter().enumerate() {
+        let mut causes = serde_json::Map::new();
+        for (k, a) in Abort::ALL.iter().enumerate() {
+            causes.insert(a.name().into(), json!(c.aborts[i][k]));
+        }
+        by_type.insert(
+            (*ty).into(),
+            json!({ "attempted": c.attempted[i], "committed": c.committed[i], "aborts": causes }),
+        );
+    }
+    let conflicts: u64 = Abort::ALL.iter().filter(|a| a.is_conflict()).map(|a| c.aborts_of(*a)).sum();
+    let not_found = c.aborts_of(Abort::NotFound) + c.aborts_of(Abort::Exists);
+    let rate = |n: u64| if attempted == 0 { 0.0 } else { n as f64 / attempted as f64 };
+    let audited = if job.audit && !rep.run.interrupted && rep.run.first_error.is_none() {
+        Some(smallbank_tatp::audit(&*t, &s.run, &job.cfg.db, smallbank)?)
+    } else {
+        None
+    };
+    let violations = audited.as_ref().map_or(0, |a| a.violations);
+    let extra = json!({
+        "db": job.cfg.db,
+        "replicas": job.cfg.replicas,
+        "retry_aborts": job.cfg.retry_aborts,
+        "db_existed": rep.existed,
+        "load_s": rep.load_s,
+        "registry_slot": rep.slot,
+        "recovered": rep.recovered,
+        "committed": committed,
+        "attempted": attempted,
+        "committed_per_s": committed as f64 / secs,
+        "attempted_per_s": attempted as f64 / secs,
+        "abort_rate": rate(attempted - committed),
+        "conflict_abort_rate": rate(conflicts),
+        "not_found": not_found,
+        "user_aborts": c.aborts_of(Abort::User),
+        "aborts_by_type": by_type,
+        "verbs_per_committed": if committed == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / committed as f64 },
+        "doorbells_per_committed": if committed == 0 { 0.0 } else { rep.run.verbs.doorbells as f64 / committed as f64 },
+        "ford": rep.stats,
+        "audit": audited,
+        "violations": violations,
+    });
+    let what = Subject { bench: name, app: "ford", workload: name };
+    let rec = report::record(what, s, &*t, &rep.run, extra)?;
+    report::finish(s, &rec, &rep.run)?;
+    println!(
+        "{name}: committed {:.0} txn/s, attempted {:.0} txn/s | abort rate {:.3} (conflicts {}, not found {}, user {}) | verbs/committed {:.2}",
+        committed as f64 / secs,
+        attempted as f64 / secs,
+        rate(attempted - committed),
+        conflicts,
+        not_found,
+        c.aborts_of(Abort::User),
+        if committed == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / committed as f64 },
+    );
+    if let Some(a) = &audited {
+        audit_line(a);
+        if a.violations > 0 {
+            eprintln!("compute-blade: VIOLATION: the audit of {:?} failed", job.cfg.db);
+        }
+    }
+    Ok(Outcome::of(violations == 0 && rep.run.first_error.is_none(), rep.run.interrupted))
+}
+
+/// `compute-blade recover`.
+///
+/// # Errors
+/// Unreachable blades; a database of another shape; verb errors.
+pub fn recover(s: &Session, t: &dyn Transport, job: &RecoverJob) -> Result<Outcome> {
+    let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+    let mut all = Vec::new();
+    for name in &job.dbs {
+        let ctx = rt.ctx();
+        let (name2, slot) = (name.clone(), job.slot);
+        let r = rt.block_on(async move {
+            let Some(db) = ford_dtx::db::Db::open(&ctx, &name2).await? else { return Ok(None) };
+            let which = slot.map_or(Which::Expired, Which::Slot);
+            ford_dtx::recovery::recover(&ctx, &db, which).await.map(Some)
+        });
+        match r.map_err(|e: ford_dtx::DtxError| anyhow::anyhow!("recovering {name:?}: {e}"))? {
+            None => println!("{name}: no such database on these blades"),
+            Some(v) if v.is_empty() => println!("{name}: no dead compute blade"),
+            Some(v) => {
+                for r in &v {
+                    println!(
+                        "{name}: compute blade {} (pid {}): {} log entries, {} rolled back, {} rolled forward, {} locks released",
+                        r.slot, r.pid, r.entries, r.rolled_back, r.rolled_forward, r.released
+                    );
+                }
+                all.push(json!({ "db": name, "recovered": v }));
+            }
+        }
+    }
+    if let Some(p) = &s.json {
+        std::fs::write(p, serde_json::to_string_pretty(&json!({ "bench": "recover", "databases": all }))? + "\n")?;
+    }
+    Ok(Outcome::Clean)
 }

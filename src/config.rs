@@ -14,7 +14,9 @@ use smart_core::smart::{DoorbellConfig, SmartConfig};
 use smart_core::{EmbeddedTransport, Opcode, RuntimeConfig, TcpTransport, Transport};
 use ycsb::bench::YcsbConfig;
 
-use crate::cli::{AppArg, Cmd, Common, ComputeCli, CqArg, LinkFlags, MicroArgs, OpArg, TransportArg, YcsbArgs};
+use crate::cli::{
+    AppArg, Cmd, Common, ComputeCli, CqArg, DtxFlags, LinkFlags, MicroArgs, OpArg, RecoverArgs, TransportArg, YcsbArgs,
+};
 
 /// How to reach the blades' memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,6 +135,41 @@ pub enum Job {
     Micro(MicroConfig),
     /// `ycsb`.
     Ycsb(YcsbJob),
+    /// `smallbank` or `tatp`.
+    Dtx(DtxJob),
+    /// `recover`.
+    Recover(RecoverJob),
+}
+
+/// A transaction workload.
+#[derive(Clone, Debug)]
+pub enum DtxWorkload {
+    /// SmallBank.
+    SmallBank(smallbank_tatp::SmallBank),
+    /// TATP.
+    Tatp(smallbank_tatp::Tatp),
+}
+
+/// `smallbank` or `tatp`, resolved.
+#[derive(Clone, Debug)]
+pub struct DtxJob {
+    /// The workload.
+    pub workload: DtxWorkload,
+    /// Database, replicas, retries, lease.
+    pub cfg: smallbank_tatp::DtxConfig,
+    /// Audit after the run.
+    pub audit: bool,
+    /// Only audit.
+    pub audit_only: bool,
+}
+
+/// `recover`, resolved.
+#[derive(Clone, Debug)]
+pub struct RecoverJob {
+    /// Databases to look at.
+    pub dbs: Vec<String>,
+    /// A slot to recover whatever its lease.
+    pub slot: Option<u16>,
 }
 
 /// A whole `compute-blade` command line, resolved.
@@ -160,6 +197,29 @@ impl Config {
                 let job = Job::Ycsb(ycsb(a)?);
                 Ok(Config { session: Session::resolve(&a.common)?, job })
             }
+            Cmd::Smallbank(a) => {
+                if a.accounts == 0 || a.hot == 0 || a.hot > a.accounts {
+                    bail!("--accounts must be at least 1 and --hot 1 to --accounts");
+                }
+                let w = DtxWorkload::SmallBank(smallbank_tatp::SmallBank {
+                    accounts: a.accounts,
+                    hot: a.hot,
+                    ledger: a.dtx.audit || a.dtx.audit_only,
+                });
+                dtx_config(&a.common, &a.dtx, &a.db, w)
+            }
+            Cmd::Tatp(a) => {
+                if a.subscribers == 0 || a.subscribers > 1 << 40 {
+                    bail!("--subscribers must be 1 to 2^40");
+                }
+                dtx_config(
+                    &a.common,
+                    &a.dtx,
+                    &a.db,
+                    DtxWorkload::Tatp(smallbank_tatp::Tatp { subscribers: a.subscribers }),
+                )
+            }
+            Cmd::Recover(a) => recover_config(a),
         }
     }
 }
@@ -346,4 +406,56 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
     };
     let distribution = if a.uniform { "uniform".to_string() } else { format!("zipf-{}", a.zipf) };
     Ok(YcsbJob { app, y, distribution })
+}
+
+fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Result<Config> {
+    let mut session = Session::resolve(c)?;
+    let max = ford_dtx::layout::MAX_REPLICAS;
+    if f.replicas == 0 || f.replicas > max {
+        bail!("--replicas must be 1 to {max}");
+    }
+    // Embedded blades: as many as replicas unless told.
+    if let Blades::Embedded { count, .. } = &mut session.blades {
+        if c.embedded_blades.is_none() {
+            *count = f.replicas;
+        }
+    }
+    let blades = match &session.blades {
+        Blades::Embedded { count, .. } => *count,
+        Blades::Remote { addrs, .. } => addrs.len(),
+    };
+    if f.replicas > blades {
+        bail!("--replicas {} needs at least as many memory blades (have {blades})", f.replicas);
+    }
+    if !(f.lease >= 0.1 && f.lease <= MAX_SECONDS) {
+        bail!("--lease must be 0.1 to {MAX_SECONDS} seconds");
+    }
+    if db.is_empty() {
+        bail!("--db must not be empty");
+    }
+    if session.run.threads > ford_dtx::layout::MAX_THREADS || session.run.coroutines > ford_dtx::layout::MAX_THREADS {
+        bail!(
+            "transactions name their thread and coroutine in 12 bits: at most {} each",
+            ford_dtx::layout::MAX_THREADS
+        );
+    }
+    let cfg = smallbank_tatp::DtxConfig {
+        db: db.to_string(),
+        replicas: f.replicas,
+        retry_aborts: f.retry_aborts,
+        lease: Duration::from_secs_f64(f.lease),
+    };
+    Ok(Config { session, job: Job::Dtx(DtxJob { workload, cfg, audit: f.audit, audit_only: f.audit_only }) })
+}
+
+fn recover_config(a: &RecoverArgs) -> Result<Config> {
+    let session = Session::resolve(&a.common)?;
+    if a.db.iter().any(String::is_empty) {
+        bail!("--db has an empty name");
+    }
+    if a.slot == Some(0) {
+        bail!("--slot: registry slots are numbered from 1");
+    }
+    let dbs = if a.db.is_empty() { vec!["smallbank".into(), "tatp".into()] } else { a.db.clone() };
+    Ok(Config { session, job: Job::Recover(RecoverJob { dbs, slot: a.slot }) })
 }

@@ -362,7 +362,10 @@ mod tests {
         let home = GlobalAddr::new(1, 4096);
         encode(&mut r, 12, 3, 77, home, 5, 0, state::LIVE, b"hello world!");
         let d = decode(&r, 12).unwrap();
-        assert_eq!((d.table, d.key, d.home, d.version, d.state, d.value), (3, 77, home.raw(), 5, 1, &b"hello world!"[..]));
+        assert_eq!(
+            (d.table, d.key, d.home, d.version, d.state, d.value),
+            (3, 77, home.raw(), 5, 1, &b"hello world!"[..])
+        );
         // The lock is outside the CRC.
         r[40] = 1;
         assert_eq!(decode(&r, 12).unwrap().lock, 1);

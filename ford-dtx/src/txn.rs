@@ -247,36 +247,44 @@ impl std::fmt::Debug for Txn {
     }
 }
 
-/// A round trip: one batch per blade, posted together.
+/// A round trip: one batch per blade (more when one would exceed a
+/// batch's WRs or bytes), all posted together.
 struct Round<'a> {
     ctx: &'a Ctx,
     blades: [u16; MAX_POST_ALL],
+    bytes: [usize; MAX_POST_ALL],
     batches: [Option<Batch<'a>>; MAX_POST_ALL],
     n: usize,
 }
 
 impl<'a> Round<'a> {
     fn new(ctx: &'a Ctx) -> Self {
-        Round { ctx, blades: [0; MAX_POST_ALL], batches: std::array::from_fn(|_| None), n: 0 }
+        Round { ctx, blades: [0; MAX_POST_ALL], bytes: [0; MAX_POST_ALL], batches: std::array::from_fn(|_| None), n: 0 }
     }
 
-    /// The batch to `blade`, with room for `wrs` more WRs.
-    fn batch(&mut self, blade: u16, wrs: usize) -> Result<(usize, &mut Batch<'a>), TxnError> {
-        let i = match self.blades[..self.n].iter().position(|b| *b == blade) {
-            Some(i) => i,
-            None if self.n < MAX_POST_ALL => {
+    /// The batch to `blade` with room for `wrs` more WRs of `bytes` local
+    /// bytes (8-byte aligned each).
+    fn batch(&mut self, blade: u16, wrs: usize, bytes: usize) -> Result<(usize, &mut Batch<'a>), TxnError> {
+        let room = self.ctx.config().slot_bytes;
+        let last = self.blades[..self.n].iter().rposition(|b| *b == blade);
+        let i = match last {
+            Some(i)
+                if self.batches[i].as_ref().is_some_and(|b| b.len() + wrs <= MAX_BATCH)
+                    && self.bytes[i] + bytes <= room =>
+            {
+                i
+            }
+            _ if self.n < MAX_POST_ALL && wrs <= MAX_BATCH && bytes <= room => {
                 self.blades[self.n] = blade;
+                self.bytes[self.n] = 0;
                 self.batches[self.n] = Some(self.ctx.batch());
                 self.n += 1;
                 self.n - 1
             }
-            None => return Err(too_large("blades")),
+            _ => return Err(too_large("WRs")),
         };
-        let b = self.batches[i].as_mut().expect("made above");
-        if b.len() + wrs > MAX_BATCH {
-            return Err(too_large("WRs to one blade"));
-        }
-        Ok((i, b))
+        self.bytes[i] += bytes;
+        Ok((i, self.batches[i].as_mut().expect("made above")))
     }
 
     fn is_empty(&self) -> bool {
@@ -403,7 +411,12 @@ impl Txn {
 
     /// The items as this transaction saw them.
     pub fn footprint(&self) -> impl Iterator<Item = Footprint> + '_ {
-        self.items[..self.n].iter().map(|it| Footprint { table: it.table, key: it.key, kind: it.kind, version: it.version })
+        self.items[..self.n].iter().map(|it| Footprint {
+            table: it.table,
+            key: it.key,
+            kind: it.kind,
+            version: it.version,
+        })
     }
 
     /// Fetches (and locks) the items declared since the last execute.
@@ -473,17 +486,17 @@ impl Txn {
                 let t = db.table(it.table);
                 it.posted = match it.step {
                     Step::Fetch => {
-                        let (batch, b) = round.batch(it.loc[0].blade(), 1)?;
+                        let (batch, b) = round.batch(it.loc[0].blade(), 1, t.record_bytes())?;
                         Some(Posted { batch, read: b.read(it.loc[0], t.record_bytes()), cas: None })
                     }
                     Step::Lock => {
                         let lw = self.owner.lock_word(self.seq);
-                        let (batch, b) = round.batch(it.loc[0].blade(), 2)?;
+                        let (batch, b) = round.batch(it.loc[0].blade(), 2, 8 + t.record_bytes())?;
                         let cas = b.cas(it.loc[0].add(layout::LOCK), 0, lw);
                         Some(Posted { batch, read: b.read(it.loc[0], t.record_bytes()), cas: Some(cas) })
                     }
                     Step::Bucket { at, .. } => {
-                        let (batch, b) = round.batch(at.blade(), 1)?;
+                        let (batch, b) = round.batch(at.blade(), 1, t.bucket_bytes() as usize)?;
                         Some(Posted { batch, read: b.read(at, t.bucket_bytes() as usize), cas: None })
                     }
                     Step::Start | Step::Extend { .. } | Step::Done => None,
@@ -627,7 +640,7 @@ impl Txn {
         let mut round = Round::new(&ctx);
         for it in &self.items[..self.n] {
             if it.locked {
-                round.batch(it.loc[0].blade(), 1)?.1.write(it.loc[0].add(layout::LOCK), &zero);
+                round.batch(it.loc[0].blade(), 1, 8)?.1.write(it.loc[0].add(layout::LOCK), &zero);
             }
         }
         if !round.is_empty() {
@@ -660,7 +673,9 @@ impl Txn {
             self.release().await?;
             return Err(too_large("written items"));
         }
-        if let Some(it) = self.items[..self.n].iter().find(|it| matches!(it.kind, Kind::Update | Kind::Insert) && !it.written) {
+        if let Some(it) =
+            self.items[..self.n].iter().find(|it| matches!(it.kind, Kind::Update | Kind::Insert) && !it.written)
+        {
             panic!("item ({}, {}) is written without a value: call write()", it.table, it.key);
         }
         match self.validate_and_log(validate, writes).await {
@@ -694,7 +709,7 @@ impl Txn {
         if validate {
             for (i, it) in self.items[..self.n].iter().enumerate() {
                 if it.kind == Kind::Read {
-                    let (batch, b) = round.batch(it.loc[0].blade(), 1)?;
+                    let (batch, b) = round.batch(it.loc[0].blade(), 1, 16)?;
                     checks[i] = Some((batch, b.read(it.loc[0].add(layout::VERSION), 16)));
                 }
             }
@@ -702,7 +717,7 @@ impl Txn {
         let slot = self.seq % log::ENTRIES;
         if entry_len > 0 {
             let at = self.ring.add(slot * log::entry_bytes(self.d.0.db.max_value) as u64);
-            round.batch(at.blade(), 1)?.1.write(at, &self.entry[..entry_len]);
+            round.batch(at.blade(), 1, entry_len.next_multiple_of(8))?.1.write(at, &self.entry[..entry_len]);
         }
         if round.is_empty() {
             return Ok(());
@@ -776,7 +791,17 @@ impl Txn {
             for r in 0..db.replicas {
                 let out = &mut self.images[(i * MAX_REPLICAS + r) * rb_max..][..t.record_bytes()];
                 let lock = if r == 0 { lw } else { 0 };
-                layout::encode(out, t.value_size, u64::from(it.table), it.key, it.loc[0], it.version + 1, lock, st, value);
+                layout::encode(
+                    out,
+                    t.value_size,
+                    u64::from(it.table),
+                    it.key,
+                    it.loc[0],
+                    it.version + 1,
+                    lock,
+                    st,
+                    value,
+                );
             }
         }
         let mut round = Round::new(&ctx);
@@ -787,7 +812,8 @@ impl Txn {
             }
             let rb = db.table(it.table).record_bytes();
             for r in 0..db.replicas {
-                let (batch, b) = round.batch(it.loc[r].blade(), 2)?;
+                // Room for the flush READ too.
+                let (batch, b) = round.batch(it.loc[r].blade(), 2, rb + 8)?;
                 b.write(it.loc[r], &self.images[(i * MAX_REPLICAS + r) * rb_max..][..rb]);
                 last[batch] = it.loc[r];
             }

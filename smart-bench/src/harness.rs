@@ -253,6 +253,14 @@ impl Worker {
         self.observe() != STOP
     }
 
+    /// Whether the run is in its measured phase (not warming up, not
+    /// stopped): for counters the benchmark keeps itself, beside
+    /// [`Worker::record`]'s.
+    #[inline]
+    pub fn measuring(&self) -> bool {
+        self.observe() == MEASURE
+    }
+
     /// A timestamp from the cycle counter, to pass to [`Worker::record`]
     /// (raw: scaled to nanoseconds once, for the difference).
     #[inline]

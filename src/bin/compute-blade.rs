@@ -25,6 +25,8 @@ fn main() -> Result<()> {
     let outcome = match &cfg.job {
         Job::Micro(m) => commands::micro(&cfg.session, &*transport, m)?,
         Job::Ycsb(y) => commands::ycsb(&cfg.session, &*transport, y)?,
+        Job::Dtx(d) => commands::dtx(&cfg.session, transport.clone(), d)?,
+        Job::Recover(r) => commands::recover(&cfg.session, &*transport, r)?,
     };
     if outcome == Outcome::Interrupted {
         eprintln!("compute-blade: interrupted; the record holds what ran");

@@ -18,7 +18,11 @@ use smart_core::{Runtime, RuntimeConfig, Transport};
 fn spec(name: &str, tables: &[usize], rows: u64, replicas: usize) -> DbSpec {
     DbSpec {
         name: name.into(),
-        tables: tables.iter().enumerate().map(|(i, v)| TableSpec { name: format!("t{i}"), value_size: *v, rows }).collect(),
+        tables: tables
+            .iter()
+            .enumerate()
+            .map(|(i, v)| TableSpec { name: format!("t{i}"), value_size: *v, rows })
+            .collect(),
         replicas,
     }
 }

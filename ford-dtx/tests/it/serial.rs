@@ -120,7 +120,13 @@ fn committed_histories_are_serializable_under_chaos() {
                             }
                             let ids: Vec<_> = keys
                                 .iter()
-                                .map(|k| if rng.random_bool(0.5) { (tx.update(0, *k), true) } else { (tx.read(0, *k), false) })
+                                .map(|k| {
+                                    if rng.random_bool(0.5) {
+                                        (tx.update(0, *k), true)
+                                    } else {
+                                        (tx.read(0, *k), false)
+                                    }
+                                })
                                 .collect();
                             match tx.execute().await {
                                 Ok(()) => {}

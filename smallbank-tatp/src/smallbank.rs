@@ -1,0 +1,199 @@
+//! SmallBank (Alomari et al., ICDE '08, as FORD runs it): savings and
+//! checking accounts, six transactions.
+//!
+//! Balances are integer cents (`i64`; FORD kept an `f32`, which cannot be
+//! audited exactly). Every account starts with [`START_CENTS`] in each
+//! table. Accounts are drawn from the first `hot` with probability 90%,
+//! else uniformly from all.
+//!
+//! | transaction | share | items | money in |
+//! |---|---|---|---|
+//! | Amalgamate(a, b) | 15% | savings a, checking a, checking b (all written) | 0 |
+//! | Balance(a) | 15% | savings a, checking a (read) | 0 |
+//! | DepositChecking(a) | 15% | checking a | +1.30 |
+//! | SendPayment(a, b) | 25% | checking a, checking b (aborts if a has < 5.00) | 0 |
+//! | TransactSavings(a) | 15% | savings a | +20.20 |
+//! | WriteCheck(a) | 15% | savings a (read), checking a | −5.00, or −6.00 if a has < 5.00 in all |
+//!
+//! **Audit.** With a ledger, each coroutine keeps the running total of the
+//! money its committed transactions brought in, in a row of the LEDGER
+//! table that the same transactions update; so at every consistent state,
+//! even after a crash, Σ balances = initial sum + Σ ledgers.
+
+use ford_dtx::{Abort, Txn, TxnError};
+use rand::Rng;
+
+use crate::workload::{Draw, Workload};
+
+/// Table ids.
+pub const SAVINGS: u32 = 0;
+/// Checking accounts.
+pub const CHECKING: u32 = 1;
+/// One row per coroutine ever run with a ledger: its money brought in.
+pub const LEDGER: u32 = 2;
+/// Starting balance of every account in each table, in cents.
+pub const START_CENTS: i64 = 1_000_000;
+
+/// Transaction types, in report order.
+pub const TYPES: [&str; 6] =
+    ["amalgamate", "balance", "deposit_checking", "send_payment", "transact_savings", "write_check"];
+/// Their shares of the mix, in percent.
+pub const MIX: [u32; 6] = [15, 15, 15, 25, 15, 15];
+
+/// The SmallBank workload.
+#[derive(Clone, Debug)]
+pub struct SmallBank {
+    /// Accounts.
+    pub accounts: u64,
+    /// Hot accounts (drawn with probability 90%).
+    pub hot: u64,
+    /// Keep the ledger (for the audit).
+    pub ledger: bool,
+}
+
+/// Balance in cents.
+pub fn cents(v: &[u8]) -> i64 {
+    i64::from_le_bytes(v[..8].try_into().expect("8-byte values"))
+}
+
+fn put(tx: &mut Txn, id: ford_dtx::ItemId, c: i64) {
+    tx.write(id, &c.to_le_bytes());
+}
+
+impl SmallBank {
+    fn account(&self, rng: &mut impl Rng) -> u64 {
+        if rng.random_bool(0.9) {
+            rng.random_range(0..self.hot.min(self.accounts))
+        } else {
+            rng.random_range(0..self.accounts)
+        }
+    }
+
+    /// The initial sum of all balances.
+    pub fn initial_sum(&self) -> i64 {
+        2 * self.accounts as i64 * START_CENTS
+    }
+}
+
+impl Workload for SmallBank {
+    fn name(&self) -> &'static str {
+        "smallbank"
+    }
+
+    fn tables(&self) -> Vec<(String, usize, u64)> {
+        vec![("savings".into(), 8, self.accounts), ("checking".into(), 8, self.accounts), ("ledger".into(), 8, 4096)]
+    }
+
+    fn types(&self) -> &'static [&'static str] {
+        &TYPES
+    }
+
+    fn rows(&self) -> u64 {
+        self.accounts
+    }
+
+    fn draw(&self, rng: &mut rand::rngs::SmallRng) -> Draw {
+        let mut p = rng.random_range(0..100);
+        let mut ty = 0;
+        while p >= MIX[ty] {
+            p -= MIX[ty];
+            ty += 1;
+        }
+        let a = self.account(rng);
+        let mut b = self.account(rng);
+        while b == a && self.accounts > 1 {
+            b = self.account(rng);
+        }
+        Draw { ty, keys: [a, b, 0], salt: 0 }
+    }
+
+    async fn load(&self, tx: &mut Txn, row: u64) -> Result<(), TxnError> {
+        tx.begin();
+        let s = tx.insert(SAVINGS, row);
+        let c = tx.insert(CHECKING, row);
+        tx.execute().await?;
+        put(tx, s, START_CENTS);
+        put(tx, c, START_CENTS);
+        tx.commit().await
+    }
+
+    async fn prepare(&self, tx: &mut Txn, me: u64) -> Result<(), TxnError> {
+        if !self.ledger {
+            return Ok(());
+        }
+        tx.begin();
+        let l = tx.insert(LEDGER, me);
+        match tx.execute().await {
+            // An earlier process's row under the same owner: kept, added to.
+            Err(TxnError::Abort(Abort::Exists)) => return Ok(()),
+            r => r?,
+        }
+        put(tx, l, 0);
+        tx.commit().await
+    }
+
+    async fn run(&self, tx: &mut Txn, d: &Draw, me: u64) -> Result<(), TxnError> {
+        let [a, b, _] = d.keys;
+        tx.begin();
+        // The ledger row goes in the transaction's first round.
+        let ledger = (self.ledger && matches!(d.ty, 2 | 4 | 5)).then(|| tx.update(LEDGER, me));
+        let delta = match d.ty {
+            0 => {
+                let (sa, ca, cb) = (tx.update(SAVINGS, a), tx.update(CHECKING, a), tx.update(CHECKING, b));
+                tx.execute().await?;
+                let total = cents(tx.value(sa)) + cents(tx.value(ca));
+                let to = cents(tx.value(cb)) + total;
+                put(tx, sa, 0);
+                put(tx, ca, 0);
+                put(tx, cb, to);
+                0
+            }
+            1 => {
+                tx.read(SAVINGS, a);
+                tx.read(CHECKING, a);
+                tx.execute().await?;
+                0
+            }
+            2 => {
+                let c = tx.update(CHECKING, a);
+                tx.execute().await?;
+                let v = cents(tx.value(c)) + 130;
+                put(tx, c, v);
+                130
+            }
+            3 => {
+                let (ca, cb) = (tx.update(CHECKING, a), tx.update(CHECKING, b));
+                tx.execute().await?;
+                let (va, vb) = (cents(tx.value(ca)), cents(tx.value(cb)));
+                if va < 500 {
+                    tx.abort().await?;
+                    return Err(TxnError::Abort(Abort::User));
+                }
+                put(tx, ca, va - 500);
+                put(tx, cb, vb + 500);
+                0
+            }
+            4 => {
+                let s = tx.update(SAVINGS, a);
+                tx.execute().await?;
+                let v = cents(tx.value(s)) + 2020;
+                put(tx, s, v);
+                2020
+            }
+            _ => {
+                let (s, c) = (tx.read(SAVINGS, a), tx.update(CHECKING, a));
+                tx.execute().await?;
+                let total = cents(tx.value(s)) + cents(tx.value(c));
+                let take = if total < 500 { 600 } else { 500 };
+                let v = cents(tx.value(c)) - take;
+                put(tx, c, v);
+                -take
+            }
+        };
+        if let Some(l) = ledger {
+            let v = cents(tx.value(l)) + delta;
+            put(tx, l, v);
+        }
+        tx.commit().await
+    }
+}

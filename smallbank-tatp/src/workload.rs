@@ -1,0 +1,414 @@
+//! Running a transaction workload on ford-dtx: create or open the
+//! database, recover dead compute blades, register, load in parallel, run
+//! timed, audit.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ford_dtx::db::{Db, DbSpec, TableSpec};
+use ford_dtx::recovery::{self, AuditReport, Recovered, Which};
+use ford_dtx::{Abort, Dtx, DtxError, DtxStats, Registration, Txn, TxnError};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use smart_bench::harness::{self, Bench, RunConfig, RunReport, Worker};
+use smart_core::{Ctx, Runtime, Transport};
+
+/// One drawn transaction: its type and parameters (kept to retry it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Draw {
+    /// Index into [`Workload::types`].
+    pub ty: usize,
+    /// Keys and parameters.
+    pub keys: [u64; 3],
+    /// Randomness for new values.
+    pub salt: u64,
+}
+
+/// A transaction workload.
+///
+/// Its futures run on one thread's runtime and need not be `Send`.
+#[allow(async_fn_in_trait, reason = "futures run on a single-threaded runtime; no Send bound is wanted")]
+pub trait Workload: Sync {
+    /// "smallbank" or "tatp".
+    fn name(&self) -> &'static str;
+    /// (name, value bytes, expected rows) per table, by id.
+    fn tables(&self) -> Vec<(String, usize, u64)>;
+    /// Transaction types, by [`Draw::ty`].
+    fn types(&self) -> &'static [&'static str];
+    /// Units the load inserts (accounts, subscribers).
+    fn rows(&self) -> u64;
+    /// Draws the next transaction.
+    fn draw(&self, rng: &mut SmallRng) -> Draw;
+    /// Loads unit `row` (every row of it, in one or more transactions).
+    async fn load(&self, tx: &mut Txn, row: u64) -> Result<(), TxnError>;
+    /// Once per coroutine before its run, with its ledger key `me`.
+    async fn prepare(&self, tx: &mut Txn, me: u64) -> Result<(), TxnError>;
+    /// Runs one attempt of `d`.
+    async fn run(&self, tx: &mut Txn, d: &Draw, me: u64) -> Result<(), TxnError>;
+}
+
+/// How to run a workload.
+#[derive(Clone, Debug)]
+pub struct DtxConfig {
+    /// The database's name.
+    pub db: String,
+    /// Copies of every table (primary included).
+    pub replicas: usize,
+    /// Retry a transaction that aborted on a conflict (else draw a new one,
+    /// as FORD does).
+    pub retry_aborts: bool,
+    /// This compute blade's lease.
+    pub lease: Duration,
+}
+
+/// Outcomes per transaction type.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Attempts (retries count again).
+    pub attempted: Vec<u64>,
+    /// Commits.
+    pub committed: Vec<u64>,
+    /// Aborts per cause ([`Abort::ALL`] order).
+    pub aborts: Vec<[u64; 6]>,
+}
+
+impl Counts {
+    fn new(types: usize) -> Self {
+        Counts { attempted: vec![0; types], committed: vec![0; types], aborts: vec![[0; 6]; types] }
+    }
+
+    fn merge(&mut self, o: &Counts) {
+        for (i, c) in o.attempted.iter().enumerate() {
+            self.attempted[i] += c;
+            self.committed[i] += o.committed[i];
+            for (a, b) in self.aborts[i].iter_mut().zip(&o.aborts[i]) {
+                *a += b;
+            }
+        }
+    }
+
+    /// All attempts.
+    pub fn total_attempted(&self) -> u64 {
+        self.attempted.iter().sum()
+    }
+
+    /// All commits.
+    pub fn total_committed(&self) -> u64 {
+        self.committed.iter().sum()
+    }
+
+    /// Aborts of `cause`, over all types.
+    pub fn aborts_of(&self, cause: Abort) -> u64 {
+        let i = Abort::ALL.iter().position(|a| *a == cause).expect("a cause");
+        self.aborts.iter().map(|a| a[i]).sum()
+    }
+}
+
+fn cause_index(a: Abort) -> usize {
+    Abort::ALL.iter().position(|c| *c == a).expect("a cause")
+}
+
+/// Errors of a workload run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// The database failed while setting up, recovering or auditing.
+    #[error(transparent)]
+    Dtx(#[from] DtxError),
+    /// A worker thread could not start.
+    #[error(transparent)]
+    Harness(#[from] smart_core::Error),
+    /// A coroutine of the load failed.
+    #[error("load failed: {0}")]
+    Load(String),
+    /// The load was interrupted.
+    #[error("interrupted during the load, after {0:.1} s")]
+    Interrupted(f64),
+}
+
+/// The outcome of a run.
+#[derive(Debug)]
+pub struct DtxReport {
+    /// The timed run (its operations are committed transactions).
+    pub run: RunReport,
+    /// Seconds the load took (0 when the database existed).
+    pub load_s: f64,
+    /// Whether the database existed (then it was not loaded).
+    pub existed: bool,
+    /// What recovery did at start.
+    pub recovered: Vec<Recovered>,
+    /// Outcomes per type, measured phase only.
+    pub counts: Counts,
+    /// The transaction layer's counters.
+    pub stats: DtxStats,
+    /// The registry slot this run held.
+    pub slot: u16,
+}
+
+/// The ledger key of a coroutine.
+pub fn ledger_key(slot: u16, thread: usize, coroutine: usize) -> u64 {
+    u64::from(slot) << 24 | (thread as u64) << 12 | coroutine as u64
+}
+
+fn spec<W: Workload>(w: &W, d: &DtxConfig) -> DbSpec {
+    DbSpec {
+        name: d.db.clone(),
+        tables: w.tables().into_iter().map(|(name, value_size, rows)| TableSpec { name, value_size, rows }).collect(),
+        replicas: d.replicas,
+    }
+}
+
+/// Creates (or opens) the database and recovers dead compute blades.
+///
+/// # Errors
+/// As [`Db::create`] and [`recovery::recover`].
+pub fn open<W: Workload>(
+    transport: &dyn Transport,
+    cfg: &RunConfig,
+    w: &W,
+    d: &DtxConfig,
+) -> Result<(Arc<Db>, bool, Vec<Recovered>), WorkloadError> {
+    let mut rt = Runtime::new(transport, 0, cfg.runtime.clone())?;
+    let ctx = rt.ctx();
+    let spec = spec(w, d);
+    let (db, existed, rec) = rt.block_on(async move {
+        let (db, existed) = Db::create(&ctx, &spec).await?;
+        let rec = recovery::recover(&ctx, &db, Which::Expired).await?;
+        Ok::<_, DtxError>((db, existed, rec))
+    })?;
+    Ok((Arc::new(db), existed, rec))
+}
+
+struct Phase<'a, W: Workload> {
+    w: &'a W,
+    reg: &'a Registration,
+    load: bool,
+    retry: bool,
+    total: u64,
+    counts: &'a Mutex<Counts>,
+    stats: &'a Mutex<DtxStats>,
+}
+
+#[derive(Clone)]
+struct ThreadState {
+    dtx: Dtx,
+    counts: Rc<RefCell<Counts>>,
+}
+
+impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
+    type Error = TxnError;
+    type Thread = ThreadState;
+
+    fn open_thread(&self, ctx: Ctx) -> impl Future<Output = Result<ThreadState, TxnError>> + 'static {
+        let st = ThreadState {
+            dtx: self.reg.open_thread(ctx),
+            counts: Rc::new(RefCell::new(Counts::new(self.w.types().len()))),
+        };
+        async move { Ok(st) }
+    }
+
+    fn coroutine(&self, wk: Worker, st: ThreadState) -> impl Future<Output = Result<(), TxnError>> + 'static {
+        let (w, load, retry, total, slot) = (self.w.clone(), self.load, self.retry, self.total, self.reg.slot());
+        async move {
+            let mut tx = st.dtx.txn(wk.coroutine());
+            let me = ledger_key(slot, wk.thread(), wk.coroutine());
+            if load {
+                let mut row = (wk.thread() * wk.coroutines() + wk.coroutine()) as u64;
+                while row < w.rows() && wk.running() {
+                    let t = wk.now();
+                    let mut tries = 0;
+                    loop {
+                        match w.load(&mut tx, row).await {
+                            Ok(()) => break,
+                            // Two loaders chose the same free slot: again.
+                            Err(TxnError::Abort(a)) if a.is_conflict() && tries < 10_000 => tries += 1,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    wk.record(t, 1);
+                    row += total;
+                }
+                return Ok(());
+            }
+            w.prepare(&mut tx, me).await?;
+            let mut rng = SmallRng::seed_from_u64(wk.seed());
+            let ctx = st.dtx.ctx().clone();
+            while wk.running() {
+                let d = w.draw(&mut rng);
+                let t = wk.now();
+                let mut op = ctx.op().await;
+                loop {
+                    let r = w.run(&mut tx, &d, me).await;
+                    let counting = wk.measuring();
+                    if counting {
+                        st.counts.borrow_mut().attempted[d.ty] += 1;
+                    }
+                    match r {
+                        Ok(()) => {
+                            if counting {
+                                st.counts.borrow_mut().committed[d.ty] += 1;
+                            }
+                            wk.record(t, 1);
+                            break;
+                        }
+                        Err(TxnError::Abort(a)) => {
+                            if counting {
+                                st.counts.borrow_mut().aborts[d.ty][cause_index(a)] += 1;
+                            }
+                            if !a.is_conflict() {
+                                break;
+                            }
+                            // ConflictAvoid backs off after a conflict,
+                            // retried or not.
+                            op.retry().await;
+                            if !retry || !wk.running() {
+                                break;
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    fn close_thread(&self, st: ThreadState) {
+        self.counts.lock().expect("not poisoned").merge(&st.counts.borrow());
+        self.stats.lock().expect("not poisoned").merge(&st.dtx.stats());
+    }
+}
+
+/// Loads the workload unless the database exists, then runs it for
+/// `cfg.duration` on `cfg.threads` × `cfg.coroutines` coroutines, as one
+/// registered compute blade.
+///
+/// # Errors
+/// Set-up, recovery or load failures.
+pub fn run<W: Workload + Clone + 'static>(
+    transport: Arc<dyn Transport>,
+    cfg: &RunConfig,
+    w: &W,
+    d: &DtxConfig,
+) -> Result<DtxReport, WorkloadError> {
+    let (db, existed, recovered) = open(&*transport, cfg, w, d)?;
+    if cfg.progress {
+        for r in &recovered {
+            eprintln!(
+                "recovered dead compute blade {} (pid {}): {} rolled back, {} rolled forward, {} locks released",
+                r.slot, r.pid, r.rolled_back, r.rolled_forward, r.released
+            );
+        }
+    }
+    let reg = Registration::register(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease)?;
+    let counts = Mutex::new(Counts::new(w.types().len()));
+    let stats = Mutex::new(DtxStats::default());
+    let phase = |load| Phase {
+        w,
+        reg: &reg,
+        load,
+        retry: d.retry_aborts,
+        total: (cfg.threads * cfg.coroutines) as u64,
+        counts: &counts,
+        stats: &stats,
+    };
+    let mut load_s = 0.0;
+    if existed {
+        if cfg.progress {
+            eprintln!("note: database {:?} exists on the blades (an earlier run): running on it as it is", d.db);
+        }
+    } else {
+        if cfg.progress {
+            eprintln!("loading {} {} rows", w.rows(), w.name());
+        }
+        let t0 = Instant::now();
+        let load_cfg = RunConfig { duration: Duration::from_secs(24 * 3600), warmup: Duration::ZERO, ..cfg.clone() };
+        let load = harness::run_bench(&*transport, &load_cfg, &phase(true))?;
+        load_s = t0.elapsed().as_secs_f64();
+        if let Some(e) = load.first_error {
+            return Err(WorkloadError::Load(e));
+        }
+        if load.interrupted {
+            return Err(WorkloadError::Interrupted(load_s));
+        }
+        if cfg.progress {
+            eprintln!("loaded in {load_s:.1}s");
+        }
+    }
+    *counts.lock().expect("not poisoned") = Counts::new(w.types().len());
+    let run = harness::run_bench(&*transport, cfg, &phase(false))?;
+    let slot = reg.slot();
+    // A run whose coroutines failed may hold locks: leave the slot to
+    // recovery (its lease expires) rather than free it.
+    if run.first_error.is_none() {
+        reg.close(&*transport)?;
+    }
+    Ok(DtxReport {
+        run,
+        load_s,
+        existed,
+        recovered,
+        counts: counts.into_inner().expect("not poisoned"),
+        stats: stats.into_inner().expect("not poisoned"),
+        slot,
+    })
+}
+
+/// The audit of a quiescent database: the layer's (replicas agree, no lock
+/// held, records intact) and the workload's invariant.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Audited {
+    /// The transaction layer's audit.
+    pub db: AuditReport,
+    /// SmallBank: Σ balances found, in cents.
+    pub balances: Option<i64>,
+    /// SmallBank: initial sum + Σ ledgers, in cents.
+    pub expected: Option<i64>,
+    /// Locks held, replica mismatches, torn records, and 1 if the
+    /// workload's invariant fails.
+    pub violations: u64,
+}
+
+/// Audits database `name` (which must exist): see [`Audited`].
+///
+/// # Errors
+/// A missing database; verb errors.
+pub fn audit(
+    transport: &dyn Transport,
+    cfg: &RunConfig,
+    name: &str,
+    smallbank: bool,
+) -> Result<Audited, WorkloadError> {
+    let mut rt = Runtime::new(transport, 0, cfg.runtime.clone())?;
+    let ctx = rt.ctx();
+    let name = name.to_string();
+    Ok(rt.block_on(async move {
+        let db = Db::open(&ctx, &name)
+            .await?
+            .ok_or_else(|| DtxError::Config(format!("no database {name:?} on these blades")))?;
+        let (mut sum, mut ledgers) = (0i64, 0i64);
+        let rep = recovery::audit(&ctx, &db, |t, _, v| {
+            let c = crate::smallbank::cents(v);
+            match t {
+                crate::smallbank::SAVINGS | crate::smallbank::CHECKING => sum += c,
+                crate::smallbank::LEDGER => ledgers += c,
+                _ => {}
+            }
+        })
+        .await?;
+        let mut out = Audited { violations: rep.violations(), ..Audited::default() };
+        if smallbank {
+            let accounts = rep.live[crate::smallbank::SAVINGS as usize] as i64;
+            let expected = 2 * accounts * crate::smallbank::START_CENTS + ledgers;
+            out.balances = Some(sum);
+            out.expected = Some(expected);
+            if sum != expected || rep.live[0] != rep.live[1] {
+                out.violations += 1;
+            }
+        }
+        out.db = rep;
+        Ok::<_, DtxError>(out)
+    })?)
+}
