@@ -137,8 +137,8 @@ fn audit_line(a: &Audited) {
         "audit: {} violations | rows per table {:?} | locks held {} | replica mismatches {} | torn {}",
         a.violations, d.live, d.locks_held, d.replica_mismatches, d.torn
     );
-    if let (Some(b), Some(e)) = (a.balances, a.expected) {
-        line += &format!(" | balances {b} cents, initial + ledgers {e} cents");
+    if let (Some(b), Some(e), Some(n)) = (a.balances, a.expected, a.ledger_txns) {
+        line += &format!(" | balances {b} cents, initial + ledgers {e} cents ({n} ledger transactions)");
     }
     println!("{line}");
 }
@@ -212,6 +212,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
         "not_found": not_found,
         "user_aborts": c.aborts_of(Abort::User),
         "aborts_by_type": by_type,
+        "verbs_per_attempted": if attempted == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / attempted as f64 },
         "verbs_per_committed": if committed == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / committed as f64 },
         "doorbells_per_committed": if committed == 0 { 0.0 } else { rep.run.verbs.doorbells as f64 / committed as f64 },
         "ford": rep.stats,
@@ -222,13 +223,14 @@ fn dtx_on<W: Workload + Clone + 'static>(
     let rec = report::record(what, s, &*t, &rep.run, extra)?;
     report::finish(s, &rec, &rep.run)?;
     println!(
-        "{name}: committed {:.0} txn/s, attempted {:.0} txn/s | abort rate {:.3} (conflicts {}, not found {}, user {}) | verbs/committed {:.2}",
+        "{name}: committed {:.0} txn/s, attempted {:.0} txn/s | abort rate {:.3} (conflicts {}, not found {}, user {}) | verbs/attempted {:.2} verbs/committed {:.2}",
         committed as f64 / secs,
         attempted as f64 / secs,
         rate(attempted - committed),
         conflicts,
         not_found,
         c.aborts_of(Abort::User),
+        if attempted == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / attempted as f64 },
         if committed == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / committed as f64 },
     );
     if let Some(a) = &audited {

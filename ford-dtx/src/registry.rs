@@ -112,8 +112,9 @@ pub(crate) async fn claim(
         } else {
             ctx.alloc(blade, bytes, 64).await?
         };
-        let (threads, coroutines) =
-            if log == s.log { (s.threads, s.coroutines) } else { (threads as u64, coroutines as u64) };
+        // The slot records this registration's shape (the area may be
+        // larger; a later registration then sees only this much).
+        let (threads, coroutines) = (threads as u64, coroutines as u64);
         let mut b = [0u8; 48];
         let info = SlotInfo {
             slot: s.slot,

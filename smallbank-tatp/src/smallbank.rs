@@ -16,9 +16,11 @@
 //! | WriteCheck(a) | 15% | savings a (read), checking a | −5.00, or −6.00 if a has < 5.00 in all |
 //!
 //! **Audit.** With a ledger, each coroutine keeps the running total of the
-//! money its committed transactions brought in, in a row of the LEDGER
-//! table that the same transactions update; so at every consistent state,
-//! even after a crash, Σ balances = initial sum + Σ ledgers.
+//! money its committed transactions brought in, and their number, in a row
+//! of the LEDGER table (`[cents i64][transactions u64]`) that the same
+//! transactions update; so at every consistent state, even after a crash,
+//! Σ balances = initial sum + Σ ledger cents, and Σ ledger transactions
+//! counts every committed DepositChecking, TransactSavings and WriteCheck.
 
 use ford_dtx::{Abort, Txn, TxnError};
 use rand::Rng;
@@ -56,6 +58,18 @@ pub fn cents(v: &[u8]) -> i64 {
     i64::from_le_bytes(v[..8].try_into().expect("8-byte values"))
 }
 
+/// A ledger row: (cents brought in, committed transactions).
+pub fn ledger_row(v: &[u8]) -> (i64, u64) {
+    (cents(v), u64::from_le_bytes(v[8..16].try_into().expect("16-byte ledger rows")))
+}
+
+fn ledger_value(cents: i64, n: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&cents.to_le_bytes());
+    v[8..].copy_from_slice(&n.to_le_bytes());
+    v
+}
+
 fn put(tx: &mut Txn, id: ford_dtx::ItemId, c: i64) {
     tx.write(id, &c.to_le_bytes());
 }
@@ -81,7 +95,7 @@ impl Workload for SmallBank {
     }
 
     fn tables(&self) -> Vec<(String, usize, u64)> {
-        vec![("savings".into(), 8, self.accounts), ("checking".into(), 8, self.accounts), ("ledger".into(), 8, 4096)]
+        vec![("savings".into(), 8, self.accounts), ("checking".into(), 8, self.accounts), ("ledger".into(), 16, 4096)]
     }
 
     fn types(&self) -> &'static [&'static str] {
@@ -128,7 +142,7 @@ impl Workload for SmallBank {
             Err(TxnError::Abort(Abort::Exists)) => return Ok(()),
             r => r?,
         }
-        put(tx, l, 0);
+        tx.write(l, &[0; 16]);
         tx.commit().await
     }
 
@@ -191,8 +205,8 @@ impl Workload for SmallBank {
             }
         };
         if let Some(l) = ledger {
-            let v = cents(tx.value(l)) + delta;
-            put(tx, l, v);
+            let (c, n) = ledger_row(tx.value(l));
+            tx.write(l, &ledger_value(c + delta, n + 1));
         }
         tx.commit().await
     }

@@ -303,6 +303,9 @@ pub fn run<W: Workload + Clone + 'static>(
         }
     }
     let reg = Registration::register(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease)?;
+    if cfg.progress {
+        eprintln!("registered as compute blade {} of database {:?} (pid {})", reg.slot(), d.db, std::process::id());
+    }
     let counts = Mutex::new(Counts::new(w.types().len()));
     let stats = Mutex::new(DtxStats::default());
     let phase = |load| Phase {
@@ -366,6 +369,9 @@ pub struct Audited {
     pub balances: Option<i64>,
     /// SmallBank: initial sum + Σ ledgers, in cents.
     pub expected: Option<i64>,
+    /// SmallBank: Σ ledger transactions (committed DepositChecking,
+    /// TransactSavings and WriteCheck of runs with a ledger).
+    pub ledger_txns: Option<u64>,
     /// Locks held, replica mismatches, torn records, and 1 if the
     /// workload's invariant fails.
     pub violations: u64,
@@ -388,12 +394,16 @@ pub fn audit(
         let db = Db::open(&ctx, &name)
             .await?
             .ok_or_else(|| DtxError::Config(format!("no database {name:?} on these blades")))?;
-        let (mut sum, mut ledgers) = (0i64, 0i64);
+        let (mut sum, mut ledgers, mut txns) = (0i64, 0i64, 0u64);
         let rep = recovery::audit(&ctx, &db, |t, _, v| {
             let c = crate::smallbank::cents(v);
             match t {
                 crate::smallbank::SAVINGS | crate::smallbank::CHECKING => sum += c,
-                crate::smallbank::LEDGER => ledgers += c,
+                crate::smallbank::LEDGER => {
+                    let (c, n) = crate::smallbank::ledger_row(v);
+                    ledgers += c;
+                    txns += n;
+                }
                 _ => {}
             }
         })
@@ -404,6 +414,7 @@ pub fn audit(
             let expected = 2 * accounts * crate::smallbank::START_CENTS + ledgers;
             out.balances = Some(sum);
             out.expected = Some(expected);
+            out.ledger_txns = Some(txns);
             if sum != expected || rep.live[0] != rep.live[1] {
                 out.violations += 1;
             }

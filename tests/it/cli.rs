@@ -7,17 +7,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const BLADE: &str = env!("CARGO_BIN_EXE_memory-blade");
-const COMPUTE: &str = env!("CARGO_BIN_EXE_compute-blade");
+pub(crate) const BLADE: &str = env!("CARGO_BIN_EXE_memory-blade");
+pub(crate) const COMPUTE: &str = env!("CARGO_BIN_EXE_compute-blade");
 
 /// A memory-blade process, killed when dropped.
-struct Blade {
-    child: Child,
-    addr: String,
+pub(crate) struct Blade {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
 }
 
 impl Blade {
-    fn start(args: &[&str]) -> Blade {
+    pub(crate) fn start(args: &[&str]) -> Blade {
         let mut child = Command::new(BLADE)
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
@@ -53,15 +53,15 @@ impl Drop for Blade {
     }
 }
 
-fn compute(args: &[&str]) -> Output {
+pub(crate) fn compute(args: &[&str]) -> Output {
     Command::new(COMPUTE).args(args).output().expect("run compute-blade")
 }
 
-fn tmp(name: &str) -> PathBuf {
+pub(crate) fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("smart-cli-{}-{name}", std::process::id()))
 }
 
-fn record(path: &Path) -> Value {
+pub(crate) fn record(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

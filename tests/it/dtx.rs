@@ -1,0 +1,320 @@
+//! The transaction workloads as a user runs them: records, audits, bad
+//! arguments, and crash recovery with real SIGKILLs of compute-blade and
+//! memory-blade processes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::cli::{compute, record, tmp, Blade, COMPUTE};
+
+fn ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout {}\nstderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn check_record(r: &Value, types: &[&str]) {
+    assert_eq!(r["violations"], 0, "{r}");
+    let (att, com) = (r["attempted"].as_u64().unwrap(), r["committed"].as_u64().unwrap());
+    assert!(com > 0 && att >= com, "{r}");
+    assert_eq!(r["ops"].as_u64().unwrap(), com, "operations are committed transactions");
+    let rate = r["abort_rate"].as_f64().unwrap();
+    assert!((rate - (att - com) as f64 / att as f64).abs() < 1e-9);
+    let by = r["aborts_by_type"].as_object().unwrap();
+    assert_eq!(by.len(), types.len());
+    let mut sum = 0;
+    for t in types {
+        let e = &by[*t];
+        sum += e["attempted"].as_u64().unwrap();
+        for cause in ["locked", "validation", "torn", "not_found", "exists", "user"] {
+            assert!(e["aborts"][cause].is_u64(), "{t} {cause}");
+        }
+    }
+    assert_eq!(sum, att);
+    assert!(r["verbs_per_committed"].as_f64().unwrap() > 0.0);
+    assert!(r["verbs_per_attempted"].as_f64().unwrap() > 0.0);
+}
+
+const SB: [&str; 6] = ["amalgamate", "balance", "deposit_checking", "send_payment", "transact_savings", "write_check"];
+const TATP: [&str; 7] = [
+    "get_subscriber_data",
+    "get_new_destination",
+    "get_access_data",
+    "update_subscriber_data",
+    "update_location",
+    "insert_call_forwarding",
+    "delete_call_forwarding",
+];
+
+#[test]
+fn smallbank_and_tatp_run_audit_and_record_on_embedded_blades() {
+    let j = tmp("sb.json");
+    let run = ["--threads", "2", "--coroutines", "4", "--duration", "1", "--warmup", "0.2", "--quiet"];
+    let out = compute(
+        &[&["smallbank", "--accounts", "3000", "--hot", "100", "--audit", "--json", j.to_str().unwrap()], &run[..]]
+            .concat(),
+    );
+    ok(&out);
+    let r = record(&j);
+    check_record(&r, &SB);
+    assert_eq!(
+        (r["bench"].as_str(), r["app"].as_str(), r["blades"].as_u64()),
+        (Some("smallbank"), Some("ford"), Some(2))
+    );
+    assert_eq!(r["audit"]["balances"], r["audit"]["expected"]);
+    assert_eq!(r["audit"]["db"]["live"][0], 3000);
+    assert!(r["aborts_by_type"]["send_payment"]["aborts"]["user"].as_u64().unwrap() > 0, "hot accounts run dry");
+    let out = compute(
+        &[
+            &[
+                "tatp",
+                "--subscribers",
+                "3000",
+                "--audit",
+                "--replicas",
+                "3",
+                "--embedded-blades",
+                "4",
+                "--json",
+                j.to_str().unwrap(),
+            ],
+            &run[..],
+        ]
+        .concat(),
+    );
+    ok(&out);
+    let r = record(&j);
+    check_record(&r, &TATP);
+    assert_eq!(r["replicas"], 3);
+    assert!(r["not_found"].as_u64().unwrap() > 0, "TATP reads rows that do not exist");
+    assert_eq!(r["audit"]["db"]["replica_mismatches"], 0);
+    std::fs::remove_file(&j).unwrap();
+}
+
+#[test]
+fn bad_transaction_arguments_fail_with_a_message() {
+    for (args, says) in [
+        (
+            &["smallbank", "--replicas", "3", "--embedded-blades", "2"][..],
+            "--replicas 3 needs at least as many memory blades",
+        ),
+        (&["smallbank", "--accounts", "10", "--hot", "20"][..], "--hot 1 to --accounts"),
+        (&["smallbank", "--lease", "0"][..], "--lease"),
+        (&["tatp", "--replicas", "5"][..], "--replicas must be 1 to 4"),
+        (&["tatp", "--subscribers", "0"][..], "--subscribers"),
+        (&["smallbank", "--audit", "--audit-only"][..], "cannot be used with"),
+        (&["recover", "--slot", "0"][..], "numbered from 1"),
+    ] {
+        let out = compute(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// Starts a long SmallBank run; returns it and its registry slot (read
+/// from its stderr once registered).
+fn start_smallbank(blades: &str, extra: &[&str]) -> (std::process::Child, u16, std::thread::JoinHandle<String>) {
+    let mut child = Command::new(COMPUTE)
+        .args(["smallbank", "--blades", blades, "--accounts", "2000", "--hot", "50", "--audit", "--retry-aborts"])
+        .args(["--threads", "2", "--coroutines", "4", "--duration", "60", "--warmup", "0"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let slot = loop {
+        assert!(Instant::now() < deadline, "no registration line");
+        let l = lines.next().expect("stderr ended before the registration").unwrap();
+        if let Some(rest) = l.strip_prefix("registered as compute blade ") {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    // Keep draining stderr so the child never blocks on it.
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+    (child, slot, rest)
+}
+
+fn kill9(child: &mut std::process::Child) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    child.wait().unwrap();
+}
+
+fn audit_only(blades: &str) -> Value {
+    let j = tmp(&format!("audit-{}.json", blades.len()));
+    let out = compute(&["smallbank", "--blades", blades, "--audit-only", "--quiet", "--json", j.to_str().unwrap()]);
+    ok(&out);
+    let r = record(&j);
+    std::fs::remove_file(&j).unwrap();
+    assert_eq!(r["violations"], 0, "{r}");
+    r
+}
+
+#[test]
+fn compute_blades_killed_at_random_points_lose_nothing_after_recovery() {
+    let (b1, b2) = (Blade::start(&["--size", "64MiB"]), Blade::start(&["--size", "64MiB"]));
+    let blades = format!("{},{}", b1.addr, b2.addr);
+    // Load (and a first audited run).
+    let out = compute(&[
+        "smallbank",
+        "--blades",
+        &blades,
+        "--accounts",
+        "2000",
+        "--hot",
+        "50",
+        "--audit",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0",
+        "--quiet",
+    ]);
+    ok(&out);
+    let mut rolled = 0;
+    for i in 0..8u64 {
+        let (mut child, slot, _rest) = start_smallbank(&blades, &["--lease", "30"]);
+        // A random moment of the run: 50 to 750 ms in.
+        let ms = 50 + (i * 2_654_435_761 + 97) % 700;
+        std::thread::sleep(Duration::from_millis(ms));
+        kill9(&mut child);
+        let j = tmp("recover.json");
+        let out = compute(&[
+            "recover",
+            "--blades",
+            &blades,
+            "--db",
+            "smallbank",
+            "--slot",
+            &slot.to_string(),
+            "--json",
+            j.to_str().unwrap(),
+        ]);
+        ok(&out);
+        let r = record(&j);
+        std::fs::remove_file(&j).unwrap();
+        let rec = &r["databases"][0]["recovered"][0];
+        assert_eq!(rec["slot"], slot, "{r}");
+        eprintln!("kill {i} at {ms} ms: recovery {rec}");
+        rolled += rec["rolled_back"].as_u64().unwrap()
+            + rec["rolled_forward"].as_u64().unwrap()
+            + rec["released"].as_u64().unwrap();
+        let a = audit_only(&blades);
+        assert_eq!(a["audit"]["balances"], a["audit"]["expected"], "kill {i} at {ms} ms: money not conserved");
+        assert_eq!(a["audit"]["db"]["locks_held"], 0);
+        assert_eq!(a["audit"]["db"]["replica_mismatches"], 0);
+    }
+    assert!(rolled > 0, "eight kills in the middle of runs left nothing to repair?");
+    // A compute blade that dies is also repaired by the next run, once its
+    // lease expired.
+    let (mut child, _slot, _rest) = start_smallbank(&blades, &["--lease", "0.2"]);
+    std::thread::sleep(Duration::from_millis(400));
+    kill9(&mut child);
+    std::thread::sleep(Duration::from_millis(2_600));
+    let j = tmp("next.json");
+    let out = compute(&[
+        "smallbank",
+        "--blades",
+        &blades,
+        "--accounts",
+        "2000",
+        "--hot",
+        "50",
+        "--audit",
+        "--duration",
+        "0.3",
+        "--warmup",
+        "0",
+        "--quiet",
+        "--json",
+        j.to_str().unwrap(),
+    ]);
+    ok(&out);
+    let r = record(&j);
+    std::fs::remove_file(&j).unwrap();
+    assert_eq!(r["recovered"].as_array().map(Vec::len), Some(1), "{r}");
+    assert_eq!(r["violations"], 0);
+}
+
+#[test]
+fn a_backing_file_blade_killed_and_restarted_loses_no_committed_transaction() {
+    let (f1, f2) = (tmp("dtx-b1"), tmp("dtx-b2"));
+    for f in [&f1, &f2] {
+        let _ = std::fs::remove_file(f);
+    }
+    let (s1, s2) = (f1.to_str().unwrap(), f2.to_str().unwrap());
+    let b1 = Blade::start(&["--size", "64MiB", "--backing-file", s1]);
+    let mut b2 = Blade::start(&["--size", "64MiB", "--backing-file", s2]);
+    let blades = format!("{},{}", b1.addr, b2.addr);
+    let out = compute(&[
+        "smallbank",
+        "--blades",
+        &blades,
+        "--accounts",
+        "2000",
+        "--hot",
+        "50",
+        "--audit",
+        "--duration",
+        "0.3",
+        "--warmup",
+        "0",
+        "--quiet",
+    ]);
+    ok(&out);
+    let before = audit_only(&blades)["audit"]["ledger_txns"].as_u64().unwrap();
+    // A run whose memory blade 2 is killed under it: it fails, and its
+    // record says what it committed.
+    let j = tmp("killed-blade.json");
+    let mut child = Command::new(COMPUTE)
+        .args(["smallbank", "--blades", &blades, "--accounts", "2000", "--hot", "50", "--audit", "--retry-aborts"])
+        .args(["--duration", "30", "--warmup", "0", "--quiet", "--request-timeout", "2", "--json", j.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    kill9(&mut b2.child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "compute-blade did not notice its blade died");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let r = record(&j);
+    std::fs::remove_file(&j).unwrap();
+    let by = &r["aborts_by_type"];
+    let committed: u64 = ["deposit_checking", "transact_savings", "write_check"]
+        .iter()
+        .map(|t| by[t]["committed"].as_u64().unwrap())
+        .sum();
+    assert!(committed > 0, "{r}");
+    let slot = r["registry_slot"].as_u64().unwrap().to_string();
+    // Restart the blade on its file (a new port), repair, audit.
+    drop(b2);
+    let b2 = Blade::start(&["--backing-file", s2]);
+    let blades = format!("{},{}", b1.addr, b2.addr);
+    let out = compute(&["recover", "--blades", &blades, "--db", "smallbank", "--slot", &slot]);
+    ok(&out);
+    let a = audit_only(&blades);
+    assert_eq!(a["audit"]["balances"], a["audit"]["expected"]);
+    let after = a["audit"]["ledger_txns"].as_u64().unwrap();
+    assert!(after >= before + committed, "committed transactions lost: {before} + {committed} > {after}");
+    drop((b1, b2));
+    for f in [&f1, &f2] {
+        std::fs::remove_file(f).unwrap();
+    }
+}
