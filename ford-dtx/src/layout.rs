@@ -133,7 +133,7 @@ impl Owner {
 
     /// The owner named by a held lock word.
     pub fn of(lock: u64) -> Option<Owner> {
-        (lock & LOCKED != 0).then(|| Owner {
+        (lock & LOCKED != 0).then_some(Owner {
             blade: (lock >> 1) as u16,
             thread: ((lock >> 17) & 0xfff) as u16,
             coroutine: ((lock >> 29) & 0xfff) as u16,

@@ -101,7 +101,7 @@ fn a_transaction_killed_anywhere_is_rolled_back_or_forward() {
             });
             assert_eq!(rep.violations(), 0, "{} round {round} polls {polls}: {rep:?}", b.name);
             assert_eq!(rec.len(), 1);
-            let applied = rows.iter().any(|r| *r == (1, round as u64, 7));
+            let applied = rows.contains(&(1, round as u64, 7));
             if finished {
                 assert!(applied, "{} round {round} polls {polls}: a committed transaction was lost", b.name);
                 completed += 1;
