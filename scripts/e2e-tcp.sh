@@ -51,6 +51,25 @@ print(f"e2e: ycsb a over race-ht: {r['throughput_mops']:.3f} Mop/s, verified, "
       f"grew to {r['race']['subtables']} subtables, ok")
 PY
 
+# SmallBank and TATP (FORD transactions, one replica on this one blade),
+# audited: money conserved, no lock held; then recover finds nothing dead.
+timeout 120 "$bin/compute-blade" smallbank --blades "$addr" --replicas 1 --accounts 5000 --hot 200 --audit \
+  --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json "$work/smallbank.json"
+timeout 120 "$bin/compute-blade" tatp --blades "$addr" --replicas 1 --subscribers 5000 --audit \
+  --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json "$work/tatp.json"
+python3 - "$work/smallbank.json" "$work/tatp.json" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    r = json.load(open(path))
+    assert r["committed"] > 0 and r["errors"] == 0 and r["violations"] == 0, r
+    assert r["audit"]["db"]["locks_held"] == 0, r
+    print(f"e2e: {r['bench']}: {r['committed_per_s']:.0f} committed txn/s, abort rate {r['abort_rate']:.3f}, "
+          f"{r['verbs_per_attempted']:.2f} verbs/attempted, audited, ok")
+PY
+recovered=$(timeout 60 "$bin/compute-blade" recover --blades "$addr")
+grep -q "smallbank: no dead compute blade" <<<"$recovered" || { echo "e2e: recover: $recovered" >&2; exit 1; }
+echo "e2e: recover: nothing dead, ok"
+
 kill -TERM "$blade_pid"
 for _ in $(seq 100); do kill -0 "$blade_pid" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$blade_pid" 2>/dev/null; then echo "e2e: memory-blade ignored SIGTERM" >&2; exit 1; fi
