@@ -42,3 +42,44 @@ kill_blade() {
     kill -KILL "$BLADE_PID" 2>/dev/null || true
   fi
 }
+
+# start_blades N DIR ARGS...: starts N memory-blades like start_blade; sets
+# BLADES (their addresses, comma-separated) and BLADE_PIDS.
+BLADE_PIDS=()
+start_blades() {
+  local n=$1 dir=$2 addrs=()
+  shift 2
+  for i in $(seq "$n"); do
+    "$bin/memory-blade" --listen 127.0.0.1:0 "$@" >"$dir/blade$i.out" &
+    BLADE_PIDS+=($!)
+    for _ in $(seq 100); do
+      grep -q '^ready ' "$dir/blade$i.out" 2>/dev/null && break
+      sleep 0.1
+    done
+    addrs+=("$(awk '/^ready /{print $2}' "$dir/blade$i.out")")
+    if [ -z "${addrs[-1]}" ]; then
+      echo "memory-blade $i never printed its ready line" >&2
+      return 1
+    fi
+  done
+  BLADES=$(IFS=,; echo "${addrs[*]}")
+}
+
+# stop_blades: SIGTERM to every blade start_blades started; waits.
+stop_blades() {
+  local p
+  for p in "${BLADE_PIDS[@]}"; do
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" || true
+  done
+  BLADE_PIDS=()
+}
+
+# kill_blades: for traps.
+kill_blades() {
+  local p
+  for p in "${BLADE_PIDS[@]}"; do
+    kill -KILL "$p" 2>/dev/null || true
+  done
+  kill_blade
+}
