@@ -180,6 +180,11 @@ fn crc(rec: &[u8], cap: usize) -> u32 {
     h.finalize()
 }
 
+/// A record's key and table words, unverified (each is read whole).
+pub fn key_of(rec: &[u8]) -> (u64, u64) {
+    (word(rec, 16), word(rec, 0))
+}
+
 /// Decodes and verifies a record of a table with `value_size`-byte values.
 ///
 /// # Errors

@@ -360,31 +360,26 @@ impl<'a> Post<'_, 'a> {
     }
 }
 
-/// Most batches [`post_all`] posts at once.
-pub const MAX_POST_ALL: usize = 16;
-
 /// Posts every batch in `batches` (each one doorbell, to any blades, all
 /// rung before any completion is awaited) and waits for all of them: the
 /// way to overlap the round trips to several blades. Result `i` is that of
-/// `batches[i]` (`None` where there is no batch, and past the slice).
-///
-/// # Panics
-/// With more than [`MAX_POST_ALL`] entries.
-pub async fn post_all<'b, 'a>(batches: &'b mut [Option<Batch<'a>>]) -> [Option<Result<Done<'a>>>; MAX_POST_ALL] {
-    assert!(batches.len() <= MAX_POST_ALL, "post_all takes at most {MAX_POST_ALL} batches");
+/// `batches[i]` (`None` where there is no batch). `N` is small (a
+/// transaction's blades): the futures and results live in arrays of `N`.
+pub async fn post_all<'b, 'a, const N: usize>(
+    batches: &'b mut [Option<Batch<'a>>; N],
+) -> [Option<Result<Done<'a>>>; N] {
     let mut it = batches.iter_mut();
-    let posts: [Option<Post<'_, 'a>>; MAX_POST_ALL] =
-        std::array::from_fn(|_| it.next().and_then(|b| b.as_mut()).map(Batch::post));
+    let posts: [Option<Post<'_, 'a>>; N] = std::array::from_fn(|_| it.next().and_then(|b| b.as_mut()).map(Batch::post));
     PostAll { posts, out: std::array::from_fn(|_| None) }.await
 }
 
-struct PostAll<'b, 'a> {
-    posts: [Option<Post<'b, 'a>>; MAX_POST_ALL],
-    out: [Option<Result<Done<'a>>>; MAX_POST_ALL],
+struct PostAll<'b, 'a, const N: usize> {
+    posts: [Option<Post<'b, 'a>>; N],
+    out: [Option<Result<Done<'a>>>; N],
 }
 
-impl<'a> Future for PostAll<'_, 'a> {
-    type Output = [Option<Result<Done<'a>>>; MAX_POST_ALL];
+impl<'a, const N: usize> Future for PostAll<'_, 'a, N> {
+    type Output = [Option<Result<Done<'a>>>; N];
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;

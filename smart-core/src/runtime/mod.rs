@@ -57,7 +57,7 @@ mod test_waker {
     }
 }
 
-pub use batch::{post_all, AtomicRef, Batch, Done, Post, ReadRef, MAX_POST_ALL};
+pub use batch::{post_all, AtomicRef, Batch, Done, Post, ReadRef};
 pub use config::{RuntimeConfig, SmartState, DEFAULT_REQUEST_TIMEOUT, MAX_BATCH};
 pub use conflict::OpGuard;
 pub use ctx::Ctx;
