@@ -269,3 +269,37 @@ fn the_log_is_a_bounded_ring() {
     assert_eq!(Owner::of(o.lock_word(50)), Some(o));
     let _ = (Runtime::new(&*t, 0, RuntimeConfig::default()), layout::SLOTS);
 }
+
+#[test]
+fn every_qp_that_carried_a_commit_write_is_flushed() {
+    // Two items on tables 0 and 1 over 3 blades with 2 replicas: the
+    // commit writes to blades {0, 1} and {1, 2}, so three QPs carry commit
+    // WRITEs and each needs its flush READ (FORD flushed only the last
+    // item's QP). Writes-only transactions READ nothing else in commit().
+    let b = backends::embedded(3);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, _db, reg) = open(&t, &spec("flush", &[8, 8], 16, 2), 1, 1);
+    let dtx = reg.open_thread(rt.ctx());
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let mut tx = dtx.txn(0);
+        tx.begin();
+        let (a, c) = (tx.insert(0, 1), tx.insert(1, 1));
+        tx.execute().await.unwrap();
+        tx.write(a, &1u64.to_le_bytes());
+        tx.write(c, &1u64.to_le_bytes());
+        tx.commit().await.unwrap();
+        tx.begin();
+        let (a, c) = (tx.update(0, 1), tx.update(1, 1));
+        tx.execute().await.unwrap();
+        tx.write(a, &2u64.to_le_bytes());
+        tx.write(c, &2u64.to_le_bytes());
+        let before = ctx.stats();
+        tx.commit().await.unwrap();
+        let after = ctx.stats();
+        assert_eq!(after.reads - before.reads, 3, "one flush READ per blade written");
+        // Log (1) + 2 items × 2 replicas + unlocks (2).
+        assert_eq!(after.writes - before.writes, 1 + 4 + 2);
+    });
+    reg.close(&*t).unwrap();
+}
