@@ -4,17 +4,20 @@
 # processes), 2 threads x 8 coroutines, 2 replicas; plus, on embedded, the
 # verbs/s of `compute-blade micro` (8-byte READs, same threads and
 # coroutines) for the framework-efficiency ratio: the transactions' verbs/s
-# over micro's. All numbers come from this one run.
+# over micro's. All numbers come from this one run: each cell is the median
+# over ROUNDS, and all/none the median of the per-round ratios (the two
+# settings run back to back, in alternating order, on fresh blades).
 #
-#   scripts/bench-dtx.sh [SECONDS] [BACKENDS]
+#   scripts/bench-dtx.sh [SECONDS] [BACKENDS] [ROUNDS]
 #
-# SECONDS per run (default 3), BACKENDS (default "embedded tcp"). Records
-# go to $OUT (default results/dtx); the table is printed and written to
-# $OUT/dtx.md.
+# SECONDS per run (default 3), BACKENDS (default "embedded tcp"), ROUNDS
+# (default 3). Records go to $OUT (default results/dtx); the table is
+# printed and written to $OUT/dtx.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-3}
 backends=${2:-embedded tcp}
+rounds=${3:-3}
 out=${OUT:-results/dtx}
 . scripts/lib.sh
 prepare "$out"
@@ -22,42 +25,51 @@ trap kill_blades EXIT
 rm -f "$out"/*.json
 common=(--threads 2 --coroutines 8 --duration "$secs" --warmup 1 --quiet)
 "$bin/compute-blade" micro --op read --size 8 "${common[@]}" --json "$out/micro-embedded.json" >/dev/null
-for backend in $backends; do
-  for w in smallbank tatp; do
-    for s in all none; do
-      extra=()
-      if [ "$backend" = tcp ]; then
-        start_blades 2 "$out" --size 512MiB
-        extra=(--blades "$BLADES")
-      fi
-      echo "$backend $w --smart $s" >&2
-      "$bin/compute-blade" "$w" "${extra[@]}" --smart "$s" "${common[@]}" --json "$out/$backend-$w-$s.json" >/dev/null
-      [ "$backend" = tcp ] && stop_blades
+for r in $(seq "$rounds"); do
+  order=(all none)
+  [ $((r % 2)) = 0 ] && order=(none all)
+  for backend in $backends; do
+    for w in smallbank tatp; do
+      for s in "${order[@]}"; do
+        extra=()
+        if [ "$backend" = tcp ]; then
+          start_blades 2 "$out" --size 512MiB
+          extra=(--blades "$BLADES")
+        fi
+        echo "round $r: $backend $w --smart $s" >&2
+        "$bin/compute-blade" "$w" "${extra[@]}" --smart "$s" "${common[@]}" --json "$out/$backend-$w-$s-$r.json" >/dev/null
+        if [ "$backend" = tcp ]; then stop_blades; fi
+      done
     done
   done
 done
-python3 - "$out" $backends <<'PY' | tee "$out/dtx.md"
-import json, os, sys
-out, backends = sys.argv[1], sys.argv[2:]
+python3 - "$out" "$rounds" $backends <<'PY' | tee "$out/dtx.md"
+import json, os, statistics, sys
+out, rounds, backends = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+med = statistics.median
 micro = json.load(open(os.path.join(out, "micro-embedded.json")))
 micro_vps = micro["verbs"]["wrs"] / micro["duration_s"]
-print(f"micro READ 8 B, embedded, 2 x 8: {micro_vps / 1e6:.2f} M verbs/s\n")
-print("| backend | workload | smart | committed txn/s | attempted txn/s | abort rate | p50 us | p99 us | verbs/attempted | verbs/committed | verbs/s vs micro |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print(f"micro READ 8 B, embedded, 2 x 8: {micro_vps / 1e6:.2f} M verbs/s; medians of {rounds} rounds\n")
+print("| backend | workload | smart | committed txn/s | all/none | attempted txn/s | abort rate | p50 us | p99 us | verbs/attempted | verbs/committed | verbs/s vs micro |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+load = lambda b, w, s, r: json.load(open(os.path.join(out, f"{b}-{w}-{s}-{r}.json")))
 for b in backends:
     for w in ["smallbank", "tatp"]:
+        ratio = med(load(b, w, "all", r)["committed_per_s"] / load(b, w, "none", r)["committed_per_s"]
+                    for r in range(1, rounds + 1))
         for s in ["all", "none"]:
-            r = json.load(open(os.path.join(out, f"{b}-{w}-{s}.json")))
-            vps = r["verbs"]["wrs"] / r["duration_s"]
-            ratio = f"{vps / micro_vps:.2f}" if b == "embedded" else "-"
-            l = r["latency_us"]
-            print(f"| {b} | {w} | {s} | {r['committed_per_s']:,.0f} | {r['attempted_per_s']:,.0f} | {r['abort_rate']:.3f} "
-                  f"| {l['p50']:.1f} | {l['p99']:.1f} | {r['verbs_per_attempted']:.2f} | {r['verbs_per_committed']:.2f} | {ratio} |")
-print("\nAborts by type and cause (embedded, --smart all):\n")
+            rs = [load(b, w, s, r) for r in range(1, rounds + 1)]
+            m = lambda f: med(f(r) for r in rs)
+            vps = m(lambda r: r["verbs"]["wrs"] / r["duration_s"])
+            eff = f"{vps / micro_vps:.2f}" if b == "embedded" else "-"
+            rat = f"{ratio:.2f}" if s == "all" else ""
+            print(f"| {b} | {w} | {s} | {m(lambda r: r['committed_per_s']):,.0f} | {rat} | {m(lambda r: r['attempted_per_s']):,.0f} "
+                  f"| {m(lambda r: r['abort_rate']):.3f} | {m(lambda r: r['latency_us']['p50']):.1f} | {m(lambda r: r['latency_us']['p99']):.1f} "
+                  f"| {m(lambda r: r['verbs_per_attempted']):.2f} | {m(lambda r: r['verbs_per_committed']):.2f} | {eff} |")
+print("\nAborts by type and cause (round 1, " + backends[0] + ", --smart all):\n")
 for w in ["smallbank", "tatp"]:
-    path = os.path.join(out, f"{backends[0]}-{w}-all.json")
-    r = json.load(open(path))
-    print(f"{w}: " + "; ".join(
+    r = load(backends[0], w, "all", 1)
+    print(f"- {w}: " + "; ".join(
         f"{t} {v['committed']}/{v['attempted']} committed"
         + "".join(f", {c} {n}" for c, n in v["aborts"].items() if n)
         for t, v in r["aborts_by_type"].items()))
