@@ -327,3 +327,61 @@ pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) ->
     }
     Ok(rep)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::Table;
+
+    fn db() -> Db {
+        let t = Table { id: 0, value_size: 8, buckets: 1, base: [GlobalAddr::new(0, 4096); MAX_REPLICAS] };
+        Db { name: "t".into(), tables: vec![t], replicas: 2, blades: 2, registry: GlobalAddr::new(0, 8192), max_value: 8 }
+    }
+
+    /// An entry of one item as `Txn` writes it.
+    fn entry(nonce: u64) -> Vec<u8> {
+        let item = log::ITEM_HEADER + 8;
+        let len = log::HEADER + item;
+        let mut e = vec![0u8; log::entry_bytes(8)];
+        let put = |e: &mut [u8], i: usize, v: u64| e[i..i + 8].copy_from_slice(&v.to_le_bytes());
+        put(&mut e, 0, log::MAGIC);
+        put(&mut e, 8, nonce);
+        put(&mut e, 16, 7);
+        put(&mut e, 24, 0xabcd | 1);
+        put(&mut e, 32, 1 | (len as u64) << 32);
+        let o = log::HEADER;
+        put(&mut e, o, u64::from(state::LIVE) << 32);
+        put(&mut e, o + 8, 42);
+        put(&mut e, o + 16, 3);
+        put(&mut e, o + 24, 8);
+        put(&mut e, o + 32, GlobalAddr::new(0, 4096 + 32).raw());
+        put(&mut e, o + 40, GlobalAddr::new(1, 4096 + 32).raw());
+        put(&mut e, o + 64, 99);
+        let c = log::crc(&e[..len]);
+        e[40..44].copy_from_slice(&c.to_le_bytes());
+        e
+    }
+
+    #[test]
+    fn log_entries_parse_only_when_whole_and_ours() {
+        let db = db();
+        let e = entry(5);
+        let (lw, items) = parse_entry(&e, 5, &db).expect("a valid entry");
+        assert_eq!(lw, 0xabcd | 1);
+        assert_eq!((items[0].key, items[0].old_version, items[0].old_state), (42, 3, state::LIVE));
+        assert_eq!(items[0].loc[1], GlobalAddr::new(1, 4096 + 32));
+        assert_eq!(items[0].value, 99u64.to_le_bytes());
+        // Another registration's entry, a torn one, a foreign table: ignored.
+        assert!(parse_entry(&e, 6, &db).is_none());
+        for off in [16, 24, log::HEADER + 8, log::HEADER + 64] {
+            let mut t = e.clone();
+            t[off] ^= 1;
+            assert!(parse_entry(&t, 5, &db).is_none(), "change at {off} not caught");
+        }
+        let mut t = e.clone();
+        t[log::HEADER] = 1; // table 1 does not exist
+        let c = log::crc(&t[..log::HEADER + log::ITEM_HEADER + 8]);
+        t[40..44].copy_from_slice(&c.to_le_bytes());
+        assert!(parse_entry(&t, 5, &db).is_none());
+    }
+}
