@@ -335,7 +335,14 @@ mod tests {
 
     fn db() -> Db {
         let t = Table { id: 0, value_size: 8, buckets: 1, base: [GlobalAddr::new(0, 4096); MAX_REPLICAS] };
-        Db { name: "t".into(), tables: vec![t], replicas: 2, blades: 2, registry: GlobalAddr::new(0, 8192), max_value: 8 }
+        Db {
+            name: "t".into(),
+            tables: vec![t],
+            replicas: 2,
+            blades: 2,
+            registry: GlobalAddr::new(0, 8192),
+            max_value: 8,
+        }
     }
 
     /// An entry of one item as `Txn` writes it.

@@ -40,8 +40,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use smart_core::runtime::{post_all, AtomicRef, Batch, Done, ReadRef, MAX_BATCH};
 use rustc_hash::FxHashMap;
+use smart_core::runtime::{post_all, AtomicRef, Batch, Done, ReadRef, MAX_BATCH};
 use smart_core::{Ctx, GlobalAddr};
 
 use crate::db::{extend_chain, Db, Table};
