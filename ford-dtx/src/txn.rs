@@ -79,8 +79,38 @@ struct Shared {
     nonce: u64,
     log: GlobalAddr,
     log_coroutines: u64,
-    cache: RefCell<FxHashMap<(u32, u64), Loc>>,
+    cache: RefCell<AddrCache>,
     stats: RefCell<DtxStats>,
+}
+
+/// Where keys live: (table, key) → the primary record's address, 8 bytes
+/// per key (the thread's cache may hold every row it ever touched). A
+/// record in a bucket array has its mirrors at the same offset of each
+/// replica's array; the few in overflow buckets keep theirs apart.
+#[derive(Default)]
+struct AddrCache {
+    primary: FxHashMap<(u32, u64), GlobalAddr>,
+    overflow: FxHashMap<GlobalAddr, Loc>,
+}
+
+impl AddrCache {
+    fn get(&self, t: &Table, replicas: usize, key: u64) -> Option<Loc> {
+        let at = *self.primary.get(&(t.id, key))?;
+        let off = at.offset().wrapping_sub(t.base[0].offset());
+        if at.blade() == t.base[0].blade() && off < t.buckets * t.bucket_bytes() {
+            Some(std::array::from_fn(|r| if r < replicas { t.base[r].add(off) } else { GlobalAddr::NULL }))
+        } else {
+            self.overflow.get(&at).copied()
+        }
+    }
+
+    fn insert(&mut self, t: &Table, key: u64, loc: Loc) {
+        let off = loc[0].offset().wrapping_sub(t.base[0].offset());
+        if loc[0].blade() != t.base[0].blade() || off >= t.buckets * t.bucket_bytes() {
+            self.overflow.insert(loc[0], loc);
+        }
+        self.primary.insert((t.id, key), loc[0]);
+    }
 }
 
 /// A compute thread's handle on the database: the address cache its
@@ -108,7 +138,7 @@ impl Registration {
             nonce: self.info.claim,
             log: self.info.log,
             log_coroutines: self.info.coroutines,
-            cache: RefCell::new(FxHashMap::default()),
+            cache: RefCell::new(AddrCache::default()),
             stats: RefCell::new(DtxStats::default()),
         }))
     }
@@ -459,8 +489,8 @@ impl Txn {
     }
 
     async fn fetch(&mut self) -> Result<(), TxnError> {
-        let ctx = self.d.0.ctx.clone();
-        let db = self.d.0.db.clone();
+        let d = self.d.clone();
+        let (ctx, db) = (&d.0.ctx, &*d.0.db);
         // Addresses from the cache.
         {
             let cache = self.d.0.cache.borrow();
@@ -469,10 +499,10 @@ impl Txn {
                 if it.step != Step::Start {
                     continue;
                 }
-                match cache.get(&(it.table, it.key)) {
+                match cache.get(db.table(it.table), db.replicas, it.key) {
                     Some(loc) => {
                         st.cache_hits += 1;
-                        it.loc = *loc;
+                        it.loc = loc;
                         it.cached = true;
                         it.step = if it.kind == Kind::Read { Step::Fetch } else { Step::Lock };
                     }
@@ -623,7 +653,7 @@ impl Txn {
                     let loc = slot_loc(at.add(off), off, &mirrors, replicas);
                     it.loc = loc;
                     // A slot keeps its key for good: cache it.
-                    self.d.0.cache.borrow_mut().insert((it.table, it.key), loc);
+                    self.d.0.cache.borrow_mut().insert(t, it.key, loc);
                     match it.kind {
                         Kind::Read if r.state == state::LIVE => {
                             it.version = r.version;
@@ -719,7 +749,7 @@ impl Txn {
         // Inserted keys are in their slots for good now.
         let mut cache = self.d.0.cache.borrow_mut();
         for it in self.items[..self.n].iter().filter(|it| it.kind == Kind::Insert && !it.cached) {
-            cache.insert((it.table, it.key), it.loc);
+            cache.insert(self.d.0.db.table(it.table), it.key, it.loc);
         }
         Ok(())
     }
