@@ -519,12 +519,12 @@ impl Txn {
             for i in self.executed..self.n {
                 if let Step::Extend { last } = self.items[i].step {
                     let t = db.table(self.items[i].table);
-                    let at = extend_chain(&ctx, t, db.replicas, last).await?;
+                    let at = extend_chain(ctx, t, db.replicas, last).await?;
                     self.d.0.stats.borrow_mut().chains_extended += 1;
                     self.items[i].step = Step::Bucket { at, home: false };
                 }
             }
-            let mut round = Round::new(&ctx);
+            let mut round = Round::new(ctx);
             for it in &mut self.items[self.executed..self.n] {
                 let t = db.table(it.table);
                 it.posted = match it.step {
