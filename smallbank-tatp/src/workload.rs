@@ -250,7 +250,8 @@ impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
                             if counting {
                                 st.counts.borrow_mut().committed[d.ty] += 1;
                             }
-                            wk.record(t, 1);
+                            // The same reading of the phase for both counts.
+                            wk.record_if(counting, t, 1);
                             break;
                         }
                         Err(TxnError::Abort(a)) => {

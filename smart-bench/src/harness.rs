@@ -295,7 +295,17 @@ impl Worker {
     /// Records `n` operations that started at `start` (latency per call).
     #[inline]
     pub fn record(&self, start: Stamp, n: u64) {
-        if self.observe() != MEASURE {
+        let measuring = self.observe() == MEASURE;
+        self.record_if(measuring, start, n);
+    }
+
+    /// Records like [`Worker::record`] when `measuring`, the caller's own
+    /// reading of [`Worker::measuring`]: so that counters the benchmark
+    /// keeps beside the harness's agree exactly with them, even when the
+    /// phase changes between the two.
+    #[inline]
+    pub fn record_if(&self, measuring: bool, start: Stamp, n: u64) {
+        if !measuring {
             return;
         }
         let ns = self.clock.delta_as_nanos(start.0, self.clock.raw());
