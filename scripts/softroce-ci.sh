@@ -3,8 +3,8 @@
 # device (rxe0), runs the verbs device tests with both GID indexes, the
 # compute-blade micro-benchmark over verbs for every verb and for contended
 # CAS and FAA (the counter checked exactly), a verified YCSB run over the
-# RACE hash table, and a memory blade SIGKILLed mid-run; then checks their
-# records here.
+# RACE hash table, a memory blade SIGKILLed mid-run, and audited SmallBank
+# and TATP runs (FORD transactions); then checks their records here.
 #
 #   scripts/softroce-ci.sh [--no-build] [--out DIR]
 #
@@ -40,6 +40,9 @@ cmds=(
   'with-blade --size 256MiB -- compute-blade ycsb --blades {blade} --transport verbs --device rxe0 --app race --workload a --keys 20000 --capacity 1000 --verify --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/ycsb.json'
   # 11: the memory blade is SIGKILLed mid-run
   'blade-dies'
+  # 12-13: FORD transactions, audited (one blade: one replica)
+  'with-blade --size 256MiB -- compute-blade smallbank --blades {blade} --transport verbs --device rxe0 --replicas 1 --accounts 5000 --hot 200 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/smallbank.json'
+  'with-blade --size 256MiB -- compute-blade tatp --blades {blade} --transport verbs --device rxe0 --replicas 1 --subscribers 5000 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/tatp.json'
 )
 scripts/softroce-vm.sh "${args[@]}" --out "$out" --timeout 900 "${cmds[@]}"
 
@@ -59,6 +62,11 @@ r = record("ycsb")
 assert r["duplicates"] == 0, r
 print(f"softroce-ci: ycsb a over race-ht on rxe0: {r['ops']} ops verified, 0 violations, "
       f"{r['race']['subtables']} subtables after {r['race']['splits']} splits")
+for name in ["smallbank", "tatp"]:
+    r = record(name)
+    assert r["committed"] > 0 and r["audit"]["db"]["locks_held"] == 0, r
+    print(f"softroce-ci: {name} over rxe0: {r['committed']} committed of {r['attempted']} attempted, "
+          f"{r['verbs_per_attempted']:.2f} verbs/attempted, audited: 0 violations")
 PY
 # rxe has no thread domains: --smart all says so once (not once per thread).
 n=$(grep -c "has no thread domains" "$out/9.log" || true)
