@@ -14,6 +14,11 @@ pub enum DtxError {
     /// The remote structure is not what this build expects.
     #[error("corrupt database: {0}")]
     Corrupt(String),
+    /// This compute blade's lease may have expired (its heartbeat came late
+    /// or failed): recovery may be repairing its transactions, so none may
+    /// lock or commit any more.
+    #[error("the compute blade's lease on the database may have expired: its transactions stop (run again; recovery repairs what it left)")]
+    LeaseLost,
     /// Every registry slot is held.
     #[error("all {0} registry slots are held by live compute blades (or need recovery: run `compute-blade recover`)")]
     RegistryFull(u64),

@@ -151,6 +151,10 @@ pub struct Registration {
     /// Coroutines per thread.
     pub coroutines: usize,
     stop: Arc<AtomicBool>,
+    /// Set once the lease may have expired (a renewal came late or failed):
+    /// from then on this compute blade's transactions refuse to lock or
+    /// commit, because recovery may be repairing them (self-fencing).
+    lost: Arc<AtomicBool>,
     heartbeat: Option<JoinHandle<std::result::Result<(), String>>>,
 }
 
@@ -178,19 +182,32 @@ impl Registration {
         let (info, _) = rt.block_on(async move { claim(&ctx, &d, threads, coroutines, lease).await })?;
         drop(rt);
         let stop = Arc::new(AtomicBool::new(false));
-        let (st, at) = (stop.clone(), db.registry_slot(info.slot).add(8));
+        let lost = Arc::new(AtomicBool::new(false));
+        let (st, lo, at) = (stop.clone(), lost.clone(), db.registry_slot(info.slot).add(8));
+        let mut expires = info.expiry_ms;
         let heartbeat = std::thread::Builder::new()
             .name(format!("lease-{}", info.slot))
             .spawn(move || {
-                let mut rt = Runtime::new(&*transport, 0, small_runtime()).map_err(|e| e.to_string())?;
+                let fence = |e: String| {
+                    lo.store(true, Ordering::SeqCst);
+                    e
+                };
+                let mut rt = Runtime::new(&*transport, 0, small_runtime()).map_err(|e| fence(e.to_string()))?;
                 let ctx = rt.ctx();
                 let every = (lease / 4).max(Duration::from_millis(10));
                 let mut next = std::time::Instant::now();
                 while !st.load(Ordering::Relaxed) {
                     if std::time::Instant::now() >= next {
-                        let expiry = (now_ms() + lease.as_millis() as u64).to_le_bytes();
+                        let now = now_ms();
+                        if now >= expires {
+                            // Renewed too late: a recovery may have begun.
+                            return Err(fence(format!("lease expired {} ms before its renewal", now - expires)));
+                        }
+                        let new = now + lease.as_millis() as u64;
                         let c = ctx.clone();
-                        rt.block_on(async move { c.write(at, &expiry).await }).map_err(|e| e.to_string())?;
+                        rt.block_on(async move { c.write(at, &new.to_le_bytes()).await })
+                            .map_err(|e| fence(e.to_string()))?;
+                        expires = new;
                         next += every;
                     }
                     std::thread::sleep(Duration::from_millis(5).min(every));
@@ -198,7 +215,16 @@ impl Registration {
                 Ok(())
             })
             .map_err(|e| DtxError::Config(format!("starting the lease thread: {e}")))?;
-        Ok(Registration { db, info, threads, coroutines, stop, heartbeat: Some(heartbeat) })
+        Ok(Registration { db, info, threads, coroutines, stop, lost, heartbeat: Some(heartbeat) })
+    }
+
+    /// Whether the lease may have been lost (see [`DtxError::LeaseLost`]).
+    pub fn lease_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn lost_flag(&self) -> Arc<AtomicBool> {
+        self.lost.clone()
     }
 
     /// The registry slot (owner id in lock words).

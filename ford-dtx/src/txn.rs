@@ -81,6 +81,7 @@ struct Shared {
     log_coroutines: u64,
     cache: RefCell<AddrCache>,
     stats: RefCell<DtxStats>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Where keys live: (table, key) → the primary record's address, 8 bytes
@@ -140,6 +141,7 @@ impl Registration {
             log_coroutines: self.info.coroutines,
             cache: RefCell::new(AddrCache::default()),
             stats: RefCell::new(DtxStats::default()),
+            lost: self.lost_flag(),
         }))
     }
 }
@@ -488,7 +490,17 @@ impl Txn {
         self.release().await
     }
 
+    /// Refuses once the lease may be lost (recovery may own our locks).
+    fn fenced(&self) -> Result<(), TxnError> {
+        if self.d.0.lost.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(TxnError::Dtx(DtxError::LeaseLost))
+        } else {
+            Ok(())
+        }
+    }
+
     async fn fetch(&mut self) -> Result<(), TxnError> {
+        self.fenced()?;
         let d = self.d.clone();
         let (ctx, db) = (&d.0.ctx, &*d.0.db);
         // Addresses from the cache.
@@ -732,6 +744,11 @@ impl Txn {
         if writes == 0 && !validate {
             // One read item: its READ verified itself.
             return Ok(());
+        }
+        if writes > 0 {
+            // Before the commit point: a fenced transaction writes nothing
+            // (its locks are recovery's to release).
+            self.fenced()?;
         }
         match self.validate_and_log(validate, writes).await {
             Ok(()) => {}

@@ -145,6 +145,7 @@ fn start_smallbank(blades: &str, extra: &[&str]) -> (std::process::Child, u16, s
 }
 
 fn kill9(child: &mut std::process::Child) {
+    assert!(child.try_wait().unwrap().is_none(), "the run ended before it was killed");
     let pid = child.id().to_string();
     assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
     child.wait().unwrap();
@@ -217,10 +218,11 @@ fn compute_blades_killed_at_random_points_lose_nothing_after_recovery() {
     assert!(rolled > 0, "eight kills in the middle of runs left nothing to repair?");
     // A compute blade that dies is also repaired by the next run, once its
     // lease expired.
-    let (mut child, _slot, _rest) = start_smallbank(&blades, &["--lease", "0.2"]);
+    let (mut child, _slot, _rest) = start_smallbank(&blades, &["--lease", "1"]);
     std::thread::sleep(Duration::from_millis(400));
     kill9(&mut child);
-    std::thread::sleep(Duration::from_millis(2_600));
+    // The lease (1 s) and recovery's grace (2 s) pass.
+    std::thread::sleep(Duration::from_millis(3_300));
     let j = tmp("next.json");
     let out = compute(&[
         "smallbank",

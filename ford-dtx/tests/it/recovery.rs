@@ -212,3 +212,35 @@ fn a_transaction_that_released_a_lock_is_rolled_forward() {
     });
     drop(reg);
 }
+
+#[test]
+fn a_compute_blade_whose_lease_lapsed_stops_locking_and_committing() {
+    // A lease shorter than the heartbeat's period cannot be kept: the first
+    // renewal comes late, and from then on the compute blade's
+    // transactions refuse to lock or commit, since recovery may already be
+    // repairing them.
+    let b = backends::embedded(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, ok) = open(&t, &spec("fence", &[8], 16, 2), 1, 1);
+    let lapsed = Registration::register(t.clone(), db, 1, 1, Duration::from_millis(1)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !lapsed.lease_lost() {
+        assert!(std::time::Instant::now() < deadline, "the lapse was never noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!ok.lease_lost());
+    let (d_ok, d_lapsed) = (ok.open_thread(rt.ctx()), lapsed.open_thread(rt.ctx()));
+    rt.block_on(async move {
+        let mut tx = d_lapsed.txn(0);
+        tx.begin();
+        tx.insert(0, 1);
+        assert!(matches!(tx.execute().await, Err(ford_dtx::TxnError::Dtx(ford_dtx::DtxError::LeaseLost))));
+        let mut tx = d_ok.txn(0);
+        tx.begin();
+        let a = tx.insert(0, 1);
+        tx.execute().await.unwrap();
+        tx.write(a, &1u64.to_le_bytes());
+        tx.commit().await.unwrap();
+    });
+    ok.close(&*t).unwrap();
+}
