@@ -8,7 +8,9 @@
 //! | [`layout`] | records, buckets, lock words, the undo log, the catalog and registry, declared once |
 //! | [`db`] | a database's tables over n ≥ k blades with k replicas, its catalog |
 //! | [`registry`] | compute blades' leases, log areas and owner ids |
+//! | [`dtx`] | a compute thread's handle: the address cache, counters |
 //! | [`txn`] | the protocol: execute, undo log + validation, commit with flushes, unlock |
+//! | `round` | a round trip: one batch per blade, posted together |
 //! | [`recovery`] | rolling dead compute blades' transactions back or forward; the audit |
 //! | [`error`] | errors and abort causes |
 //!
@@ -48,12 +50,15 @@
 //! ```
 
 pub mod db;
+pub mod dtx;
 pub mod error;
 pub mod layout;
 pub mod recovery;
 pub mod registry;
+mod round;
 pub mod txn;
 
+pub use dtx::{Dtx, DtxStats};
 pub use error::{Abort, DtxError, TxnError};
 pub use registry::Registration;
-pub use txn::{Dtx, DtxStats, ItemId, Kind, Txn};
+pub use txn::{ItemId, Kind, Txn};

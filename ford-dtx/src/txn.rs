@@ -36,156 +36,14 @@
 //! had flushed every WRITE: recovery releases the rest. Locks without a log
 //! entry belong to transactions that wrote nothing: recovery releases them.
 
-use std::cell::RefCell;
-use std::rc::Rc;
-use std::sync::Arc;
+use smart_core::runtime::{AtomicRef, ReadRef};
+use smart_core::GlobalAddr;
 
-use rustc_hash::FxHashMap;
-use smart_core::runtime::{post_all, AtomicRef, Batch, Done, ReadRef, MAX_BATCH};
-use smart_core::{Ctx, GlobalAddr};
-
-use crate::db::{extend_chain, Db, Table};
+use crate::db::{extend_chain, Table};
+use crate::dtx::{Dtx, Loc};
 use crate::error::{Abort, DtxError, TxnError};
 use crate::layout::{self, log, state, Owner, MAX_REPLICAS};
-use crate::registry::Registration;
-
-/// A record's address on every replica (primary first).
-pub type Loc = [GlobalAddr; MAX_REPLICAS];
-
-/// Counters of a thread's transactions.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct DtxStats {
-    /// Address-cache hits (items found without reading their bucket).
-    pub cache_hits: u64,
-    /// Address-cache misses.
-    pub cache_misses: u64,
-    /// Overflow buckets this thread added.
-    pub chains_extended: u64,
-}
-
-impl DtxStats {
-    /// Adds `o`.
-    pub fn merge(&mut self, o: &DtxStats) {
-        self.cache_hits += o.cache_hits;
-        self.cache_misses += o.cache_misses;
-        self.chains_extended += o.chains_extended;
-    }
-}
-
-struct Shared {
-    ctx: Ctx,
-    db: Arc<Db>,
-    owner: u16,
-    nonce: u64,
-    log: GlobalAddr,
-    log_coroutines: u64,
-    cache: RefCell<AddrCache>,
-    stats: RefCell<DtxStats>,
-    lost: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// Where keys live: (table, key) → the primary record's address, 8 bytes
-/// per key (the thread's cache may hold every row it ever touched). A
-/// record in a bucket array has its mirrors at the same offset of each
-/// replica's array; the few in overflow buckets keep theirs apart.
-#[derive(Default)]
-struct AddrCache {
-    primary: FxHashMap<(u32, u64), GlobalAddr>,
-    overflow: FxHashMap<GlobalAddr, Loc>,
-}
-
-impl AddrCache {
-    fn get(&self, t: &Table, replicas: usize, key: u64) -> Option<Loc> {
-        let at = *self.primary.get(&(t.id, key))?;
-        let off = at.offset().wrapping_sub(t.base[0].offset());
-        if at.blade() == t.base[0].blade() && off < t.buckets * t.bucket_bytes() {
-            Some(std::array::from_fn(|r| if r < replicas { t.base[r].add(off) } else { GlobalAddr::NULL }))
-        } else {
-            self.overflow.get(&at).copied()
-        }
-    }
-
-    fn insert(&mut self, t: &Table, key: u64, loc: Loc) {
-        let off = loc[0].offset().wrapping_sub(t.base[0].offset());
-        if loc[0].blade() != t.base[0].blade() || off >= t.buckets * t.bucket_bytes() {
-            self.overflow.insert(loc[0], loc);
-        }
-        self.primary.insert((t.id, key), loc[0]);
-    }
-}
-
-/// A compute thread's handle on the database: the address cache its
-/// coroutines share, and its place in the registration. Cheap to clone.
-#[derive(Clone)]
-pub struct Dtx(Rc<Shared>);
-
-impl std::fmt::Debug for Dtx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Dtx").field("owner", &self.0.owner).field("thread", &self.0.ctx.thread()).finish()
-    }
-}
-
-impl Registration {
-    /// The handle of worker thread `ctx.thread()` of this compute blade.
-    ///
-    /// # Panics
-    /// If the thread is beyond those registered.
-    pub fn open_thread(&self, ctx: Ctx) -> Dtx {
-        assert!(ctx.thread() < self.info.threads as usize, "thread {} was not registered", ctx.thread());
-        Dtx(Rc::new(Shared {
-            ctx,
-            db: self.db.clone(),
-            owner: self.info.slot,
-            nonce: self.info.claim,
-            log: self.info.log,
-            log_coroutines: self.info.coroutines,
-            cache: RefCell::new(AddrCache::default()),
-            stats: RefCell::new(DtxStats::default()),
-            lost: self.lost_flag(),
-        }))
-    }
-}
-
-impl Dtx {
-    /// The runtime handle.
-    pub fn ctx(&self) -> &Ctx {
-        &self.0.ctx
-    }
-
-    /// The database.
-    pub fn db(&self) -> &Arc<Db> {
-        &self.0.db
-    }
-
-    /// Counters so far.
-    pub fn stats(&self) -> DtxStats {
-        *self.0.stats.borrow()
-    }
-
-    /// Coroutine `coroutine`'s transaction object (reused for every
-    /// transaction the coroutine runs).
-    ///
-    /// # Panics
-    /// If the coroutine is beyond those registered.
-    pub fn txn(&self, coroutine: usize) -> Txn {
-        assert!((coroutine as u64) < self.0.log_coroutines, "coroutine {coroutine} was not registered");
-        let s = &self.0;
-        let ring = (s.ctx.thread() as u64) * s.log_coroutines + coroutine as u64;
-        let ring = s.log.add(ring * crate::registry::ring_bytes(&s.db));
-        let owner = Owner { blade: s.owner, thread: s.ctx.thread() as u16, coroutine: coroutine as u16 };
-        Txn {
-            d: self.clone(),
-            owner,
-            ring,
-            seq: 0,
-            items: Vec::new(),
-            n: 0,
-            executed: 0,
-            entry: vec![0; log::entry_bytes(s.db.max_value)],
-            images: Vec::new(),
-        }
-    }
-}
+use crate::round::{too_large, Round, ROUND};
 
 /// What a transaction does with an item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,85 +137,6 @@ impl std::fmt::Debug for Txn {
     }
 }
 
-/// Most batches in one round trip: a blade per replica (at most 4), and
-/// two batches to a blade for the largest transactions.
-const ROUND: usize = 8;
-
-/// A round trip: one batch per blade (more when one would exceed a
-/// batch's WRs or bytes), all posted together.
-struct Round<'a> {
-    ctx: &'a Ctx,
-    blades: [u16; ROUND],
-    bytes: [usize; ROUND],
-    batches: [Option<Batch<'a>>; ROUND],
-    n: usize,
-}
-
-/// The completed batches of a round, by index.
-type Landed<'a> = [Option<Done<'a>>; ROUND];
-
-impl<'a> Round<'a> {
-    fn new(ctx: &'a Ctx) -> Self {
-        Round { ctx, blades: [0; ROUND], bytes: [0; ROUND], batches: std::array::from_fn(|_| None), n: 0 }
-    }
-
-    /// The batch to `blade` with room for `wrs` more WRs of `bytes` local
-    /// bytes (8-byte aligned each).
-    fn batch(&mut self, blade: u16, wrs: usize, bytes: usize) -> Result<(usize, &mut Batch<'a>), TxnError> {
-        let room = self.ctx.config().slot_bytes;
-        let last = self.blades[..self.n].iter().rposition(|b| *b == blade);
-        let i = match last {
-            Some(i)
-                if self.batches[i].as_ref().is_some_and(|b| b.len() + wrs <= MAX_BATCH)
-                    && self.bytes[i] + bytes <= room =>
-            {
-                i
-            }
-            _ if self.n < ROUND && wrs <= MAX_BATCH && bytes <= room => {
-                self.blades[self.n] = blade;
-                self.bytes[self.n] = 0;
-                self.batches[self.n] = Some(self.ctx.batch());
-                self.n += 1;
-                self.n - 1
-            }
-            _ => return Err(too_large("WRs")),
-        };
-        self.bytes[i] += bytes;
-        Ok((i, self.batches[i].as_mut().expect("made above")))
-    }
-
-    fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-
-    async fn post(&mut self) -> Result<Landed<'a>, TxnError> {
-        let mut done: Landed<'a> = std::array::from_fn(|_| None);
-        if self.n == 1 {
-            // The common case: one doorbell, awaited directly.
-            let b = self.batches[0].as_mut().expect("one batch");
-            done[0] = Some(b.post().await?);
-            return Ok(done);
-        }
-        let out = post_all(&mut self.batches).await;
-        let mut first_err = None;
-        for (d, o) in done.iter_mut().zip(out) {
-            match o {
-                Some(Ok(x)) => *d = Some(x),
-                Some(Err(e)) => first_err = first_err.or(Some(e)),
-                None => {}
-            }
-        }
-        match first_err {
-            Some(e) => Err(e.into()),
-            None => Ok(done),
-        }
-    }
-}
-
-fn too_large(what: &str) -> TxnError {
-    TxnError::Dtx(DtxError::Config(format!("transaction too large: more {what} than one round trip carries")))
-}
-
 /// The mirrors of a slot at `at` in a bucket whose mirrors are `bucket`.
 fn slot_loc(at: GlobalAddr, bucket_off: u64, mirrors: &Loc, replicas: usize) -> Loc {
     std::array::from_fn(|r| match r {
@@ -368,6 +147,12 @@ fn slot_loc(at: GlobalAddr, bucket_off: u64, mirrors: &Loc, replicas: usize) -> 
 }
 
 impl Txn {
+    /// Coroutine `owner.coroutine`'s transaction object, logging to `ring`.
+    pub(crate) fn new(d: Dtx, owner: Owner, ring: GlobalAddr) -> Txn {
+        let entry = vec![0; log::entry_bytes(d.0.db.max_value)];
+        Txn { d, owner, ring, seq: 0, items: Vec::new(), n: 0, executed: 0, entry, images: Vec::new() }
+    }
+
     /// Starts the next transaction (forgetting the last one's items).
     pub fn begin(&mut self) {
         self.seq += 1;

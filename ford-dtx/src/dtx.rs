@@ -1,0 +1,142 @@
+//! A compute thread's handle on the database ([`Dtx`]): the address cache
+//! its coroutines share, and its counters.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::db::{Db, Table};
+use crate::layout::{Owner, MAX_REPLICAS};
+use crate::registry::Registration;
+use crate::txn::Txn;
+
+/// A record's address on every replica (primary first).
+pub type Loc = [GlobalAddr; MAX_REPLICAS];
+
+/// Counters of a thread's transactions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DtxStats {
+    /// Address-cache hits (items found without reading their bucket).
+    pub cache_hits: u64,
+    /// Address-cache misses.
+    pub cache_misses: u64,
+    /// Overflow buckets this thread added.
+    pub chains_extended: u64,
+}
+
+impl DtxStats {
+    /// Adds `o`.
+    pub fn merge(&mut self, o: &DtxStats) {
+        self.cache_hits += o.cache_hits;
+        self.cache_misses += o.cache_misses;
+        self.chains_extended += o.chains_extended;
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) ctx: Ctx,
+    pub(crate) db: Arc<Db>,
+    pub(crate) owner: u16,
+    pub(crate) nonce: u64,
+    pub(crate) log: GlobalAddr,
+    pub(crate) log_coroutines: u64,
+    pub(crate) cache: RefCell<AddrCache>,
+    pub(crate) stats: RefCell<DtxStats>,
+    pub(crate) lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Where keys live: (table, key) → the primary record's address, 8 bytes
+/// per key (the thread's cache may hold every row it ever touched). A
+/// record in a bucket array has its mirrors at the same offset of each
+/// replica's array; the few in overflow buckets keep theirs apart.
+#[derive(Default)]
+pub(crate) struct AddrCache {
+    primary: FxHashMap<(u32, u64), GlobalAddr>,
+    overflow: FxHashMap<GlobalAddr, Loc>,
+}
+
+impl AddrCache {
+    pub(crate) fn get(&self, t: &Table, replicas: usize, key: u64) -> Option<Loc> {
+        let at = *self.primary.get(&(t.id, key))?;
+        let off = at.offset().wrapping_sub(t.base[0].offset());
+        if at.blade() == t.base[0].blade() && off < t.buckets * t.bucket_bytes() {
+            Some(std::array::from_fn(|r| if r < replicas { t.base[r].add(off) } else { GlobalAddr::NULL }))
+        } else {
+            self.overflow.get(&at).copied()
+        }
+    }
+
+    pub(crate) fn insert(&mut self, t: &Table, key: u64, loc: Loc) {
+        let off = loc[0].offset().wrapping_sub(t.base[0].offset());
+        if loc[0].blade() != t.base[0].blade() || off >= t.buckets * t.bucket_bytes() {
+            self.overflow.insert(loc[0], loc);
+        }
+        self.primary.insert((t.id, key), loc[0]);
+    }
+}
+
+/// A compute thread's handle on the database: the address cache its
+/// coroutines share, and its place in the registration. Cheap to clone.
+#[derive(Clone)]
+pub struct Dtx(pub(crate) Rc<Shared>);
+
+impl std::fmt::Debug for Dtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dtx").field("owner", &self.0.owner).field("thread", &self.0.ctx.thread()).finish()
+    }
+}
+
+impl Registration {
+    /// The handle of worker thread `ctx.thread()` of this compute blade.
+    ///
+    /// # Panics
+    /// If the thread is beyond those registered.
+    pub fn open_thread(&self, ctx: Ctx) -> Dtx {
+        assert!(ctx.thread() < self.info.threads as usize, "thread {} was not registered", ctx.thread());
+        Dtx(Rc::new(Shared {
+            ctx,
+            db: self.db.clone(),
+            owner: self.info.slot,
+            nonce: self.info.claim,
+            log: self.info.log,
+            log_coroutines: self.info.coroutines,
+            cache: RefCell::new(AddrCache::default()),
+            stats: RefCell::new(DtxStats::default()),
+            lost: self.lost_flag(),
+        }))
+    }
+}
+
+impl Dtx {
+    /// The runtime handle.
+    pub fn ctx(&self) -> &Ctx {
+        &self.0.ctx
+    }
+
+    /// The database.
+    pub fn db(&self) -> &Arc<Db> {
+        &self.0.db
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> DtxStats {
+        *self.0.stats.borrow()
+    }
+
+    /// Coroutine `coroutine`'s transaction object (reused for every
+    /// transaction the coroutine runs).
+    ///
+    /// # Panics
+    /// If the coroutine is beyond those registered.
+    pub fn txn(&self, coroutine: usize) -> Txn {
+        assert!((coroutine as u64) < self.0.log_coroutines, "coroutine {coroutine} was not registered");
+        let s = &self.0;
+        let ring = (s.ctx.thread() as u64) * s.log_coroutines + coroutine as u64;
+        let ring = s.log.add(ring * crate::registry::ring_bytes(&s.db));
+        let owner = Owner { blade: s.owner, thread: s.ctx.thread() as u16, coroutine: coroutine as u16 };
+        Txn::new(self.clone(), owner, ring)
+    }
+}
