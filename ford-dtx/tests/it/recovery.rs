@@ -61,9 +61,11 @@ fn a_transaction_killed_anywhere_is_rolled_back_or_forward() {
         // Committed transfers: balances follow them exactly, plus or minus
         // the one that died.
         let mut balances = [START; ACCOUNTS as usize];
-        for round in 0..48usize {
-            // Deaths at each of the first 8 await points, on varied accounts.
-            let polls = 1 + round % 8;
+        for round in 0..56usize {
+            // Deaths at each of the first 12 await points, on varied
+            // accounts; the last 8 rounds run to their end (a loaded
+            // machine may need more polls per round trip).
+            let polls = if round < 48 { 1 + round % 12 } else { usize::MAX };
             let reg = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
             let dtx = reg.open_thread(rt.ctx());
             let (from, to) = ((round as u64) % ACCOUNTS, (round as u64 * 3 + 1) % ACCOUNTS);
