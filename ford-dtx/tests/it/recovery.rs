@@ -143,7 +143,7 @@ fn expired_leases_are_found_and_live_ones_left_alone() {
     let b = backends::embedded(2);
     let t: Arc<dyn Transport> = b.transport.clone();
     let (mut rt, db, live) = open(&t, &spec("lease", &[8], 16, 2), 1, 1);
-    let dead = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_millis(100)).unwrap();
+    let dead = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_millis(500)).unwrap();
     let dead_slot = dead.slot();
     let dtx = dead.open_thread(rt.ctx());
     rt.block_on(async move {
@@ -157,7 +157,7 @@ fn expired_leases_are_found_and_live_ones_left_alone() {
     let d = db.clone();
     let first = rt.block_on(async move { recover(&ctx, &d, Which::Expired).await.unwrap() });
     assert!(first.is_empty(), "nothing is dead within the grace period: {first:?}");
-    std::thread::sleep(Duration::from_millis(100 + ford_dtx::recovery::GRACE_MS + 200));
+    std::thread::sleep(Duration::from_millis(500 + ford_dtx::recovery::GRACE_MS + 200));
     let ctx = rt.ctx();
     let rec = rt.block_on(async move { recover(&ctx, &db, Which::Expired).await.unwrap() });
     assert_eq!(rec.len(), 1, "only the dead compute blade: {rec:?}");
