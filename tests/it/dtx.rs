@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use smallbank_tatp::{smallbank, tatp};
+
 use crate::cli::{compute, record, tmp, Blade, COMPUTE};
 
 fn ok(out: &std::process::Output) {
@@ -42,28 +44,30 @@ fn check_record(r: &Value, types: &[&str]) {
     assert!(r["verbs_per_attempted"].as_f64().unwrap() > 0.0);
 }
 
-const SB: [&str; 6] = ["amalgamate", "balance", "deposit_checking", "send_payment", "transact_savings", "write_check"];
-const TATP: [&str; 7] = [
-    "get_subscriber_data",
-    "get_new_destination",
-    "get_access_data",
-    "update_subscriber_data",
-    "update_location",
-    "insert_call_forwarding",
-    "delete_call_forwarding",
-];
+/// Runs `compute-blade ARGS --json TMP`, checks it succeeded, and returns
+/// its record (the file removed).
+fn run_json(name: &str, args: &[&str]) -> Value {
+    let j = tmp(name);
+    let out = compute(&[args, &["--json", j.to_str().unwrap()]].concat());
+    ok(&out);
+    let r = record(&j);
+    std::fs::remove_file(&j).unwrap();
+    r
+}
+
+/// A short audited SmallBank run of 2 000 accounts on `blades` (loads them
+/// on the first run).
+fn short_smallbank(blades: &str, secs: &str) -> Value {
+    let args = ["smallbank", "--blades", blades, "--accounts", "2000", "--hot", "50", "--audit", "--quiet"];
+    run_json("short-smallbank.json", &[&args[..], &["--duration", secs, "--warmup", "0"]].concat())
+}
 
 #[test]
 fn smallbank_and_tatp_run_audit_and_record_on_embedded_blades() {
-    let j = tmp("sb.json");
     let run = ["--threads", "2", "--coroutines", "4", "--duration", "1", "--warmup", "0.2", "--quiet"];
-    let out = compute(
-        &[&["smallbank", "--accounts", "3000", "--hot", "100", "--audit", "--json", j.to_str().unwrap()], &run[..]]
-            .concat(),
-    );
-    ok(&out);
-    let r = record(&j);
-    check_record(&r, &SB);
+    let args = ["smallbank", "--accounts", "3000", "--hot", "100", "--audit"];
+    let r = run_json("sb.json", &[&args[..], &run[..]].concat());
+    check_record(&r, &smallbank::TYPES);
     assert_eq!(
         (r["bench"].as_str(), r["app"].as_str(), r["blades"].as_u64()),
         (Some("smallbank"), Some("ford"), Some(2))
@@ -71,31 +75,12 @@ fn smallbank_and_tatp_run_audit_and_record_on_embedded_blades() {
     assert_eq!(r["audit"]["balances"], r["audit"]["expected"]);
     assert_eq!(r["audit"]["db"]["live"][0], 3000);
     assert!(r["aborts_by_type"]["send_payment"]["aborts"]["user"].as_u64().unwrap() > 0, "hot accounts run dry");
-    let out = compute(
-        &[
-            &[
-                "tatp",
-                "--subscribers",
-                "3000",
-                "--audit",
-                "--replicas",
-                "3",
-                "--embedded-blades",
-                "4",
-                "--json",
-                j.to_str().unwrap(),
-            ],
-            &run[..],
-        ]
-        .concat(),
-    );
-    ok(&out);
-    let r = record(&j);
-    check_record(&r, &TATP);
+    let args = ["tatp", "--subscribers", "3000", "--audit", "--replicas", "3", "--embedded-blades", "4"];
+    let r = run_json("tatp.json", &[&args[..], &run[..]].concat());
+    check_record(&r, &tatp::TYPES);
     assert_eq!(r["replicas"], 3);
     assert!(r["not_found"].as_u64().unwrap() > 0, "TATP reads rows that do not exist");
     assert_eq!(r["audit"]["db"]["replica_mismatches"], 0);
-    std::fs::remove_file(&j).unwrap();
 }
 
 #[test]
@@ -152,11 +137,7 @@ fn kill9(child: &mut std::process::Child) {
 }
 
 fn audit_only(blades: &str) -> Value {
-    let j = tmp(&format!("audit-{}.json", blades.len()));
-    let out = compute(&["smallbank", "--blades", blades, "--audit-only", "--quiet", "--json", j.to_str().unwrap()]);
-    ok(&out);
-    let r = record(&j);
-    std::fs::remove_file(&j).unwrap();
+    let r = run_json("audit.json", &["smallbank", "--blades", blades, "--audit-only", "--quiet"]);
     assert_eq!(r["violations"], 0, "{r}");
     r
 }
@@ -166,22 +147,7 @@ fn compute_blades_killed_at_random_points_lose_nothing_after_recovery() {
     let (b1, b2) = (Blade::start(&["--size", "64MiB"]), Blade::start(&["--size", "64MiB"]));
     let blades = format!("{},{}", b1.addr, b2.addr);
     // Load (and a first audited run).
-    let out = compute(&[
-        "smallbank",
-        "--blades",
-        &blades,
-        "--accounts",
-        "2000",
-        "--hot",
-        "50",
-        "--audit",
-        "--duration",
-        "0.5",
-        "--warmup",
-        "0",
-        "--quiet",
-    ]);
-    ok(&out);
+    short_smallbank(&blades, "0.5");
     let mut rolled = 0;
     for i in 0..8u64 {
         let (mut child, slot, _rest) = start_smallbank(&blades, &["--lease", "30"]);
@@ -189,21 +155,8 @@ fn compute_blades_killed_at_random_points_lose_nothing_after_recovery() {
         let ms = 50 + (i * 2_654_435_761 + 97) % 700;
         std::thread::sleep(Duration::from_millis(ms));
         kill9(&mut child);
-        let j = tmp("recover.json");
-        let out = compute(&[
-            "recover",
-            "--blades",
-            &blades,
-            "--db",
-            "smallbank",
-            "--slot",
-            &slot.to_string(),
-            "--json",
-            j.to_str().unwrap(),
-        ]);
-        ok(&out);
-        let r = record(&j);
-        std::fs::remove_file(&j).unwrap();
+        let slot_arg = slot.to_string();
+        let r = run_json("recover.json", &["recover", "--blades", &blades, "--db", "smallbank", "--slot", &slot_arg]);
         let rec = &r["databases"][0]["recovered"][0];
         assert_eq!(rec["slot"], slot, "{r}");
         eprintln!("kill {i} at {ms} ms: recovery {rec}");
@@ -223,27 +176,7 @@ fn compute_blades_killed_at_random_points_lose_nothing_after_recovery() {
     kill9(&mut child);
     // The lease (1 s) and recovery's grace (2 s) pass.
     std::thread::sleep(Duration::from_millis(3_300));
-    let j = tmp("next.json");
-    let out = compute(&[
-        "smallbank",
-        "--blades",
-        &blades,
-        "--accounts",
-        "2000",
-        "--hot",
-        "50",
-        "--audit",
-        "--duration",
-        "0.3",
-        "--warmup",
-        "0",
-        "--quiet",
-        "--json",
-        j.to_str().unwrap(),
-    ]);
-    ok(&out);
-    let r = record(&j);
-    std::fs::remove_file(&j).unwrap();
+    let r = short_smallbank(&blades, "0.3");
     assert_eq!(r["recovered"].as_array().map(Vec::len), Some(1), "{r}");
     assert_eq!(r["violations"], 0);
 }
@@ -258,22 +191,7 @@ fn a_backing_file_blade_killed_and_restarted_loses_no_committed_transaction() {
     let b1 = Blade::start(&["--size", "64MiB", "--backing-file", s1]);
     let mut b2 = Blade::start(&["--size", "64MiB", "--backing-file", s2]);
     let blades = format!("{},{}", b1.addr, b2.addr);
-    let out = compute(&[
-        "smallbank",
-        "--blades",
-        &blades,
-        "--accounts",
-        "2000",
-        "--hot",
-        "50",
-        "--audit",
-        "--duration",
-        "0.3",
-        "--warmup",
-        "0",
-        "--quiet",
-    ]);
-    ok(&out);
+    short_smallbank(&blades, "0.3");
     let before = audit_only(&blades)["audit"]["ledger_txns"].as_u64().unwrap();
     // A run whose memory blade 2 is killed under it: it fails, and its
     // record says what it committed.
