@@ -10,19 +10,7 @@ use ford_dtx::{Abort, Registration};
 use smart_core::{Runtime, RuntimeConfig, Transport};
 use smart_testkit::backends;
 
-use crate::{abort_of, open, spec, u};
-
-/// Loads keys `0..n` of table 0 with value = key.
-async fn load(dtx: &ford_dtx::Dtx, n: u64) {
-    let mut tx = dtx.txn(0);
-    for k in 0..n {
-        tx.begin();
-        let a = tx.insert(0, k);
-        tx.execute().await.unwrap();
-        tx.write(a, &k.to_le_bytes());
-        tx.commit().await.unwrap();
-    }
-}
+use crate::{abort_of, insert_rows, open, spec, u};
 
 #[test]
 fn an_abort_releases_only_the_locks_it_acquired() {
@@ -32,7 +20,7 @@ fn an_abort_releases_only_the_locks_it_acquired() {
     let dtx = reg.open_thread(rt.ctx());
     let ctx = rt.ctx();
     rt.block_on(async move {
-        load(&dtx, 2).await;
+        insert_rows(&dtx, 0..2, |k| k).await;
         let (mut t1, mut t2) = (dtx.txn(0), dtx.txn(1));
         t1.begin();
         t1.update(0, 0);
@@ -77,7 +65,7 @@ fn write_skew_cannot_commit_both() {
         let (mut rt, _db, reg) = open(&t, &spec("skew", &[8], 64, 2), 1, 2);
         let dtx = reg.open_thread(rt.ctx());
         let committed = rt.block_on(async move {
-            load(&dtx, 2).await;
+            insert_rows(&dtx, 0..2, |k| k).await;
             let mut txs = [dtx.txn(0), dtx.txn(1)];
             for (i, tx) in txs.iter_mut().enumerate() {
                 tx.begin();
@@ -111,7 +99,7 @@ fn overflow_buckets_have_right_backup_addresses() {
         let dtx = reg.open_thread(rt.ctx());
         let ctx = rt.ctx();
         let rep = rt.block_on(async move {
-            load(&dtx, 100).await;
+            insert_rows(&dtx, 0..100, |k| k).await;
             assert!(dtx.stats().chains_extended >= 4);
             let mut tx = dtx.txn(0);
             for k in 0..100u64 {
@@ -147,7 +135,7 @@ fn versions_are_unique_across_compute_blades() {
     assert_ne!(reg1.slot(), reg2.slot());
     let (d1, d2) = (reg1.open_thread(rt.ctx()), reg2.open_thread(rt.ctx()));
     rt.block_on(async move {
-        load(&d1, 1).await;
+        insert_rows(&d1, 0..1, |k| k).await;
         let (mut a, mut b) = (d1.txn(0), d2.txn(0));
         let mut seen = Vec::new();
         for i in 0..20 {
@@ -261,7 +249,7 @@ fn the_log_is_a_bounded_ring() {
     let dtx = reg.open_thread(rt.ctx());
     let ctx = rt.ctx();
     let rec = rt.block_on(async move {
-        load(&dtx, 50).await;
+        insert_rows(&dtx, 0..50, |k| k).await;
         recover(&ctx, &db, Which::Slot(slot)).await.unwrap()
     });
     assert_eq!(rec.len(), 1);

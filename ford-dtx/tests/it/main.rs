@@ -39,6 +39,19 @@ fn open(t: &Arc<dyn Transport>, s: &DbSpec, threads: usize, coroutines: usize) -
     (rt, db, reg)
 }
 
+/// Inserts each key of `keys` into table 0 (8-byte values) with value
+/// `value(key)`, one transaction each, with coroutine 0's transaction.
+async fn insert_rows(dtx: &ford_dtx::Dtx, keys: std::ops::Range<u64>, value: impl Fn(u64) -> u64) {
+    let mut tx = dtx.txn(0);
+    for k in keys {
+        tx.begin();
+        let a = tx.insert(0, k);
+        tx.execute().await.unwrap();
+        tx.write(a, &value(k).to_le_bytes());
+        tx.commit().await.unwrap();
+    }
+}
+
 fn u(v: &[u8]) -> u64 {
     u64::from_le_bytes(v[..8].try_into().unwrap())
 }

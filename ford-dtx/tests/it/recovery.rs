@@ -17,7 +17,7 @@ use ford_dtx::Registration;
 use smart_core::Transport;
 use smart_testkit::backends;
 
-use crate::{open, spec, u};
+use crate::{insert_rows, open, spec, u};
 
 /// Polls `f` at most `polls` times; `None` if it had not finished (then it
 /// is dropped: the transaction dies there).
@@ -46,16 +46,7 @@ fn a_transaction_killed_anywhere_is_rolled_back_or_forward() {
         let t: Arc<dyn Transport> = b.transport.clone();
         let (mut rt, db, reg) = open(&t, &spec("crash", &[8, 8], 16, 2), 1, 1);
         let dtx = reg.open_thread(rt.ctx());
-        rt.block_on(async move {
-            let mut tx = dtx.txn(0);
-            for k in 0..ACCOUNTS {
-                tx.begin();
-                let a = tx.insert(0, k);
-                tx.execute().await.unwrap();
-                tx.write(a, &START.to_le_bytes());
-                tx.commit().await.unwrap();
-            }
-        });
+        rt.block_on(async move { insert_rows(&dtx, 0..ACCOUNTS, |_| START).await });
         reg.close(&*t).unwrap();
         let (mut back, mut forward, mut none, mut completed) = (0, 0, 0, 0);
         // Committed transfers: balances follow them exactly, plus or minus
@@ -179,14 +170,8 @@ fn a_transaction_that_released_a_lock_is_rolled_forward() {
     let ctx = rt.ctx();
     let d = db.clone();
     rt.block_on(async move {
+        insert_rows(&dtx, 0..2, |_| START).await;
         let mut tx = dtx.txn(0);
-        for k in 0..2 {
-            tx.begin();
-            let a = tx.insert(0, k);
-            tx.execute().await.unwrap();
-            tx.write(a, &START.to_le_bytes());
-            tx.commit().await.unwrap();
-        }
         tx.begin();
         let a = tx.update(0, 0);
         let c = tx.update(0, 1);

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use smart_core::{Runtime, RuntimeConfig, Transport};
 use smart_testkit::backends;
 
-use crate::{open, spec, u};
+use crate::{insert_rows, open, spec, u};
 
 const KEYS: u64 = 6;
 
@@ -83,16 +83,7 @@ fn committed_histories_are_serializable_under_chaos() {
     let (threads, coroutines) = (2, 4);
     let (mut rt, _db, reg) = open(&t, &spec("serial", &[8], 8, 2), threads, coroutines);
     let dtx = reg.open_thread(rt.ctx());
-    rt.block_on(async move {
-        let mut tx = dtx.txn(0);
-        for k in 0..KEYS {
-            tx.begin();
-            let a = tx.insert(0, k);
-            tx.execute().await.unwrap();
-            tx.write(a, &0u64.to_le_bytes());
-            tx.commit().await.unwrap();
-        }
-    });
+    rt.block_on(async move { insert_rows(&dtx, 0..KEYS, |_| 0).await });
     let history = Mutex::new(Vec::new());
     let increments = Mutex::new([0u64; KEYS as usize]);
     std::thread::scope(|s| {
