@@ -378,20 +378,16 @@ impl Txn {
     /// Takes a fetched record or bucket into item `i`, choosing its next
     /// step.
     fn settle(&mut self, i: usize, t: &Table, replicas: usize, bytes: &[u8]) -> Result<(), Abort> {
-        // Free slots this transaction's other inserts chose already (two
-        // inserts into one chain take successive free slots).
-        let claimed: Vec<GlobalAddr> = if self.items[i].kind == Kind::Insert {
-            let n = self.n;
-            self.items[..n]
-                .iter()
-                .enumerate()
-                .filter(|(j, o)| *j != i && o.kind == Kind::Insert && matches!(o.step, Step::Lock | Step::Done))
-                .map(|(_, o)| o.loc[0])
-                .collect()
-        } else {
-            Vec::new()
+        // The other items, to see which free slots this transaction's other
+        // inserts chose already (two inserts into one chain take
+        // successive free slots).
+        let (before, rest) = self.items[..self.n].split_at_mut(i);
+        let (it, after) = rest.split_first_mut().expect("item i exists");
+        let claimed = |at: GlobalAddr| {
+            before.iter().chain(after.iter()).any(|o| {
+                o.kind == Kind::Insert && matches!(o.step, Step::Lock | Step::Done) && o.loc[0] == at
+            })
         };
-        let it = &mut self.items[i];
         let vs = t.value_size;
         match it.step {
             Step::Fetch | Step::Lock => {
@@ -438,7 +434,7 @@ impl Txn {
                     }
                     let r = layout::decode(rec, vs).map_err(|_| Abort::Torn)?;
                     if r.state == state::FREE {
-                        if claimed.contains(&at.add(off)) {
+                        if it.kind == Kind::Insert && claimed(at.add(off)) {
                             continue;
                         }
                         free = Some(off);
