@@ -188,7 +188,10 @@ fn dtx_on<W: Workload + Clone + 'static>(
     }
     let conflicts: u64 = Abort::ALL.iter().filter(|a| a.is_conflict()).map(|a| c.aborts_of(*a)).sum();
     let not_found = c.aborts_of(Abort::NotFound) + c.aborts_of(Abort::Exists);
-    let rate = |n: u64| if attempted == 0 { 0.0 } else { n as f64 / attempted as f64 };
+    // n per d, 0 when there is no d.
+    let per = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
+    let rate = |n: u64| per(n, attempted);
+    let wrs = rep.run.verbs.wrs;
     let audited = if job.audit && !rep.run.interrupted && rep.run.first_error.is_none() {
         Some(smallbank_tatp::audit(&*t, &s.run, &job.cfg.db, smallbank)?)
     } else {
@@ -212,9 +215,9 @@ fn dtx_on<W: Workload + Clone + 'static>(
         "not_found": not_found,
         "user_aborts": c.aborts_of(Abort::User),
         "aborts_by_type": by_type,
-        "verbs_per_attempted": if attempted == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / attempted as f64 },
-        "verbs_per_committed": if committed == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / committed as f64 },
-        "doorbells_per_committed": if committed == 0 { 0.0 } else { rep.run.verbs.doorbells as f64 / committed as f64 },
+        "verbs_per_attempted": per(wrs, attempted),
+        "verbs_per_committed": per(wrs, committed),
+        "doorbells_per_committed": per(rep.run.verbs.doorbells, committed),
         "ford": rep.stats,
         "audit": audited,
         "violations": violations,
@@ -230,8 +233,8 @@ fn dtx_on<W: Workload + Clone + 'static>(
         conflicts,
         not_found,
         c.aborts_of(Abort::User),
-        if attempted == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / attempted as f64 },
-        if committed == 0 { 0.0 } else { rep.run.verbs.wrs as f64 / committed as f64 },
+        per(wrs, attempted),
+        per(wrs, committed),
     );
     if let Some(a) = &audited {
         audit_line(a);

@@ -384,9 +384,10 @@ impl Txn {
         let (before, rest) = self.items[..self.n].split_at_mut(i);
         let (it, after) = rest.split_first_mut().expect("item i exists");
         let claimed = |at: GlobalAddr| {
-            before.iter().chain(after.iter()).any(|o| {
-                o.kind == Kind::Insert && matches!(o.step, Step::Lock | Step::Done) && o.loc[0] == at
-            })
+            before
+                .iter()
+                .chain(after.iter())
+                .any(|o| o.kind == Kind::Insert && matches!(o.step, Step::Lock | Step::Done) && o.loc[0] == at)
         };
         let vs = t.value_size;
         match it.step {

@@ -397,9 +397,12 @@ pub fn audit(
             .ok_or_else(|| DtxError::Config(format!("no database {name:?} on these blades")))?;
         let (mut sum, mut ledgers, mut txns) = (0i64, 0i64, 0u64);
         let rep = recovery::audit(&ctx, &db, |t, _, v| {
-            let c = crate::smallbank::cents(v);
+            // Only SmallBank's tables are money (TATP's ids mean other tables).
+            if !smallbank {
+                return;
+            }
             match t {
-                crate::smallbank::SAVINGS | crate::smallbank::CHECKING => sum += c,
+                crate::smallbank::SAVINGS | crate::smallbank::CHECKING => sum += crate::smallbank::cents(v),
                 crate::smallbank::LEDGER => {
                     let (c, n) = crate::smallbank::ledger_row(v);
                     ledgers += c;
