@@ -59,19 +59,24 @@ pub(crate) struct AddrCache {
 }
 
 impl AddrCache {
+    /// `at`'s offset in table `t`'s bucket array, if it lies there.
+    fn in_array(t: &Table, at: GlobalAddr) -> Option<u64> {
+        let off = at.offset().wrapping_sub(t.base[0].offset());
+        (at.blade() == t.base[0].blade() && off < t.buckets * t.bucket_bytes()).then_some(off)
+    }
+
     pub(crate) fn get(&self, t: &Table, replicas: usize, key: u64) -> Option<Loc> {
         let at = *self.primary.get(&(t.id, key))?;
-        let off = at.offset().wrapping_sub(t.base[0].offset());
-        if at.blade() == t.base[0].blade() && off < t.buckets * t.bucket_bytes() {
-            Some(std::array::from_fn(|r| if r < replicas { t.base[r].add(off) } else { GlobalAddr::NULL }))
-        } else {
-            self.overflow.get(&at).copied()
+        match Self::in_array(t, at) {
+            Some(off) => {
+                Some(std::array::from_fn(|r| if r < replicas { t.base[r].add(off) } else { GlobalAddr::NULL }))
+            }
+            None => self.overflow.get(&at).copied(),
         }
     }
 
     pub(crate) fn insert(&mut self, t: &Table, key: u64, loc: Loc) {
-        let off = loc[0].offset().wrapping_sub(t.base[0].offset());
-        if loc[0].blade() != t.base[0].blade() || off >= t.buckets * t.bucket_bytes() {
+        if Self::in_array(t, loc[0]).is_none() {
             self.overflow.insert(loc[0], loc);
         }
         self.primary.insert((t.id, key), loc[0]);

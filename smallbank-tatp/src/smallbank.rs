@@ -25,7 +25,7 @@
 use ford_dtx::{Abort, Txn, TxnError};
 use rand::Rng;
 
-use crate::workload::{Draw, Workload};
+use crate::workload::{pick, Draw, Workload};
 
 /// Table ids.
 pub const SAVINGS: u32 = 0;
@@ -107,12 +107,7 @@ impl Workload for SmallBank {
     }
 
     fn draw(&self, rng: &mut rand::rngs::SmallRng) -> Draw {
-        let mut p = rng.random_range(0..100);
-        let mut ty = 0;
-        while p >= MIX[ty] {
-            p -= MIX[ty];
-            ty += 1;
-        }
+        let ty = pick(&MIX, rng);
         let a = self.account(rng);
         let mut b = self.account(rng);
         while b == a && self.accounts > 1 {

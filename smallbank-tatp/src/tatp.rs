@@ -32,7 +32,7 @@ use ford_dtx::{Abort, Txn, TxnError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::workload::{Draw, Workload};
+use crate::workload::{pick, Draw, Workload};
 
 /// Table ids.
 pub const SUBSCRIBER: u32 = 0;
@@ -203,12 +203,7 @@ impl Workload for Tatp {
     }
 
     fn draw(&self, rng: &mut SmallRng) -> Draw {
-        let mut p = rng.random_range(0..100);
-        let mut ty = 0;
-        while p >= MIX[ty] {
-            p -= MIX[ty];
-            ty += 1;
-        }
+        let ty = pick(&MIX, rng);
         Draw {
             ty,
             keys: [self.subscriber(rng), rng.random_range(1..=4), 8 * rng.random_range(0..3)],

@@ -27,6 +27,17 @@ pub struct Draw {
     pub salt: u64,
 }
 
+/// A transaction type drawn from a mix of percentages (summing to 100).
+pub fn pick(mix: &[u32], rng: &mut SmallRng) -> usize {
+    let mut p = rand::Rng::random_range(rng, 0..100);
+    let mut ty = 0;
+    while p >= mix[ty] {
+        p -= mix[ty];
+        ty += 1;
+    }
+    ty
+}
+
 /// A transaction workload.
 ///
 /// Its futures run on one thread's runtime and need not be `Send`.
