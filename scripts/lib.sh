@@ -10,22 +10,33 @@ prepare() {
   trap kill_blade EXIT
 }
 
-# start_blade DIR ARGS...: starts memory-blade on 127.0.0.1 (a free port)
-# with ARGS, its stdout in DIR/blade.out; sets BLADE_PID and BLADE_ADDR.
+# launch_blade OUTFILE ARGS...: starts memory-blade on 127.0.0.1 (a free
+# port) with ARGS, its stdout in OUTFILE, and waits for its ready line; sets
+# LAUNCHED_PID and LAUNCHED_ADDR.
+launch_blade() {
+  local outfile=$1
+  shift
+  "$bin/memory-blade" --listen 127.0.0.1:0 "$@" >"$outfile" &
+  LAUNCHED_PID=$!
+  for _ in $(seq 100); do
+    grep -q '^ready ' "$outfile" 2>/dev/null && break
+    sleep 0.1
+  done
+  LAUNCHED_ADDR=$(awk '/^ready /{print $2}' "$outfile")
+  if [ -z "$LAUNCHED_ADDR" ]; then
+    echo "memory-blade ($outfile) never printed its ready line" >&2
+    return 1
+  fi
+}
+
+# start_blade DIR ARGS...: one blade, its stdout in DIR/blade.out; sets
+# BLADE_PID and BLADE_ADDR.
 start_blade() {
   local dir=$1
   shift
-  "$bin/memory-blade" --listen 127.0.0.1:0 "$@" >"$dir/blade.out" &
-  BLADE_PID=$!
-  for _ in $(seq 100); do
-    grep -q '^ready ' "$dir/blade.out" 2>/dev/null && break
-    sleep 0.1
-  done
-  BLADE_ADDR=$(awk '/^ready /{print $2}' "$dir/blade.out")
-  if [ -z "$BLADE_ADDR" ]; then
-    echo "memory-blade never printed its ready line" >&2
-    return 1
-  fi
+  launch_blade "$dir/blade.out" "$@" || return 1
+  BLADE_PID=$LAUNCHED_PID
+  BLADE_ADDR=$LAUNCHED_ADDR
 }
 
 # stop_blade: SIGTERM, and wait for the clean exit.
@@ -50,17 +61,9 @@ start_blades() {
   local n=$1 dir=$2 addrs=()
   shift 2
   for i in $(seq "$n"); do
-    "$bin/memory-blade" --listen 127.0.0.1:0 "$@" >"$dir/blade$i.out" &
-    BLADE_PIDS+=($!)
-    for _ in $(seq 100); do
-      grep -q '^ready ' "$dir/blade$i.out" 2>/dev/null && break
-      sleep 0.1
-    done
-    addrs+=("$(awk '/^ready /{print $2}' "$dir/blade$i.out")")
-    if [ -z "${addrs[-1]}" ]; then
-      echo "memory-blade $i never printed its ready line" >&2
-      return 1
-    fi
+    launch_blade "$dir/blade$i.out" "$@" || return 1
+    BLADE_PIDS+=("$LAUNCHED_PID")
+    addrs+=("$LAUNCHED_ADDR")
   done
   BLADES=$(IFS=,; echo "${addrs[*]}")
 }
