@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The technique matrix: each Smart technique alone and all together against
-# none, for micro READ, contended CAS and YCSB a/b/c/update-only over
-# race-ht, on the embedded backend and over loopback TCP. Within a round the
+# none, for micro READ, contended CAS, YCSB a/b/c/update-only over race-ht
+# and YCSB a/c/e over sherman-bt, on the embedded backend and over loopback TCP. Within a round the
 # settings of one cell run back to back, in an order that rotates from round
 # to round; each cell reports the median over
 # ROUNDS of the ratio to the none run of the same round (all measured in
@@ -31,6 +31,9 @@ workloads=(
   "ycsb-c|ycsb --workload c --keys 50000 --threads 2 --coroutines 16"
   "upd-16|ycsb --workload update-only --keys 50000 --threads 2 --coroutines 16"
   "upd-32|ycsb --workload update-only --keys 50000 --threads 2 --coroutines 32"
+  "bt-a|ycsb --app sherman --workload a --keys 50000 --threads 2 --coroutines 16"
+  "bt-c|ycsb --app sherman --workload c --keys 50000 --threads 2 --coroutines 16"
+  "bt-e|ycsb --app sherman --workload e --keys 50000 --threads 2 --coroutines 16"
 )
 total=$(( rounds * ${#workloads[@]} * $(wc -w <<<"$backends") * ${#settings[@]} ))
 n=0

@@ -51,6 +51,20 @@ print(f"e2e: ycsb a over race-ht: {r['throughput_mops']:.3f} Mop/s, verified, "
       f"grew to {r['race']['subtables']} subtables, ok")
 PY
 
+# YCSB e over the Sherman B+tree: scans checked against every key known
+# present, the tree grown from one leaf.
+timeout 120 "$bin/compute-blade" ycsb --blades "$addr" --app sherman --workload e --keys 20000 --verify \
+  --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --smart all --quiet --json "$work/btree.json"
+python3 - "$work/btree.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["ops"] > 0 and r["errors"] == 0 and r["violations"] == 0 and r["duplicates"] == 0, r
+t = r["sherman"]
+assert t["depth"] >= 3 and t["keys"] >= 20000, t
+print(f"e2e: ycsb e over sherman-bt: {r['throughput_mops']:.3f} Mop/s, scans verified, "
+      f"depth {t['depth']}, {t['keys']} keys, ok")
+PY
+
 # SmallBank and TATP (FORD transactions, one replica on this one blade),
 # audited: money conserved, no lock held; then recover finds nothing dead.
 timeout 120 "$bin/compute-blade" smallbank --blades "$addr" --replicas 1 --accounts 5000 --hot 200 --audit \

@@ -43,6 +43,8 @@ cmds=(
   # 12-13: FORD transactions, audited (one blade: one replica)
   'with-blade --size 256MiB -- compute-blade smallbank --blades {blade} --transport verbs --device rxe0 --replicas 1 --accounts 5000 --hot 200 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/smallbank.json'
   'with-blade --size 256MiB -- compute-blade tatp --blades {blade} --transport verbs --device rxe0 --replicas 1 --subscribers 5000 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/tatp.json'
+  # 14: YCSB e over the B+tree, scans verified, speculation on
+  'with-blade --size 256MiB -- compute-blade ycsb --blades {blade} --transport verbs --device rxe0 --app sherman --workload e --keys 20000 --verify --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --smart all --quiet --json $OUT/btree.json'
 )
 scripts/softroce-vm.sh "${args[@]}" --out "$out" --timeout 900 "${cmds[@]}"
 
@@ -62,6 +64,10 @@ r = record("ycsb")
 assert r["duplicates"] == 0, r
 print(f"softroce-ci: ycsb a over race-ht on rxe0: {r['ops']} ops verified, 0 violations, "
       f"{r['race']['subtables']} subtables after {r['race']['splits']} splits")
+r = record("btree")
+assert r["duplicates"] == 0 and r["sherman"]["keys"] >= 20000, r
+print(f"softroce-ci: ycsb e over sherman-bt on rxe0: {r['ops']} ops, scans verified, 0 violations, "
+      f"depth {r['sherman']['depth']}")
 for name in ["smallbank", "tatp"]:
     r = record(name)
     assert r["committed"] > 0 and r["audit"]["db"]["locks_held"] == 0, r

@@ -67,7 +67,8 @@ pub struct ComputeCli {
 pub enum Cmd {
     /// Verbs micro-benchmark: READ, WRITE, CAS or FAA as fast as possible.
     Micro(MicroArgs),
-    /// YCSB over a disaggregated index (the RACE hash table).
+    /// YCSB over a disaggregated index (the RACE hash table or the Sherman
+    /// B+tree).
     Ycsb(YcsbArgs),
     /// SmallBank transactions (FORD on disaggregated memory).
     Smallbank(SmallbankArgs),
@@ -75,6 +76,8 @@ pub enum Cmd {
     Tatp(TatpArgs),
     /// Roll back or forward the transactions of dead compute blades.
     Recover(RecoverArgs),
+    /// List the indexes on the blades, or drop or check one.
+    Table(TableArgs),
 }
 
 /// Options every subcommand takes.
@@ -186,7 +189,7 @@ pub struct MicroArgs {
 pub enum AppArg {
     /// The RACE hash table.
     Race,
-    /// The Sherman B+tree (not built yet).
+    /// The Sherman B+tree.
     Sherman,
 }
 
@@ -217,16 +220,24 @@ pub struct YcsbArgs {
     /// Key bytes (≥ 8; suffixes as for sizes).
     #[arg(long, default_value = "8", value_parser = parse_size)]
     pub key_size: u64,
-    /// Value bytes (≥ 16; suffixes as for sizes).
-    #[arg(long, default_value = "16", value_parser = parse_size)]
+    /// Value bytes (≥ 8; exactly 8 with --app sherman; suffixes as for
+    /// sizes).
+    #[arg(long, default_value = "8", value_parser = parse_size)]
     pub value_size: u64,
     /// Check every value read and read every key back after the run.
     #[arg(long)]
     pub verify: bool,
     /// Keys the hash table is created for (default: --keys); it grows
-    /// beyond by splitting subtables.
+    /// beyond by splitting subtables. (The B+tree grows from one leaf.)
     #[arg(long)]
     pub capacity: Option<u64>,
+    /// Attach to the existing index as it is: no load (with --verify, every
+    /// key of 0..--keys missing from it is reported).
+    #[arg(long, conflicts_with = "load_only")]
+    pub no_load: bool,
+    /// Create and load the index, then stop (no timed run).
+    #[arg(long)]
+    pub load_only: bool,
 }
 
 /// Options of both transaction workloads.
@@ -302,4 +313,31 @@ pub struct RecoverArgs {
     /// when its process is known to be dead).
     #[arg(long)]
     pub slot: Option<u16>,
+}
+
+/// What `compute-blade table` does.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum TableAction {
+    /// Every index on the blades (by its named root), with its kind and name.
+    List,
+    /// Unset an index's name (its memory is not reclaimed).
+    Drop,
+    /// Read an index whole and report what is wrong with it.
+    Check,
+}
+
+/// `compute-blade table`.
+#[derive(Args, Debug)]
+pub struct TableArgs {
+    /// Options of every subcommand (only the blade options matter).
+    #[command(flatten)]
+    pub common: Common,
+    /// list, drop or check.
+    #[arg(value_enum)]
+    pub action: TableAction,
+    /// The index (drop and check).
+    pub name: Option<String>,
+    /// Its kind (drop and check).
+    #[arg(long, value_enum, default_value_t = AppArg::Race)]
+    pub app: AppArg,
 }

@@ -8,11 +8,13 @@ use ford_dtx::recovery::Which;
 use ford_dtx::Abort;
 use race_ht::RaceHt;
 use serde_json::json;
+use sherman_bt::ShermanBt;
 use smallbank_tatp::{Audited, Workload};
 use smart_bench::micro::{self, MicroConfig};
 use smart_core::{KvIndex, Transport};
 
-use crate::config::{App, DtxJob, DtxWorkload, RecoverJob, Session, YcsbJob};
+use crate::cli::TableAction;
+use crate::config::{App, DtxJob, DtxWorkload, RecoverJob, Session, TableJob, YcsbJob};
 use crate::report::{self, Subject};
 
 /// How a subcommand ended.
@@ -77,6 +79,7 @@ pub fn micro(s: &Session, t: &dyn Transport, m: &MicroConfig) -> Result<Outcome>
 pub fn ycsb(s: &Session, t: &dyn Transport, job: &YcsbJob) -> Result<Outcome> {
     match job.app {
         App::Race => ycsb_on::<RaceHt>(s, t, job),
+        App::Sherman => ycsb_on::<ShermanBt>(s, t, job),
     }
 }
 
@@ -87,6 +90,12 @@ where
     I::Error: Send + Sync,
 {
     let y = &job.y;
+    let heap = || -> Result<u64> {
+        let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+        let ctx = rt.ctx();
+        Ok(rt.block_on(async move { heap_used(&ctx).await })?.iter().sum())
+    };
+    let heap_before = heap()?;
     let rep = match ycsb::bench::run::<I>(t, &s.run, y) {
         Ok(rep) => rep,
         Err(e @ ycsb::bench::YcsbError::Interrupted(_)) => {
@@ -96,27 +105,51 @@ where
         Err(e) => return Err(e.into()),
     };
     let index = report::merged([serde_json::to_value(&rep.shape)?, serde_json::to_value(&rep.stats)?]);
+    let heap_after = heap()?;
     let extra = json!({
+        "blade_heap_bytes_before": heap_before,
+        "blade_heap_bytes_after": heap_after,
         "table": y.table,
         "table_existed": rep.existed,
+        "table_state": rep.state.as_str(),
         "keys": y.keys,
         "distribution": job.distribution,
         "key_size": y.key_size,
         "value_size": y.value_size,
         "load_s": rep.load_s,
+        "load_only": rep.run.is_none(),
         "verify": y.verify,
         "violations": rep.violations,
+        "lost": rep.lost,
+        "lost_keys": rep.lost_keys,
         "capacity": y.capacity,
         "duplicates": rep.duplicates,
         I::APP: index,
     });
-    let what = Subject { bench: "ycsb", app: I::APP, workload: y.workload.name };
-    let rec = report::record(what, s, t, &rep.run, extra)?;
-    report::finish(s, &rec, &rep.run)?;
-    if rep.violations > 0 {
-        eprintln!("compute-blade: VIOLATION: {} values were wrong or lost", rep.violations);
+    if rep.lost > 0 {
+        eprintln!(
+            "compute-blade: VIOLATION: {} keys of 0..{} missing or holding another key's value; first: {:?}",
+            rep.lost, y.keys, rep.lost_keys
+        );
     }
-    Ok(Outcome::of(rep.violations == 0 && rep.run.first_error.is_none(), rep.run.interrupted))
+    let what = Subject { bench: "ycsb", app: I::APP, workload: y.workload.name };
+    let Some(run) = &rep.run else {
+        // --load-only: no timed run, so no run fields.
+        let mut rec = json!({ "bench": "ycsb", "app": I::APP, "workload": y.workload.name, "transport": t.name(),
+            "blades": t.blades().len(), "threads": s.run.threads, "coroutines": s.run.coroutines, "seed": s.run.seed });
+        if let (Some(r), serde_json::Value::Object(e)) = (rec.as_object_mut(), extra) {
+            r.extend(e);
+        }
+        println!("loaded {} keys into {:?} in {:.1}s ({})", y.keys, y.table, rep.load_s, rep.state.as_str());
+        report::write(s, &rec)?;
+        return Ok(Outcome::of(rep.violations == 0, false));
+    };
+    let rec = report::record(what, s, t, run, extra)?;
+    report::finish(s, &rec, run)?;
+    if rep.violations > rep.lost {
+        eprintln!("compute-blade: VIOLATION: {} values were wrong or lost", rep.violations - rep.lost);
+    }
+    Ok(Outcome::of(rep.violations == 0 && run.first_error.is_none(), run.interrupted))
 }
 
 /// `compute-blade smallbank` and `compute-blade tatp`.
@@ -278,4 +311,176 @@ pub fn recover(s: &Session, t: &dyn Transport, job: &RecoverJob) -> Result<Outco
         std::fs::write(p, serde_json::to_string_pretty(&json!({ "bench": "recover", "databases": all }))? + "\n")?;
     }
     Ok(Outcome::Clean)
+}
+
+/// One index found on the blades by `table list`.
+#[derive(Debug, serde::Serialize)]
+struct Listed {
+    kind: &'static str,
+    name: Option<String>,
+    at: String,
+    detail: String,
+}
+
+/// `compute-blade table list|drop|check`.
+///
+/// # Errors
+/// Verb errors; an index that cannot be read.
+pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> {
+    let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+    let ctx = rt.ctx();
+    let root = match job.app {
+        App::Race => format!("race-ht:{}", job.name),
+        App::Sherman => format!("sherman:{}", job.name),
+    };
+    let kind = match job.app {
+        App::Race => "race",
+        App::Sherman => "sherman",
+    };
+    match job.action {
+        TableAction::List => {
+            let listed = rt.block_on(async move { list_indexes(&ctx).await })?;
+            for l in &listed {
+                println!(
+                    "{:<8} {:<20} at {:<16} {}",
+                    l.kind,
+                    l.name.as_deref().unwrap_or("(name not stored)"),
+                    l.at,
+                    l.detail
+                );
+            }
+            if listed.is_empty() {
+                println!("no index on these blades");
+            }
+            report::write(s, &json!({ "bench": "table", "action": "list", "indexes": listed }))?;
+            Ok(Outcome::of(true, false))
+        }
+        TableAction::Drop => {
+            let (root2, name) = (root.clone(), job.name.clone());
+            let dropped = rt.block_on(async move { ctx.drop_root(0, &root2).await })?;
+            match dropped {
+                Some(at) => println!(
+                    "dropped {kind} index {name:?} (was at {at}); its memory is not reclaimed (the blades have no free list yet)"
+                ),
+                None => println!("no {kind} index {name:?} on these blades"),
+            }
+            report::write(
+                s,
+                &json!({ "bench": "table", "action": "drop", "app": kind, "name": job.name,
+                "dropped": dropped.map(|a| a.to_string()) }),
+            )?;
+            Ok(Outcome::of(dropped.is_some(), false))
+        }
+        TableAction::Check => {
+            let name = job.name.clone();
+            let heap = {
+                let ctx = ctx.clone();
+                rt.block_on(async move { heap_used(&ctx).await })?
+            };
+            let (ok, detail) = match job.app {
+                App::Race => {
+                    let c = rt.block_on(async move {
+                        let mut ht = RaceHt::open(&ctx, &name).await?;
+                        ht.check().await
+                    });
+                    let c = c.map_err(|e| anyhow::anyhow!("checking race index {:?}: {e}", job.name))?;
+                    println!(
+                        "race {:?}: {} keys in {} subtables (depth {}), {} faults: {} duplicates, {} frozen slots in live \
+                         subtables, {} misplaced keys, {} undecodable blocks, {} bad bucket headers; split intent {}, \
+                         resize lock {}; {} live bytes, {} bytes of blade heap in use",
+                        job.name,
+                        c.keys,
+                        c.subtables,
+                        c.depth,
+                        c.faults(),
+                        c.duplicates,
+                        c.frozen_slots,
+                        c.misplaced,
+                        c.undecodable,
+                        c.bad_headers,
+                        if c.split_intent { "set" } else { "clear" },
+                        if c.resize_lock_held { "held" } else { "free" },
+                        c.live_bytes,
+                        heap.iter().sum::<u64>()
+                    );
+                    (c.faults() == 0, serde_json::to_value(&c)?)
+                }
+                App::Sherman => {
+                    let r = rt.block_on(async move {
+                        if !ShermanBt::exists(&ctx, &name).await? {
+                            return Err(sherman_bt::ShermanError::Config(format!("no sherman index {name:?}")));
+                        }
+                        let (mut tree, _) = ShermanBt::open_or_create(&ctx, &name).await?;
+                        tree.walk().await.map(|(shape, _)| shape)
+                    });
+                    match r {
+                        Ok(shape) => {
+                            println!(
+                                "sherman {:?}: sound; {shape:?}; {} bytes of blade heap in use",
+                                job.name,
+                                heap.iter().sum::<u64>()
+                            );
+                            (true, serde_json::to_value(&shape)?)
+                        }
+                        Err(e) => {
+                            println!("sherman {:?}: {e}", job.name);
+                            (false, json!({ "fault": e.to_string() }))
+                        }
+                    }
+                }
+            };
+            report::write(
+                s,
+                &json!({ "bench": "table", "action": "check", "app": kind, "name": job.name,
+                "ok": ok, "check": detail, "heap_used_per_blade": heap }),
+            )?;
+            Ok(Outcome::of(ok, false))
+        }
+    }
+}
+
+/// Bytes of each blade's heap handed out so far (its bump pointer).
+async fn heap_used(ctx: &smart_core::Ctx) -> smart_core::Result<Vec<u64>> {
+    let mut v = Vec::new();
+    for b in 0..ctx.blades().len() as u16 {
+        let ptr = ctx.read_u64(smart_core::GlobalAddr::new(b, smart_core::layout::OFF_HEAP)).await?;
+        v.push(ptr.saturating_sub(smart_core::layout::HEAP_START));
+    }
+    Ok(v)
+}
+
+/// Every object a named root on blade 0 points to, classified by its magic.
+async fn list_indexes(ctx: &smart_core::Ctx) -> Result<Vec<Listed>> {
+    let mut out = Vec::new();
+    for (tag, at) in ctx.roots(0).await? {
+        let mut head = [0u8; sherman_bt::layout::META];
+        ctx.read(at, &mut head).await?;
+        let word = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+        // A stored name counts only if it hashes to the root's tag.
+        let named = |prefix: &str, n: Option<String>| {
+            n.filter(|n| smart_core::layout::root_tag(&format!("{prefix}{n}")) == tag)
+        };
+        let l = if word(0) == race_ht::layout::TABLE_MAGIC {
+            let name = named(
+                "race-ht:",
+                ctx.read_name(smart_core::GlobalAddr::from_raw(word(race_ht::layout::NAME_WORD as usize))).await?,
+            );
+            let (depth, _) = race_ht::layout::unpack_entry(word(race_ht::layout::DIR_WORD as usize));
+            let splits = word(race_ht::layout::SPLITS_WORD as usize);
+            Listed { kind: "race", name, at: at.to_string(), detail: format!("global depth {depth}, {splits} splits") }
+        } else if let Some(m) = sherman_bt::layout::Meta::decode(&head) {
+            let name = named("sherman:", ctx.read_name(m.name).await?);
+            let (level, _) = sherman_bt::layout::unpack_root(m.root);
+            Listed {
+                kind: "sherman",
+                name,
+                at: at.to_string(),
+                detail: format!("depth {}, {} blades", level + 1, m.locks.len()),
+            }
+        } else {
+            Listed { kind: "other", name: None, at: at.to_string(), detail: format!("root tag {tag:#018x}") }
+        };
+        out.push(l);
+    }
+    Ok(out)
 }

@@ -15,7 +15,8 @@ use smart_core::{EmbeddedTransport, Opcode, RuntimeConfig, TcpTransport, Transpo
 use ycsb::bench::YcsbConfig;
 
 use crate::cli::{
-    AppArg, Cmd, Common, ComputeCli, CqArg, DtxFlags, LinkFlags, MicroArgs, OpArg, RecoverArgs, TransportArg, YcsbArgs,
+    AppArg, Cmd, Common, ComputeCli, CqArg, DtxFlags, LinkFlags, MicroArgs, OpArg, RecoverArgs, TableAction, TableArgs,
+    TransportArg, YcsbArgs,
 };
 
 /// How to reach the blades' memory.
@@ -126,6 +127,8 @@ pub struct YcsbJob {
 pub enum App {
     /// The RACE hash table (`race-ht`).
     Race,
+    /// The Sherman B+tree (`sherman-bt`).
+    Sherman,
 }
 
 /// A subcommand, resolved.
@@ -139,6 +142,19 @@ pub enum Job {
     Dtx(DtxJob),
     /// `recover`.
     Recover(RecoverJob),
+    /// `table`.
+    Table(TableJob),
+}
+
+/// `table`, resolved.
+#[derive(Clone, Debug)]
+pub struct TableJob {
+    /// What to do.
+    pub action: TableAction,
+    /// The index (`drop`, `check`).
+    pub name: String,
+    /// Its kind.
+    pub app: App,
 }
 
 /// A transaction workload.
@@ -220,6 +236,7 @@ impl Config {
                 )
             }
             Cmd::Recover(a) => recover_config(a),
+            Cmd::Table(a) => table_config(a),
         }
     }
 }
@@ -365,11 +382,14 @@ fn micro(a: &MicroArgs, run: &RunConfig) -> Result<MicroConfig> {
 fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
     let app = match a.app {
         AppArg::Race => App::Race,
-        AppArg::Sherman => bail!("--app sherman: the Sherman B+tree is not built yet; use --app race"),
+        AppArg::Sherman => App::Sherman,
     };
     let workload = ycsb::Workload::parse(&a.workload).map_err(|e| anyhow::anyhow!("--workload: {e}"))?;
-    if workload.mix[3] > 0.0 {
-        bail!("--workload {}: needs range scans, which the hash table (--app race) does not have", workload.name);
+    if workload.mix[3] > 0.0 && app == App::Race {
+        bail!(
+            "--workload {}: needs range scans, which the hash table (--app race) does not have; use --app sherman",
+            workload.name
+        );
     }
     let zipf_ok = a.zipf > 0.0 && (a.zipf - 1.0).abs() > 1e-9 && a.zipf.is_finite();
     if !a.uniform && !zipf_ok {
@@ -378,11 +398,19 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
     if a.keys == 0 {
         bail!("--keys must be at least 1");
     }
-    if a.key_size < 8 || a.value_size < 16 {
-        bail!("--key-size must be ≥ 8 and --value-size ≥ 16");
+    if a.key_size < 8 || a.value_size < 8 {
+        bail!("--key-size and --value-size must be ≥ 8");
+    }
+    if app == App::Sherman && (a.key_size != 8 || a.value_size != 8) {
+        bail!(
+            "--app sherman stores 8-byte keys and 8-byte values, as in the paper (asked --key-size {} --value-size {})",
+            a.key_size,
+            a.value_size
+        );
     }
     let max = match app {
         App::Race => race_ht::RaceHt::max_kv_bytes(RuntimeConfig::default().slot_bytes) as u64,
+        App::Sherman => 16,
     };
     if a.key_size.saturating_add(a.value_size) > max {
         bail!("--key-size + --value-size must be at most {max} bytes (the largest entry the index stores)");
@@ -403,6 +431,11 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
         value_size: a.value_size as usize,
         verify: a.verify,
         capacity: a.capacity.unwrap_or(a.keys),
+        load: match (a.no_load, a.load_only) {
+            (true, _) => ycsb::bench::LoadMode::NoLoad,
+            (_, true) => ycsb::bench::LoadMode::LoadOnly,
+            _ => ycsb::bench::LoadMode::Load,
+        },
     };
     let distribution = if a.uniform { "uniform".to_string() } else { format!("zipf-{}", a.zipf) };
     Ok(YcsbJob { app, y, distribution })
@@ -446,6 +479,21 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
         lease: Duration::from_secs_f64(f.lease),
     };
     Ok(Config { session, job: Job::Dtx(DtxJob { workload, cfg, audit: f.audit, audit_only: f.audit_only }) })
+}
+
+fn table_config(a: &TableArgs) -> Result<Config> {
+    let session = Session::resolve(&a.common)?;
+    let name = match (a.action, &a.name) {
+        (TableAction::List, None) => String::new(),
+        (TableAction::List, Some(_)) => bail!("table list takes no NAME"),
+        (_, Some(n)) if !n.is_empty() => n.clone(),
+        _ => bail!("table drop and table check need the index's NAME"),
+    };
+    let app = match a.app {
+        AppArg::Race => App::Race,
+        AppArg::Sherman => App::Sherman,
+    };
+    Ok(Config { session, job: Job::Table(TableJob { action: a.action, name, app }) })
 }
 
 fn recover_config(a: &RecoverArgs) -> Result<Config> {

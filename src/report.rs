@@ -78,6 +78,14 @@ pub fn finish(s: &Session, rec: &Value, r: &RunReport) -> Result<()> {
     if let Some(e) = &r.first_error {
         eprintln!("compute-blade: {} coroutine(s) failed; first: {e}", r.errors);
     }
+    write(s, rec)
+}
+
+/// Writes the record where `--json` says (if it does).
+///
+/// # Errors
+/// If the record cannot be written.
+pub fn write(s: &Session, rec: &Value) -> Result<()> {
     if let Some(p) = &s.json {
         std::fs::write(p, serde_json::to_string_pretty(rec)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;

@@ -31,8 +31,14 @@ impl RaceConfig {
 /// update rate × grace × block size per thread.
 pub const DEFAULT_GRACE: Duration = Duration::from_millis(100);
 
-/// How long an operation waits for a frozen subtable to be replaced before
-/// it fails (the splitting client has most likely died).
+/// How long the resize lock may stay exactly the same (holder and beat)
+/// before a waiter concludes that its holder died, takes it over and
+/// finishes (or redoes) the split. A live holder renews it between the
+/// steps of a split, which take milliseconds.
+pub const RESIZE_LEASE: Duration = Duration::from_secs(2);
+
+/// How long an operation waits for frozen subtables in all before it fails
+/// (a holder that keeps renewing its lease yet never finishes).
 pub const SPLIT_STALL: Duration = Duration::from_secs(30);
 
 /// First pause after meeting a frozen subtable (doubling to [`PAUSE_MAX_NS`]).

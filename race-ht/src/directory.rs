@@ -13,7 +13,7 @@ use smart_core::{Ctx, GlobalAddr};
 use crate::config::{PAUSE_MAX_NS, PAUSE_NS};
 use crate::layout::{self, Slot, BUCKET, SLOTS, TABLE_HEADER, TABLE_MAGIC};
 use crate::spec::SpecCache;
-use crate::{RaceConfig, RaceError, RaceHt, ResizeStats, Result, DEFAULT_GRACE, SPLIT_STALL};
+use crate::{RaceConfig, RaceError, RaceHt, ResizeStats, Result, DEFAULT_GRACE, RESIZE_LEASE, SPLIT_STALL};
 
 /// The cached directory (shared by a thread's handles).
 #[derive(Debug)]
@@ -74,6 +74,8 @@ pub struct TableShape {
 pub(crate) struct Wait {
     pub(crate) start: Option<Instant>,
     pub(crate) rounds: u32,
+    /// The resize lock word last seen held, and since when.
+    pub(crate) lock: Option<(u64, Instant)>,
 }
 
 pub(crate) fn word(b: &[u8], off: usize) -> u64 {
@@ -136,8 +138,9 @@ impl RaceHt {
                 entries.extend_from_slice(&layout::pack_entry(cfg.depth, at).to_le_bytes());
             }
             ctx.write_all(array, &entries).await?;
+            let named = ctx.write_name(0, name).await?;
             let mut head = Vec::with_capacity(TABLE_HEADER as usize);
-            for w in [TABLE_MAGIC, layout::pack_entry(cfg.depth, array), cfg.groups, 0, 0, 0, 0, 0] {
+            for w in [TABLE_MAGIC, layout::pack_entry(cfg.depth, array), cfg.groups, 0, 0, 0, named.raw(), 0] {
                 head.extend_from_slice(&w.to_le_bytes());
             }
             ctx.write(table, &head).await?;
@@ -180,6 +183,7 @@ impl RaceHt {
             stats: Rc::default(),
             token,
             grace: DEFAULT_GRACE,
+            lease: RESIZE_LEASE,
             block: Vec::new(),
         })
     }
@@ -240,6 +244,26 @@ impl RaceHt {
         if wait.rounds > 0 {
             let pause = (PAUSE_NS << (wait.rounds - 1).min(10)).min(PAUSE_MAX_NS);
             self.ctx.sleep_ns(pause).await;
+            // Who holds the resize lock? The same holder and beat for the
+            // whole lease: it died; take over and finish its split.
+            let held = self.ctx.read_u64(self.table.add(layout::LOCK_WORD)).await?;
+            match wait.lock {
+                // Free, yet still frozen after a lease: a holder that failed
+                // may have released it with its split unfinished.
+                _ if held == 0 => {
+                    wait.lock = None;
+                    if start.elapsed() >= self.lease && self.take_over(0).await? {
+                        wait.start = None;
+                    }
+                }
+                Some((w, since)) if w == held => {
+                    if since.elapsed() >= self.lease && self.take_over(held).await? {
+                        wait.lock = None;
+                        wait.start = None;
+                    }
+                }
+                _ => wait.lock = Some((held, Instant::now())),
+            }
         }
         wait.rounds += 1;
         if self.dir.borrow().version == seen {

@@ -19,6 +19,10 @@ pub struct RaceStats {
     pub waits: u64,
     /// Seconds this thread spent splitting.
     pub split_s: f64,
+    /// Resize locks taken over from a dead holder.
+    pub takeovers: u64,
+    /// Splits left unfinished by a dead client and finished by this thread.
+    pub recovered_splits: u64,
     /// Speculative lookups that hit (`spec-lookup`).
     pub spec_hits: u64,
     /// Speculative lookups that missed and took the normal path.
@@ -34,6 +38,8 @@ struct StatsRecord {
     dir_refreshes: u64,
     waits: u64,
     split_s: f64,
+    takeovers: u64,
+    recovered_splits: u64,
     spec_hits: u64,
     spec_misses: u64,
     spec_hit_rate: f64,
@@ -47,6 +53,8 @@ impl From<RaceStats> for StatsRecord {
             dir_refreshes: s.dir_refreshes,
             waits: s.waits,
             split_s: s.split_s,
+            takeovers: s.takeovers,
+            recovered_splits: s.recovered_splits,
             spec_hits: s.spec_hits,
             spec_misses: s.spec_misses,
             spec_hit_rate: s.spec_hit_rate(),
@@ -73,6 +81,8 @@ impl IndexStats for RaceStats {
         self.dir_refreshes += o.dir_refreshes;
         self.waits += o.waits;
         self.split_s += o.split_s;
+        self.takeovers += o.takeovers;
+        self.recovered_splits += o.recovered_splits;
         self.spec_hits += o.spec_hits;
         self.spec_misses += o.spec_misses;
     }
@@ -86,6 +96,8 @@ impl RaceStats {
             dir_refreshes: r.refreshes,
             waits: r.waits,
             split_s: r.split_ns as f64 / 1e9,
+            takeovers: r.takeovers,
+            recovered_splits: r.recovered,
             spec_hits,
             spec_misses,
         }
@@ -102,6 +114,10 @@ impl KvIndex for RaceHt {
         let existed = RaceHt::exists(ctx, name).await?;
         let t = RaceHt::create(ctx, name, RaceConfig::for_keys(capacity.max(1))).await?;
         Ok((t, existed))
+    }
+
+    async fn exists(ctx: &Ctx, name: &str) -> Result<bool, RaceError> {
+        RaceHt::exists(ctx, name).await
     }
 
     async fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, RaceError> {

@@ -3,7 +3,13 @@
 //!
 //! ```text
 //! table header  [magic u64][dir word u64][groups per subtable u64]
-//!               [resize lock u64][splits u64][0 u64 × 3]       (64 bytes)
+//!               [resize lock u64][splits u64][split intent u64]
+//!               [name block address u64][0 u64]                (64 bytes)
+//! resize lock   0, or the holder's token:40 | beat:24 (the holder bumps
+//!               the beat while it works: its lease)
+//! split intent  0, or local depth:8 | address:56 of the subtable being
+//!               split (written before its first slot is frozen, cleared
+//!               after the split is published)
 //! dir word      global depth:8 | directory array address:56
 //! directory     2^GD entries: local depth:8 | subtable address:56
 //! subtable      groups × [main0 | overflow | main1], 64-byte buckets
@@ -45,6 +51,13 @@ pub const DIR_WORD: u64 = 8;
 pub const LOCK_WORD: u64 = 24;
 /// Offset of the split counter in the table header.
 pub const SPLITS_WORD: u64 = 32;
+/// Offset of the split intent in the table header.
+pub const INTENT_WORD: u64 = 40;
+/// Offset of the address of the table's name (`Ctx::write_name`; 0 in
+/// tables made before names were stored).
+pub const NAME_WORD: u64 = 48;
+/// Bits of the resize lock's beat (its low bits).
+pub const BEAT_BITS: u32 = 24;
 /// Largest global (and local) depth: a directory of 2^20 entries (8 MiB).
 pub const MAX_DEPTH: u32 = 20;
 /// Bytes of a KV block's header.

@@ -56,15 +56,38 @@
 //! change and are checked on every read against the key's hash and the
 //! cached entry: a mismatch is reported as corruption.
 //!
+//! **A client that dies mid-split** (SIGKILL at any instant) is finished
+//! by the next. The resize lock holds the holder's token and a beat that
+//! the holder bumps between the steps of a split (its lease, renewed every
+//! few milliseconds of work). Before freezing `S`, the holder writes a
+//! *split intent* (`S` and `L`) in the table header; it clears it after
+//! publishing. A client waiting on a frozen subtable watches the lock: the
+//! same word for [`RESIZE_LEASE`] (2 s) means the holder died, and it takes
+//! the lock over by CAS from that word. Whoever next holds the lock (that
+//! client, or any later grower, or [`RaceHt::repair`]) finishes the split
+//! the intent names, from `S`'s frozen image:
+//! * halves already in the directory (a publication cut short between two
+//!   entry WRITEs) are kept as they are, since other clients may already
+//!   have written to them; their keys' blocks in `S` are skipped, and may
+//!   not even decode any more;
+//! * halves not yet published are rebuilt from `S` and published;
+//! * no block that a slot of `S` names is reused before the publication
+//!   completes (retirement waits until then), so the blocks of the keys
+//!   being rebuilt are intact.
+//!
+//! Every step is idempotent, so a client that dies while recovering is
+//! recovered in turn. The takeover is a timing argument, like every lease:
+//! a holder stalled for longer than the lease between its last renewal and
+//! its directory writes could still write after the takeover.
+//!
 //! Limits of resizing: one split at a time per table (a global lock, not
 //! RACE's per-subtable lock); readers and writers of a subtable being split
 //! wait for the split (pausing 10 µs doubling to 1 ms, failing after
-//! [`SPLIT_STALL`]); a client that dies holding the lock stops the table's
-//! growth, and one that dies mid-split leaves that subtable frozen (there
-//! is no lease or recovery); old subtables and directories are not reused
-//! (dead memory stays below the live subtables' size); the depth stops at
-//! [`layout::MAX_DEPTH`], after which a full bucket pair is
-//! [`RaceError::Full`].
+//! [`SPLIT_STALL`] if the holder keeps renewing and never finishes); old
+//! subtables and directories are not reused (dead memory stays below the
+//! live subtables' size), and neither are the blocks a dead client retired
+//! or allocated; the depth stops at [`layout::MAX_DEPTH`], after which a
+//! full bucket pair is [`RaceError::Full`].
 //!
 //! **Reuse (ABA).** A replaced or deleted block is recycled by the thread
 //! that retired it only after a grace period ([`RaceConfig::grace`],
@@ -103,11 +126,12 @@ use std::time::Duration;
 
 use smart_core::{Ctx, GlobalAddr};
 
-pub use config::{RaceConfig, DEFAULT_GRACE, SPLIT_STALL};
+pub use config::{RaceConfig, DEFAULT_GRACE, RESIZE_LEASE, SPLIT_STALL};
 pub use directory::TableShape;
 pub use error::{RaceError, Result};
 pub use index::RaceStats;
 pub use resize::ResizeStats;
+pub use scan::TableCheck;
 pub use spec::SPEC_ENTRIES;
 
 use directory::Directory;
@@ -129,6 +153,9 @@ pub struct RaceHt {
     /// This client's resize-lock token (random, nonzero).
     pub(crate) token: u64,
     pub(crate) grace: Duration,
+    /// How long the resize lock may stay the same before this client takes
+    /// it over ([`RESIZE_LEASE`] unless set).
+    pub(crate) lease: Duration,
     pub(crate) block: Vec<u8>,
 }
 
@@ -143,6 +170,7 @@ impl Clone for RaceHt {
             stats: self.stats.clone(),
             token: self.token,
             grace: self.grace,
+            lease: self.lease,
             block: Vec::new(),
         }
     }

@@ -1,8 +1,46 @@
 //! Reading every key of a quiescent table, checking its structure.
 
+use serde::Serialize;
+
 use crate::directory::{slots_of, word};
-use crate::layout::{self, Slot, BUCKET};
+use crate::layout::{self, Slot, BUCKET, TABLE_HEADER};
 use crate::{RaceError, RaceHt, Result};
+
+/// What [`RaceHt::check`] finds in a table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TableCheck {
+    /// Global depth.
+    pub depth: u32,
+    /// Live subtables.
+    pub subtables: usize,
+    /// Keys stored (a key stored twice counts twice).
+    pub keys: u64,
+    /// Keys stored more than once.
+    pub duplicates: u64,
+    /// Frozen slots in live subtables (a split left unfinished).
+    pub frozen_slots: u64,
+    /// Keys in a subtable their hash does not lead to.
+    pub misplaced: u64,
+    /// Slots naming a block that does not decode.
+    pub undecodable: u64,
+    /// Buckets whose header disagrees with the directory.
+    pub bad_headers: u64,
+    /// A split intent is set (a split in progress, or one a dead client
+    /// left: the next grower or `repair` finishes it).
+    pub split_intent: bool,
+    /// The resize lock is held.
+    pub resize_lock_held: bool,
+    /// Bytes the table uses: header, directory, live subtables, the
+    /// blocks their slots name.
+    pub live_bytes: u64,
+}
+
+impl TableCheck {
+    /// Faults found (0 for a sound, quiescent table).
+    pub fn faults(&self) -> u64 {
+        self.duplicates + self.frozen_slots + self.misplaced + self.undecodable + self.bad_headers
+    }
+}
 
 impl RaceHt {
     /// Every key in the table, read slot by slot from the current
@@ -12,32 +50,65 @@ impl RaceHt {
     /// subtable, or a block that does not decode.
     ///
     /// # Errors
-    /// Those; verb errors.
+    /// Those (with [`TableCheck`]'s counts); verb errors.
     pub async fn keys(&mut self) -> Result<Vec<Vec<u8>>> {
+        let (c, keys) = self.scan_all().await?;
+        if c.faults() > c.duplicates {
+            return Err(RaceError::Corrupt(format!(
+                "{} frozen slots in live subtables, {} misplaced keys, {} undecodable blocks, {} bad bucket headers",
+                c.frozen_slots, c.misplaced, c.undecodable, c.bad_headers
+            )));
+        }
+        Ok(keys)
+    }
+
+    /// Reads every live subtable and every block its slots name, and counts
+    /// what is wrong instead of stopping at the first fault (see
+    /// [`TableCheck`]); meant for a quiescent table.
+    ///
+    /// # Errors
+    /// Verb errors; a malformed header or directory.
+    pub async fn check(&mut self) -> Result<TableCheck> {
+        Ok(self.scan_all().await?.0)
+    }
+
+    /// The check and every key stored (a key stored twice, twice).
+    async fn scan_all(&mut self) -> Result<(TableCheck, Vec<Vec<u8>>)> {
         self.reload_dir().await?;
-        let (groups, subtables) = {
+        let (groups, depth, subtables) = {
             let d = self.dir.borrow();
-            (d.groups, d.subtables().collect::<Vec<_>>())
+            (d.groups, d.depth, d.subtables().collect::<Vec<_>>())
         };
+        let mut c = TableCheck { depth, subtables: subtables.len(), ..TableCheck::default() };
+        c.live_bytes = TABLE_HEADER + (8u64 << depth) + subtables.len() as u64 * layout::subtable_bytes(groups);
         let mut keys = Vec::new();
         for (suffix, ld, at) in subtables {
             let mut img = vec![0u8; layout::subtable_bytes(groups) as usize];
             self.ctx.read_all(at, &mut img).await?;
-            if let Some(b) = img.chunks(BUCKET as usize).position(|b| word(b, 0) != layout::bucket_header(ld, suffix)) {
-                return Err(RaceError::Corrupt(format!("bucket {b} of subtable {at}: bad header")));
-            }
-            if slots_of(&img).any(|(_, sl)| sl.is_frozen()) {
-                return Err(RaceError::Corrupt(format!("a frozen slot in live subtable {at}")));
-            }
-            let occupied: Vec<(usize, Slot)> = slots_of(&img).filter(|(_, sl)| !sl.is_empty()).collect();
-            for blk in self.read_blocks(at.blade(), &occupied).await? {
+            c.bad_headers +=
+                img.chunks(BUCKET as usize).filter(|b| word(b, 0) != layout::bucket_header(ld, suffix)).count() as u64;
+            c.frozen_slots += slots_of(&img).filter(|(_, sl)| sl.is_frozen()).count() as u64;
+            let occupied: Vec<(usize, Slot)> =
+                slots_of(&img).map(|(off, sl)| (off, sl.thawed())).filter(|(_, sl)| !sl.is_empty()).collect();
+            for (blk, (_, sl)) in self.read_blocks(at.blade(), &occupied, true).await?.into_iter().zip(&occupied) {
+                c.live_bytes += sl.block_len() as u64;
+                let Some(blk) = blk else {
+                    c.undecodable += 1;
+                    continue;
+                };
                 let (k, _) = layout::decode_block(&blk).expect("read_blocks returns whole blocks");
                 if layout::suffix(layout::hashes(k).0, ld) != suffix {
-                    return Err(RaceError::Corrupt(format!("a key in subtable {at} of the wrong suffix")));
+                    c.misplaced += 1;
                 }
                 keys.push(k.to_vec());
             }
         }
-        Ok(keys)
+        c.keys = keys.len() as u64;
+        let audit = smart_core::Audit { keys };
+        c.duplicates = audit.duplicates();
+        let keys = audit.keys;
+        c.split_intent = self.ctx.read_u64(self.table.add(layout::INTENT_WORD)).await? != 0;
+        c.resize_lock_held = self.ctx.read_u64(self.table.add(layout::LOCK_WORD)).await? != 0;
+        Ok((c, keys))
     }
 }

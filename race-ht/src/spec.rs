@@ -50,7 +50,12 @@ impl RaceHt {
     /// decodes to `key`. Otherwise the normal path runs.
     pub(crate) async fn speculate(&mut self, h: u64, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         let Some(spec) = &self.spec else { return Ok(false) };
-        let Some((at, s)) = spec.borrow().lookup(h) else { return Ok(false) };
+        let Some((at, s)) = spec.borrow().lookup(h) else {
+            // Nothing known about the key: the normal path, counted as a
+            // miss (so the hit rate is over every lookup, as sherman-bt's).
+            spec.borrow_mut().misses += 1;
+            return Ok(false);
+        };
         let mut b = self.ctx.batch();
         let rs = b.read(at, 8);
         let rb = b.read(s.addr(), s.block_len());

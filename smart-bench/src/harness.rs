@@ -375,6 +375,8 @@ impl RunReport {
             verbs_per_op: self.per_op(self.verbs.wrs),
             doorbells_per_op: self.per_op(self.verbs.doorbells),
             retries_per_op: self.per_op(self.verbs.retries),
+            bytes_read_per_op: self.per_op(self.verbs.bytes_read),
+            bytes_written_per_op: self.per_op(self.verbs.bytes_written),
             errors: self.errors + self.verbs.error_completions,
             verbs: self.verbs,
             smart_state: self.smart.clone(),

@@ -38,6 +38,10 @@ pub struct Record {
     pub doorbells_per_op: f64,
     /// Retries per operation.
     pub retries_per_op: f64,
+    /// Bytes READ per operation.
+    pub bytes_read_per_op: f64,
+    /// Bytes written per operation.
+    pub bytes_written_per_op: f64,
     /// Failed coroutines plus error completions.
     pub errors: u64,
     /// Verb counters of the measured phase.

@@ -41,6 +41,67 @@ impl Audit {
     }
 }
 
+/// Key-value pairs in two flat buffers: what a range scan returns, reused
+/// from scan to scan without an allocation per pair.
+///
+/// ```
+/// let mut p = smart_core::index::Pairs::default();
+/// p.push(b"k1", b"v1");
+/// p.push(b"k2", b"value2");
+/// assert_eq!(p.len(), 2);
+/// assert_eq!(p.get(1), (&b"k2"[..], &b"value2"[..]));
+/// assert_eq!(p.iter().map(|(k, _)| k.to_vec()).collect::<Vec<_>>(), [b"k1".to_vec(), b"k2".to_vec()]);
+/// p.clear();
+/// assert!(p.is_empty());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pairs {
+    bytes: Vec<u8>,
+    /// Per pair: where its key ends and where its value ends in `bytes`.
+    ends: Vec<(usize, usize)>,
+}
+
+impl Pairs {
+    /// Removes every pair (keeping the buffers).
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    /// Appends a pair.
+    pub fn push(&mut self, key: &[u8], value: &[u8]) {
+        self.bytes.extend_from_slice(key);
+        let k = self.bytes.len();
+        self.bytes.extend_from_slice(value);
+        self.ends.push((k, self.bytes.len()));
+    }
+
+    /// Pairs held.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether there is no pair.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Pair `i` (key, value).
+    ///
+    /// # Panics
+    /// If `i` is out of range.
+    pub fn get(&self, i: usize) -> (&[u8], &[u8]) {
+        let start = if i == 0 { 0 } else { self.ends[i - 1].1 };
+        let (k, v) = self.ends[i];
+        (&self.bytes[start..k], &self.bytes[k..v])
+    }
+
+    /// The pairs in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+}
+
 /// A key-value index on disaggregated memory (see the module docs).
 ///
 /// Keys and values are byte strings; an index may refuse sizes it cannot
@@ -72,6 +133,12 @@ pub trait KvIndex: Clone + 'static {
     /// # Errors
     /// Verb and allocation errors; an object of another kind under `name`.
     async fn open_or_create(ctx: &Ctx, name: &str, capacity: u64) -> Result<(Self, bool), Self::Error>;
+
+    /// Whether index `name` exists on the blades.
+    ///
+    /// # Errors
+    /// Verb errors.
+    async fn exists(ctx: &Ctx, name: &str) -> Result<bool, Self::Error>;
 
     /// Looks `key` up; its value goes to `out`. Returns whether it exists.
     ///
@@ -110,12 +177,7 @@ pub trait KvIndex: Clone + 'static {
     /// # Errors
     /// [`Error::Unsupported`](crate::Error::Unsupported) from an index
     /// without order (the default); verb errors.
-    async fn scan(
-        &mut self,
-        start: &[u8],
-        count: usize,
-        out: &mut Vec<(Vec<u8>, Vec<u8>)>,
-    ) -> Result<usize, Self::Error> {
+    async fn scan(&mut self, start: &[u8], count: usize, out: &mut Pairs) -> Result<usize, Self::Error> {
         let _ = (start, count, out);
         Err(crate::Error::Unsupported(format!("{} has no range scans", Self::APP)).into())
     }

@@ -27,6 +27,7 @@ fn main() -> Result<()> {
         Job::Ycsb(y) => commands::ycsb(&cfg.session, &*transport, y)?,
         Job::Dtx(d) => commands::dtx(&cfg.session, transport.clone(), d)?,
         Job::Recover(r) => commands::recover(&cfg.session, &*transport, r)?,
+        Job::Table(j) => commands::table(&cfg.session, &*transport, j)?,
     };
     if outcome == Outcome::Interrupted {
         eprintln!("compute-blade: interrupted; the record holds what ran");

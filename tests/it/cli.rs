@@ -353,10 +353,48 @@ fn ycsb_over_the_hash_table_verifies_on_embedded_and_tcp() {
             std::fs::remove_file(json).unwrap();
         }
     }
-    let out = compute(&["ycsb", "--app", "sherman"]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not built yet"));
     let out = compute(&["ycsb", "--workload", "e", "--keys", "100", "--duration", "0.1"]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("range scans"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("range scans") && err.contains("--app sherman"), "{err}");
+}
+
+#[test]
+fn ycsb_over_the_b_tree_verifies_scans_and_records_its_hit_rates() {
+    let blade = Blade::start(&["--size", "256MiB"]);
+    for (backend, extra) in [("embedded", vec![]), ("tcp", vec!["--blades", blade.addr.as_str()])] {
+        for (workload, smart) in [("e", "all"), ("c", "spec-lookup"), ("d", "none")] {
+            let json = tmp(&format!("ycsb-bt-{backend}-{workload}.json"));
+            let mut a = vec!["ycsb", "--app", "sherman", "--workload", workload, "--keys", "5000", "--verify"];
+            a.extend(["--threads", "2", "--coroutines", "4", "--duration", "0.5", "--warmup", "0.1", "--quiet"]);
+            a.extend(["--smart", smart, "--table", workload, "--json", json.to_str().unwrap()]);
+            a.extend(extra.iter().copied());
+            let out = compute(&a);
+            assert!(out.status.success(), "{backend} {workload}: {}", String::from_utf8_lossy(&out.stderr));
+            let r = record(&json);
+            assert_eq!((r["app"].as_str(), r["workload"].as_str()), (Some("sherman"), Some(workload)));
+            assert_eq!((&r["violations"], &r["duplicates"]), (&json!(0), &json!(0)), "{backend} {workload}");
+            let bt = &r["sherman"];
+            assert!(bt["depth"].as_u64().unwrap() >= 3 && bt["keys"].as_u64().unwrap() >= 5000, "{bt}");
+            assert!(r["bytes_read_per_op"].as_f64().unwrap() > 0.0);
+            if workload == "c" {
+                let hit = bt["spec_hit_rate"].as_f64().unwrap();
+                assert!(hit > 0.5 && bt["bytes_per_lookup"].as_f64().unwrap() < 1024.0, "{bt}");
+            } else {
+                assert!(bt["cache_hit_rate"].as_f64().unwrap() > 0.5, "{bt}");
+            }
+            std::fs::remove_file(json).unwrap();
+        }
+    }
+    for (args, says) in [
+        (vec!["--value-size", "16"], "8-byte keys and 8-byte values"),
+        (vec!["--key-size", "16"], "8-byte keys and 8-byte values"),
+    ] {
+        let mut a = vec!["ycsb", "--app", "sherman", "--keys", "10", "--duration", "0.1"];
+        a.extend(args);
+        let out = compute(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{err}");
+    }
 }
 
 /// Resident memory of process `pid` in KiB.

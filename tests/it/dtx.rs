@@ -46,7 +46,7 @@ fn check_record(r: &Value, types: &[&str]) {
 
 /// Runs `compute-blade ARGS --json TMP`, checks it succeeded, and returns
 /// its record (the file removed).
-fn run_json(name: &str, args: &[&str]) -> Value {
+pub(crate) fn run_json(name: &str, args: &[&str]) -> Value {
     let j = tmp(name);
     let out = compute(&[args, &["--json", j.to_str().unwrap()]].concat());
     ok(&out);
@@ -129,7 +129,7 @@ fn start_smallbank(blades: &str, extra: &[&str]) -> (std::process::Child, u16, s
     (child, slot, rest)
 }
 
-fn kill9(child: &mut std::process::Child) {
+pub(crate) fn kill9(child: &mut std::process::Child) {
     assert!(child.try_wait().unwrap().is_none(), "the run ended before it was killed");
     let pid = child.id().to_string();
     assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());

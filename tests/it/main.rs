@@ -1,4 +1,6 @@
 //! End-to-end tests of the `memory-blade` and `compute-blade` binaries.
 
+mod btree;
 mod cli;
 mod dtx;
+mod tables;

@@ -1,10 +1,20 @@
 //! Running YCSB against any [`KvIndex`]: load, timed run, verification.
 //!
 //! Keys are `0..N` as little-endian `u64`s padded to the key size. A value
-//! carries its key and a version (`[key u64][version u64]`, padded), so
-//! `verify` can check every value read: a value of another key, a torn
-//! value or a lost key counts as a violation. After the run every key is
-//! read back and the index is audited for keys stored twice.
+//! carries its key and a version (`[key u64][version u64]`, padded; in
+//! values of 8 to 15 bytes, the key's low 40 bits and the version's low 24
+//! bits share the first word), so `verify` can check every value read: a
+//! value of another key, a torn value or a lost key counts as a violation.
+//! Scans are checked for order and bounds, and for every key known to be
+//! present for the whole scan: keys are inserted in a fixed order (loaded
+//! `0..N`, then coroutine `c` of `n` inserts `N + c`, `N + c + n`, …), and
+//! all keys below the *frontier* (the first key not yet known inserted)
+//! are present, so a scan from `s` must return every key of `[s, frontier)`
+//! up to where it stopped. After the run every key is read back and the
+//! index is audited for keys stored twice.
+//!
+//! Workload d reads from YCSB's latest distribution: newest key (the
+//! frontier − 1) minus a Zipfian rank, the Zipfian over all inserted keys.
 //!
 //! Each worker thread opens one handle on the index (its coroutines share
 //! the handle's caches) through the harness's per-thread hook; the index's
@@ -19,9 +29,10 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use smart_bench::harness::{self, Bench, RunConfig, RunReport, Tally, Worker};
+use smart_core::index::Pairs;
 use smart_core::{Ctx, IndexStats, KvIndex, Runtime, Transport};
 
-use crate::{KeyChooser, Op, Workload};
+use crate::{KeyChooser, Latest, Op, Workload};
 
 /// Longest scan of workload e (lengths are uniform in 1..=this, as in YCSB).
 pub const MAX_SCAN: usize = 100;
@@ -45,7 +56,49 @@ pub struct YcsbConfig {
     pub verify: bool,
     /// Keys the index is created for; it grows beyond them.
     pub capacity: u64,
+    /// Whether keys are loaded before the run, and whether it runs.
+    pub load: LoadMode,
 }
+
+/// What happens before (and instead of) the timed run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoadMode {
+    /// Create the index if absent, insert every key absent from it, run.
+    #[default]
+    Load,
+    /// Attach to an existing index as it is (an error if it is absent):
+    /// nothing is inserted before the run, so `verify` reports every key
+    /// of the key range that is missing.
+    NoLoad,
+    /// Create and load as with `Load`, then stop: no timed run.
+    LoadOnly,
+}
+
+/// Where the index came from in this run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableState {
+    /// This run created it (and loaded it).
+    Created,
+    /// It existed; this run's load inserted the keys absent from it.
+    LoadedIntoExisting,
+    /// It existed and was used as it was (`LoadMode::NoLoad`).
+    Attached,
+}
+
+impl TableState {
+    /// Its name in the result record.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TableState::Created => "created",
+            TableState::LoadedIntoExisting => "loaded-into-existing",
+            TableState::Attached => "attached",
+        }
+    }
+}
+
+/// Keys reported by name when a verification finds them missing (the count
+/// is complete).
+pub const LOST_KEYS_SHOWN: usize = 20;
 
 /// Errors of a YCSB run.
 #[derive(Debug, thiserror::Error)]
@@ -70,12 +123,20 @@ pub enum YcsbError<E: std::error::Error + 'static> {
 /// The outcome of a YCSB run.
 #[derive(Debug)]
 pub struct YcsbReport<I: KvIndex> {
-    /// The timed run.
-    pub run: RunReport,
-    /// Seconds the load phase took.
+    /// The timed run (`None` with `LoadMode::LoadOnly`).
+    pub run: Option<RunReport>,
+    /// Seconds the load phase took (0 when attached).
     pub load_s: f64,
-    /// Whether the index existed before this run (loaded into as it was).
+    /// Whether the index existed before this run.
     pub existed: bool,
+    /// Created, loaded into, or attached.
+    pub state: TableState,
+    /// Keys of `0..keys` the verification found missing or holding
+    /// another key's value (the first [`LOST_KEYS_SHOWN`]; all counted in
+    /// `violations`).
+    pub lost_keys: Vec<u64>,
+    /// How many keys the verification found missing or wrong.
+    pub lost: u64,
     /// Values of the wrong key, missing keys, failed updates of loaded
     /// keys, keys stored twice.
     pub violations: u64,
@@ -94,15 +155,93 @@ pub(crate) fn key_bytes(k: u64, size: usize, out: &mut Vec<u8>) {
     out.resize(size, 0);
 }
 
+/// Low bits of the key an 8-to-15-byte value carries.
+const SHORT_KEY_BITS: u32 = 40;
+
 pub(crate) fn value_bytes(k: u64, version: u64, size: usize, out: &mut Vec<u8>) {
     out.clear();
-    out.extend_from_slice(&k.to_le_bytes());
-    out.extend_from_slice(&version.to_le_bytes());
+    if size >= 16 {
+        out.extend_from_slice(&k.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
+    } else {
+        let key_part = k & ((1 << SHORT_KEY_BITS) - 1);
+        out.extend_from_slice(&(key_part | version << SHORT_KEY_BITS).to_le_bytes());
+    }
     out.resize(size, 0x5a);
 }
 
 pub(crate) fn holds_key(v: &[u8], k: u64) -> bool {
-    v.len() >= 16 && v[..8] == k.to_le_bytes()
+    match v.len() {
+        16.. => v[..8] == k.to_le_bytes(),
+        8..16 => {
+            let w = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+            let mask = (1 << SHORT_KEY_BITS) - 1;
+            w & mask == k & mask
+        }
+        _ => false,
+    }
+}
+
+/// How far the inserts of the run have got: per coroutine, how many of its
+/// inserts finished (see the module docs).
+#[derive(Debug)]
+struct Frontier {
+    loaded: u64,
+    done: Vec<AtomicU64>,
+}
+
+impl Frontier {
+    fn new(loaded: u64, coroutines: usize) -> Frontier {
+        Frontier { loaded, done: (0..coroutines).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// Every key below the result is inserted.
+    fn get(&self) -> u64 {
+        let n = self.done.len() as u64;
+        let done = |c: &AtomicU64| c.load(Ordering::Acquire);
+        let m = self.done.iter().map(done).min().unwrap_or(0);
+        let lead = self.done.iter().take_while(|c| done(c) > m).count() as u64;
+        self.loaded + m * n + lead
+    }
+
+    fn inserted(&self, coroutine: usize) {
+        self.done[coroutine].fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Operations between two reads of the frontier by one coroutine.
+const FRONTIER_EVERY: u32 = 64;
+
+/// Checks a scan from `start` for `count` pairs that returned `pairs`,
+/// with every key below `frontier` present throughout: order, bounds, the
+/// values' keys, and no known-present key missed. Returns the violations.
+pub(crate) fn check_scan(pairs: &Pairs, start: u64, count: usize, frontier: u64) -> u64 {
+    let key = |k: &[u8]| u64::from_le_bytes(k[..8].try_into().expect("keys are ≥ 8 bytes"));
+    let mut bad = 0;
+    if pairs.len() > count {
+        bad += 1;
+    }
+    let mut expect = start;
+    let mut prev: Option<u64> = None;
+    for (pk, pv) in pairs.iter() {
+        let k = key(pk);
+        if k < start || prev.is_some_and(|q| q >= k) || !holds_key(pv, k) {
+            bad += 1;
+        }
+        if k < frontier {
+            // Every key of [start, frontier) is there: they come in a row.
+            if k != expect {
+                bad += 1;
+            }
+            expect = k + 1;
+        }
+        prev = Some(k);
+    }
+    if pairs.len() < count && expect < frontier {
+        // The scan ended before the end of the known keys.
+        bad += 1;
+    }
+    bad
 }
 
 /// The load (coroutine i of n inserts keys i, i+n, i+2n, ...) or the timed
@@ -115,6 +254,7 @@ struct Phase<'a, I: KvIndex> {
     total: u64,
     stats: &'a Mutex<I::Stats>,
     violations: Arc<AtomicU64>,
+    frontier: Arc<Frontier>,
     _index: PhantomData<fn() -> I>,
 }
 
@@ -130,12 +270,12 @@ impl<I: KvIndex> Bench for Phase<'_, I> {
 
     fn coroutine(&self, w: Worker, ix: I) -> impl Future<Output = Result<(), I::Error>> + 'static {
         let (y, total, load) = (self.y.clone(), self.total, self.load);
-        let violations = self.violations.clone();
+        let (violations, frontier) = (self.violations.clone(), self.frontier.clone());
         async move {
             if load {
                 load_keys(&w, ix, &y, total).await
             } else {
-                run_ops(&w, ix, &y, total, Tally::new(&violations)).await
+                run_ops(&w, ix, &y, (total, &frontier), Tally::new(&violations)).await
             }
         }
     }
@@ -167,51 +307,59 @@ async fn run_ops<I: KvIndex>(
     w: &Worker,
     mut ix: I,
     y: &YcsbConfig,
-    total: u64,
+    (total, frontier): (u64, &Frontier),
     mut bad: Tally<'_>,
 ) -> Result<(), I::Error> {
     let me = (w.thread() * w.coroutines() + w.coroutine()) as u64;
     let mut rng = SmallRng::seed_from_u64(w.seed());
     let (mut kb, mut vb, mut out) = (Vec::new(), Vec::new(), Vec::new());
-    let mut pairs = Vec::new();
+    let mut pairs = Pairs::default();
     let mut version = 1u64;
     let mut next_insert = y.keys + me;
-    let mut check = |found: bool, v: &[u8], k: u64| {
-        if y.verify && (!found || !holds_key(v, k)) {
-            bad.n += 1;
-        }
-    };
+    let mut latest = y.workload.reads_latest().then(|| y.chooser.theta().map(|t| Latest::new(y.keys, t)));
+    let (mut known, mut since) = (frontier.get(), 0);
+    let wrong = |found: bool, v: &[u8], k: u64| u64::from(y.verify && (!found || !holds_key(v, k)));
     while w.running() {
         let t = w.now();
         let op = y.workload.next_op(&mut rng);
-        let k = if op == Op::Insert { next_insert } else { y.chooser.next(&mut rng) };
+        since += 1;
+        if since >= FRONTIER_EVERY {
+            (known, since) = (frontier.get(), 0);
+        }
+        let k = match (op, &mut latest) {
+            (Op::Insert, _) => next_insert,
+            (Op::Read, Some(Some(l))) => l.next(known, &mut rng),
+            (Op::Read, Some(None)) => rng.random_range(0..known),
+            _ => y.chooser.next(&mut rng),
+        };
         key_bytes(k, y.key_size, &mut kb);
         match op {
             Op::Read => {
                 let found = ix.get(&kb, &mut out).await?;
-                check(found, &out, k);
+                bad.n += wrong(found, &out, k);
             }
             Op::Update | Op::ReadModifyWrite => {
                 if op == Op::ReadModifyWrite {
                     let found = ix.get(&kb, &mut out).await?;
-                    check(found, &out, k);
+                    bad.n += wrong(found, &out, k);
                 }
                 value_bytes(k, version, y.value_size, &mut vb);
                 version += 1;
                 let updated = ix.update(&kb, &vb).await?;
-                check(updated, &vb, k);
+                bad.n += wrong(updated, &vb, k);
             }
             Op::Insert => {
                 value_bytes(k, 0, y.value_size, &mut vb);
                 ix.insert(&kb, &vb).await?;
+                frontier.inserted(me as usize);
                 next_insert += total;
             }
             Op::Scan => {
                 let n = rng.random_range(1..=MAX_SCAN);
+                let present = frontier.get();
                 ix.scan(&kb, n, &mut pairs).await?;
-                for (pk, pv) in &pairs {
-                    let pk = u64::from_le_bytes(pk[..8].try_into().expect("keys are ≥ 8 bytes"));
-                    check(true, pv, pk);
+                if y.verify {
+                    bad.n += check_scan(&pairs, k, n, present);
                 }
             }
         }
@@ -233,9 +381,9 @@ pub fn run<I: KvIndex>(
     cfg: &RunConfig,
     y: &YcsbConfig,
 ) -> Result<YcsbReport<I>, YcsbError<I::Error>> {
-    if y.key_size < 8 || y.value_size < 16 {
+    if y.key_size < 8 || y.value_size < 8 {
         return Err(YcsbError::Config(format!(
-            "keys need at least 8 bytes and values 16 (asked {} and {})",
+            "keys and values need at least 8 bytes (asked {} and {})",
             y.key_size, y.value_size
         )));
     }
@@ -251,71 +399,172 @@ pub fn run<I: KvIndex>(
     }
     let mut setup = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = setup.ctx();
-    let (name, capacity) = (y.table.clone(), y.capacity);
+    let (name, capacity, attach) = (y.table.clone(), y.capacity, y.load == LoadMode::NoLoad);
     let existed = setup
-        .block_on(async move { I::open_or_create(&ctx, &name, capacity).await.map(|(_, e)| e) })
-        .map_err(YcsbError::Index)?;
-    if existed && cfg.progress {
-        eprintln!("note: index {:?} already exists on the blades (an earlier run): loading into it as it is", y.table);
+        .block_on(async move {
+            if attach && !I::exists(&ctx, &name).await? {
+                return Ok(None);
+            }
+            I::open_or_create(&ctx, &name, capacity).await.map(|(_, e)| Some(e))
+        })
+        .map_err(YcsbError::Index)?
+        .ok_or_else(|| {
+            YcsbError::Config(format!(
+                "--no-load: index {:?} does not exist on the blades ({} index); load it first",
+                y.table,
+                I::APP
+            ))
+        })?;
+    let state = match (existed, attach) {
+        (false, _) => TableState::Created,
+        (true, false) => TableState::LoadedIntoExisting,
+        (true, true) => TableState::Attached,
+    };
+    if state == TableState::LoadedIntoExisting {
+        // Said even with --quiet: the load re-inserts keys, which hides any
+        // that were lost before (use --no-load to verify the index as it is).
+        eprintln!(
+            "note: index {:?} already exists on the blades: loading into it as it is (keys absent from it are \
+             inserted; --no-load attaches without inserting)",
+            y.table
+        );
     }
 
     let stats = Mutex::new(I::Stats::default());
     let violations = Arc::new(AtomicU64::new(0));
+    let frontier = Arc::new(Frontier::new(y.keys, cfg.threads * cfg.coroutines));
     let phase = |load| Phase::<I> {
         load,
         y,
         total: (cfg.threads * cfg.coroutines) as u64,
         stats: &stats,
         violations: violations.clone(),
+        frontier: frontier.clone(),
         _index: PhantomData,
     };
-    let t0 = Instant::now();
-    if cfg.progress {
-        eprintln!("loading {} keys", y.keys);
-    }
-    let load_cfg = RunConfig { duration: Duration::from_secs(24 * 3600), warmup: Duration::ZERO, ..cfg.clone() };
-    let load = harness::run_bench(transport, &load_cfg, &phase(true))?;
-    if let Some(e) = load.first_error {
-        return Err(YcsbError::Load(e));
-    }
-    let load_s = t0.elapsed().as_secs_f64();
-    if load.interrupted {
-        return Err(YcsbError::Interrupted(load_s));
-    }
-    if cfg.progress {
-        eprintln!("loaded {} keys in {load_s:.1}s", y.keys);
+    let mut load_s = 0.0;
+    if !attach {
+        let t0 = Instant::now();
+        if cfg.progress {
+            eprintln!("loading {} keys", y.keys);
+        }
+        let load_cfg = RunConfig { duration: Duration::from_secs(24 * 3600), warmup: Duration::ZERO, ..cfg.clone() };
+        let load = harness::run_bench(transport, &load_cfg, &phase(true))?;
+        if let Some(e) = load.first_error {
+            return Err(YcsbError::Load(e));
+        }
+        load_s = t0.elapsed().as_secs_f64();
+        if load.interrupted {
+            return Err(YcsbError::Interrupted(load_s));
+        }
+        if cfg.progress {
+            eprintln!("loaded {} keys in {load_s:.1}s", y.keys);
+        }
     }
 
-    let run = harness::run_bench(transport, cfg, &phase(false))?;
+    let run = match y.load {
+        LoadMode::LoadOnly => None,
+        _ => Some(harness::run_bench(transport, cfg, &phase(false))?),
+    };
+    let interrupted = run.as_ref().is_some_and(|r| r.interrupted);
 
     let ctx = setup.ctx();
     // An interrupted run is reported as it ran, without the read-back.
-    let verify_after = y.verify && !run.interrupted;
-    if y.verify && run.interrupted && cfg.progress {
+    let verify_after = y.verify && !interrupted;
+    if y.verify && interrupted && cfg.progress {
         eprintln!("interrupted: skipping the read-back of every key");
     }
     let (keys, ksz, verify, name) = (y.keys, y.key_size, verify_after, y.table.clone());
-    let (shape, duplicates, lost) = setup
+    let (shape, duplicates, lost, lost_keys) = setup
         .block_on(async move {
             let (mut ix, _) = I::open_or_create(&ctx, &name, 1).await?;
-            let (mut duplicates, mut lost) = (0, 0);
+            let (mut duplicates, mut lost, mut lost_keys) = (0, 0, Vec::new());
             if verify {
-                // Every loaded key is still there and holds its own key; no
-                // key is stored twice (the audit also fails on a structural
-                // fault).
+                // Every key of the key range is there and holds its own key
+                // (after a load, or as the attached index had it); no key is
+                // stored twice (the audit also fails on a structural fault).
                 let (mut kb, mut out) = (Vec::new(), Vec::new());
                 for k in 0..keys {
                     key_bytes(k, ksz, &mut kb);
                     if !ix.get(&kb, &mut out).await? || !holds_key(&out, k) {
                         lost += 1;
+                        if lost_keys.len() < LOST_KEYS_SHOWN {
+                            lost_keys.push(k);
+                        }
                     }
                 }
                 duplicates = ix.audit().await?.duplicates();
             }
-            Ok((ix.shape().await?, duplicates, lost))
+            Ok((ix.shape().await?, duplicates, lost, lost_keys))
         })
         .map_err(YcsbError::Index)?;
     violations.fetch_add(lost + duplicates, Ordering::Relaxed);
     let stats = stats.into_inner().expect("not poisoned");
-    Ok(YcsbReport { run, load_s, existed, violations: violations.load(Ordering::Relaxed), duplicates, stats, shape })
+    Ok(YcsbReport {
+        run,
+        load_s,
+        existed,
+        state,
+        lost_keys,
+        lost,
+        violations: violations.load(Ordering::Relaxed),
+        duplicates,
+        stats,
+        shape,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(keys: &[u64]) -> Pairs {
+        let (mut v, mut p) = (Vec::new(), Pairs::default());
+        for &k in keys {
+            value_bytes(k, 3, 8, &mut v);
+            p.push(&k.to_le_bytes(), &v);
+        }
+        p
+    }
+
+    #[test]
+    fn short_values_carry_their_key() {
+        let mut v = Vec::new();
+        for size in [8, 12, 16, 40] {
+            value_bytes(77, 5, size, &mut v);
+            assert_eq!(v.len(), size);
+            assert!(holds_key(&v, 77) && !holds_key(&v, 78), "{size}");
+        }
+        assert!(!holds_key(&[0; 4], 0));
+    }
+
+    #[test]
+    fn a_scan_that_misses_a_known_key_or_leaves_order_is_caught() {
+        // Keys below 100 are present throughout.
+        assert_eq!(check_scan(&pairs(&[10, 11, 12]), 10, 3, 100), 0);
+        assert_eq!(check_scan(&pairs(&[98, 99, 105, 130]), 98, 4, 100), 0, "new keys past the frontier");
+        assert_eq!(check_scan(&pairs(&[98, 99]), 98, 10, 100), 0, "the end of the index");
+        assert_eq!(check_scan(&pairs(&[10, 12, 13]), 10, 3, 100), 1, "11 missed");
+        assert_eq!(check_scan(&pairs(&[11, 12]), 10, 2, 100), 1, "10 missed");
+        assert_eq!(check_scan(&pairs(&[10, 11]), 10, 5, 100), 1, "stopped early");
+        assert!(check_scan(&pairs(&[10, 10]), 10, 2, 100) > 0, "a key twice");
+        assert!(check_scan(&pairs(&[9]), 10, 1, 100) > 0, "below the start");
+        let mut wrong = Pairs::default();
+        wrong.push(&10u64.to_le_bytes(), pairs(&[11]).get(0).1);
+        assert_eq!(check_scan(&wrong, 10, 1, 100), 1, "a value of another key");
+    }
+
+    #[test]
+    fn the_frontier_is_the_first_key_not_known_inserted() {
+        let f = Frontier::new(100, 3);
+        assert_eq!(f.get(), 100);
+        f.inserted(0); // 100
+        assert_eq!(f.get(), 101);
+        f.inserted(2); // 102, but 101 is not there yet
+        assert_eq!(f.get(), 101);
+        f.inserted(1); // 101
+        assert_eq!(f.get(), 103);
+        f.inserted(1); // 104
+        assert_eq!(f.get(), 103);
+    }
 }

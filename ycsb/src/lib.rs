@@ -27,6 +27,7 @@ use rand::Rng;
 #[derive(Clone, Debug)]
 pub struct Zipfian {
     n: u64,
+    zeta2: f64,
     theta: f64,
     alpha: f64,
     zetan: f64,
@@ -71,8 +72,28 @@ impl Zipfian {
         let zetan = zeta(n, theta);
         let zeta2 = zeta(2.min(n), theta);
         let alpha = 1.0 / (1.0 - theta);
-        let eta = (1.0 - (2.0 / n as f64).powf(1.0 - theta)) / (1.0 - zeta2 / zetan);
-        Zipfian { n, theta, alpha, zetan, eta }
+        let eta = Self::eta(n, theta, zeta2, zetan);
+        Zipfian { n, zeta2, theta, alpha, zetan, eta }
+    }
+
+    fn eta(n: u64, theta: f64, zeta2: f64, zetan: f64) -> f64 {
+        (1.0 - (2.0 / n as f64).powf(1.0 - theta)) / (1.0 - zeta2 / zetan)
+    }
+
+    /// Items in the range.
+    pub fn items(&self) -> u64 {
+        self.n
+    }
+
+    /// Extends the range to `0..n` (no-op if it is not larger), adding the
+    /// new terms to ζ one by one, as YCSB's generator does when its item
+    /// count grows: cheap for the small steps of a growing key space.
+    pub fn grow(&mut self, n: u64) {
+        if n > self.n {
+            self.zetan += zeta_exact(self.n + 1, n, self.theta);
+            self.n = n;
+            self.eta = Self::eta(n, self.theta, self.zeta2, self.zetan);
+        }
     }
 
     /// The next rank (0 = most popular).
@@ -100,6 +121,28 @@ pub fn fnv64(v: u64) -> u64 {
     h
 }
 
+/// YCSB's `SkewedLatest` distribution: the newest keys are the hottest.
+/// Over keys `0..n` (all inserted), it returns `n − 1 − r` for a Zipfian
+/// rank `r` over `0..n`; the Zipfian grows with `n`.
+#[derive(Clone, Debug)]
+pub struct Latest {
+    zipf: Zipfian,
+}
+
+impl Latest {
+    /// Over `0..n` initially, with exponent `theta`.
+    pub fn new(n: u64, theta: f64) -> Latest {
+        Latest { zipf: Zipfian::new(n, theta) }
+    }
+
+    /// A key of `0..n` (`n` ≥ the last one asked), newest first.
+    pub fn next(&mut self, n: u64, rng: &mut impl Rng) -> u64 {
+        self.zipf.grow(n);
+        let n = self.zipf.items();
+        n - 1 - self.zipf.next(rng)
+    }
+}
+
 /// How request keys are chosen.
 #[derive(Clone, Debug)]
 pub enum KeyChooser {
@@ -107,6 +150,16 @@ pub enum KeyChooser {
     Uniform(u64),
     /// Scrambled Zipfian over `0..n`: a Zipfian rank, hashed over the space.
     Zipfian(Zipfian),
+}
+
+impl KeyChooser {
+    /// The Zipfian exponent (`None` for uniform).
+    pub fn theta(&self) -> Option<f64> {
+        match self {
+            KeyChooser::Uniform(_) => None,
+            KeyChooser::Zipfian(z) => Some(z.theta),
+        }
+    }
 }
 
 impl KeyChooser {
@@ -150,8 +203,9 @@ pub struct Workload {
 
 impl Workload {
     /// `a` (50/50 read/update; alias write-heavy), `b` (95/5; read-heavy),
-    /// `c` (100 read; read-only), `d` (95/5 read/insert), `e` (95/5
-    /// scan/insert), `f` (50/50 read/read-modify-write), `update-only`.
+    /// `c` (100 read; read-only), `d` (95/5 read/insert, reads from the
+    /// latest distribution), `e` (95/5 scan/insert), `f` (50/50
+    /// read/read-modify-write), `update-only`.
     ///
     /// # Errors
     /// Names the known workloads.
@@ -171,6 +225,12 @@ impl Workload {
             }
         };
         Ok(Workload { name, mix })
+    }
+
+    /// Whether reads follow YCSB's latest distribution (workload d) rather
+    /// than the request distribution.
+    pub fn reads_latest(&self) -> bool {
+        self.name == "d"
     }
 
     /// Draws the next operation.
@@ -245,6 +305,33 @@ mod tests {
         assert!(top[..10].iter().any(|(k, _)| *k > 1000), "{:?}", &top[..10]);
         let u = KeyChooser::Uniform(10);
         assert!((0..1000).all(|_| u.next(&mut rng) < 10));
+    }
+
+    #[test]
+    fn a_grown_zipfian_equals_one_built_at_that_size() {
+        let mut z = Zipfian::new(1000, 0.99);
+        z.grow(1500);
+        z.grow(1200); // never shrinks
+        let fresh = Zipfian::new(1500, 0.99);
+        assert_eq!(z.items(), 1500);
+        assert!((z.zetan - fresh.zetan).abs() < 1e-9 && (z.eta - fresh.eta).abs() < 1e-9);
+    }
+
+    #[test]
+    fn latest_makes_the_newest_keys_hottest() {
+        let mut rng = SmallRng::seed_from_u64(5);
+        let mut l = Latest::new(10_000, 0.99);
+        let mut newest = 0;
+        for _ in 0..100_000 {
+            let k = l.next(10_000, &mut rng);
+            assert!(k < 10_000);
+            newest += u64::from(k == 9_999);
+        }
+        // P(newest) = P(rank 0) = 1/ζ(10^4, 0.99), about 10%.
+        assert!((newest as f64 / 100_000.0 - 1.0 / zeta(10_000, 0.99)).abs() < 0.01, "{newest}");
+        // As keys are inserted, the hot spot moves with them.
+        let k = (0..1000).map(|_| l.next(20_000, &mut rng)).max().unwrap();
+        assert_eq!(k, 19_999);
     }
 
     #[test]

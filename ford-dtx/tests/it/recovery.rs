@@ -6,36 +6,16 @@
 //! equal. The real SIGKILL tests of whole processes are in the `smart`
 //! package's tests.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ford_dtx::recovery::{audit, recover, Which};
 use ford_dtx::Registration;
 use smart_core::Transport;
 use smart_testkit::backends;
+use smart_testkit::die::Die;
 
 use crate::{insert_rows, open, spec, u};
-
-/// Polls `f` at most `polls` times; `None` if it had not finished (then it
-/// is dropped: the transaction dies there).
-struct Die<F> {
-    f: Pin<Box<F>>,
-    polls: usize,
-}
-
-impl<F: Future> Future for Die<F> {
-    type Output = Option<F::Output>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.polls == 0 {
-            return Poll::Ready(None);
-        }
-        self.polls -= 1;
-        self.f.as_mut().poll(cx).map(Some)
-    }
-}
 
 const ACCOUNTS: u64 = 8;
 const START: u64 = 1_000;
@@ -76,7 +56,7 @@ fn a_transaction_killed_anywhere_is_rolled_back_or_forward() {
                 tx.write(i, &7u64.to_le_bytes());
                 tx.commit().await
             };
-            let out = rt.block_on(Die { f: Box::pin(body), polls });
+            let out = rt.block_on(Die::after(polls, body));
             let finished = matches!(out, Some(Ok(())));
             let slot = reg.slot();
             drop(reg); // the compute blade is dead: no clean close

@@ -5,6 +5,7 @@ mod api;
 mod growth;
 mod lin;
 mod oracle;
+mod recovery;
 mod stress;
 
 use std::time::Duration;

@@ -67,27 +67,31 @@ impl Ctx {
         }
     }
 
+    /// Blade `blade`'s named-root table: (tag, address) per entry.
+    async fn root_entries(&self, blade: u16) -> Result<[(u64, u64); layout::ROOT_ENTRIES as usize]> {
+        let mut table = [0u8; (layout::ROOT_ENTRIES * layout::ROOT_ENTRY_SIZE) as usize];
+        self.read(GlobalAddr::new(blade, layout::OFF_ROOTS), &mut table).await?;
+        let word = |i: usize| u64::from_le_bytes(table[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        Ok(std::array::from_fn(|e| (word(2 * e), word(2 * e + 1))))
+    }
+
+    /// The entry of `name`'s tag in a root table, by the probe sequence
+    /// [`Ctx::set_root`] claims entries in.
+    fn find_root(entries: &[(u64, u64)], name: &str) -> Option<usize> {
+        let tag = layout::root_tag(name);
+        (0..layout::ROOT_ENTRIES)
+            .map(|probe| ((tag + probe) % layout::ROOT_ENTRIES) as usize)
+            .take_while(|&e| entries[e].0 != 0)
+            .find(|&e| entries[e].0 == tag)
+    }
+
     /// Looks up the named root `name` on `blade`.
     ///
     /// # Errors
     /// Verb errors.
     pub async fn root(&self, blade: u16, name: &str) -> Result<Option<GlobalAddr>> {
-        let tag = layout::root_tag(name);
-        let mut table = [0u8; (layout::ROOT_ENTRIES * layout::ROOT_ENTRY_SIZE) as usize];
-        self.read(GlobalAddr::new(blade, layout::OFF_ROOTS), &mut table).await?;
-        let word = |i: u64| u64::from_le_bytes(table[i as usize * 8..i as usize * 8 + 8].try_into().expect("8 bytes"));
-        for probe in 0..layout::ROOT_ENTRIES {
-            let e = (tag + probe) % layout::ROOT_ENTRIES;
-            match word(2 * e) {
-                0 => return Ok(None),
-                t if t == tag => {
-                    let a = word(2 * e + 1);
-                    return Ok((a != 0).then(|| GlobalAddr::from_raw(a)));
-                }
-                _ => {}
-            }
-        }
-        Ok(None)
+        let entries = self.root_entries(blade).await?;
+        Ok(Self::find_root(&entries, name).map(|e| entries[e].1).filter(|&a| a != 0).map(GlobalAddr::from_raw))
     }
 
     /// Sets the named root `name` on `blade` to `addr` unless it is set
@@ -107,5 +111,65 @@ impl Ctx {
             }
         }
         Err(Error::RootsFull(blade))
+    }
+
+    /// Every named root set on `blade`: (name tag, address). The names
+    /// themselves are not stored there (see [`Ctx::write_name`]).
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn roots(&self, blade: u16) -> Result<Vec<(u64, GlobalAddr)>> {
+        let entries = self.root_entries(blade).await?;
+        Ok(entries
+            .iter()
+            .filter(|&&(tag, a)| tag != 0 && a != 0)
+            .map(|&(tag, a)| (tag, GlobalAddr::from_raw(a)))
+            .collect())
+    }
+
+    /// Unsets the named root `name` on `blade` (its entry keeps the name's
+    /// tag, so the name can be set again); returns the address it held.
+    /// The object it named is not freed.
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn drop_root(&self, blade: u16, name: &str) -> Result<Option<GlobalAddr>> {
+        let entries = self.root_entries(blade).await?;
+        let Some(e) = Self::find_root(&entries, name) else { return Ok(None) };
+        let cur = entries[e].1;
+        let at = GlobalAddr::new(blade, layout::root_entry(e as u64) + 8);
+        Ok((cur != 0 && self.cas(at, cur, 0).await? == cur).then(|| GlobalAddr::from_raw(cur)))
+    }
+
+    /// Stores `name` in a small block on `blade` (`[length u64][bytes]`) and
+    /// returns its address: objects keep their name there so that tools can
+    /// list them (a named root holds only a hash of the name).
+    ///
+    /// # Errors
+    /// Allocation and verb errors.
+    pub async fn write_name(&self, blade: u16, name: &str) -> Result<GlobalAddr> {
+        let mut b = (name.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(name.as_bytes());
+        let at = self.alloc(blade, b.len() as u64, 8).await?;
+        self.write_all(at, &b).await?;
+        Ok(at)
+    }
+
+    /// Reads a name [`Ctx::write_name`] stored; `None` if `at` is null or
+    /// does not hold a plausible name (at most 4 KiB of UTF-8).
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn read_name(&self, at: GlobalAddr) -> Result<Option<String>> {
+        if at.is_null() {
+            return Ok(None);
+        }
+        let len = self.read_u64(at).await?;
+        if len == 0 || len > 4096 {
+            return Ok(None);
+        }
+        let mut b = vec![0u8; len as usize];
+        self.read_all(at.add(8), &mut b).await?;
+        Ok(String::from_utf8(b).ok())
     }
 }

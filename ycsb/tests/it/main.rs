@@ -1,13 +1,15 @@
-//! YCSB over the RACE hash table through the generic driver, verified.
+//! YCSB over the RACE hash table and the Sherman B+tree through the generic
+//! driver, verified.
 
 use std::time::Duration;
 
 use race_ht::RaceHt;
+use sherman_bt::ShermanBt;
 use smart_bench::harness::RunConfig;
 use smart_core::smart::SmartConfig;
 use smart_core::{EmbeddedTransport, RuntimeConfig, Transport};
 use smart_testkit::backends;
-use ycsb::bench::{self, YcsbConfig, YcsbError};
+use ycsb::bench::{self, LoadMode, TableState, YcsbConfig, YcsbError};
 use ycsb::{KeyChooser, Workload};
 
 fn run_cfg(threads: usize, coroutines: usize, ms: u64, smart: &str) -> RunConfig {
@@ -32,13 +34,15 @@ fn ycsb_cfg(keys: u64, workload: &str, capacity: u64) -> YcsbConfig {
         value_size: 16,
         verify: true,
         capacity,
+        load: LoadMode::Load,
     }
 }
 
 fn verified(t: &dyn Transport, w: &str, smart: &str, keys: u64) {
     let r = bench::run::<RaceHt>(t, &run_cfg(2, 4, 300, smart), &ycsb_cfg(keys, w, 100)).unwrap();
-    assert!(r.run.ops > 100, "{w}: {} ops ({:?})", r.run.ops, r.run.first_error);
-    assert_eq!(r.run.errors, 0, "{w}: {:?}", r.run.first_error);
+    let run = r.run.as_ref().expect("a timed run");
+    assert!(run.ops > 100, "{w}: {} ops ({:?})", run.ops, run.first_error);
+    assert_eq!(run.errors, 0, "{w}: {:?}", run.first_error);
     assert_eq!((r.violations, r.duplicates), (0, 0), "{w}");
     assert!(!r.existed, "{w}: a fresh blade has no table");
     assert!(r.shape.splits >= 4 && r.shape.subtables >= 5, "{w}: the table grew: {:?}", r.shape);
@@ -69,9 +73,12 @@ fn verified_runs_over_tcp_have_no_violations() {
 fn a_second_run_finds_the_table_and_says_so() {
     let t = EmbeddedTransport::new(1, 64 << 20).unwrap();
     let y = ycsb_cfg(500, "c", 500);
-    assert!(!bench::run::<RaceHt>(&t, &run_cfg(1, 2, 60, "none"), &y).unwrap().existed);
+    let first = bench::run::<RaceHt>(&t, &run_cfg(1, 2, 60, "none"), &y).unwrap();
+    assert!(!first.existed);
+    assert_eq!(first.state, TableState::Created);
     let again = bench::run::<RaceHt>(&t, &run_cfg(1, 2, 60, "none"), &y).unwrap();
     assert!(again.existed);
+    assert_eq!(again.state, TableState::LoadedIntoExisting);
     assert_eq!(again.violations, 0);
 }
 
@@ -81,7 +88,86 @@ fn scans_on_a_hash_table_and_bad_sizes_are_refused() {
     let e = bench::run::<RaceHt>(&t, &run_cfg(1, 1, 10, "none"), &ycsb_cfg(10, "e", 100)).unwrap_err();
     assert!(matches!(e, YcsbError::Config(_)) && e.to_string().contains("range scans"), "{e}");
     let mut y = ycsb_cfg(10, "a", 100);
+    y.value_size = 7;
+    let e = bench::run::<RaceHt>(&t, &run_cfg(1, 1, 10, "none"), &y).map(drop).unwrap_err();
+    assert!(e.to_string().contains("at least 8 bytes"), "{e}");
+}
+
+fn verified_tree(t: &dyn Transport, w: &str, smart: &str, keys: u64) -> bench::YcsbReport<ShermanBt> {
+    let mut y = ycsb_cfg(keys, w, keys);
     y.value_size = 8;
-    let e = bench::run::<RaceHt>(&t, &run_cfg(1, 1, 10, "none"), &y).unwrap_err();
-    assert!(e.to_string().contains("values 16"), "{e}");
+    let r = bench::run::<ShermanBt>(t, &run_cfg(2, 4, 300, smart), &y).unwrap();
+    let run = r.run.as_ref().expect("a timed run");
+    assert!(run.ops > 100, "{w}: {} ops ({:?})", run.ops, run.first_error);
+    assert_eq!(run.errors, 0, "{w}: {:?}", run.first_error);
+    assert_eq!((r.violations, r.duplicates), (0, 0), "{w}");
+    assert!(r.shape.depth >= 2 && r.shape.keys >= keys, "{w}: {:?}", r.shape);
+    assert_eq!(r.shape.unlinked, 0, "{w}: {:?}", r.shape);
+    r
+}
+
+#[test]
+fn verified_runs_over_the_b_tree_have_no_violations() {
+    for (w, smart) in
+        [("a", "none"), ("b", "all"), ("c", "spec-lookup"), ("d", "all"), ("e", "none"), ("f", "conflict-avoid")]
+    {
+        let r = verified_tree(&EmbeddedTransport::new(2, 64 << 20).unwrap(), w, smart, 3000);
+        if w == "c" {
+            assert!(r.stats.spec_hit_rate() > 0.5, "read-only with spec-lookup mostly hits: {:?}", r.stats);
+            assert!(r.stats.cache_hit_rate() > 0.5, "{:?}", r.stats);
+        }
+        if w == "d" || w == "e" {
+            assert!(r.shape.keys > 3000, "{w} inserted keys: {:?}", r.shape);
+        }
+    }
+    let b = backends::tcp_sized(2, 64 << 20);
+    verified_tree(&*b.transport, "e", "all", 2000);
+}
+
+#[test]
+fn eight_byte_values_work_on_the_hash_table_too() {
+    let mut y = ycsb_cfg(1000, "a", 100);
+    y.value_size = 8;
+    let r =
+        bench::run::<RaceHt>(&EmbeddedTransport::new(1, 32 << 20).unwrap(), &run_cfg(1, 4, 200, "none"), &y).unwrap();
+    assert_eq!((r.violations, r.run.unwrap().errors), (0, 0));
+}
+
+/// `--load-only` then `--no-load --verify` on a table whose key was deleted
+/// behind the run's back: exactly that key is reported (the attached run
+/// inserts nothing that could hide it); on both indexes.
+fn attached_verify_reports_exactly_the_deleted_key<I: smart_core::KvIndex>(value_size: usize) {
+    let t = EmbeddedTransport::new(2, 64 << 20).unwrap();
+    let mut y = ycsb_cfg(3000, "c", 100);
+    y.value_size = value_size;
+    y.load = LoadMode::NoLoad;
+    let e = bench::run::<I>(&t, &run_cfg(1, 2, 50, "none"), &y).map(drop).unwrap_err();
+    assert!(e.to_string().contains("does not exist"), "{e}");
+    y.load = LoadMode::LoadOnly;
+    let loaded = bench::run::<I>(&t, &run_cfg(2, 4, 50, "none"), &y).unwrap();
+    assert!(loaded.run.is_none() && loaded.state == TableState::Created && loaded.violations == 0);
+    // Another client deletes key 1234.
+    let mut rt = smart_core::Runtime::new(&t, 7, Default::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let (mut ix, _) = I::open_or_create(&ctx, "ycsb", 1).await.unwrap();
+        assert!(ix.delete(&1234u64.to_le_bytes()).await.unwrap());
+    });
+    y.load = LoadMode::NoLoad;
+    let r = bench::run::<I>(&t, &run_cfg(2, 4, 100, "none"), &y).unwrap();
+    assert_eq!(r.state, TableState::Attached);
+    assert_eq!(r.load_s, 0.0);
+    assert_eq!((r.lost, r.lost_keys.clone()), (1, vec![1234]), "{}", I::APP);
+    // (The run's reads of key 1234 count as violations too.)
+    assert!(r.violations >= 1);
+    // A load into it puts the key back (and says it loaded into an existing table).
+    y.load = LoadMode::Load;
+    let r = bench::run::<I>(&t, &run_cfg(1, 2, 50, "none"), &y).unwrap();
+    assert_eq!((r.state, r.lost, r.violations), (TableState::LoadedIntoExisting, 0, 0));
+}
+
+#[test]
+fn an_attached_verify_reports_exactly_the_key_deleted_behind_its_back() {
+    attached_verify_reports_exactly_the_deleted_key::<RaceHt>(16);
+    attached_verify_reports_exactly_the_deleted_key::<ShermanBt>(8);
 }

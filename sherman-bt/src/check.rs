@@ -1,0 +1,131 @@
+//! The structural check of a quiescent tree: every level walked along its
+//! sibling chain.
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use smart_core::GlobalAddr;
+
+use crate::layout::{PageBuf, ENTRIES};
+use crate::read::with_page;
+use crate::{Result, ShermanBt, ShermanError};
+
+/// A tree's shape, read from the blades.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TreeShape {
+    /// Levels (1 for a single leaf).
+    pub depth: u32,
+    /// Pages per level, leaves first.
+    pub pages_per_level: Vec<u64>,
+    /// Live keys.
+    pub keys: u64,
+    /// Live entries over leaf capacity.
+    pub leaf_fill: f64,
+    /// Pages on their level's chain that no parent names (a split whose
+    /// separator was never inserted: its client died, or it is in flight).
+    pub unlinked: u64,
+}
+
+/// Most pages a level may have before the walk calls it a cycle.
+const MAX_PAGES: u64 = 1 << 40;
+
+impl ShermanBt {
+    /// Walks the whole tree (which should be quiescent) and checks it:
+    /// every level's chain starts at key 0 and ends at +∞ with each page's
+    /// `lowest` equal to its left neighbour's `highest`; levels step down by
+    /// one; internal entries are sorted and inside their page's range;
+    /// every child a parent names is on the level below, starting at the
+    /// separator that names it; every leaf key lies in its leaf's range.
+    /// Returns the shape and every live key (a key stored twice appears
+    /// twice).
+    ///
+    /// # Errors
+    /// [`ShermanError::Corrupt`] naming the first fault; verb errors.
+    pub async fn walk(&mut self) -> Result<(TreeShape, Vec<u64>)> {
+        let (top, root) = self.refresh_root().await?;
+        let mut shape = TreeShape { depth: u32::from(top) + 1, ..TreeShape::default() };
+        let mut keys = Vec::new();
+        // Children named by the level above: address → the lowest key
+        // they must start at.
+        let mut named: FxHashMap<u64, u64> = FxHashMap::default();
+        named.insert(root.raw(), 0);
+        let mut first = root;
+        let mut buf = PageBuf::new(0, 0, None, None);
+        let bad = |m: String| Err(ShermanError::Corrupt(m));
+        for level in (0..=top).rev() {
+            let mut below: FxHashMap<u64, u64> = FxHashMap::default();
+            let (mut at, mut expect_low, mut pages, mut next_first) = (Some(first), 0u64, 0u64, None);
+            while let Some(a) = at {
+                pages += 1;
+                if pages > MAX_PAGES {
+                    return bad(format!("level {level} does not end (a sibling cycle?)"));
+                }
+                with_page(&self.ctx, &self.local, &self.read, a, |p| buf.copy_from(p)).await?;
+                let p = buf.view();
+                if p.level() != level {
+                    return bad(format!("page {a} on the chain of level {level} says level {}", p.level()));
+                }
+                if p.lowest() != expect_low {
+                    return bad(format!(
+                        "page {a} of level {level} starts at {} after a page ending at {expect_low}",
+                        p.lowest()
+                    ));
+                }
+                match named.remove(&a.raw()) {
+                    Some(low) if low != p.lowest() => {
+                        return bad(format!("page {a} is named for keys from {low} but starts at {}", p.lowest()))
+                    }
+                    Some(_) => {}
+                    None => shape.unlinked += 1,
+                }
+                if level == 0 {
+                    for (_, e) in p.live() {
+                        if !p.covers(e.key) {
+                            return bad(format!("leaf {a} holds key {} outside its range", e.key));
+                        }
+                        keys.push(e.key);
+                    }
+                } else {
+                    let mut prev: Option<u64> = None;
+                    below.insert(p.leftmost().raw(), p.lowest());
+                    next_first.get_or_insert(p.leftmost());
+                    for (_, e) in p.live() {
+                        if prev.is_some_and(|q| q >= e.key) || !p.covers(e.key) {
+                            return bad(format!("internal page {a} has entry {} out of order or range", e.key));
+                        }
+                        prev = Some(e.key);
+                        below.insert(e.value, e.key);
+                    }
+                    if p.count() > ENTRIES {
+                        return bad(format!("internal page {a} counts {} entries", p.count()));
+                    }
+                }
+                match (p.highest(), p.sibling()) {
+                    (None, None) => at = None,
+                    (Some(h), Some(s)) if h > p.lowest() => {
+                        expect_low = h;
+                        at = Some(s);
+                    }
+                    (h, s) => return bad(format!("page {a} ends at {h:?} with sibling {s:?}")),
+                }
+            }
+            if let Some((a, _)) = named.iter().next() {
+                return bad(format!(
+                    "page {} named by level {} is not on level {level}'s chain",
+                    GlobalAddr::from_raw(*a),
+                    level + 1
+                ));
+            }
+            shape.pages_per_level.push(pages);
+            if level == 0 {
+                shape.keys = keys.len() as u64;
+                shape.leaf_fill = keys.len() as f64 / (pages as f64 * ENTRIES as f64);
+            } else {
+                first = next_first.expect("an internal level has pages");
+                named = below;
+            }
+        }
+        shape.pages_per_level.reverse();
+        // The root itself is named by the root word, not by a parent.
+        Ok((shape, keys))
+    }
+}

@@ -1,0 +1,31 @@
+//! Errors of the tree.
+
+use smart_core::GlobalAddr;
+
+/// Errors of the tree.
+#[derive(Debug, thiserror::Error)]
+pub enum ShermanError {
+    /// A verb failed.
+    #[error(transparent)]
+    Verbs(#[from] smart_core::Error),
+    /// A key or value of a size the tree does not store.
+    #[error("the B+tree stores 8-byte keys and 8-byte values (asked {key} and {value} bytes)")]
+    Size {
+        /// Key bytes asked.
+        key: usize,
+        /// Value bytes asked.
+        value: usize,
+    },
+    /// A page stayed torn over every re-read.
+    #[error("page at {0} was torn on every one of {n} reads", n = crate::TORN_RETRIES)]
+    Torn(GlobalAddr),
+    /// The tree cannot be used as asked.
+    #[error("{0}")]
+    Config(String),
+    /// The remote structure is not what the tree expects.
+    #[error("B+tree corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// Result with [`ShermanError`].
+pub type Result<T, E = ShermanError> = std::result::Result<T, E>;

@@ -1,0 +1,164 @@
+//! Validated page reads and the descent from the root.
+
+use std::cell::{Cell, RefCell};
+
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::layout::{PageRef, PAGE};
+use crate::{Local, Result, ShermanBt, ShermanError, TORN_RETRIES};
+
+/// First pause after a torn read (doubling to [`TORN_PAUSE_MAX_NS`]).
+const TORN_PAUSE_NS: u64 = 1_000;
+const TORN_PAUSE_MAX_NS: u64 = 200_000;
+
+/// READs page `at` and applies `f` to it once it validates (every line
+/// intact and of one sequence number). A torn copy is read again, pausing
+/// a little longer each time, at most [`TORN_RETRIES`] times.
+///
+/// # Errors
+/// [`ShermanError::Torn`] when every copy was torn; verb errors.
+pub(crate) async fn with_page<T>(
+    ctx: &Ctx,
+    local: &RefCell<Local>,
+    read: &Cell<u64>,
+    at: GlobalAddr,
+    f: impl FnOnce(PageRef<'_>) -> T,
+) -> Result<T> {
+    let mut pause = TORN_PAUSE_NS;
+    for _ in 0..TORN_RETRIES {
+        let mut b = ctx.batch();
+        let r = b.read(at, PAGE);
+        let done = b.post().await?;
+        read.set(read.get() + PAGE as u64);
+        if let Some(p) = PageRef::check(done.bytes(r)) {
+            return Ok(f(p));
+        }
+        drop(done);
+        local.borrow_mut().stats.torn += 1;
+        ctx.sleep_ns(pause).await;
+        pause = (pause * 2).min(TORN_PAUSE_MAX_NS);
+    }
+    Err(ShermanError::Torn(at))
+}
+
+/// What a descent does at a page.
+enum Step {
+    Right(GlobalAddr),
+    Down(GlobalAddr),
+    Here,
+    Restart,
+}
+
+/// Restarts from the root before a descent gives up.
+const MAX_RESTARTS: u32 = 64;
+
+impl ShermanBt {
+    /// The page of `level` whose range holds `key`, found from the root by
+    /// lock-free reads (moving right past pages that split meanwhile).
+    /// Level-1 pages met on the way enter the index cache.
+    ///
+    /// # Errors
+    /// [`ShermanError::Corrupt`] if the tree is lower than `level` or keeps
+    /// contradicting itself; verb errors.
+    pub(crate) async fn descend(&mut self, key: u64, level: u8) -> Result<GlobalAddr> {
+        let mut restarts = 0;
+        'root: loop {
+            let (mut lvl, mut at) = self.root().await?;
+            if lvl < level {
+                return Err(ShermanError::Corrupt(format!("the tree has no level {level} (root at level {lvl})")));
+            }
+            let top = lvl;
+            loop {
+                let local = &self.local;
+                let step = with_page(&self.ctx, local, &self.read, at, |p| {
+                    if p.level() != lvl || p.lowest() > key {
+                        Step::Restart
+                    } else if p.is_right_of(key) {
+                        p.sibling().map_or(Step::Restart, Step::Right)
+                    } else if lvl == level {
+                        Step::Here
+                    } else {
+                        if lvl == 1 {
+                            local.borrow_mut().cache.insert(p);
+                        }
+                        Step::Down(p.child_for(key))
+                    }
+                })
+                .await?;
+                match step {
+                    Step::Here => return Ok(at),
+                    Step::Down(c) => {
+                        at = c;
+                        lvl -= 1;
+                    }
+                    Step::Right(s) => {
+                        self.local.borrow_mut().stats.sibling_hops += 1;
+                        if lvl == top {
+                            // The root split: a higher root will do better.
+                            self.local.borrow_mut().root = None;
+                        }
+                        at = s;
+                    }
+                    Step::Restart => {
+                        restarts += 1;
+                        self.local.borrow_mut().stats.restarts += 1;
+                        self.local.borrow_mut().root = None;
+                        if restarts > MAX_RESTARTS {
+                            return Err(ShermanError::Corrupt(format!(
+                                "no page of level {level} holds key {key} after {MAX_RESTARTS} descents"
+                            )));
+                        }
+                        continue 'root;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts `n` bytes this handle read (a lookup's bytes are the
+    /// difference across it).
+    pub(crate) fn count_read(&self, n: usize) {
+        self.read.set(self.read.get() + n as u64);
+    }
+
+    /// The root (level, page), from this thread's copy of the root word or
+    /// read from the blade.
+    pub(crate) async fn root(&mut self) -> Result<(u8, GlobalAddr)> {
+        if let Some(r) = self.local.borrow().root {
+            return Ok(crate::layout::unpack_root(r));
+        }
+        self.refresh_root().await
+    }
+
+    /// Reads the root word from the blade.
+    pub(crate) async fn refresh_root(&mut self) -> Result<(u8, GlobalAddr)> {
+        let w = self.ctx.read_u64(self.meta.add(crate::layout::ROOT_WORD)).await?;
+        self.count_read(8);
+        let (lvl, at) = crate::layout::unpack_root(w);
+        if at.is_null() || lvl > crate::layout::MAX_LEVEL {
+            return Err(ShermanError::Corrupt(format!("root word {w:#x}")));
+        }
+        self.local.borrow_mut().root = Some(w);
+        Ok((lvl, at))
+    }
+
+    /// The leaf to start from for `key`: the index cache's child for it
+    /// (one READ away), else a descent from the root. The leaf may have
+    /// split since: callers move right.
+    pub(crate) async fn leaf_for(&mut self, key: u64) -> Result<GlobalAddr> {
+        let hit = {
+            let mut l = self.local.borrow_mut();
+            let hit = l.cache.child(key);
+            if hit.is_some() {
+                l.stats.cache_hits += 1;
+            } else {
+                l.stats.cache_misses += 1;
+            }
+            hit
+        };
+        match hit {
+            Some(a) => Ok(a),
+            None => self.descend(key, 0).await,
+        }
+    }
+}
