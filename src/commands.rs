@@ -373,21 +373,33 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
         }
         TableAction::Check => {
             let name = job.name.clone();
-            let heap = {
+            let (heap, free) = {
                 let ctx = ctx.clone();
-                rt.block_on(async move { heap_used(&ctx).await })?
+                rt.block_on(async move {
+                    let heap = heap_used(&ctx).await?;
+                    let mut free = Vec::new();
+                    for b in 0..ctx.blades().len() as u16 {
+                        let (objects, bags) = smart_core::reclaim::free_bytes(&ctx, b).await?;
+                        free.push(objects + bags);
+                    }
+                    Ok::<_, smart_core::Error>((heap, free))
+                })?
             };
+            let (heap_sum, free_sum) = (heap.iter().sum::<u64>(), free.iter().sum::<u64>());
             let (ok, detail) = match job.app {
                 App::Race => {
                     let c = rt.block_on(async move {
                         let mut ht = RaceHt::open(&ctx, &name).await?;
-                        ht.check().await
+                        let c = ht.check().await?;
+                        ht.close().await?;
+                        Ok::<_, race_ht::RaceError>(c)
                     });
                     let c = c.map_err(|e| anyhow::anyhow!("checking race index {:?}: {e}", job.name))?;
                     println!(
                         "race {:?}: {} keys in {} subtables (depth {}), {} faults: {} duplicates, {} frozen slots in live \
                          subtables, {} misplaced keys, {} undecodable blocks, {} bad bucket headers; split intent {}, \
-                         resize lock {}; {} live bytes, {} bytes of blade heap in use",
+                         resize lock {}; {} live bytes; blade heap: {} bytes in use, {} of them free-listed for reuse, \
+                         {} neither (other objects, memory held by running clients or lost by killed ones)",
                         job.name,
                         c.keys,
                         c.subtables,
@@ -401,7 +413,9 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                         if c.split_intent { "set" } else { "clear" },
                         if c.resize_lock_held { "held" } else { "free" },
                         c.live_bytes,
-                        heap.iter().sum::<u64>()
+                        heap_sum,
+                        free_sum,
+                        heap_sum.saturating_sub(free_sum + c.live_bytes)
                     );
                     (c.faults() == 0, serde_json::to_value(&c)?)
                 }
@@ -415,11 +429,7 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                     });
                     match r {
                         Ok(shape) => {
-                            println!(
-                                "sherman {:?}: sound; {shape:?}; {} bytes of blade heap in use",
-                                job.name,
-                                heap.iter().sum::<u64>()
-                            );
+                            println!("sherman {:?}: sound; {shape:?}; {heap_sum} bytes of blade heap in use", job.name,);
                             (true, serde_json::to_value(&shape)?)
                         }
                         Err(e) => {
@@ -432,7 +442,7 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
             report::write(
                 s,
                 &json!({ "bench": "table", "action": "check", "app": kind, "name": job.name,
-                "ok": ok, "check": detail, "heap_used_per_blade": heap }),
+                "ok": ok, "check": detail, "heap_used_per_blade": heap, "free_listed_per_blade": free }),
             )?;
             Ok(Outcome::of(ok, false))
         }

@@ -10,8 +10,6 @@ pub struct RaceConfig {
     /// Bucket groups per subtable (2 main buckets each), fixed for the
     /// table's life.
     pub groups: u64,
-    /// How long a retired KV block waits before reuse.
-    pub grace: Duration,
 }
 
 impl RaceConfig {
@@ -21,15 +19,9 @@ impl RaceConfig {
         // 3 buckets × 7 slots per group; aim for 2× headroom.
         let groups_total = (keys * 2).div_ceil(21).max(16);
         let depth = (groups_total / 4096).next_power_of_two().trailing_zeros().min(12);
-        RaceConfig { depth, groups: groups_total.div_ceil(1 << depth).max(4), grace: DEFAULT_GRACE }
+        RaceConfig { depth, groups: groups_total.div_ceil(1 << depth).max(4) }
     }
 }
-
-/// Default grace period before a retired KV block is reused: orders of
-/// magnitude longer than an operation (microseconds to a few milliseconds
-/// with backoff), short enough that memory stays bounded at about
-/// update rate × grace × block size per thread.
-pub const DEFAULT_GRACE: Duration = Duration::from_millis(100);
 
 /// How long the resize lock may stay exactly the same (holder and beat)
 /// before a waiter concludes that its holder died, takes it over and

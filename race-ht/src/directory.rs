@@ -13,7 +13,8 @@ use smart_core::{Ctx, GlobalAddr};
 use crate::config::{PAUSE_MAX_NS, PAUSE_NS};
 use crate::layout::{self, Slot, BUCKET, SLOTS, TABLE_HEADER, TABLE_MAGIC};
 use crate::spec::SpecCache;
-use crate::{RaceConfig, RaceError, RaceHt, ResizeStats, Result, DEFAULT_GRACE, RESIZE_LEASE, SPLIT_STALL};
+use crate::{RaceConfig, RaceError, RaceHt, ResizeStats, Result, RESIZE_LEASE, SPLIT_STALL};
+use smart_core::reclaim::Reclaimer;
 
 /// The cached directory (shared by a thread's handles).
 #[derive(Debug)]
@@ -30,6 +31,10 @@ pub(crate) struct Directory {
     pub(crate) epoch: u64,
     /// Bumped on every install, so a thread's coroutines re-read it once.
     pub(crate) version: u64,
+    /// The reclamation epoch in which it was last known current (see
+    /// `RaceHt::begin`), and the reclaimer's lapses seen.
+    pub(crate) checked: u64,
+    pub(crate) lapses: u64,
 }
 
 /// Where a key may live.
@@ -147,9 +152,7 @@ impl RaceHt {
             // The first creator wins; a loser's copy is left unused.
             ctx.set_root(0, &root, table).await?;
         }
-        let mut t = Self::open(ctx, name).await?;
-        t.grace = cfg.grace;
-        Ok(t)
+        Self::open(ctx, name).await
     }
 
     /// Whether table `name` exists on the blades.
@@ -178,11 +181,10 @@ impl RaceHt {
             ctx: ctx.clone(),
             table,
             dir: Rc::new(RefCell::new(dir)),
-            recycler: Rc::default(),
+            reclaim: Reclaimer::new(ctx),
             spec: ctx.config().smart.spec_lookup.then(|| Rc::new(RefCell::new(SpecCache::new()))),
             stats: Rc::default(),
             token,
-            grace: DEFAULT_GRACE,
             lease: RESIZE_LEASE,
             block: Vec::new(),
         })
@@ -207,7 +209,7 @@ impl RaceHt {
             }
             entries.push((ld, at));
         }
-        Ok(Directory { depth, groups, array, entries, epoch, version: 0 })
+        Ok(Directory { depth, groups, array, entries, epoch, version: 0, checked: 0, lapses: 0 })
     }
 
     /// Re-reads the directory; installs it unless a newer one is cached.
@@ -215,8 +217,8 @@ impl RaceHt {
         let fresh = Self::read_dir(&self.ctx, self.table).await?;
         let mut d = self.dir.borrow_mut();
         if fresh.epoch >= d.epoch {
-            let version = d.version + 1;
-            *d = Directory { version, ..fresh };
+            let (version, checked, lapses) = (d.version + 1, d.checked, d.lapses);
+            *d = Directory { version, checked, lapses, ..fresh };
         }
         drop(d);
         self.bump(|s| s.refreshes += 1);
@@ -235,6 +237,8 @@ impl RaceHt {
     /// re-read it since `seen`.
     pub(crate) async fn settle(&mut self, seen: u64, wait: &mut Wait) -> Result<()> {
         self.bump(|s| s.waits += 1);
+        // A long wait keeps this thread's reclamation entry alive.
+        self.reclaim.tick(&self.ctx).await?;
         let start = *wait.start.get_or_insert_with(Instant::now);
         if start.elapsed() > SPLIT_STALL {
             return Err(RaceError::Corrupt(format!(

@@ -1,6 +1,7 @@
 //! The table as a [`KvIndex`]: what the workloads drive.
 
 use serde::Serialize;
+use smart_core::reclaim::ReclaimStats;
 use smart_core::{Audit, Ctx, IndexStats, KvIndex};
 
 use crate::{RaceConfig, RaceError, RaceHt, ResizeStats, TableShape};
@@ -27,6 +28,8 @@ pub struct RaceStats {
     pub spec_hits: u64,
     /// Speculative lookups that missed and took the normal path.
     pub spec_misses: u64,
+    /// What the thread's reclaimer did (memory retired, reused, fresh).
+    pub reclaim: ReclaimStats,
 }
 
 /// The record's form of [`RaceStats`]: the counters and the hit rate.
@@ -43,6 +46,7 @@ struct StatsRecord {
     spec_hits: u64,
     spec_misses: u64,
     spec_hit_rate: f64,
+    reclaim: ReclaimStats,
 }
 
 impl From<RaceStats> for StatsRecord {
@@ -58,6 +62,7 @@ impl From<RaceStats> for StatsRecord {
             spec_hits: s.spec_hits,
             spec_misses: s.spec_misses,
             spec_hit_rate: s.spec_hit_rate(),
+            reclaim: s.reclaim,
         }
     }
 }
@@ -85,11 +90,12 @@ impl IndexStats for RaceStats {
         self.recovered_splits += o.recovered_splits;
         self.spec_hits += o.spec_hits;
         self.spec_misses += o.spec_misses;
+        self.reclaim += o.reclaim;
     }
 }
 
 impl RaceStats {
-    fn of(r: ResizeStats, (spec_hits, spec_misses): (u64, u64)) -> Self {
+    fn of(r: ResizeStats, (spec_hits, spec_misses): (u64, u64), reclaim: ReclaimStats) -> Self {
         RaceStats {
             splits: r.splits,
             doublings: r.doublings,
@@ -100,6 +106,7 @@ impl RaceStats {
             recovered_splits: r.recovered,
             spec_hits,
             spec_misses,
+            reclaim,
         }
     }
 }
@@ -140,8 +147,12 @@ impl KvIndex for RaceHt {
         RaceHt::delete(self, key).await
     }
 
+    async fn close(&mut self) -> Result<(), RaceError> {
+        RaceHt::close(self).await
+    }
+
     fn stats(&self) -> RaceStats {
-        RaceStats::of(self.resize_stats(), self.spec_stats())
+        RaceStats::of(self.resize_stats(), self.spec_stats(), self.reclaim_stats())
     }
 
     async fn audit(&mut self) -> Result<Audit, RaceError> {

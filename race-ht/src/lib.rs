@@ -83,21 +83,28 @@
 //! Limits of resizing: one split at a time per table (a global lock, not
 //! RACE's per-subtable lock); readers and writers of a subtable being split
 //! wait for the split (pausing 10 µs doubling to 1 ms, failing after
-//! [`SPLIT_STALL`] if the holder keeps renewing and never finishes); old
-//! subtables and directories are not reused (dead memory stays below the
-//! live subtables' size), and neither are the blocks a dead client retired
-//! or allocated; the depth stops at [`layout::MAX_DEPTH`], after which a
-//! full bucket pair is [`RaceError::Full`].
+//! [`SPLIT_STALL`] if the holder keeps renewing and never finishes); the
+//! depth stops at [`layout::MAX_DEPTH`], after which a full bucket pair is
+//! [`RaceError::Full`].
 //!
-//! **Reuse (ABA).** A replaced or deleted block is recycled by the thread
-//! that retired it only after a grace period ([`RaceConfig::grace`],
-//! default [`DEFAULT_GRACE`] = 100 ms), far longer than an operation, so a
-//! stale CAS cannot succeed against a reused address with the same
-//! fingerprint and length. Memory under a long update-heavy run is bounded
-//! by about update rate × grace × block size per thread. The argument is
-//! timing-based, not a proof: an operation stalled longer than the grace
-//! (e.g. a thread descheduled for 100 ms mid-CAS) could still hit ABA.
-//! Epoch-based reclamation would close that; it is not built.
+//! **Memory that comes back (and ABA).** Replaced and deleted KV blocks,
+//! frozen subtables once their split is published, and directories
+//! replaced by a doubling are *retired* to the thread's
+//! [`Reclaimer`] and reused, by any client
+//! of any process, once no operation can reach them: epoch-based
+//! reclamation with the epochs on blade 0 (the rule and its argument are
+//! in [`smart_core::reclaim`]). Every operation pins its epoch. So a CAS
+//! never meets a reused address (no ABA), a bucket READ never meets a
+//! reused subtable, and memory stays bounded under any run. Caches kept
+//! between operations are checked once per epoch: the directory by one
+//! READ of the split counter ([`RaceHt`] reloads it when it moved), the
+//! speculation cache by accepting only slots inside the subtable the
+//! checked directory names. A thread should [`RaceHt::close`] its handle
+//! when done: that hands its free and retired blocks to the blades' free
+//! lists and leaves the registry. A client killed instead loses what it
+//! held locally (under a span of 1 MiB per blade plus a few milliseconds
+//! of retirements) and holds back reuse for
+//! [`LEASE`](smart_core::reclaim::LEASE).
 //!
 //! **Speculative search** (Smart's `spec-lookup`, on when the runtime's
 //! `SmartConfig::spec_lookup` is): each thread caches where keys were last
@@ -113,7 +120,7 @@ mod config;
 mod directory;
 mod error;
 mod index;
-mod recycle;
+mod reclaim;
 mod resize;
 mod scan;
 mod search;
@@ -126,7 +133,7 @@ use std::time::Duration;
 
 use smart_core::{Ctx, GlobalAddr};
 
-pub use config::{RaceConfig, DEFAULT_GRACE, RESIZE_LEASE, SPLIT_STALL};
+pub use config::{RaceConfig, RESIZE_LEASE, SPLIT_STALL};
 pub use directory::TableShape;
 pub use error::{RaceError, Result};
 pub use index::RaceStats;
@@ -135,24 +142,23 @@ pub use scan::TableCheck;
 pub use spec::SPEC_ENTRIES;
 
 use directory::Directory;
-use recycle::Recycler;
+use smart_core::reclaim::Reclaimer;
 use spec::SpecCache;
 
 /// A handle on a table for one coroutine (cheap to clone; clones share the
-/// thread's directory cache, recycler and statistics).
+/// thread's directory cache, reclaimer and statistics).
 #[derive(Debug)]
 pub struct RaceHt {
     pub(crate) ctx: Ctx,
     /// The table header.
     pub(crate) table: GlobalAddr,
     pub(crate) dir: Rc<RefCell<Directory>>,
-    pub(crate) recycler: Rc<RefCell<Recycler>>,
+    pub(crate) reclaim: Rc<Reclaimer>,
     /// `Some` when the runtime's `spec_lookup` technique is on.
     pub(crate) spec: Option<Rc<RefCell<SpecCache>>>,
     pub(crate) stats: Rc<Cell<ResizeStats>>,
     /// This client's resize-lock token (random, nonzero).
     pub(crate) token: u64,
-    pub(crate) grace: Duration,
     /// How long the resize lock may stay the same before this client takes
     /// it over ([`RESIZE_LEASE`] unless set).
     pub(crate) lease: Duration,
@@ -165,11 +171,10 @@ impl Clone for RaceHt {
             ctx: self.ctx.clone(),
             table: self.table,
             dir: self.dir.clone(),
-            recycler: self.recycler.clone(),
+            reclaim: self.reclaim.clone(),
             spec: self.spec.clone(),
             stats: self.stats.clone(),
             token: self.token,
-            grace: self.grace,
             lease: self.lease,
             block: Vec::new(),
         }

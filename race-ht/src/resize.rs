@@ -146,6 +146,7 @@ impl RaceHt {
     /// # Errors
     /// Verb errors; a malformed table.
     pub async fn repair(&mut self) -> Result<bool> {
+        let _pin = self.begin().await?;
         let word = self.table.add(layout::LOCK_WORD);
         let first = self.ctx.read_u64(word).await?;
         if first != 0 {
@@ -259,7 +260,9 @@ impl RaceHt {
         for ((a, x), done) in addrs.iter_mut().zip(suffixes).zip(published) {
             *a = match done {
                 Some(at) => at,
-                None => ctx.alloc(blade_of(x, ctx.blades().len()), layout::subtable_bytes(groups), 64).await?,
+                None => {
+                    self.reclaim.alloc(&ctx, blade_of(x, ctx.blades().len()), layout::subtable_bytes(groups)).await?
+                }
             };
         }
         let mut kept: HashSet<&[u8]> = HashSet::new();
@@ -292,7 +295,7 @@ impl RaceHt {
             if sl.addr().blade() != addrs[half].blade() {
                 // Blocks live on their subtable's blade (one batch reads a
                 // bucket's blocks): copy it over.
-                let at = ctx.alloc(addrs[half].blade(), blk.len() as u64, 64).await?;
+                let at = self.reclaim.alloc(&ctx, addrs[half].blade(), blk.len() as u64).await?;
                 copies.push((at, &blk[..]));
                 w = Slot::new(sl.fp(), (blk.len() / 64) as u64, at);
                 retired.push(sl);
@@ -310,6 +313,7 @@ impl RaceHt {
         lease.renew(&ctx).await?;
 
         // Publish.
+        let mut old_dir = None;
         let (gd, array) = {
             let d = self.dir.borrow();
             (d.depth, d.array)
@@ -329,9 +333,10 @@ impl RaceHt {
                     }
                 }
             }
-            let doubled = ctx.alloc(0, 16 * n, 64).await?;
+            let doubled = self.reclaim.alloc(&ctx, 0, 16 * n).await?;
             ctx.write_all(doubled, &raw).await?;
             ctx.write(self.table.add(layout::DIR_WORD), &layout::pack_entry(gd + 1, doubled).to_le_bytes()).await?;
+            old_dir = Some((array, 8 * n));
             self.bump(|st| st.doublings += 1);
         } else {
             let updates: Vec<(GlobalAddr, [u8; 8])> =
@@ -341,10 +346,15 @@ impl RaceHt {
         }
         ctx.write(intent, &0u64.to_le_bytes()).await?;
         ctx.faa(self.table.add(layout::SPLITS_WORD), 1).await?;
-        // Only now may the blocks that frozen slots name be reused.
-        let now = ctx.now_ns();
+        // Only now may the blocks that frozen slots name, the frozen
+        // subtable and a replaced directory be reused (once no operation
+        // can reach them).
         for sl in retired {
-            self.retire(sl, now);
+            self.retire(sl);
+        }
+        self.reclaim.retire(base, layout::subtable_bytes(groups));
+        if let Some((at, bytes)) = old_dir {
+            self.reclaim.retire(at, bytes);
         }
         self.bump(|st| st.splits += 1);
         self.reload_dir().await

@@ -74,6 +74,7 @@ impl RaceHt {
 
     /// The check and every key stored (a key stored twice, twice).
     async fn scan_all(&mut self) -> Result<(TableCheck, Vec<Vec<u8>>)> {
+        let _pin = self.begin().await?;
         self.reload_dir().await?;
         let (groups, depth, subtables) = {
             let d = self.dir.borrow();

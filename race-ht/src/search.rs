@@ -166,6 +166,7 @@ impl RaceHt {
     /// # Errors
     /// Verb errors; [`RaceError::Torn`] if a block never reads whole.
     pub async fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        let _pin = self.begin().await?;
         let mut p = self.place(key);
         if self.speculate(p.h1, key, out).await? {
             return Ok(true);

@@ -33,6 +33,10 @@ impl SpecCache {
         self.entries[h as usize % SPEC_ENTRIES] = (h, at, s);
     }
 
+    pub(crate) fn clear(&mut self) {
+        self.entries.iter_mut().for_each(|e| e.0 = 0);
+    }
+
     pub(crate) fn forget(&mut self, h: u64) {
         let e = &mut self.entries[h as usize % SPEC_ENTRIES];
         if e.0 == h {
@@ -45,12 +49,23 @@ impl RaceHt {
     /// The speculative search path (Smart's `spec-lookup`): if this thread
     /// knows where `key` was last found, one doorbell READs that slot word
     /// and the block it named. The value is accepted only if the slot still
-    /// holds that word (so the block is the key's current one; blocks are
-    /// immutable and reused only after the grace period) and the block
-    /// decodes to `key`. Otherwise the normal path runs.
+    /// holds that word and the block decodes to `key`. Why that is the
+    /// key's current value: the slot is in the subtable the directory
+    /// (checked in this operation's epoch) names for the key, so its memory
+    /// is not reused during the operation; the two READs execute in order
+    /// (one QP), so the block is read after the slot held its word, while
+    /// it was live, and it is not reused before the operation ends.
+    /// Otherwise the normal path runs.
     pub(crate) async fn speculate(&mut self, h: u64, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         let Some(spec) = &self.spec else { return Ok(false) };
-        let Some((at, s)) = spec.borrow().lookup(h) else {
+        let cached = spec.borrow().lookup(h);
+        let live = cached.filter(|(at, _)| {
+            let d = self.dir.borrow();
+            let (_, base) = d.entries[layout::suffix(h, d.depth) as usize];
+            at.blade() == base.blade()
+                && (base.offset()..base.offset() + layout::subtable_bytes(d.groups)).contains(&at.offset())
+        });
+        let Some((at, s)) = live else {
             // Nothing known about the key: the normal path, counted as a
             // miss (so the hit rate is over every lookup, as sherman-bt's).
             spec.borrow_mut().misses += 1;

@@ -56,10 +56,9 @@ impl RaceHt {
         if key.len() + value.len() > max {
             return Err(RaceError::TooLarge { key: key.len(), value: value.len(), max });
         }
+        let _pin = self.begin().await?;
         let mut p = self.place(key);
-        // One clock read per operation, for the recycler.
-        let now = self.ctx.now_ns();
-        let (mut at, mut new) = self.new_block(key, value, p.fp, p.base.blade(), now).await?;
+        let (mut at, mut new) = self.new_block(key, value, p.fp, p.base.blade()).await?;
         let ctx = self.ctx.clone();
         let mut op = ctx.op().await;
         let mut block = std::mem::take(&mut self.block);
@@ -69,9 +68,9 @@ impl RaceHt {
             if at.blade() != p.base.blade() {
                 // A split moved the key's subtable to another blade: the
                 // block (not published yet) goes there too.
-                self.retire(new, now);
+                self.retire(new);
                 self.block = block;
-                (at, new) = self.new_block(key, value, p.fp, p.base.blade(), now).await?;
+                (at, new) = self.new_block(key, value, p.fp, p.base.blade()).await?;
                 block = std::mem::take(&mut self.block);
                 written = false;
             }
@@ -85,11 +84,11 @@ impl RaceHt {
             let m = self.matches(key, p.fp, &snap, None).await?;
             if let Some(&(slot_at, old)) = m.first() {
                 if mode == Mode::Insert {
-                    self.retire(new, now);
+                    self.retire(new);
                     break false;
                 }
                 if ctx.cas(slot_at, old.0, new.0).await? == old.0 {
-                    self.retire(old, now);
+                    self.retire(old);
                     self.remember(p.h1, Some((slot_at, new)));
                     break true;
                 }
@@ -97,7 +96,7 @@ impl RaceHt {
                 continue;
             }
             if mode == Mode::Update {
-                self.retire(new, now);
+                self.retire(new);
                 break false;
             }
             // Less-loaded choice first; an empty slot in it.
@@ -143,7 +142,7 @@ impl RaceHt {
             let m = self.matches(key, p.fp, &snap, None).await?;
             for &(dup_at, dup) in m.rest() {
                 if self.ctx.cas(dup_at, dup.0, 0).await? == dup.0 {
-                    self.retire(dup, self.ctx.now_ns());
+                    self.retire(dup);
                 }
             }
             return Ok(());
@@ -163,8 +162,8 @@ impl RaceHt {
     /// # Errors
     /// Verb errors.
     pub async fn delete(&mut self, key: &[u8]) -> Result<bool> {
+        let _pin = self.begin().await?;
         let mut p = self.place(key);
-        let now = self.ctx.now_ns();
         let ctx = self.ctx.clone();
         let mut op = ctx.op().await;
         let mut wait = Wait::default();
@@ -179,7 +178,7 @@ impl RaceHt {
                 return Ok(false);
             };
             if ctx.cas(slot_at, old.0, 0).await? == old.0 {
-                self.retire(old, now);
+                self.retire(old);
                 self.remember(p.h1, None);
                 return Ok(true);
             }

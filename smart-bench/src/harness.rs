@@ -414,7 +414,7 @@ impl RunReport {
 /// that outlive a thread are gathered ([`Bench::close_thread`]).
 pub trait Bench: Sync {
     /// The benchmark's own error (the harness only prints it).
-    type Error: fmt::Display;
+    type Error: fmt::Display + 'static;
     /// Per-thread state shared by the thread's coroutines (cloned to each).
     type Thread: Clone + 'static;
 
@@ -432,6 +432,21 @@ pub trait Bench: Sync {
         w: Worker,
         thread: Self::Thread,
     ) -> impl Future<Output = std::result::Result<(), Self::Error>> + 'static;
+
+    /// Run on the worker thread after its coroutines finished, before
+    /// [`Bench::close_thread`]: hand back what the thread holds on the
+    /// blades (the default does nothing). Its verbs are not counted in the
+    /// run.
+    ///
+    /// # Errors
+    /// Whatever it fails with; the run then reports an error.
+    fn finish_thread(
+        &self,
+        thread: &Self::Thread,
+    ) -> impl Future<Output = std::result::Result<(), Self::Error>> + 'static {
+        let _ = thread;
+        std::future::ready(Ok(()))
+    }
 
     /// Called on the worker thread after its coroutines finished, with its
     /// state: fold per-thread counters into `self` here.
@@ -567,20 +582,26 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                         }
                         rt.run();
                         arrival.finished();
+                        let ctx = rt.ctx();
+                        {
+                            let mut r = rec.borrow_mut();
+                            if r.phase_seen != STOP {
+                                // Every coroutine ended before the stop (errors or
+                                // a bounded body): count up to now.
+                                let now = ctx.stats();
+                                if r.phase_seen == WARMUP {
+                                    r.at_measure = now;
+                                }
+                                r.at_stop = now;
+                            }
+                        }
                         if let Some(state) = state {
+                            if let Err(e) = rt.block_on(bench.finish_thread(&state)) {
+                                note(&rec, format!("thread {t}: finishing: {e}"));
+                            }
                             bench.close_thread(state);
                         }
-                        let ctx = rt.ctx();
                         let mut r = rec.borrow_mut();
-                        if r.phase_seen != STOP {
-                            // Every coroutine ended before the stop (errors or a
-                            // bounded body): count up to now.
-                            let now = ctx.stats();
-                            if r.phase_seen == WARMUP {
-                                r.at_measure = now;
-                            }
-                            r.at_stop = now;
-                        }
                         let verbs = r.at_stop.since(&r.at_measure);
                         Ok((verbs, std::mem::take(&mut r.hist), r.ops, r.errors, ctx.smart_state()))
                     })

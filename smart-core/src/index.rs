@@ -185,6 +185,16 @@ pub trait KvIndex: Clone + 'static {
     /// This thread's counters so far.
     fn stats(&self) -> Self::Stats;
 
+    /// Ends this thread's use of the index: hands back what it holds (e.g.
+    /// memory kept for reuse). Call it once per thread when done; the
+    /// default does nothing.
+    ///
+    /// # Errors
+    /// Verb errors.
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
     /// Reads the whole index, which must be quiescent, and checks its
     /// structure; returns every key stored.
     ///

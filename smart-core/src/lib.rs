@@ -46,6 +46,7 @@ mod error;
 pub mod index;
 pub mod layout;
 mod primitive;
+pub mod reclaim;
 pub mod region;
 pub mod runtime;
 pub mod smart;

@@ -183,3 +183,47 @@ fn a_growing_race_load_killed_at_random_points_is_finished_by_the_next_process()
     }
     eprintln!("{killed} kills, {left_unfinished} left a split unfinished");
 }
+
+/// Blade heap in use after a run, from its record.
+fn heap_after(r: &Value) -> u64 {
+    r["blade_heap_bytes_after"].as_u64().unwrap()
+}
+
+#[test]
+fn a_hundred_short_update_runs_and_a_long_one_leave_blade_memory_bounded() {
+    let blade = Blade::start(&["--size", "256MiB"]);
+    let b = blade.addr.as_str();
+    let table = ["ycsb", "--blades", b, "--app", "race", "--table", "churn", "--keys", "20000"];
+    let q = ["--quiet", "--threads", "2", "--coroutines", "4", "--warmup", "0"];
+    run_json("churn-load.json", &[&table[..], &q, &["--load-only"]].concat());
+    let update = [&table[..], &q, &["--no-load", "--workload", "update-only"]].concat();
+    let mut heap = Vec::new();
+    let mut updated = 0;
+    for i in 0..100 {
+        let r = run_json("churn.json", &[&update[..], &["--duration", "0.1"]].concat());
+        assert_eq!((r["errors"].as_u64(), r["table_state"].as_str()), (Some(0), Some("attached")), "run {i}: {r}");
+        let reclaim = &r["race"]["reclaim"];
+        assert!(reclaim["retired_bytes"].as_u64() > Some(0), "run {i}: {reclaim}");
+        updated += r["ops"].as_u64().unwrap();
+        heap.push(heap_after(&r));
+    }
+    // Every run replaced blocks (retired them); after the first few runs,
+    // which fill the free lists, the heap stays put.
+    let grew = heap[99] - heap[9];
+    eprintln!(
+        "100 runs, {updated} updates: heap {} MiB after run 10, {} MiB after run 100",
+        heap[9] >> 20,
+        heap[99] >> 20
+    );
+    assert!(grew <= 4 << 20, "the heap grew by {grew} bytes over runs 10..100: {heap:?}");
+    // A long run: the heap grows by at most a few spans, not by its updates.
+    let r = run_json("churn-long.json", &[&update[..], &["--duration", "3", "--verify"]].concat());
+    let (before, after) = (r["blade_heap_bytes_before"].as_u64().unwrap(), heap_after(&r));
+    let replaced = r["race"]["reclaim"]["retired_bytes"].as_u64().unwrap();
+    eprintln!("3 s run: {} updates, {replaced} bytes retired, heap {before} → {after}", r["ops"]);
+    // (How much it replaces depends on the machine's load; at least 1 MiB.)
+    assert!(after - before <= 4 << 20 && replaced > 1 << 20, "{r}");
+    assert_eq!((r["lost"].as_u64(), r["violations"].as_u64()), (Some(0), Some(0)), "{r}");
+    let c = run_json("churn-check.json", &["table", "check", "churn", "--blades", b]);
+    assert_eq!((c["ok"].as_bool(), c["check"]["keys"].as_u64()), (Some(true), Some(20000)), "{c}");
+}

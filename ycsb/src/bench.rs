@@ -280,6 +280,11 @@ impl<I: KvIndex> Bench for Phase<'_, I> {
         }
     }
 
+    fn finish_thread(&self, ix: &I) -> impl Future<Output = Result<(), I::Error>> + 'static {
+        let mut ix = ix.clone();
+        async move { ix.close().await }
+    }
+
     fn close_thread(&self, ix: I) {
         self.stats.lock().expect("not poisoned").merge(&ix.stats());
     }
@@ -495,7 +500,9 @@ pub fn run<I: KvIndex>(
                 }
                 duplicates = ix.audit().await?.duplicates();
             }
-            Ok((ix.shape().await?, duplicates, lost, lost_keys))
+            let shape = ix.shape().await?;
+            ix.close().await?;
+            Ok((shape, duplicates, lost, lost_keys))
         })
         .map_err(YcsbError::Index)?;
     violations.fetch_add(lost + duplicates, Ordering::Relaxed);

@@ -8,18 +8,16 @@ mod oracle;
 mod recovery;
 mod stress;
 
-use std::time::Duration;
-
 use race_ht::{RaceConfig, RaceHt};
 
 /// A small table of 4 subtables × 16 groups.
 fn small() -> RaceConfig {
-    RaceConfig { depth: 2, groups: 16, grace: Duration::from_millis(1) }
+    RaceConfig { depth: 2, groups: 16 }
 }
 
 /// One subtable of one group (21 slots): grows by splitting almost at once.
 fn tiny() -> RaceConfig {
-    RaceConfig { depth: 0, groups: 1, grace: Duration::from_millis(1) }
+    RaceConfig { depth: 0, groups: 1 }
 }
 
 /// Value of `key` at `version`: both encoded, then padding.

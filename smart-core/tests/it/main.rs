@@ -5,6 +5,7 @@ mod blade;
 mod chaos;
 mod concurrency;
 mod frames;
+mod reclaim;
 mod semantics;
 mod techniques;
 #[cfg(feature = "verbs")]

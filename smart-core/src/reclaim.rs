@@ -1,0 +1,1017 @@
+//! Memory that comes back: epoch-based reclamation across compute blades,
+//! with free lists on the memory blades that every client and every later
+//! process reuses.
+//!
+//! An application that replaces objects out of place (race-ht's KV blocks,
+//! its subtables and directories) *retires* what it unlinked and allocates
+//! through a [`Reclaimer`], one per thread. A retired object is handed out
+//! again only when no client can still hold a reference to it, by the rule
+//! of epoch-based reclamation (Fraser, "Practical lock-freedom", 2004),
+//! with the epochs kept on blade 0 so that clients of every process take
+//! part.
+//!
+//! ```text
+//! epoch area   root "smart:epochs" on blade 0
+//!              [magic u64][global epoch E u64][0 u64 × 6]           64 bytes
+//!              REGISTRY × [owner: token:40 | beat:24][published epoch p]
+//!              (E starts at 1; an entry publishing 0 is being claimed or
+//!              left, and has no operation)
+//! free area    root "smart:free" on every blade
+//!              CLASSES × [lines u64][head: tag:24 | offset:40]
+//!              class c in 1..=64 holds blocks of c 64-byte lines (its
+//!              lines word is 0); class 0 holds spans of any length; classes
+//!              65.. are claimed by CAS of their lines word, one per larger
+//!              size, exactly
+//! bag          [next offset u64][epoch u64][count u64][lines u64]
+//!              count × [offset:40 | lines:24]                     1024 bytes
+//! ```
+//!
+//! **The rule.** Every operation *pins* the epoch its thread last saw, `e`
+//! (a local counter, no verb). Every [`REFRESH_NS`] a thread reads the
+//! epoch area, publishes `p` = the oldest epoch it has pinned operations in
+//! (or the current epoch if none) with a beat, and advances `E → E + 1` by
+//! CAS when every live client published `p ≥ E`. An object retired while
+//! the thread saw epoch `r` is reused once every live client published
+//! `p ≥ r + 2`. Why that suffices: while a client has an operation pinned
+//! at `e`, its published `p ≤ e`, so `E ≤ e + 1`; an operation that could
+//! have reached the object started before it was unlinked, hence pinned at
+//! most `r + 1`, and it is still running only if some client publishes
+//! `p ≤ r + 1`. A reference kept *between* operations (a cached directory,
+//! a cache of slot addresses) is the application's to validate once per
+//! epoch: race-ht re-checks its directory when the epoch moves.
+//!
+//! **Dead clients.** A registry entry that stays exactly the same for
+//! [`LEASE`] (3 s, by the observer's clock) belongs to a client that died
+//! (its thread bumps the beat at every refresh): it is ignored and freed.
+//! Like every lease, this is a timing argument: a thread stalled for
+//! longer than the lease in the middle of an operation could still use
+//! memory that was reused meanwhile. A client that finds its own entry
+//! taken re-registers and counts a *lapse* ([`Reclaimer::lapses`]), so
+//! that its application drops its caches.
+//!
+//! **Free lists.** Each thread keeps retired objects locally, by blade and
+//! size class, in bags stamped with their epoch; a bag whose epoch is safe
+//! becomes the thread's free list. A thread with more free blocks than it
+//! needs, and every thread at [`Reclaimer::flush`] (the end of its run),
+//! pushes bags onto the blade's list of that class (a Treiber stack whose
+//! head carries a 24-bit tag against ABA); a thread that runs out pops a
+//! whole bag (3 round trips per up to [`BAG_ENTRIES`] objects), if its
+//! epoch is safe. Fresh memory comes from spans of [`SPAN`] bytes that a
+//! thread takes from the blade's heap or from the span list, and whatever
+//! is left of them at `flush` goes back to the span list.
+//!
+//! **What is lost.** A client killed before `flush` loses what it held
+//! locally: the rest of its spans (under [`SPAN`] per blade it used) and
+//! its unpushed bags (at most a few epochs of retirements and two bags per
+//! class). Nothing else: every object another client can reach is in the
+//! application's structure or in a blade's free list.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+use crate::{Ctx, Error, GlobalAddr, Result};
+
+/// Name of the epoch area's root (on blade 0).
+pub const EPOCH_ROOT: &str = "smart:epochs";
+/// Name of the free area's root (on every blade).
+pub const FREE_ROOT: &str = "smart:free";
+/// Magic word of the epoch area.
+pub const EPOCH_MAGIC: u64 = u64::from_le_bytes(*b"SMARTEPO");
+/// Registry entries (clients at once, over every process).
+pub const REGISTRY: usize = 128;
+/// Bytes of the epoch area's header.
+pub const EPOCH_HEADER: u64 = 64;
+/// Offset of the global epoch in the epoch area.
+pub const EPOCH_WORD: u64 = 8;
+/// Bytes of a registry entry.
+pub const ENTRY: u64 = 16;
+/// Size-class slots of a free area.
+pub const CLASSES: usize = 128;
+/// Classes 1..=`SMALL_LINES` are blocks of that many 64-byte lines.
+pub const SMALL_LINES: u64 = 64;
+/// Bytes of a bag.
+pub const BAG: u64 = 1024;
+/// Bytes of a bag's header.
+pub const BAG_HEADER: usize = 32;
+/// Objects per bag.
+pub const BAG_ENTRIES: usize = (BAG as usize - BAG_HEADER) / 8;
+/// Bytes of a span of fresh memory.
+pub const SPAN: u64 = 1 << 20;
+/// How often a thread refreshes its view of the epochs.
+pub const REFRESH_NS: u64 = 2_000_000;
+/// How long [`Reclaimer::flush`] waits for what its thread retired to
+/// become safe before it hands it over as it is.
+pub const FLUSH_WAIT_NS: u64 = 100_000_000;
+/// How long a registry entry may stay the same before its client counts as
+/// dead.
+pub const LEASE: std::time::Duration = std::time::Duration::from_secs(3);
+const OFFSET_BITS: u32 = 40;
+const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
+const BEAT_BITS: u32 = 24;
+
+/// What a thread's reclaimer did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReclaimStats {
+    /// Bytes retired.
+    pub retired_bytes: u64,
+    /// Bytes handed out again (from this thread's or a blade's free list).
+    pub reused_bytes: u64,
+    /// Bytes handed out from fresh spans.
+    pub fresh_bytes: u64,
+    /// Bytes taken from the blades' heaps (spans and large objects).
+    pub heap_bytes: u64,
+    /// Bags pushed to and popped from the blades' free lists.
+    pub bags_pushed: u64,
+    pub bags_popped: u64,
+    /// Advances of the global epoch this thread made.
+    pub advances: u64,
+    /// Registry entries of dead clients this thread freed.
+    pub expired: u64,
+}
+
+impl std::ops::AddAssign for ReclaimStats {
+    fn add_assign(&mut self, o: Self) {
+        self.retired_bytes += o.retired_bytes;
+        self.reused_bytes += o.reused_bytes;
+        self.fresh_bytes += o.fresh_bytes;
+        self.heap_bytes += o.heap_bytes;
+        self.bags_pushed += o.bags_pushed;
+        self.bags_popped += o.bags_popped;
+        self.advances += o.advances;
+        self.expired += o.expired;
+    }
+}
+
+/// Packs a free-list entry: offset and length in lines.
+pub fn pack_free(offset: u64, lines: u64) -> u64 {
+    assert!(offset <= OFFSET_MASK && lines < 1 << 24, "free entry {offset} {lines} does not fit");
+    lines << OFFSET_BITS | offset
+}
+
+/// Unpacks [`pack_free`].
+pub fn unpack_free(w: u64) -> (u64, u64) {
+    (w & OFFSET_MASK, w >> OFFSET_BITS)
+}
+
+/// The class slot of blocks of `lines` lines, if it is a small class.
+fn small_class(lines: u64) -> Option<usize> {
+    (1..=SMALL_LINES).contains(&lines).then_some(lines as usize)
+}
+
+/// Objects of one size class on one blade, held by this thread.
+#[derive(Debug, Default)]
+struct Class {
+    /// Reusable now (offsets).
+    free: Vec<u64>,
+    /// Retired, oldest first: (epoch, offsets); the last one fills.
+    limbo: VecDeque<(u64, Vec<u64>)>,
+    /// The refresh at which the blade's list was last found empty (or
+    /// unsafe): no second look before the next refresh.
+    dry_at: u64,
+    /// A coroutine of this thread is popping a bag of this class: the
+    /// others wait for it.
+    popping: bool,
+}
+
+#[derive(Debug, Default)]
+struct Blade {
+    /// The free area, once resolved.
+    area: Option<GlobalAddr>,
+    small: Vec<Class>,
+    big: HashMap<u64, Class>,
+    /// Class slot of each large size (lines), once claimed.
+    big_slots: HashMap<u64, Option<usize>>,
+    /// The span being carved: [cur, end).
+    span: (u64, u64),
+    /// Other spans held (offset, lines), from the span list.
+    spans: Vec<(u64, u64)>,
+    /// A coroutine of this thread is getting a span: the others wait for
+    /// it rather than take one each.
+    refilling: bool,
+}
+
+impl Blade {
+    fn class(&mut self, lines: u64) -> &mut Class {
+        match small_class(lines) {
+            Some(c) => {
+                if self.small.len() <= c {
+                    self.small.resize_with(c + 1, Class::default);
+                }
+                &mut self.small[c]
+            }
+            None => self.big.entry(lines).or_default(),
+        }
+    }
+}
+
+/// Per-epoch counts of pinned operations (in-flight epochs span at most
+/// two values while the thread stays registered; four cells leave room).
+#[derive(Debug, Default)]
+struct Pins([(u64, u32); 4]);
+
+impl Pins {
+    /// Pins an operation at `epoch` (or, with every cell in use by other
+    /// epochs, at the oldest pinned one: pinning older is always safe).
+    fn pin(&mut self, epoch: u64) -> u64 {
+        let cells = &mut self.0;
+        let i = cells
+            .iter()
+            .position(|c| c.1 > 0 && c.0 == epoch)
+            .or_else(|| cells.iter().position(|c| c.1 == 0))
+            .unwrap_or_else(|| (0..4).min_by_key(|&i| cells[i].0).expect("four cells"));
+        if cells[i].1 == 0 {
+            cells[i].0 = epoch;
+        }
+        cells[i].1 += 1;
+        cells[i].0
+    }
+
+    fn unpin(&mut self, epoch: u64) {
+        let c = self.0.iter_mut().find(|c| c.1 > 0 && c.0 == epoch).expect("unpin of a pinned epoch");
+        c.1 -= 1;
+    }
+
+    fn oldest(&self) -> Option<u64> {
+        self.0.iter().filter(|c| c.1 > 0).map(|c| c.0).min()
+    }
+}
+
+/// What this thread last saw of one registry entry, and since when.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    owner: u64,
+    epoch: u64,
+    since_ns: u64,
+}
+
+/// The smallest published epoch over the live entries of a registry
+/// snapshot (`entries[i]` = (owner word, published epoch)), updating the
+/// observer's `seen` record; entries unchanged for `lease_ns` are dead and
+/// returned in `dead`. `own` is skipped (the caller adds its own epoch).
+fn live_min(
+    entries: &[(u64, u64)],
+    seen: &mut [Seen],
+    own: Option<usize>,
+    now_ns: u64,
+    lease_ns: u64,
+    dead: &mut Vec<(usize, u64)>,
+) -> Option<u64> {
+    let mut min = None::<u64>;
+    for (i, (&(owner, epoch), s)) in entries.iter().zip(seen.iter_mut()).enumerate() {
+        // Epochs start at 1: a published 0 is a client between claiming its
+        // entry and publishing (no operation yet) or leaving.
+        if Some(i) == own || owner == 0 || epoch == 0 {
+            *s = Seen::default();
+            continue;
+        }
+        if s.owner != owner || s.epoch != epoch {
+            *s = Seen { owner, epoch, since_ns: now_ns };
+        } else if now_ns.saturating_sub(s.since_ns) >= lease_ns {
+            dead.push((i, owner));
+            continue;
+        }
+        min = Some(min.map_or(epoch, |m| m.min(epoch)));
+    }
+    min
+}
+
+#[derive(Debug)]
+struct State {
+    token: u64,
+    epochs: Option<GlobalAddr>,
+    /// Registry entry and its current owner word.
+    entry: Option<(usize, u64)>,
+    beat: u64,
+    /// The global epoch as last read.
+    epoch: u64,
+    /// The smallest epoch any live client published, as last computed:
+    /// objects retired at `r` with `r + 2 ≤ horizon` are safe.
+    horizon: u64,
+    refreshes: u64,
+    last_refresh_ns: Option<u64>,
+    refreshing: bool,
+    pins: Pins,
+    seen: Vec<Seen>,
+    lapses: u64,
+    blades: Vec<Blade>,
+    stats: ReclaimStats,
+    lease_ns: u64,
+}
+
+/// A thread's part in reclamation (see the module docs): share it among the
+/// thread's coroutines through an `Rc`.
+#[derive(Debug)]
+pub struct Reclaimer(RefCell<State>);
+
+/// An operation's pin on its epoch; unpins on drop.
+#[derive(Debug)]
+pub struct Pin {
+    r: Rc<Reclaimer>,
+    epoch: u64,
+}
+
+impl Pin {
+    /// The epoch this operation is pinned at.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.r.0.borrow_mut().pins.unpin(self.epoch);
+    }
+}
+
+/// Takes, or creates, the area named `root` on `blade` (`bytes` zeroed but
+/// for its first words, `head`).
+async fn area(ctx: &Ctx, blade: u16, root: &str, bytes: u64, head: &[u64]) -> Result<GlobalAddr> {
+    if let Some(a) = ctx.root(blade, root).await? {
+        return Ok(a);
+    }
+    let at = ctx.alloc(blade, bytes, 64).await?;
+    let mut img = vec![0u8; bytes as usize];
+    for (i, w) in head.iter().enumerate() {
+        img[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    ctx.write_all(at, &img).await?;
+    // The first creator wins; a loser's copy is left unused.
+    ctx.set_root(blade, root, at).await
+}
+
+/// Bytes of a span on blade `b`: [`SPAN`], or 1/64 of a small blade.
+fn span_bytes(ctx: &Ctx, b: usize) -> u64 {
+    SPAN.min(ctx.blades()[b].size / 64).next_multiple_of(4096)
+}
+
+fn word(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+}
+
+impl Reclaimer {
+    /// A reclaimer for a thread of `ctx`'s runtime (it registers on its
+    /// first refresh).
+    pub fn new(ctx: &Ctx) -> Rc<Reclaimer> {
+        let mut token = 0;
+        while token == 0 {
+            token = rand::random::<u64>() & ((1 << (64 - BEAT_BITS)) - 1);
+        }
+        Rc::new(Reclaimer(RefCell::new(State {
+            token,
+            epochs: None,
+            entry: None,
+            beat: 0,
+            epoch: 0,
+            horizon: 0,
+            refreshes: 0,
+            last_refresh_ns: None,
+            refreshing: false,
+            pins: Pins::default(),
+            seen: vec![Seen::default(); REGISTRY],
+            lapses: 0,
+            blades: (0..ctx.blades().len()).map(|_| Blade::default()).collect(),
+            stats: ReclaimStats::default(),
+            lease_ns: LEASE.as_nanos() as u64,
+        })))
+    }
+
+    /// Sets how long another client's entry may stay the same before it
+    /// counts as dead (default [`LEASE`]; tests shorten it).
+    pub fn set_lease(&self, lease: std::time::Duration) {
+        self.0.borrow_mut().lease_ns = lease.as_nanos() as u64;
+    }
+
+    /// Pins an operation: refreshes first when [`REFRESH_NS`] passed (or on
+    /// first use), then counts the operation in the epoch last seen.
+    ///
+    /// # Errors
+    /// Verb errors; [`Error::Unsupported`] when the registry is full.
+    pub async fn pin(this: &Rc<Reclaimer>, ctx: &Ctx) -> Result<Pin> {
+        this.tick(ctx).await?;
+        let epoch = {
+            let mut st = this.0.borrow_mut();
+            let e = st.epoch;
+            st.pins.pin(e)
+        };
+        Ok(Pin { r: this.clone(), epoch })
+    }
+
+    /// Refreshes if [`REFRESH_NS`] passed since the last refresh (an
+    /// operation that waits long calls this to keep its thread's entry
+    /// alive).
+    ///
+    /// # Errors
+    /// As [`Reclaimer::pin`].
+    pub async fn tick(&self, ctx: &Ctx) -> Result<()> {
+        let due = {
+            let st = self.0.borrow();
+            !st.refreshing && st.last_refresh_ns.is_none_or(|t| ctx.now_ns().saturating_sub(t) >= REFRESH_NS)
+        };
+        if due || self.0.borrow().entry.is_none() {
+            self.refresh(ctx).await?;
+        }
+        Ok(())
+    }
+
+    /// The epoch this thread last saw.
+    pub fn epoch(&self) -> u64 {
+        self.0.borrow().epoch
+    }
+
+    /// How many times this thread found itself expired (its entry taken as
+    /// a dead client's): caches kept across operations must be dropped when
+    /// this changes.
+    pub fn lapses(&self) -> u64 {
+        self.0.borrow().lapses
+    }
+
+    /// What this thread did so far.
+    pub fn stats(&self) -> ReclaimStats {
+        self.0.borrow().stats
+    }
+
+    /// Reads the epochs, publishes this thread's, advances the global epoch
+    /// when every live client is in it, and moves bags whose epoch became
+    /// safe to the free lists (pushing surplus ones to the blades).
+    ///
+    /// # Errors
+    /// As [`Reclaimer::pin`].
+    pub async fn refresh(&self, ctx: &Ctx) -> Result<()> {
+        if std::mem::replace(&mut self.0.borrow_mut().refreshing, true) {
+            // Another coroutine of this thread is at it; wait for it, so
+            // that no operation runs unregistered.
+            while self.0.borrow().refreshing {
+                ctx.sleep_ns(10_000).await;
+            }
+            return if self.0.borrow().entry.is_some() { Ok(()) } else { Box::pin(self.refresh(ctx)).await };
+        }
+        let r = self.refresh_inner(ctx).await;
+        self.0.borrow_mut().refreshing = false;
+        r
+    }
+
+    async fn refresh_inner(&self, ctx: &Ctx) -> Result<()> {
+        let known = self.0.borrow().epochs;
+        let epochs = match known {
+            Some(a) => a,
+            None => {
+                let bytes = EPOCH_HEADER + ENTRY * REGISTRY as u64;
+                let a = area(ctx, 0, EPOCH_ROOT, bytes, &[EPOCH_MAGIC, 1]).await?;
+                self.0.borrow_mut().epochs = Some(a);
+                a
+            }
+        };
+        let mut raw = vec![0u8; (EPOCH_HEADER + ENTRY * REGISTRY as u64) as usize];
+        ctx.read_all(epochs, &mut raw).await?;
+        if word(&raw, 0) != EPOCH_MAGIC {
+            return Err(Error::Unsupported(format!("the epoch area at {epochs} is not one (bad magic)")));
+        }
+        let e = word(&raw, 1);
+        let entries: Vec<(u64, u64)> = (0..REGISTRY).map(|i| (word(&raw, 8 + 2 * i), word(&raw, 9 + 2 * i))).collect();
+        let now = ctx.now_ns();
+        let (mine, other_min, dead) = {
+            let mut st = self.0.borrow_mut();
+            st.epoch = st.epoch.max(e);
+            if let Some((i, w)) = st.entry {
+                if entries[i].0 != w {
+                    // Taken as dead while this thread was stalled.
+                    st.entry = None;
+                    st.lapses += 1;
+                }
+            }
+            let mine = st.pins.oldest().map_or(st.epoch, |o| o.min(st.epoch));
+            let own = st.entry.map(|(i, _)| i);
+            let lease = st.lease_ns;
+            let mut dead = Vec::new();
+            let m = live_min(&entries, &mut st.seen, own, now, lease, &mut dead);
+            (mine, m, dead)
+        };
+        for &(i, w) in &dead {
+            // Best effort: free the dead client's entry.
+            let at = epochs.add(EPOCH_HEADER + ENTRY * i as u64);
+            if ctx.cas(at, w, 0).await? == w {
+                self.0.borrow_mut().stats.expired += 1;
+            }
+        }
+        // Publish (register first if needed).
+        let entry = self.0.borrow().entry;
+        match entry {
+            Some((i, _)) => {
+                let w = {
+                    let mut st = self.0.borrow_mut();
+                    st.beat = (st.beat + 1) & ((1 << BEAT_BITS) - 1);
+                    let w = st.token << BEAT_BITS | st.beat;
+                    st.entry = Some((i, w));
+                    w
+                };
+                let mut buf = [0u8; 16];
+                buf[..8].copy_from_slice(&w.to_le_bytes());
+                buf[8..].copy_from_slice(&mine.to_le_bytes());
+                ctx.write(epochs.add(EPOCH_HEADER + ENTRY * i as u64), &buf).await?;
+            }
+            None => self.register(ctx, epochs, &entries, &dead, mine).await?,
+        }
+        let horizon = other_min.map_or(mine, |m| m.min(mine));
+        if horizon >= e {
+            // Everyone is in E: move it on.
+            if ctx.cas(epochs.add(EPOCH_WORD), e, e + 1).await? == e {
+                self.0.borrow_mut().stats.advances += 1;
+            }
+        }
+        let surplus = {
+            let mut st = self.0.borrow_mut();
+            st.horizon = st.horizon.max(horizon);
+            st.refreshes += 1;
+            st.last_refresh_ns = Some(now);
+            st.ripen()
+        };
+        for (blade, lines, offsets) in surplus {
+            self.push(ctx, blade, lines, &offsets, 0).await?;
+        }
+        Ok(())
+    }
+
+    async fn register(
+        &self,
+        ctx: &Ctx,
+        epochs: GlobalAddr,
+        entries: &[(u64, u64)],
+        dead: &[(usize, u64)],
+        mine: u64,
+    ) -> Result<()> {
+        let w = {
+            let st = self.0.borrow();
+            st.token << BEAT_BITS | st.beat
+        };
+        let free = (0..REGISTRY).filter(|&i| entries[i].0 == 0 || dead.iter().any(|d| d.0 == i));
+        for i in free {
+            let at = epochs.add(EPOCH_HEADER + ENTRY * i as u64);
+            if ctx.cas(at, 0, w).await? == 0 {
+                ctx.write(at.add(8), &mine.to_le_bytes()).await?;
+                self.0.borrow_mut().entry = Some((i, w));
+                return Ok(());
+            }
+        }
+        Err(Error::Unsupported(format!(
+            "the epoch registry on blade 0 is full ({REGISTRY} clients at once; dead ones are freed after {LEASE:?})"
+        )))
+    }
+
+    /// Retires the object of `bytes` bytes at `at`: it is reused once no
+    /// operation can still reach it.
+    pub fn retire(&self, at: GlobalAddr, bytes: u64) {
+        let mut st = self.0.borrow_mut();
+        let e = st.epoch;
+        st.stats.retired_bytes += bytes.next_multiple_of(64);
+        let c = st.blades[usize::from(at.blade())].class(bytes.div_ceil(64).max(1));
+        match c.limbo.back_mut() {
+            Some((be, bag)) if bag.len() < BAG_ENTRIES => {
+                *be = e;
+                bag.push(at.offset());
+            }
+            _ => {
+                let mut bag = Vec::with_capacity(BAG_ENTRIES);
+                bag.push(at.offset());
+                c.limbo.push_back((e, bag));
+            }
+        }
+    }
+
+    /// Allocates `bytes` bytes (a multiple of 64, 64-aligned) on `blade`:
+    /// from this thread's free list, else a safe bag from the blade's list,
+    /// else fresh memory.
+    ///
+    /// # Errors
+    /// Verb errors; [`Error::OutOfMemory`].
+    pub async fn alloc(&self, ctx: &Ctx, blade: u16, bytes: u64) -> Result<GlobalAddr> {
+        let lines = bytes.div_ceil(64).max(1);
+        let b = usize::from(blade);
+        if b >= self.0.borrow().blades.len() {
+            return Err(Error::NoSuchBlade(blade, self.0.borrow().blades.len()));
+        }
+        loop {
+            if let Some(off) = self.take_free(b, lines) {
+                return Ok(GlobalAddr::new(blade, off));
+            }
+            let (dry, busy) = {
+                let mut st = self.0.borrow_mut();
+                let r = st.refreshes;
+                let c = st.blades[b].class(lines);
+                let dry = c.dry_at == r + 1;
+                let busy = !dry && std::mem::replace(&mut c.popping, true);
+                (dry, busy)
+            };
+            if dry {
+                break;
+            }
+            if busy {
+                ctx.sleep_ns(1_000).await;
+                continue;
+            }
+            let popped = self.pop(ctx, blade, lines).await;
+            let mut st = self.0.borrow_mut();
+            let r = st.refreshes;
+            let c = st.blades[b].class(lines);
+            c.popping = false;
+            match popped? {
+                Some(offsets) => c.free.extend(offsets),
+                None => c.dry_at = r + 1,
+            }
+        }
+        let at = self.fresh(ctx, blade, lines).await?;
+        self.0.borrow_mut().stats.fresh_bytes += lines * 64;
+        Ok(at)
+    }
+
+    fn take_free(&self, b: usize, lines: u64) -> Option<u64> {
+        let mut st = self.0.borrow_mut();
+        let off = st.blades[b].class(lines).free.pop()?;
+        st.stats.reused_bytes += lines * 64;
+        Some(off)
+    }
+
+    /// Fresh memory of `lines` lines: carved from this thread's span (large
+    /// objects straight from the heap).
+    async fn fresh(&self, ctx: &Ctx, blade: u16, lines: u64) -> Result<GlobalAddr> {
+        let bytes = lines * 64;
+        let b = usize::from(blade);
+        let span = span_bytes(ctx, b);
+        if bytes > span / 4 {
+            self.0.borrow_mut().stats.heap_bytes += bytes;
+            return ctx.alloc(blade, bytes, 64).await;
+        }
+        loop {
+            let wait = {
+                let mut st = self.0.borrow_mut();
+                let bl = &mut st.blades[b];
+                let (cur, end) = bl.span;
+                if cur + bytes <= end {
+                    bl.span.0 += bytes;
+                    return Ok(GlobalAddr::new(blade, cur));
+                }
+                // The rest of this span, if any, becomes a free block of
+                // its size (or a span again); take the next span held.
+                let rest = (end - cur) / 64;
+                if rest > 0 {
+                    match small_class(rest) {
+                        Some(_) => bl.class(rest).free.push(cur),
+                        None => bl.spans.push((cur, rest)),
+                    }
+                }
+                bl.span = (0, 0);
+                if let Some(i) = bl.spans.iter().position(|s| s.1 >= lines) {
+                    let (off, l) = bl.spans.swap_remove(i);
+                    bl.span = (off, off + l * 64);
+                    continue;
+                }
+                std::mem::replace(&mut bl.refilling, true)
+            };
+            if wait {
+                ctx.sleep_ns(1_000).await;
+                continue;
+            }
+            let got = self.refill(ctx, blade, span).await;
+            self.0.borrow_mut().blades[b].refilling = false;
+            got?;
+        }
+    }
+
+    /// Takes spans from `blade`'s span list, or a fresh `span` bytes from
+    /// its heap, into this thread's spans.
+    async fn refill(&self, ctx: &Ctx, blade: u16, span: u64) -> Result<()> {
+        let b = usize::from(blade);
+        match self.pop(ctx, blade, 0).await? {
+            Some(s) if !s.is_empty() => {
+                self.0.borrow_mut().blades[b].spans.extend(s.into_iter().map(unpack_free));
+            }
+            _ => {
+                let at = ctx.alloc(blade, span, 64).await?;
+                let mut st = self.0.borrow_mut();
+                st.stats.heap_bytes += span;
+                st.blades[b].spans.push((at.offset(), span / 64));
+            }
+        }
+        Ok(())
+    }
+
+    /// The free area of `blade`, resolved once.
+    async fn free_area(&self, ctx: &Ctx, blade: u16) -> Result<GlobalAddr> {
+        if let Some(a) = self.0.borrow().blades[usize::from(blade)].area {
+            return Ok(a);
+        }
+        let a = area(ctx, blade, FREE_ROOT, ENTRY * CLASSES as u64, &[]).await?;
+        self.0.borrow_mut().blades[usize::from(blade)].area = Some(a);
+        Ok(a)
+    }
+
+    /// The class slot of `lines` (0 = spans) on `blade`, claiming one for a
+    /// large size; `None` when every large slot is taken by other sizes.
+    async fn slot(&self, ctx: &Ctx, blade: u16, lines: u64) -> Result<Option<usize>> {
+        if lines == 0 {
+            return Ok(Some(0));
+        }
+        if let Some(c) = small_class(lines) {
+            return Ok(Some(c));
+        }
+        if let Some(&s) = self.0.borrow().blades[usize::from(blade)].big_slots.get(&lines) {
+            return Ok(s);
+        }
+        let area = self.free_area(ctx, blade).await?;
+        let mut raw = vec![0u8; (ENTRY * CLASSES as u64) as usize];
+        ctx.read_all(area, &mut raw).await?;
+        let first = SMALL_LINES as usize + 1;
+        let mut found = (first..CLASSES).find(|&i| word(&raw, 2 * i) == lines);
+        if found.is_none() {
+            for i in (first..CLASSES).filter(|&i| word(&raw, 2 * i) == 0) {
+                let old = ctx.cas(area.add(ENTRY * i as u64), 0, lines).await?;
+                if old == 0 || old == lines {
+                    found = Some(i);
+                    break;
+                }
+            }
+        }
+        self.0.borrow_mut().blades[usize::from(blade)].big_slots.insert(lines, found);
+        Ok(found)
+    }
+
+    /// Pops a bag of class `lines` (0 = spans) from `blade`'s list, if its
+    /// epoch is safe; returns its entries (the bag's own memory joins this
+    /// thread's free blocks of its size).
+    async fn pop(&self, ctx: &Ctx, blade: u16, lines: u64) -> Result<Option<Vec<u64>>> {
+        let Some(slot) = self.slot(ctx, blade, lines).await? else { return Ok(None) };
+        let head = self.free_area(ctx, blade).await?.add(ENTRY * slot as u64 + 8);
+        for _ in 0..16 {
+            let h = ctx.read_u64(head).await?;
+            let off = h & OFFSET_MASK;
+            if off == 0 {
+                return Ok(None);
+            }
+            let mut bag = vec![0u8; BAG as usize];
+            ctx.read(GlobalAddr::new(blade, off), &mut bag).await?;
+            let (next, epoch, count) = (word(&bag, 0), word(&bag, 1), word(&bag, 2) as usize);
+            if epoch.saturating_add(2) > self.0.borrow().horizon {
+                return Ok(None);
+            }
+            if count > BAG_ENTRIES || next > OFFSET_MASK {
+                // Read while another client reused it: the CAS would fail.
+                continue;
+            }
+            let tag = (h >> OFFSET_BITS).wrapping_add(1) & ((1 << (64 - OFFSET_BITS)) - 1);
+            if ctx.cas(head, h, tag << OFFSET_BITS | next).await? == h {
+                let mut st = self.0.borrow_mut();
+                st.stats.bags_popped += 1;
+                st.blades[usize::from(blade)].class(BAG / 64).free.push(off);
+                let entries = (0..count).map(|i| word(&bag, BAG_HEADER / 8 + i));
+                return Ok(Some(if lines == 0 {
+                    entries.collect()
+                } else {
+                    entries.map(|w| w & OFFSET_MASK).collect()
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Pushes `offsets` (objects of `lines` lines; spans packed with their
+    /// lengths when `lines` is 0) as bags stamped `epoch` onto `blade`'s
+    /// list of that class. Without a class slot (every large slot taken),
+    /// the objects stay with this thread.
+    async fn push(&self, ctx: &Ctx, blade: u16, lines: u64, offsets: &[u64], epoch: u64) -> Result<()> {
+        let Some(slot) = self.slot(ctx, blade, lines).await? else {
+            let mut st = self.0.borrow_mut();
+            st.blades[usize::from(blade)].class(lines).free.extend_from_slice(offsets);
+            return Ok(());
+        };
+        let head = self.free_area(ctx, blade).await?.add(ENTRY * slot as u64 + 8);
+        for part in offsets.chunks(BAG_ENTRIES) {
+            let bag_at = match self.take_free(usize::from(blade), BAG / 64) {
+                Some(off) => GlobalAddr::new(blade, off),
+                None => self.fresh(ctx, blade, BAG / 64).await?,
+            };
+            let mut bag = Vec::with_capacity(BAG_HEADER + 8 * part.len());
+            for w in [0, epoch, part.len() as u64, lines] {
+                bag.extend_from_slice(&w.to_le_bytes());
+            }
+            for &o in part {
+                let w = if lines == 0 { o } else { pack_free(o, lines) };
+                bag.extend_from_slice(&w.to_le_bytes());
+            }
+            let mut h = ctx.read_u64(head).await?;
+            bag[..8].copy_from_slice(&(h & OFFSET_MASK).to_le_bytes());
+            ctx.write(bag_at, &bag).await?;
+            loop {
+                let tag = (h >> OFFSET_BITS).wrapping_add(1) & ((1 << (64 - OFFSET_BITS)) - 1);
+                let old = ctx.cas(head, h, tag << OFFSET_BITS | bag_at.offset()).await?;
+                if old == h {
+                    break;
+                }
+                h = old;
+                ctx.write(bag_at, &(h & OFFSET_MASK).to_le_bytes()).await?;
+            }
+            self.0.borrow_mut().stats.bags_pushed += 1;
+        }
+        Ok(())
+    }
+
+    /// Hands everything this thread holds to the blades' free lists (safe
+    /// or not: each bag keeps its epoch) and leaves the registry. Call it
+    /// when the thread's work is done; a thread that never does (killed)
+    /// loses what it held (see the module docs).
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn flush(&self, ctx: &Ctx) -> Result<()> {
+        // Let what this thread retired become safe first (a few epochs,
+        // milliseconds while every client refreshes), so that the next
+        // process finds safe bags on top of the lists.
+        let t0 = ctx.now_ns();
+        while self.0.borrow().entry.is_some()
+            && self.0.borrow().pending()
+            && ctx.now_ns().saturating_sub(t0) < FLUSH_WAIT_NS
+        {
+            ctx.sleep_ns(REFRESH_NS).await;
+            self.refresh(ctx).await?;
+        }
+        let blades = self.0.borrow().blades.len();
+        for b in 0..blades {
+            let blade = b as u16;
+            // Every class: (lines, epoch, offsets).
+            let mut work: Vec<(u64, u64, Vec<u64>)> = Vec::new();
+            {
+                let mut st = self.0.borrow_mut();
+                let bl = &mut st.blades[b];
+                let small = bl.small.iter_mut().enumerate().map(|(l, c)| (l as u64, c));
+                for (lines, c) in small.chain(bl.big.iter_mut().map(|(&l, c)| (l, c))) {
+                    if lines == BAG / 64 {
+                        // Bag buffers last: pushing needs them.
+                        continue;
+                    }
+                    if !c.free.is_empty() {
+                        work.push((lines, 0, std::mem::take(&mut c.free)));
+                    }
+                    for (e, bag) in c.limbo.drain(..) {
+                        work.push((lines, e, bag));
+                    }
+                }
+            }
+            for (lines, e, offsets) in work {
+                self.push(ctx, blade, lines, &offsets, e).await?;
+            }
+            // Bag-sized blocks: what is left after the pushes above.
+            let (free, limbo) = {
+                let mut st = self.0.borrow_mut();
+                let c = st.blades[b].class(BAG / 64);
+                (std::mem::take(&mut c.free), c.limbo.drain(..).collect::<Vec<_>>())
+            };
+            for (e, bag) in limbo {
+                self.push(ctx, blade, BAG / 64, &bag, e).await?;
+            }
+            if !free.is_empty() {
+                // One of them carries the others.
+                self.0.borrow_mut().blades[b].class(BAG / 64).free.push(free[0]);
+                self.push(ctx, blade, BAG / 64, &free[1..], 0).await?;
+            }
+            // Spans: the one being carved and those held. Their bag comes
+            // from the span itself if need be.
+            let mut spans = {
+                let mut st = self.0.borrow_mut();
+                std::mem::take(&mut st.blades[b].spans)
+            };
+            let has_bag = {
+                let mut st = self.0.borrow_mut();
+                let bl = &mut st.blades[b];
+                let (cur, end) = std::mem::take(&mut bl.span);
+                if end > cur {
+                    spans.push((cur, (end - cur) / 64));
+                }
+                if bl.class(BAG / 64).free.is_empty() {
+                    // Cut the bag from a span (never a fresh one: that would
+                    // be lost).
+                    if let Some(s) = spans.iter_mut().find(|s| s.1 >= BAG / 64) {
+                        bl.class(BAG / 64).free.push(s.0);
+                        s.0 += BAG;
+                        s.1 -= BAG / 64;
+                    }
+                }
+                !bl.class(BAG / 64).free.is_empty()
+            };
+            let packed: Vec<u64> = spans.iter().filter(|s| s.1 > 0).map(|&(o, l)| pack_free(o, l)).collect();
+            if has_bag && !packed.is_empty() {
+                self.push(ctx, blade, 0, &packed[..packed.len().min(BAG_ENTRIES)], 0).await?;
+            }
+        }
+        // Leave the registry.
+        let (epochs, entry) = {
+            let mut st = self.0.borrow_mut();
+            (st.epochs, st.entry.take())
+        };
+        if let (Some(a), Some((i, w))) = (epochs, entry) {
+            let at = a.add(EPOCH_HEADER + ENTRY * i as u64);
+            if ctx.cas(at, w, 0).await? == w {
+                ctx.write(at.add(8), &0u64.to_le_bytes()).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the free lists of `blade` hold, walked from the blade (meant for a
+/// quiescent blade; a list that changes under the walk is counted as it was
+/// read): (bytes of objects, bytes of the bags listing them).
+///
+/// # Errors
+/// Verb errors; a list longer than the blade can hold (a cycle).
+pub async fn free_bytes(ctx: &Ctx, blade: u16) -> Result<(u64, u64)> {
+    let Some(area) = ctx.root(blade, FREE_ROOT).await? else { return Ok((0, 0)) };
+    let mut raw = vec![0u8; (ENTRY * CLASSES as u64) as usize];
+    ctx.read_all(area, &mut raw).await?;
+    let most = ctx.blades()[usize::from(blade)].size / BAG;
+    let (mut objects, mut bags) = (0, 0);
+    for slot in 0..CLASSES {
+        let mut off = word(&raw, 2 * slot + 1) & OFFSET_MASK;
+        while off != 0 {
+            if bags / BAG >= most {
+                return Err(Error::Unsupported(format!("free list {slot} of blade {blade} does not end")));
+            }
+            let mut bag = vec![0u8; BAG as usize];
+            ctx.read(GlobalAddr::new(blade, off), &mut bag).await?;
+            let count = (word(&bag, 2) as usize).min(BAG_ENTRIES);
+            objects += (0..count).map(|i| unpack_free(word(&bag, BAG_HEADER / 8 + i)).1 * 64).sum::<u64>();
+            bags += BAG;
+            off = word(&bag, 0) & OFFSET_MASK;
+        }
+    }
+    Ok((objects, bags))
+}
+
+impl State {
+    /// Whether any retired object waits for its epoch.
+    fn pending(&self) -> bool {
+        self.blades.iter().any(|b| b.small.iter().chain(b.big.values()).any(|c| !c.limbo.is_empty()))
+    }
+
+    /// Moves bags whose epoch is safe to the free lists; returns surplus
+    /// free blocks to push to the blades (blade, lines, offsets).
+    fn ripen(&mut self) -> Vec<(u16, u64, Vec<u64>)> {
+        let horizon = self.horizon;
+        let mut surplus = Vec::new();
+        for (b, bl) in self.blades.iter_mut().enumerate() {
+            let small = bl.small.iter_mut().enumerate().map(|(l, c)| (l as u64, c));
+            for (lines, c) in small.chain(bl.big.iter_mut().map(|(&l, c)| (l, c))) {
+                while c.limbo.front().is_some_and(|(e, _)| e + 2 <= horizon) {
+                    let (_, bag) = c.limbo.pop_front().expect("checked");
+                    c.free.extend(bag);
+                }
+                if c.free.len() > 3 * BAG_ENTRIES {
+                    let keep = c.free.len() - 2 * BAG_ENTRIES;
+                    surplus.push((b as u16, lines, c.free.split_off(keep)));
+                }
+            }
+        }
+        surplus
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_pinned() {
+        assert_eq!((EPOCH_HEADER, ENTRY, BAG, BAG_HEADER, BAG_ENTRIES), (64, 16, 1024, 32, 124));
+        assert_eq!(unpack_free(pack_free(0xff_ffff_ffc0, 3)), (0xff_ffff_ffc0, 3));
+        assert_eq!(pack_free(4096, 1), 1 << 40 | 4096);
+    }
+
+    #[test]
+    fn pins_count_per_epoch_and_pin_older_when_full() {
+        let mut p = Pins::default();
+        assert_eq!((p.pin(5), p.pin(5), p.pin(6)), (5, 5, 6));
+        assert_eq!(p.oldest(), Some(5));
+        p.unpin(5);
+        p.unpin(5);
+        assert_eq!(p.oldest(), Some(6));
+        assert_eq!((p.pin(7), p.pin(8)), (7, 8));
+        // Four epochs in use: a fifth pins at the oldest, never newer.
+        assert_eq!(p.pin(9), 6);
+        p.unpin(6);
+        p.unpin(6);
+        assert_eq!(p.oldest(), Some(7));
+    }
+
+    #[test]
+    fn entries_unchanged_for_a_lease_are_dead_and_others_bound_the_horizon() {
+        let mut seen = vec![Seen::default(); 4];
+        let entries = [(7 << 24 | 1, 10), (0, 0), (9 << 24 | 4, 12), (5 << 24 | 2, 3)];
+        let mut dead = Vec::new();
+        assert_eq!(live_min(&entries, &mut seen, Some(3), 0, 100, &mut dead), Some(10));
+        assert!(dead.is_empty());
+        // Entry 0 moves on; entry 2 stays the same for the lease.
+        let later = [(7 << 24 | 2, 11), (0, 0), (9 << 24 | 4, 12), (5 << 24 | 2, 3)];
+        assert_eq!(live_min(&later, &mut seen, Some(3), 50, 100, &mut dead), Some(11));
+        let again = [(7 << 24 | 3, 11), (0, 0), (9 << 24 | 4, 12), (5 << 24 | 2, 3)];
+        assert_eq!(live_min(&again, &mut seen, Some(3), 100, 100, &mut dead), Some(11));
+        assert_eq!(dead, vec![(2, 9 << 24 | 4)]);
+    }
+}
