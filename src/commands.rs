@@ -357,19 +357,37 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
         }
         TableAction::Drop => {
             let (root2, name) = (root.clone(), job.name.clone());
-            let dropped = rt.block_on(async move { ctx.drop_root(0, &root2).await })?;
-            match dropped {
-                Some(at) => println!(
-                    "dropped {kind} index {name:?} (was at {at}); its memory is not reclaimed (the blades have no free list yet)"
-                ),
-                None => println!("no {kind} index {name:?} on these blades"),
+            let (found, reclaimed) = match job.app {
+                App::Race => {
+                    let name2 = name.clone();
+                    let d = rt
+                        .block_on(async move { RaceHt::drop_table(&ctx, &name2).await })
+                        .map_err(|e| anyhow::anyhow!("dropping race index {name:?}: {e}"))?;
+                    if let Some(d) = d {
+                        println!(
+                            "dropped race index {name:?}: {} subtables and {} KV blocks ({} bytes) retired for reuse",
+                            d.subtables, d.blocks, d.bytes
+                        );
+                    }
+                    (d.is_some(), d.map(serde_json::to_value).transpose()?)
+                }
+                App::Sherman => {
+                    let dropped = rt.block_on(async move { ctx.drop_root(0, &root2).await })?;
+                    if let Some(at) = dropped {
+                        println!("dropped sherman index {name:?} (was at {at}); its pages are not reclaimed");
+                    }
+                    (dropped.is_some(), None)
+                }
+            };
+            if !found {
+                println!("no {kind} index {name:?} on these blades");
             }
             report::write(
                 s,
                 &json!({ "bench": "table", "action": "drop", "app": kind, "name": job.name,
-                "dropped": dropped.map(|a| a.to_string()) }),
+                "dropped": found, "reclaimed": reclaimed }),
             )?;
-            Ok(Outcome::of(dropped.is_some(), false))
+            Ok(Outcome::of(found, false))
         }
         TableAction::Check => {
             let name = job.name.clone();

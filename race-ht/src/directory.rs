@@ -196,7 +196,8 @@ impl RaceHt {
         ctx.read(table, &mut head).await?;
         let (depth, array) = layout::unpack_entry(word(&head, layout::DIR_WORD as usize));
         let (groups, epoch) = (word(&head, 16), word(&head, layout::SPLITS_WORD as usize));
-        if word(&head, 0) != TABLE_MAGIC || depth > layout::MAX_DEPTH || groups == 0 || array.is_null() {
+        crate::drop::check_magic(word(&head, 0), table)?;
+        if depth > layout::MAX_DEPTH || groups == 0 || array.is_null() {
             return Err(RaceError::Corrupt(format!("at {table}: bad table header")));
         }
         let mut raw = vec![0u8; 8 << depth];

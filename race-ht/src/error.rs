@@ -27,6 +27,10 @@ pub enum RaceError {
         /// Most key + value bytes (see [`crate::RaceHt::max_kv_bytes`]).
         max: usize,
     },
+    /// The table was dropped (`RaceHt::drop_table`) while this client held
+    /// it.
+    #[error("the table was dropped (its memory is being reused)")]
+    Dropped,
     /// The remote structure is not what this table expects.
     #[error("table {0}")]
     Corrupt(String),

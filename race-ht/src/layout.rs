@@ -45,6 +45,8 @@ pub const COMBINED: usize = 128;
 pub const TABLE_HEADER: u64 = 64;
 /// Table magic ("RACEDIR2": the resizable format).
 pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR2");
+/// The magic of a dropped table's header (kept as a tombstone).
+pub const DROPPED_MAGIC: u64 = u64::from_le_bytes(*b"RACEDROP");
 /// Offset of the dir word in the table header.
 pub const DIR_WORD: u64 = 8;
 /// Offset of the resize lock in the table header.

@@ -104,7 +104,10 @@
 //! lists and leaves the registry. A client killed instead loses what it
 //! held locally (under a span of 1 MiB per blade plus a few milliseconds
 //! of retirements) and holds back reuse for
-//! [`LEASE`](smart_core::reclaim::LEASE).
+//! [`LEASE`](smart_core::reclaim::LEASE). [`RaceHt::drop_table`] gives a
+//! whole table back: it freezes every slot first, so the set of blocks it
+//! retires is final, and leaves the header as a tombstone that clients
+//! still holding the table see at their next per-epoch check.
 //!
 //! **Speculative search** (Smart's `spec-lookup`, on when the runtime's
 //! `SmartConfig::spec_lookup` is): each thread caches where keys were last
@@ -118,6 +121,7 @@ pub mod layout;
 
 mod config;
 mod directory;
+mod drop;
 mod error;
 mod index;
 mod reclaim;
@@ -135,6 +139,7 @@ use smart_core::{Ctx, GlobalAddr};
 
 pub use config::{RaceConfig, RESIZE_LEASE, SPLIT_STALL};
 pub use directory::TableShape;
+pub use drop::Dropped;
 pub use error::{RaceError, Result};
 pub use index::RaceStats;
 pub use resize::ResizeStats;

@@ -53,8 +53,13 @@ impl RaceHt {
             d.lapses = lapses;
             d.checked = pin.epoch();
         } else if checked < pin.epoch() {
-            let now = self.ctx.read_u64(self.table.add(SPLITS_WORD)).await?;
-            if now != counter {
+            // The header up to the split counter: the magic says whether
+            // the table was dropped.
+            let mut head = [0u8; SPLITS_WORD as usize + 8];
+            self.ctx.read(self.table, &mut head).await?;
+            let word = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+            crate::drop::check_magic(word(0), self.table)?;
+            if word(SPLITS_WORD as usize) != counter {
                 self.reload_dir().await?;
             }
             let mut d = self.dir.borrow_mut();

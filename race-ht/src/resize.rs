@@ -72,7 +72,7 @@ impl RaceHt {
 
     /// Takes the resize lock if it is free (`expect` = 0) or still holds
     /// `expect` (a dead holder's word).
-    async fn lock(&self, expect: u64) -> Result<Option<Lease>> {
+    pub(crate) async fn lock(&self, expect: u64) -> Result<Option<Lease>> {
         let word = self.table.add(layout::LOCK_WORD);
         let tok = self.lock_token();
         Ok((self.ctx.cas(word, expect, tok).await? == expect).then_some(Lease { word, cur: tok }))

@@ -259,9 +259,7 @@ fn live_min(
 ) -> Option<u64> {
     let mut min = None::<u64>;
     for (i, (&(owner, epoch), s)) in entries.iter().zip(seen.iter_mut()).enumerate() {
-        // Epochs start at 1: a published 0 is a client between claiming its
-        // entry and publishing (no operation yet) or leaving.
-        if Some(i) == own || owner == 0 || epoch == 0 {
+        if Some(i) == own || owner == 0 {
             *s = Seen::default();
             continue;
         }
@@ -271,7 +269,11 @@ fn live_min(
             dead.push((i, owner));
             continue;
         }
-        min = Some(min.map_or(epoch, |m| m.min(epoch)));
+        // Epochs start at 1: a published 0 is a client between claiming its
+        // entry and publishing (no operation yet), or one that died there.
+        if epoch > 0 {
+            min = Some(min.map_or(epoch, |m| m.min(epoch)));
+        }
     }
     min
 }
@@ -992,9 +994,9 @@ mod tests {
         p.unpin(5);
         p.unpin(5);
         assert_eq!(p.oldest(), Some(6));
-        assert_eq!((p.pin(7), p.pin(8)), (7, 8));
+        assert_eq!((p.pin(7), p.pin(8), p.pin(9)), (7, 8, 9));
         // Four epochs in use: a fifth pins at the oldest, never newer.
-        assert_eq!(p.pin(9), 6);
+        assert_eq!(p.pin(10), 6);
         p.unpin(6);
         p.unpin(6);
         assert_eq!(p.oldest(), Some(7));
@@ -1013,5 +1015,13 @@ mod tests {
         let again = [(7 << 24 | 3, 11), (0, 0), (9 << 24 | 4, 12), (5 << 24 | 2, 3)];
         assert_eq!(live_min(&again, &mut seen, Some(3), 100, 100, &mut dead), Some(11));
         assert_eq!(dead, vec![(2, 9 << 24 | 4)]);
+        // An entry claimed but never published (its client died there)
+        // bounds nothing, and expires like any other.
+        let mut seen = vec![Seen::default(); 2];
+        let (mut dead, half) = (Vec::new(), [(3 << 24, 0), (4 << 24 | 1, 20)]);
+        assert_eq!(live_min(&half, &mut seen, None, 0, 100, &mut dead), Some(20));
+        let on = [(3 << 24, 0), (4 << 24 | 2, 21)];
+        assert_eq!(live_min(&on, &mut seen, None, 100, 100, &mut dead), Some(21));
+        assert_eq!(dead, vec![(0, 3 << 24)]);
     }
 }

@@ -88,7 +88,8 @@ fn tables_made_by_other_processes_are_listed_checked_attached_and_dropped() {
         (r["blade_heap_bytes_before"].as_u64().unwrap(), r["blade_heap_bytes_after"].as_u64().unwrap());
     assert!(before > 0 && after >= before, "{before} → {after}");
     // Dropped: gone from the list, its name free, attaching to it refused.
-    assert!(ok_out(&["table", "drop", "t1", "--blades", b]).contains("dropped race index \"t1\""));
+    let dropped = ok_out(&["table", "drop", "t1", "--blades", b]);
+    assert!(dropped.contains("dropped race index \"t1\"") && dropped.contains(" 4000 KV blocks"), "{dropped}");
     let list = run_json("list2.json", &["table", "list", "--blades", b]);
     assert!(list["indexes"].as_array().unwrap().iter().all(|i| i["name"] != "t1"), "{list}");
     fails(&["table", "check", "t1", "--blades", b], "does not exist");
@@ -225,5 +226,52 @@ fn a_hundred_short_update_runs_and_a_long_one_leave_blade_memory_bounded() {
     assert!(after - before <= 4 << 20 && replaced > 1 << 20, "{r}");
     assert_eq!((r["lost"].as_u64(), r["violations"].as_u64()), (Some(0), Some(0)), "{r}");
     let c = run_json("churn-check.json", &["table", "check", "churn", "--blades", b]);
+    assert_eq!((c["ok"].as_bool(), c["check"]["keys"].as_u64()), (Some(true), Some(20000)), "{c}");
+}
+
+#[test]
+fn update_runs_killed_at_random_points_lose_no_key_and_hold_memory_back_only_for_the_lease() {
+    let blade = Blade::start(&["--size", "256MiB"]);
+    let b = blade.addr.as_str();
+    let table = ["ycsb", "--blades", b, "--app", "race", "--table", "killed", "--keys", "20000"];
+    let q = ["--quiet", "--threads", "2", "--coroutines", "4", "--warmup", "0"];
+    let start = heap_after(&run_json("killed-load.json", &[&table[..], &q, &["--load-only"]].concat()));
+    let seed = u64::from(std::process::id());
+    for i in 0..5u64 {
+        // Killed anywhere in an update-only run: mid-operation, mid-refresh,
+        // between pushing a bag and linking it, after popping one.
+        let ms = 150 + seed.wrapping_mul(2654435761).wrapping_add(i * 977) % 400;
+        let mut child = Command::new(COMPUTE)
+            .args(&table)
+            .args(q)
+            .args(["--no-load", "--workload", "update-only", "--duration", "5"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(ms));
+        kill9(&mut child);
+    }
+    let killed = run_json("killed-check.json", &["table", "check", "killed", "--blades", b]);
+    assert_eq!(killed["ok"], true, "{killed}");
+    // The next run takes the dead clients' registry entries as dead after
+    // the lease (3 s), and reuse resumes; the one after grows nothing.
+    let update = [&table[..], &q, &["--no-load", "--workload", "update-only"]].concat();
+    let a = run_json("killed-a.json", &[&update[..], &["--duration", "4"]].concat());
+    assert!(a["race"]["reclaim"]["expired"].as_u64() >= Some(1), "{}", a["race"]);
+    let b2 = run_json("killed-b.json", &[&update[..], &["--duration", "1", "--verify"]].concat());
+    let (before, after) = (b2["blade_heap_bytes_before"].as_u64().unwrap(), heap_after(&b2));
+    let after_kills = killed["heap_used_per_blade"][0].as_u64().unwrap() + smart_core::layout::HEAP_START;
+    eprintln!(
+        "5 kills: heap {} MiB after the load, {} MiB after the kills, {} MiB after the run that expired \
+         them, {} MiB after the next",
+        start >> 20,
+        after_kills >> 20,
+        before >> 20,
+        after >> 20
+    );
+    assert_eq!((b2["lost"].as_u64(), b2["violations"].as_u64()), (Some(0), Some(0)), "{b2}");
+    assert!(after - before <= 2 << 20, "{b2}");
+    let c = run_json("killed-after.json", &["table", "check", "killed", "--blades", b]);
     assert_eq!((c["ok"].as_bool(), c["check"]["keys"].as_u64()), (Some(true), Some(20000)), "{c}");
 }

@@ -95,3 +95,61 @@ fn entries_up_to_the_maximum_fit_and_larger_ones_are_refused() {
         assert_eq!(out, v, "a refused write changes nothing");
     });
 }
+
+/// The blade's heap pointer.
+async fn heap(ctx: &smart_core::Ctx) -> u64 {
+    ctx.read_u64(smart_core::GlobalAddr::new(0, smart_core::layout::OFF_HEAP)).await.unwrap()
+}
+
+#[test]
+fn a_dropped_table_gives_its_memory_back_and_its_clients_a_clean_error() {
+    let t: Arc<dyn Transport> = Arc::new(EmbeddedTransport::new(1, 64 << 20).unwrap());
+    let mut rt = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let load = |name: &'static str| {
+            let ctx = ctx.clone();
+            async move {
+                let mut ht = RaceHt::create(&ctx, name, small()).await.unwrap();
+                for k in 0..3000u64 {
+                    assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap());
+                }
+                ht.close().await.unwrap();
+            }
+        };
+        let h0 = heap(&ctx).await;
+        load("gone").await;
+        let h1 = heap(&ctx).await;
+        // A client holds the table while it is dropped.
+        let mut other = RaceHt::open(&ctx, "gone").await.unwrap();
+        let mut out = Vec::new();
+        assert!(other.get(&7u64.to_le_bytes(), &mut out).await.unwrap());
+        let d = RaceHt::drop_table(&ctx, "gone").await.unwrap().expect("it exists");
+        assert_eq!(d.blocks, 3000, "{d:?}");
+        assert!(d.subtables >= 4 && d.bytes > 3000 * 64, "{d:?}");
+        assert!(!RaceHt::exists(&ctx, "gone").await.unwrap());
+        assert!(RaceHt::drop_table(&ctx, "gone").await.unwrap().is_none());
+        assert!(matches!(RaceHt::open(&ctx, "gone").await, Err(race_ht::RaceError::Corrupt(_))));
+        // The holder's next operations fail cleanly once its epoch moves.
+        let mut failed = None;
+        for _ in 0..200 {
+            ctx.sleep_ns(1_000_000).await;
+            match other.get(&7u64.to_le_bytes(), &mut out).await {
+                Ok(_) => {}
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        assert!(matches!(failed, Some(race_ht::RaceError::Dropped)), "{failed:?}");
+        assert!(matches!(other.insert(b"new", b"v").await, Err(race_ht::RaceError::Dropped)));
+        other.close().await.unwrap();
+        // The same load again takes its memory from the dropped table's.
+        load("again").await;
+        let h2 = heap(&ctx).await;
+        assert!(h2 - h1 < (h1 - h0) / 4, "first load took {} bytes, the second {}", h1 - h0, h2 - h1);
+        let mut ht = RaceHt::open(&ctx, "again").await.unwrap();
+        assert_eq!(ht.keys().await.unwrap().len(), 3000);
+    });
+}

@@ -1,0 +1,107 @@
+//! Dropping a table and giving its memory back.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use smart_core::reclaim::Reclaimer;
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::directory::slots_of;
+use crate::layout::{self, DROPPED_MAGIC, LOCK_WORD, TABLE_MAGIC};
+use crate::{RaceError, RaceHt, Result};
+
+/// What [`RaceHt::drop_table`] gave back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Dropped {
+    /// Subtables retired (with the directory array).
+    pub subtables: usize,
+    /// KV blocks retired.
+    pub blocks: usize,
+    /// Bytes retired in all.
+    pub bytes: u64,
+}
+
+impl RaceHt {
+    /// Drops table `name`: takes its resize lock for good (waiting for a
+    /// live split to end, taking a dead holder's lock over after its lease),
+    /// freezes every slot so that no client changes the table any more,
+    /// marks the header dropped, unsets the name, and retires every
+    /// subtable, every block and the directory, to be reused once no
+    /// operation can reach them. Clients that still hold the table get
+    /// [`RaceError::Dropped`] at their next operation in a new epoch (the
+    /// header is kept, as a tombstone). Returns `None` if there is no such
+    /// table.
+    ///
+    /// # Errors
+    /// Verb errors; a malformed table.
+    pub async fn drop_table(ctx: &Ctx, name: &str) -> Result<Option<Dropped>> {
+        let root = format!("race-ht:{name}");
+        if ctx.root(0, &root).await?.is_none() {
+            return Ok(None);
+        }
+        let mut t = Self::open(ctx, name).await?;
+        let _pin = Reclaimer::pin(&t.reclaim, ctx).await?;
+        let word = t.table.add(LOCK_WORD);
+        let mut seen: Option<(u64, Instant)> = None;
+        let mut lease = loop {
+            let held = ctx.read_u64(word).await?;
+            let expired = seen.is_some_and(|(w, since)| w == held && since.elapsed() >= t.lease);
+            if held == 0 || expired {
+                if let Some(l) = t.lock(held).await? {
+                    break l;
+                }
+            }
+            if seen.is_none_or(|(w, _)| w != held) {
+                seen = Some((held, Instant::now()));
+            }
+            ctx.sleep_ns(1_000_000).await;
+        };
+        // A split a dead holder left half done is finished first, so that
+        // the directory names every subtable.
+        t.recover_split(&mut lease).await?;
+        t.reload_dir().await?;
+        let (groups, depth, array, subtables) = {
+            let d = t.dir.borrow();
+            (d.groups, d.depth, d.array, d.subtables().map(|(_, _, at)| at).collect::<Vec<_>>())
+        };
+        let mut out = Dropped::default();
+        let mut blocks = HashSet::new();
+        for &at in &subtables {
+            // Frozen, the slots are final: a client's CAS either landed
+            // before (and its block is here) or fails.
+            let img = t.freeze(at, groups, &mut lease).await?;
+            for (_, sl) in slots_of(&img) {
+                let sl = sl.thawed();
+                if !sl.is_empty() && blocks.insert(sl.addr()) {
+                    t.reclaim.retire(sl.addr(), sl.block_len() as u64);
+                    out.blocks += 1;
+                    out.bytes += sl.block_len() as u64;
+                }
+            }
+        }
+        let old = ctx.cas(t.table, TABLE_MAGIC, DROPPED_MAGIC).await?;
+        if old != TABLE_MAGIC {
+            return Err(RaceError::Corrupt(format!("{name:?}: header magic {old:#x} while dropping")));
+        }
+        ctx.drop_root(0, &root).await?;
+        for at in subtables {
+            t.reclaim.retire(at, layout::subtable_bytes(groups));
+            out.subtables += 1;
+            out.bytes += layout::subtable_bytes(groups);
+        }
+        t.reclaim.retire(array, 8 << depth);
+        out.bytes += 8 << depth;
+        drop(_pin);
+        t.close().await?;
+        Ok(Some(out))
+    }
+}
+
+/// Whether a header word says the table was dropped.
+pub(crate) fn check_magic(magic: u64, table: GlobalAddr) -> Result<()> {
+    match magic {
+        TABLE_MAGIC => Ok(()),
+        DROPPED_MAGIC => Err(RaceError::Dropped),
+        _ => Err(RaceError::Corrupt(format!("at {table}: bad table header"))),
+    }
+}
