@@ -242,7 +242,7 @@ fn update_runs_killed_at_random_points_lose_no_key_and_hold_memory_back_only_for
         // between pushing a bag and linking it, after popping one.
         let ms = 150 + seed.wrapping_mul(2654435761).wrapping_add(i * 977) % 400;
         let mut child = Command::new(COMPUTE)
-            .args(&table)
+            .args(table)
             .args(q)
             .args(["--no-load", "--workload", "update-only", "--duration", "5"])
             .stdout(Stdio::null())
