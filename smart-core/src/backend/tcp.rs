@@ -151,7 +151,10 @@ impl Transport for TcpTransport {
 
     fn open_thread(&self, thread: usize, spec: ThreadSpec) -> Result<Box<dyn Endpoint>> {
         let port = SoftPort::open(&self.nic, thread, spec.local_bytes, |b| self.connect_qp(b))?;
-        Ok(Box::new(TcpEndpoint { port, failed: Vec::new(), fds: Vec::new() }))
+        // One pollfd per QP at most: sized now, so that waiting never
+        // allocates (the first wait may come long after warm-up).
+        let fds = Vec::with_capacity(port.qps.len());
+        Ok(Box::new(TcpEndpoint { port, failed: Vec::new(), fds }))
     }
 }
 
