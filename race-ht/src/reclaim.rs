@@ -7,6 +7,7 @@
 use smart_core::reclaim::{Pin, Reclaimer};
 use smart_core::GlobalAddr;
 
+use crate::directory::word;
 use crate::layout::{self, Slot, SPLITS_WORD};
 use crate::{RaceHt, Result};
 
@@ -57,9 +58,8 @@ impl RaceHt {
             // the table was dropped.
             let mut head = [0u8; SPLITS_WORD as usize + 8];
             self.ctx.read(self.table, &mut head).await?;
-            let word = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
-            crate::drop::check_magic(word(0), self.table)?;
-            if word(SPLITS_WORD as usize) != counter {
+            crate::drop::check_magic(word(&head, 0), self.table)?;
+            if word(&head, SPLITS_WORD as usize) != counter {
                 self.reload_dir().await?;
             }
             let mut d = self.dir.borrow_mut();

@@ -166,6 +166,9 @@ struct Class {
     free: Vec<u64>,
     /// Retired, oldest first: (epoch, offsets); the last one fills.
     limbo: VecDeque<(u64, Vec<u64>)>,
+    /// Emptied limbo vectors, kept so that retiring allocates nothing once
+    /// warm.
+    spare: Vec<Vec<u64>>,
     /// The refresh at which the blade's list was last found empty (or
     /// unsafe): no second look before the next refresh.
     dry_at: u64,
@@ -573,7 +576,7 @@ impl Reclaimer {
                 bag.push(at.offset());
             }
             _ => {
-                let mut bag = Vec::with_capacity(BAG_ENTRIES);
+                let mut bag = c.spare.pop().unwrap_or_else(|| Vec::with_capacity(BAG_ENTRIES));
                 bag.push(at.offset());
                 c.limbo.push_back((e, bag));
             }
@@ -749,7 +752,7 @@ impl Reclaimer {
             if off == 0 {
                 return Ok(None);
             }
-            let mut bag = vec![0u8; BAG as usize];
+            let mut bag = [0u8; BAG as usize];
             ctx.read(GlobalAddr::new(blade, off), &mut bag).await?;
             let (next, epoch, count) = (word(&bag, 0), word(&bag, 1), word(&bag, 2) as usize);
             if epoch.saturating_add(2) > self.0.borrow().horizon {
@@ -936,7 +939,7 @@ pub async fn free_bytes(ctx: &Ctx, blade: u16) -> Result<(u64, u64)> {
             if bags / BAG >= most {
                 return Err(Error::Unsupported(format!("free list {slot} of blade {blade} does not end")));
             }
-            let mut bag = vec![0u8; BAG as usize];
+            let mut bag = [0u8; BAG as usize];
             ctx.read(GlobalAddr::new(blade, off), &mut bag).await?;
             let count = (word(&bag, 2) as usize).min(BAG_ENTRIES);
             objects += (0..count).map(|i| unpack_free(word(&bag, BAG_HEADER / 8 + i)).1 * 64).sum::<u64>();
@@ -962,8 +965,9 @@ impl State {
             let small = bl.small.iter_mut().enumerate().map(|(l, c)| (l as u64, c));
             for (lines, c) in small.chain(bl.big.iter_mut().map(|(&l, c)| (l, c))) {
                 while c.limbo.front().is_some_and(|(e, _)| e + 2 <= horizon) {
-                    let (_, bag) = c.limbo.pop_front().expect("checked");
-                    c.free.extend(bag);
+                    let (_, mut bag) = c.limbo.pop_front().expect("checked");
+                    c.free.append(&mut bag);
+                    c.spare.push(bag);
                 }
                 if c.free.len() > 3 * BAG_ENTRIES {
                     let keep = c.free.len() - 2 * BAG_ENTRIES;

@@ -2,31 +2,24 @@
 //! and update a tree on a memory-blade process, then a verified run on the
 //! same tree.
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
-use crate::cli::{Blade, COMPUTE};
-use crate::dtx::{kill9, run_json};
+use crate::cli::{kill_point, run_killed, Blade};
+use crate::dtx::run_json;
 
 #[test]
 fn b_tree_clients_killed_mid_load_and_mid_run_leave_a_tree_the_next_run_verifies() {
     let blade = Blade::start(&["--size", "512MiB"]);
     // Kill points spread over the load (splits, root growth) and the run
     // (updates, inserts, scans), from the process id so that reruns vary.
-    let seed = u64::from(std::process::id());
     for i in 0..6u64 {
-        let ms = 150 + (seed.wrapping_mul(2654435761).wrapping_add(i * 977) % 1500);
+        let ms = kill_point(i, 150, 1500);
         let workload = ["a", "e", "d"][i as usize % 3];
-        let mut child = Command::new(COMPUTE)
-            .args(["ycsb", "--app", "sherman", "--blades", &blade.addr, "--table", "killed", "--keys", "60000"])
-            .args(["--workload", workload, "--threads", "2", "--coroutines", "8", "--duration", "60", "--warmup", "0"])
-            .args(["--quiet"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(ms));
-        kill9(&mut child);
+        let args = [
+            &["ycsb", "--app", "sherman", "--blades", &blade.addr, "--table", "killed", "--keys", "60000"][..],
+            &["--workload", workload, "--threads", "2", "--coroutines", "8", "--duration", "60", "--warmup", "0"],
+            &["--quiet"],
+        ]
+        .concat();
+        assert!(run_killed(&args, ms), "the run ended before it was killed");
         eprintln!("killed {workload} run {i} after {ms} ms");
     }
     // A verified run on the same tree: the load completes what the killed

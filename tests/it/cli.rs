@@ -57,6 +57,37 @@ pub(crate) fn compute(args: &[&str]) -> Output {
     Command::new(COMPUTE).args(args).output().expect("run compute-blade")
 }
 
+/// Starts `compute-blade args`, its output discarded.
+pub(crate) fn spawn_compute(args: &[&str]) -> Child {
+    Command::new(COMPUTE).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start compute-blade")
+}
+
+/// SIGKILLs a child that must still be running, and reaps it.
+pub(crate) fn kill9(child: &mut Child) {
+    assert!(child.try_wait().unwrap().is_none(), "the run ended before it was killed");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    child.wait().unwrap();
+}
+
+/// The `i`-th kill point of a test, in `base..base + span` ms: from the
+/// process id, so that reruns kill elsewhere.
+pub(crate) fn kill_point(i: u64, base: u64, span: u64) -> u64 {
+    base + u64::from(std::process::id()).wrapping_mul(2654435761).wrapping_add(i * 977) % span
+}
+
+/// Runs `compute-blade args` and SIGKILLs it after `ms`; `false` (nothing
+/// killed) if it had ended by then.
+pub(crate) fn run_killed(args: &[&str], ms: u64) -> bool {
+    let mut child = spawn_compute(args);
+    std::thread::sleep(Duration::from_millis(ms));
+    if child.try_wait().unwrap().is_some() {
+        return false;
+    }
+    kill9(&mut child);
+    true
+}
+
 pub(crate) fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("smart-cli-{}-{name}", std::process::id()))
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use smallbank_tatp::{smallbank, tatp};
 
-use crate::cli::{compute, record, tmp, Blade, COMPUTE};
+use crate::cli::{compute, kill9, record, spawn_compute, tmp, Blade, COMPUTE};
 
 fn ok(out: &std::process::Output) {
     assert!(
@@ -129,13 +129,6 @@ fn start_smallbank(blades: &str, extra: &[&str]) -> (std::process::Child, u16, s
     (child, slot, rest)
 }
 
-pub(crate) fn kill9(child: &mut std::process::Child) {
-    assert!(child.try_wait().unwrap().is_none(), "the run ended before it was killed");
-    let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
-    child.wait().unwrap();
-}
-
 fn audit_only(blades: &str) -> Value {
     let r = run_json("audit.json", &["smallbank", "--blades", blades, "--audit-only", "--quiet"]);
     assert_eq!(r["violations"], 0, "{r}");
@@ -196,13 +189,13 @@ fn a_backing_file_blade_killed_and_restarted_loses_no_committed_transaction() {
     // A run whose memory blade 2 is killed under it: it fails, and its
     // record says what it committed.
     let j = tmp("killed-blade.json");
-    let mut child = Command::new(COMPUTE)
-        .args(["smallbank", "--blades", &blades, "--accounts", "2000", "--hot", "50", "--audit", "--retry-aborts"])
-        .args(["--duration", "30", "--warmup", "0", "--quiet", "--request-timeout", "2", "--json", j.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_compute(
+        &[
+            &["smallbank", "--blades", &blades, "--accounts", "2000", "--hot", "50", "--audit", "--retry-aborts"][..],
+            &["--duration", "30", "--warmup", "0", "--quiet", "--request-timeout", "2", "--json", j.to_str().unwrap()],
+        ]
+        .concat(),
+    );
     std::thread::sleep(Duration::from_millis(700));
     kill9(&mut b2.child);
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -2,13 +2,12 @@
 //! attach, load only; and a RACE table whose growing load is SIGKILLed,
 //! finished by the next process.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::cli::{compute, record, tmp, Blade, COMPUTE};
-use crate::dtx::{kill9, run_json};
+use crate::cli::{compute, kill_point, record, run_killed, tmp, Blade};
+use crate::dtx::run_json;
 
 fn ok_out(args: &[&str]) -> String {
     let out = compute(args);
@@ -121,24 +120,19 @@ fn a_growing_race_load_killed_at_random_points_is_finished_by_the_next_process()
     const TABLES: [&str; 5] = ["grow0", "grow1", "grow2", "grow3", "grow4"];
     let blade = Blade::start(&["--size", "512MiB"]);
     let b = blade.addr.as_str();
-    let seed = u64::from(std::process::id());
     let (mut killed, mut left_unfinished) = (0, 0);
     for (i, table) in TABLES.into_iter().enumerate() {
         // Killed early in a load that splits all the time.
-        let ms = 60 + seed.wrapping_mul(2654435761).wrapping_add(i as u64 * 1237) % 250;
-        let mut child = Command::new(COMPUTE)
-            .args(["ycsb", "--blades", b, "--app", "race", "--table", table, "--keys", "40000", "--capacity", "100"])
-            .args(["--load-only", "--threads", "2", "--coroutines", "8", "--quiet"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(ms));
-        if child.try_wait().unwrap().is_some() {
-            eprintln!("{table}: the load finished before its kill at {ms} ms");
-        } else {
-            kill9(&mut child);
+        let ms = kill_point(i as u64, 60, 250);
+        let load = [
+            &["ycsb", "--blades", b, "--app", "race", "--table", table, "--keys", "40000", "--capacity", "100"][..],
+            &["--load-only", "--threads", "2", "--coroutines", "8", "--quiet"],
+        ]
+        .concat();
+        if run_killed(&load, ms) {
             killed += 1;
+        } else {
+            eprintln!("{table}: the load finished before its kill at {ms} ms");
         }
         // A check reads the table as the dead process left it (never waits;
         // it exits 1 when it finds a fault).
@@ -236,27 +230,17 @@ fn update_runs_killed_at_random_points_lose_no_key_and_hold_memory_back_only_for
     let table = ["ycsb", "--blades", b, "--app", "race", "--table", "killed", "--keys", "20000"];
     let q = ["--quiet", "--threads", "2", "--coroutines", "4", "--warmup", "0"];
     let start = heap_after(&run_json("killed-load.json", &[&table[..], &q, &["--load-only"]].concat()));
-    let seed = u64::from(std::process::id());
+    let update = [&table[..], &q, &["--no-load", "--workload", "update-only"]].concat();
     for i in 0..5u64 {
         // Killed anywhere in an update-only run: mid-operation, mid-refresh,
         // between pushing a bag and linking it, after popping one.
-        let ms = 150 + seed.wrapping_mul(2654435761).wrapping_add(i * 977) % 400;
-        let mut child = Command::new(COMPUTE)
-            .args(table)
-            .args(q)
-            .args(["--no-load", "--workload", "update-only", "--duration", "5"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(ms));
-        kill9(&mut child);
+        let ms = kill_point(i, 150, 400);
+        assert!(run_killed(&[&update[..], &["--duration", "5"]].concat(), ms), "the run ended before it was killed");
     }
     let killed = run_json("killed-check.json", &["table", "check", "killed", "--blades", b]);
     assert_eq!(killed["ok"], true, "{killed}");
     // The next run takes the dead clients' registry entries as dead after
     // the lease (3 s), and reuse resumes; the one after grows nothing.
-    let update = [&table[..], &q, &["--no-load", "--workload", "update-only"]].concat();
     let a = run_json("killed-a.json", &[&update[..], &["--duration", "4"]].concat());
     assert!(a["race"]["reclaim"]["expired"].as_u64() >= Some(1), "{}", a["race"]);
     let b2 = run_json("killed-b.json", &[&update[..], &["--duration", "1", "--verify"]].concat());

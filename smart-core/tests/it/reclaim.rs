@@ -16,6 +16,14 @@ async fn heap(ctx: &Ctx, blade: u16) -> u64 {
     ctx.read_u64(GlobalAddr::new(blade, layout::OFF_HEAP)).await.unwrap()
 }
 
+/// Runs `body` on a runtime over `blades` embedded blades.
+fn on_embedded<F: std::future::Future<Output = ()> + 'static>(blades: usize, body: impl FnOnce(Ctx) -> F) {
+    let b = backends::embedded(blades);
+    let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(body(ctx));
+}
+
 /// Refreshes `r` (after a refresh period) `n` times.
 async fn ticks(ctx: &Ctx, r: &Reclaimer, n: usize) {
     for _ in 0..n {
@@ -26,10 +34,7 @@ async fn ticks(ctx: &Ctx, r: &Reclaimer, n: usize) {
 
 #[test]
 fn a_retired_block_waits_for_every_pinned_client_then_comes_back() {
-    let b = backends::embedded(1);
-    let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
-    let ctx = rt.ctx();
-    rt.block_on(async move {
+    on_embedded(1, |ctx| async move {
         let (a, other) = (Reclaimer::new(&ctx), Reclaimer::new(&ctx));
         let x = a.alloc(&ctx, 0, 64).await.unwrap();
         // Another client pins an operation (it could have read x).
@@ -62,10 +67,7 @@ fn a_retired_block_waits_for_every_pinned_client_then_comes_back() {
 
 #[test]
 fn a_dead_client_holds_reuse_back_only_for_its_lease() {
-    let b = backends::embedded(1);
-    let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
-    let ctx = rt.ctx();
-    rt.block_on(async move {
+    on_embedded(1, |ctx| async move {
         let (a, dead) = (Reclaimer::new(&ctx), Reclaimer::new(&ctx));
         a.set_lease(Duration::from_millis(100));
         // The dead client registered, pinned an operation and stopped.
@@ -91,10 +93,7 @@ fn a_dead_client_holds_reuse_back_only_for_its_lease() {
 
 #[test]
 fn what_a_client_hands_back_serves_the_next_process_without_new_heap() {
-    let b = backends::embedded(2);
-    let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
-    let ctx = rt.ctx();
-    rt.block_on(async move {
+    on_embedded(2, |ctx| async move {
         let n = 3 * BAG_ENTRIES + 7;
         for round in 0..5 {
             let heap0 = (heap(&ctx, 0).await, heap(&ctx, 1).await);
