@@ -369,39 +369,48 @@ fn a_queue_formed_while_credits_were_scarce_dissolves_once_they_are_plentiful() 
     // 4096 for good. Afterwards the 32 coroutines must post together again,
     // one batch each per CQ poll, not trickle through the old queue one
     // wake at a time (a convoy that cost 0.6× on 8-byte READs).
-    let tc = TunerConfig {
-        search: Search::Fixed(vec![1, 4096]),
-        delta_ns: 5_000_000,
-        stable_deltas: 100_000,
-        ..TunerConfig::default()
-    };
-    let t = Counting::new(None);
-    let burst = t.burst.clone();
-    let cfg = RuntimeConfig {
-        smart: SmartConfig { work_req_throt: Some(tc), ..SmartConfig::default() },
-        ..RuntimeConfig::default()
-    };
-    let mut rt = Runtime::new(&t, 0, cfg).unwrap();
-    let start = Instant::now();
-    let reset = Rc::new(Cell::new(false));
-    for c in 0..32u64 {
-        let (ctx, burst, reset) = (rt.ctx(), burst.clone(), reset.clone());
-        rt.spawn(async move {
-            let a = GlobalAddr::new(0, 8192 + 64 * c);
-            while start.elapsed() < Duration::from_millis(80) {
-                if start.elapsed() > Duration::from_millis(40) && !reset.replace(true) {
-                    // Past both update steps: count from here on.
-                    burst.0.store(0, Ordering::Relaxed);
-                    burst.1.store(0, Ordering::Relaxed);
+    // The tuner picks 4096 by measured completions; a thread descheduled
+    // through the 4096 epoch on a busy machine can make 1 look better, so
+    // the scenario is run up to 3 times until its premise (4096) holds.
+    for attempt in 0..3 {
+        let tc = TunerConfig {
+            search: Search::Fixed(vec![1, 4096]),
+            delta_ns: 5_000_000,
+            stable_deltas: 100_000,
+            ..TunerConfig::default()
+        };
+        let t = Counting::new(None);
+        let burst = t.burst.clone();
+        let cfg = RuntimeConfig {
+            smart: SmartConfig { work_req_throt: Some(tc), ..SmartConfig::default() },
+            ..RuntimeConfig::default()
+        };
+        let mut rt = Runtime::new(&t, 0, cfg).unwrap();
+        let start = Instant::now();
+        let reset = Rc::new(Cell::new(false));
+        for c in 0..32u64 {
+            let (ctx, burst, reset) = (rt.ctx(), burst.clone(), reset.clone());
+            rt.spawn(async move {
+                let a = GlobalAddr::new(0, 8192 + 64 * c);
+                while start.elapsed() < Duration::from_millis(80) {
+                    if start.elapsed() > Duration::from_millis(40) && !reset.replace(true) {
+                        // Past both update steps: count from here on.
+                        burst.0.store(0, Ordering::Relaxed);
+                        burst.1.store(0, Ordering::Relaxed);
+                    }
+                    ctx.read_u64(a).await.unwrap();
                 }
-                ctx.read_u64(a).await.unwrap();
-            }
-        });
+            });
+        }
+        rt.run();
+        if rt.ctx().smart_state().credit_limit != Some(4096) && attempt < 2 {
+            continue;
+        }
+        assert_eq!(rt.ctx().smart_state().credit_limit, Some(4096));
+        let b = burst.0.load(Ordering::Relaxed) as f64 / burst.1.load(Ordering::Relaxed).max(1) as f64;
+        assert!(b > 28.0, "{b:.1} batches per CQ poll after the limit rose (32 coroutines)");
+        return;
     }
-    rt.run();
-    assert_eq!(rt.ctx().smart_state().credit_limit, Some(4096));
-    let b = burst.0.load(Ordering::Relaxed) as f64 / burst.1.load(Ordering::Relaxed).max(1) as f64;
-    assert!(b > 28.0, "{b:.1} batches per CQ poll after the limit rose (32 coroutines)");
 }
 
 /// Timing-sensitive (it measures throughput per Δ like the tuner does), so
