@@ -32,7 +32,7 @@ pub enum TransportArg {
 
 /// `memory-blade`'s flags.
 #[derive(Parser, Debug)]
-#[command(name = "memory-blade", version, about = "Smart-rs memory blade: serves one-sided verbs on its memory")]
+#[command(name = "memory-blade", version = crate::report::VERSION, about = "Smart-rs memory blade: serves one-sided verbs on its memory")]
 pub struct MemoryCli {
     /// Address to listen on, e.g. 0.0.0.0:7000 (port 0 picks a free port).
     #[arg(long)]
@@ -55,7 +55,7 @@ pub struct MemoryCli {
 
 /// `compute-blade`'s flags.
 #[derive(Parser, Debug)]
-#[command(name = "compute-blade", version, about = "Smart-rs compute blade: benchmarks over one-sided verbs")]
+#[command(name = "compute-blade", version = crate::report::VERSION, about = "Smart-rs compute blade: benchmarks over one-sided verbs")]
 pub struct ComputeCli {
     /// The benchmark.
     #[command(subcommand)]
@@ -78,6 +78,20 @@ pub enum Cmd {
     Recover(RecoverArgs),
     /// List the indexes on the blades, or drop or check one.
     Table(TableArgs),
+    /// Merge the records of compute blades that ran together (ops summed,
+    /// latency from the merged histograms) into one.
+    Merge(MergeArgs),
+}
+
+/// `compute-blade merge`.
+#[derive(Args, Debug)]
+pub struct MergeArgs {
+    /// The records (each a `--json` file of a timed run).
+    #[arg(required = true)]
+    pub records: Vec<PathBuf>,
+    /// Write the merged record here (default: standard output).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// Options every subcommand takes.
@@ -137,6 +151,14 @@ pub struct Common {
     /// so concurrent processes do not replay the same keys.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Start the timed run together with other processes: NAME:N waits
+    /// (after any load) until N processes arrived at barrier NAME, through
+    /// a FAA counter on blade 0. Needs --blades.
+    #[arg(long)]
+    pub barrier: Option<String>,
+    /// Seconds to wait at the --barrier for the others before failing.
+    #[arg(long, default_value_t = 60.0)]
+    pub barrier_timeout: f64,
 }
 
 /// `--cq`.

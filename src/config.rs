@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use smart_bench::harness::RunConfig;
+use smart_bench::harness::{RunConfig, StartGate};
 use smart_bench::micro::MicroConfig;
 use smart_core::runtime::{MAX_BATCH, MAX_TASKS};
 use smart_core::smart::{DoorbellConfig, SmartConfig};
-use smart_core::{EmbeddedTransport, Opcode, RuntimeConfig, TcpTransport, Transport};
+use smart_core::{EmbeddedTransport, Opcode, Runtime, RuntimeConfig, TcpTransport, Transport};
 use ycsb::bench::YcsbConfig;
 
 use crate::cli::{
@@ -237,6 +237,7 @@ impl Config {
             }
             Cmd::Recover(a) => recover_config(a),
             Cmd::Table(a) => table_config(a),
+            Cmd::Merge(_) => bail!("merge reads records and needs no blades (run it as a command of its own)"),
         }
     }
 }
@@ -338,7 +339,7 @@ impl Session {
             bail!("--request-timeout must be 0 (none) to {MAX_SECONDS} seconds");
         }
         let request_timeout = (c.request_timeout > 0.0).then(|| Duration::from_secs_f64(c.request_timeout));
-        let run = RunConfig {
+        let mut run = RunConfig {
             threads: c.threads,
             coroutines: c.coroutines,
             duration: Duration::from_secs_f64(c.duration),
@@ -347,9 +348,44 @@ impl Session {
             progress: !c.quiet,
             seed: c.seed.unwrap_or_else(rand::random),
             interrupt: None,
+            gate: None,
         };
+        if let Some(b) = &c.barrier {
+            if c.blades.is_empty() {
+                bail!("--barrier needs --blades (processes meet on a memory blade, not in an embedded one)");
+            }
+            if !(c.barrier_timeout > 0.0 && c.barrier_timeout <= MAX_SECONDS) {
+                bail!("--barrier-timeout must be positive, at most {MAX_SECONDS} seconds");
+            }
+            run.gate = Some(barrier_gate(b, Duration::from_secs_f64(c.barrier_timeout), &run.runtime)?);
+        }
         Ok(Session { blades, run, json: c.json.clone() })
     }
+}
+
+/// `--barrier NAME:N` as the run's start gate: it prints when it arrives
+/// and when it is released (on stderr).
+fn barrier_gate(spec: &str, timeout: Duration, rc: &RuntimeConfig) -> Result<StartGate> {
+    let (name, n) = spec
+        .rsplit_once(':')
+        .and_then(|(name, n)| Some((name.to_string(), n.parse::<u64>().ok()?)))
+        .filter(|(name, n)| !name.is_empty() && *n >= 1 && name.len() <= 64)
+        .ok_or_else(|| anyhow::anyhow!("--barrier {spec:?}: expected NAME:N (a name of up to 64 bytes, N ≥ 1)"))?;
+    let rc = rc.clone();
+    Ok(StartGate(Arc::new(move |t: &dyn Transport| {
+        let mut rt = Runtime::new(t, 0, rc.clone())?;
+        let ctx = rt.ctx();
+        eprintln!("barrier {name}: arrived, waiting for {n} processes (at most {:.0}s)", timeout.as_secs_f64());
+        let (name2, poll) = (name.clone(), Duration::from_millis(2));
+        let a = rt.block_on(async move { smart_core::barrier::arrive(&ctx, &name2, n, timeout, poll).await })?;
+        eprintln!(
+            "barrier {name}: released after {:.3}s (ticket {}, generation {})",
+            a.waited.as_secs_f64(),
+            a.ticket,
+            a.generation
+        );
+        Ok(())
+    })))
 }
 
 fn micro(a: &MicroArgs, run: &RunConfig) -> Result<MicroConfig> {

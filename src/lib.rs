@@ -3,10 +3,12 @@
 //! `memory-blade` and `compute-blade` are thin: `main` parses the flags
 //! ([`cli`]: what was typed), resolves them once into a validated
 //! configuration ([`config`]: what to do), runs the subcommand
-//! ([`commands`]) and reports ([`report`]). Both binaries share the
+//! ([`commands`]) and reports ([`report`]). [`merge`] combines the records
+//! of compute blades that ran together. Both binaries share the
 //! transport flags ([`cli::LinkFlags`]).
 
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod merge;
 pub mod report;

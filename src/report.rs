@@ -8,6 +8,54 @@ use smart_core::Transport;
 
 use crate::config::Session;
 
+/// `--version`: the crate version and the git commit it was built from.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SMART_RS_COMMIT"), ")");
+
+/// Where a record came from: the command line, the build (commit and
+/// features), the host and its cores, the date (UTC), and the hash of the
+/// cluster file the launcher ran it from (`SMART_RS_CLUSTER_SHA256`, set by
+/// `scripts/cluster`; null when run by hand).
+pub fn provenance() -> Value {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into());
+    let mut features = Vec::new();
+    if cfg!(feature = "verbs") {
+        features.push("verbs");
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    json!({
+        "command": std::env::args().collect::<Vec<_>>(),
+        "commit": env!("SMART_RS_COMMIT"),
+        "version": env!("CARGO_PKG_VERSION"),
+        "features": features,
+        "host": host,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "pid": std::process::id(),
+        "date": utc_date(now.as_secs()),
+        "cluster_file_sha256": std::env::var("SMART_RS_CLUSTER_SHA256").ok(),
+    })
+}
+
+/// `secs` since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_date(secs: u64) -> String {
+    // Days to civil date (Hinnant's algorithm, proleptic Gregorian).
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
 /// What a record is about.
 #[derive(Clone, Copy, Debug)]
 pub struct Subject<'a> {
@@ -87,8 +135,24 @@ pub fn finish(s: &Session, rec: &Value, r: &RunReport) -> Result<()> {
 /// If the record cannot be written.
 pub fn write(s: &Session, rec: &Value) -> Result<()> {
     if let Some(p) = &s.json {
-        std::fs::write(p, serde_json::to_string_pretty(rec)? + "\n")
+        let mut rec = rec.clone();
+        if let Some(o) = rec.as_object_mut() {
+            o.entry("provenance").or_insert_with(provenance);
+        }
+        std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_date;
+
+    #[test]
+    fn dates_are_civil_utc() {
+        assert_eq!(utc_date(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_date(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_date(1_795_444_199), "2026-11-23T14:29:59Z");
+    }
 }

@@ -60,6 +60,23 @@ pub struct RunConfig {
     /// When set (e.g. by SIGINT), the run stops as if its time were up:
     /// coroutines finish their current operation, and the report says so.
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// Called once before the worker threads start (after any load): e.g. a
+    /// barrier with other processes ([`smart_core::barrier`]). Its error
+    /// fails the run before anything is measured.
+    pub gate: Option<StartGate>,
+}
+
+/// The function behind a [`StartGate`].
+pub type GateFn = dyn Fn(&dyn Transport) -> Result<()> + Send + Sync;
+
+/// What [`RunConfig::gate`] calls, with the run's transport.
+#[derive(Clone)]
+pub struct StartGate(pub Arc<GateFn>);
+
+impl fmt::Debug for StartGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StartGate")
+    }
 }
 
 impl Default for RunConfig {
@@ -73,6 +90,7 @@ impl Default for RunConfig {
             progress: false,
             seed: 0,
             interrupt: None,
+            gate: None,
         }
     }
 }
@@ -372,6 +390,7 @@ impl RunReport {
             ops: self.ops,
             throughput_mops: self.mops(),
             latency_us: self.latency.summary(),
+            latency_hist: self.latency.to_histogram(),
             verbs_per_op: self.per_op(self.verbs.wrs),
             doorbells_per_op: self.per_op(self.verbs.doorbells),
             retries_per_op: self.per_op(self.verbs.retries),
@@ -505,6 +524,9 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
     let smart = &cfg.runtime.smart;
     let plan = QpPlan::new(smart.qp_policy, cfg.threads, transport.blades().len(), smart.doorbells);
     transport.configure(plan.with_shared_cq(smart.shared_cq))?;
+    if let Some(gate) = &cfg.gate {
+        (gate.0)(transport)?;
+    }
     let phase = Arc::new(AtomicU8::new(WARMUP));
     let progress: Arc<[CachePadded<Published>]> =
         (0..cfg.threads).map(|_| CachePadded::new(Published::new())).collect();

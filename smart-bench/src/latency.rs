@@ -1,7 +1,7 @@
 //! Latency histograms (log-linear, as HDR histograms), kept per thread and
 //! merged at the end of a run.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Sub-buckets per power of two: 2^9, so a bucket spans under 0.2% of its
 /// values, and its midpoint is within 0.1% of any of them.
@@ -68,7 +68,70 @@ pub struct LatencySummary {
     pub max: f64,
 }
 
+/// A [`Latency`] histogram as the result record carries it, so that the
+/// records of several processes merge exactly (percentiles of the merged
+/// histogram, not averages of percentiles): its non-empty buckets as
+/// `[index, count]` pairs, with the bucket scheme named.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyHistogram {
+    /// Values are nanoseconds.
+    pub unit: String,
+    /// Sub-buckets per power of two, as a power of two (the scheme: bucket
+    /// `i < 2^sub_bits` holds value `i`; above, `2^sub_bits` buckets per
+    /// power of two).
+    pub sub_bits: u32,
+    /// Samples.
+    pub count: u64,
+    /// The largest sample, exactly.
+    pub max: u64,
+    /// Non-empty buckets: `[index, count]`.
+    pub buckets: Vec<[u64; 2]>,
+}
+
+/// Why a serialized histogram cannot be read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadHistogram(pub String);
+
+impl std::fmt::Display for BadHistogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "latency histogram: {}", self.0)
+    }
+}
+
+impl std::error::Error for BadHistogram {}
+
 impl Latency {
+    /// The histogram as the record carries it.
+    pub fn to_histogram(&self) -> LatencyHistogram {
+        let buckets = self.counts.iter().enumerate().filter(|(_, c)| **c > 0).map(|(i, c)| [i as u64, *c]).collect();
+        LatencyHistogram { unit: "ns".into(), sub_bits: SUB_BITS, count: self.n, max: self.max, buckets }
+    }
+
+    /// Reads a serialized histogram back.
+    ///
+    /// # Errors
+    /// Another unit or bucket scheme, a bucket out of range, or counts that
+    /// do not add up to `count`.
+    pub fn from_histogram(h: &LatencyHistogram) -> Result<Latency, BadHistogram> {
+        if h.unit != "ns" || h.sub_bits != SUB_BITS {
+            return Err(BadHistogram(format!(
+                "unit {:?} with {} sub-bucket bits; this build reads \"ns\" with {SUB_BITS}",
+                h.unit, h.sub_bits
+            )));
+        }
+        let mut l = Latency::default();
+        for &[i, c] in &h.buckets {
+            let slot = l.counts.get_mut(i as usize).ok_or_else(|| BadHistogram(format!("bucket {i} out of range")))?;
+            *slot += c;
+            l.n += c;
+        }
+        if l.n != h.count {
+            return Err(BadHistogram(format!("buckets hold {} samples, count says {}", l.n, h.count)));
+        }
+        l.max = h.max;
+        Ok(l)
+    }
+
     /// Records one latency in nanoseconds.
     #[inline]
     pub fn record(&mut self, ns: u64) {
@@ -148,6 +211,30 @@ mod tests {
             assert!(bucket(v) >= last);
             last = bucket(v);
         }
+    }
+
+    #[test]
+    fn a_serialized_histogram_reads_back_the_same_and_bad_ones_are_refused() {
+        let mut a = Latency::default();
+        for v in [0, 5, 511, 512, 9_999, 1 << 33] {
+            for _ in 0..=v % 7 {
+                a.record(v);
+            }
+        }
+        let h = a.to_histogram();
+        let b = Latency::from_histogram(&h).unwrap();
+        assert_eq!(b.to_histogram(), h);
+        assert_eq!((b.summary(), b.len()), (a.summary(), a.len()));
+        let mut wrong = h.clone();
+        wrong.count += 1;
+        assert!(Latency::from_histogram(&wrong).is_err());
+        let mut wrong = h.clone();
+        wrong.buckets.push([BUCKETS as u64, 1]);
+        wrong.count += 1;
+        assert!(Latency::from_histogram(&wrong).is_err());
+        let mut wrong = h;
+        wrong.sub_bits = 7;
+        assert!(Latency::from_histogram(&wrong).is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@ use serde::Serialize;
 use smart_core::runtime::SmartState;
 use smart_core::stats::VerbStats;
 
-use crate::latency::LatencySummary;
+use crate::latency::{LatencyHistogram, LatencySummary};
 
 /// One per-second sample of a run.
 #[derive(Clone, Debug, Serialize)]
@@ -32,6 +32,9 @@ pub struct Record {
     pub throughput_mops: f64,
     /// Latency percentiles in microseconds.
     pub latency_us: LatencySummary,
+    /// The latency histogram they were read from (records of several
+    /// processes merge through it).
+    pub latency_hist: LatencyHistogram,
     /// Work requests per operation.
     pub verbs_per_op: f64,
     /// Doorbells (batches) per operation.

@@ -93,6 +93,21 @@ pub enum Error {
     /// The requested backend or feature is not available.
     #[error("{0}")]
     Unsupported(String),
+    /// Not every party arrived at a barrier in time.
+    #[error(
+        "barrier {name:?}: {arrived} of {parties} processes arrived within {waited_ms} ms (a compute blade did not \
+         start, died before arriving, or used another party count)"
+    )]
+    BarrierTimeout {
+        /// The barrier's name.
+        name: String,
+        /// Parties of this generation that had arrived.
+        arrived: u64,
+        /// Parties expected.
+        parties: u64,
+        /// How long this one waited, in ms.
+        waited_ms: u64,
+    },
 }
 
 impl Error {

@@ -41,6 +41,7 @@
 
 pub mod addr;
 pub mod backend;
+pub mod barrier;
 pub mod blade;
 mod error;
 pub mod index;

@@ -7,12 +7,25 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use smart::cli::ComputeCli;
+use smart::cli::{Cmd, ComputeCli};
 use smart::commands::{self, Outcome};
 use smart::config::{Config, Job};
 
 fn main() -> Result<()> {
-    let mut cfg = Config::from_cli(&ComputeCli::parse())?;
+    let cli = ComputeCli::parse();
+    if let Cmd::Merge(m) = &cli.cmd {
+        let mut merged = smart::merge::merge_files(&m.records)?;
+        if let Some(o) = merged.as_object_mut() {
+            o.insert("provenance".into(), smart::report::provenance());
+        }
+        let text = serde_json::to_string_pretty(&merged)? + "\n";
+        match &m.json {
+            Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
+            None => print!("{text}"),
+        }
+        return Ok(());
+    }
+    let mut cfg = Config::from_cli(&cli)?;
     // SIGINT or SIGTERM stops the run cleanly: coroutines finish their
     // current operation, the summary and the record of what ran are written,
     // and the exit status is 130.

@@ -3,4 +3,5 @@
 mod btree;
 mod cli;
 mod dtx;
+mod multi;
 mod tables;
