@@ -21,8 +21,24 @@ fn main() {
         _ => "unknown".to_string(),
     };
     println!("cargo:rustc-env=SMART_RS_COMMIT={commit}");
-    // A new commit or staged change rebuilds the stamp.
-    for p in [".git/HEAD", ".git/index", ".git/refs/heads"] {
+    // A new commit, a staged change or an edited source rebuilds the stamp
+    // (so "+dirty" is current).
+    for p in [
+        ".git/HEAD",
+        ".git/index",
+        ".git/refs/heads",
+        "src",
+        "smart-core",
+        "smart-bench",
+        "smart-testkit",
+        "race-ht",
+        "ford-dtx",
+        "sherman-bt",
+        "ycsb",
+        "smallbank-tatp",
+        "scripts",
+        "Cargo.toml",
+    ] {
         println!("cargo:rerun-if-changed={p}");
     }
     println!("cargo:rerun-if-changed=build.rs");

@@ -156,6 +156,10 @@ pub struct Common {
     /// a FAA counter on blade 0. Needs --blades.
     #[arg(long)]
     pub barrier: Option<String>,
+    /// Microseconds each coroutine idles between its operations, to offer
+    /// less than the full load (latency against throughput; 0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub idle_us: f64,
     /// Seconds to wait at the --barrier for the others before failing.
     #[arg(long, default_value_t = 60.0)]
     pub barrier_timeout: f64,

@@ -349,7 +349,12 @@ impl Session {
             seed: c.seed.unwrap_or_else(rand::random),
             interrupt: None,
             gate: None,
+            idle: Duration::ZERO,
         };
+        if !(0.0..=1e6).contains(&c.idle_us) {
+            bail!("--idle-us must be 0 to 1000000 microseconds");
+        }
+        run.idle = Duration::from_secs_f64(c.idle_us / 1e6);
         if let Some(b) = &c.barrier {
             if c.blades.is_empty() {
                 bail!("--barrier needs --blades (processes meet on a memory blade, not in an embedded one)");

@@ -94,6 +94,7 @@ pub fn record(what: Subject<'_>, s: &Session, t: &dyn Transport, r: &RunReport, 
         "doorbells": format!("{}:{}", smart.doorbells.low_latency, smart.doorbells.medium),
         "doorbell_rings": t.doorbell_rings(),
         "seed": s.run.seed,
+        "idle_us": s.run.idle.as_secs_f64() * 1e6,
         "interrupted": r.interrupted,
         "first_error": r.first_error,
     });

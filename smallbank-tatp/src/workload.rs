@@ -247,6 +247,7 @@ impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
             let mut rng = SmallRng::seed_from_u64(wk.seed());
             let ctx = st.dtx.ctx().clone();
             while wk.running() {
+                wk.idle().await;
                 let d = w.draw(&mut rng);
                 let t = wk.now();
                 let mut op = ctx.op().await;
@@ -339,7 +340,14 @@ pub fn run<W: Workload + Clone + 'static>(
             eprintln!("loading {} {} rows", w.rows(), w.name());
         }
         let t0 = Instant::now();
-        let load_cfg = RunConfig { duration: Duration::from_secs(24 * 3600), warmup: Duration::ZERO, ..cfg.clone() };
+        // The load neither waits at the run's start gate nor idles.
+        let load_cfg = RunConfig {
+            duration: Duration::from_secs(24 * 3600),
+            warmup: Duration::ZERO,
+            gate: None,
+            idle: Duration::ZERO,
+            ..cfg.clone()
+        };
         let load = harness::run_bench(&*transport, &load_cfg, &phase(true))?;
         load_s = t0.elapsed().as_secs_f64();
         if let Some(e) = load.first_error {

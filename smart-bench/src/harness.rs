@@ -64,6 +64,9 @@ pub struct RunConfig {
     /// barrier with other processes ([`smart_core::barrier`]). Its error
     /// fails the run before anything is measured.
     pub gate: Option<StartGate>,
+    /// Idle time of each coroutine between its operations (zero: none), to
+    /// offer less than the full load ([`Worker::idle`]).
+    pub idle: Duration,
 }
 
 /// The function behind a [`StartGate`].
@@ -91,6 +94,7 @@ impl Default for RunConfig {
             seed: 0,
             interrupt: None,
             gate: None,
+            idle: Duration::ZERO,
         }
     }
 }
@@ -229,6 +233,7 @@ pub struct Worker {
     rec: Rc<RefCell<ThreadRec>>,
     progress: Arc<[CachePadded<Published>]>,
     clock: quanta::Clock,
+    idle_ns: u64,
 }
 
 impl std::fmt::Debug for Worker {
@@ -263,6 +268,17 @@ impl Worker {
     /// the same seed draws the same ones.
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// Waits [`RunConfig::idle`] (letting the thread's other coroutines
+    /// run), or not at all when it is zero: benchmarks call it before each
+    /// operation, so that the offered load can be set below the maximum
+    /// (latency against throughput).
+    #[inline]
+    pub async fn idle(&self) {
+        if self.idle_ns > 0 {
+            self.ctx.sleep_ns(self.idle_ns).await;
+        }
     }
 
     /// Whether the run goes on (false once the measured time is over).
@@ -585,6 +601,7 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                                 rec: rec.clone(),
                                 progress: progress.clone(),
                                 clock: clock.clone(),
+                                idle_ns: cfg.idle.as_nanos() as u64,
                             };
                             let fut = bench.coroutine(w.clone(), state.clone());
                             let first_error = first_error.clone();

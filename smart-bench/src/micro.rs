@@ -76,6 +76,7 @@ async fn cas_increments(w: &harness::Worker, counter: GlobalAddr, mut done: Tall
     let ctx = w.ctx();
     let mut expected = ctx.read_u64(counter).await?;
     while w.running() {
+        w.idle().await;
         let t0 = w.now();
         let mut op = ctx.op().await;
         loop {
@@ -186,6 +187,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
             }
             let mut done = done;
             while w.running() {
+                w.idle().await;
                 let t0 = w.now();
                 let mut b = ctx.batch();
                 // A batch is one doorbell to one QP, so all its WRs go to one

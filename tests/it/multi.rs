@@ -127,3 +127,32 @@ fn version_names_the_commit() {
         assert!(out.status.success() && v.contains("(commit "), "{v}");
     }
 }
+
+#[test]
+fn idle_time_between_operations_bounds_the_offered_load() {
+    // One coroutine idling 20 ms before each operation can finish at most
+    // one operation per 20 ms of the run (plus the one in flight).
+    let json = tmp("idle.json");
+    let out = compute(&[
+        "micro",
+        "--coroutines",
+        "1",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0",
+        "--quiet",
+        "--idle-us",
+        "20000",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = record(&json);
+    let ops = r["ops"].as_u64().unwrap();
+    let bound = (r["duration_s"].as_f64().unwrap() / 0.02).ceil() as u64 + 1;
+    assert!(ops >= 1 && ops <= bound, "{ops} operations in {}s with 20 ms idle each", r["duration_s"]);
+    assert_eq!(r["idle_us"].as_f64().unwrap(), 20000.0);
+    assert!(!compute(&["micro", "--idle-us", "-1"]).status.success());
+    std::fs::remove_file(json).unwrap();
+}

@@ -325,6 +325,7 @@ async fn run_ops<I: KvIndex>(
     let (mut known, mut since) = (frontier.get(), 0);
     let wrong = |found: bool, v: &[u8], k: u64| u64::from(y.verify && (!found || !holds_key(v, k)));
     while w.running() {
+        w.idle().await;
         let t = w.now();
         let op = y.workload.next_op(&mut rng);
         since += 1;
@@ -453,7 +454,14 @@ pub fn run<I: KvIndex>(
         if cfg.progress {
             eprintln!("loading {} keys", y.keys);
         }
-        let load_cfg = RunConfig { duration: Duration::from_secs(24 * 3600), warmup: Duration::ZERO, ..cfg.clone() };
+        // The load neither waits at the run's start gate nor idles.
+        let load_cfg = RunConfig {
+            duration: Duration::from_secs(24 * 3600),
+            warmup: Duration::ZERO,
+            gate: None,
+            idle: Duration::ZERO,
+            ..cfg.clone()
+        };
         let load = harness::run_bench(transport, &load_cfg, &phase(true))?;
         if let Some(e) = load.first_error {
             return Err(YcsbError::Load(e));

@@ -1,0 +1,394 @@
+"""One command per figure of the Smart paper's evaluation (Ren et al.,
+ASPLOS '24) that Smart-rs supports: run the sweep on the cluster file's
+machines, write every run's record as a JSON line, draw the figure (PNG and
+PDF) in the paper's layout, with the paper's curve beside ours where the
+artifact's reference results are known (normalised: different hardware, so
+compare shapes).
+
+    scripts/figure 8 --quick            # seconds per point, on this machine
+    scripts/figure all --full --cluster my-cluster.toml
+    scripts/figure 8 --plot-only        # redraw from results/figures/fig8.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster import REPO, LaunchError, Launcher, check_reachable, load_cluster  # noqa: E402
+
+# --smart settings of the paper's series.
+RACE = "none"
+SMART_HT = "thd-res-alloc,work-req-throt,conflict-avoid"
+SHERMAN_PLUS = "thd-res-alloc,work-req-throt,conflict-avoid"
+SMART_BT = "all"
+
+
+@dataclass
+class Point:
+    panel: str
+    series: str
+    x: float
+    args: list[str]  # the compute-blade subcommand and its flags (no blades, duration, json)
+    processes: int = 1
+    fresh_blades: bool = False  # restart the memory blades first (indexes whose memory a drop does not return)
+    table: bool = False  # a YCSB table: named per run, dropped after it
+
+
+@dataclass
+class Metric:
+    key: str  # record field (dotted for nested)
+    label: str  # y axis, with its unit
+    scale: float = 1.0
+
+
+@dataclass
+class Figure:
+    name: str
+    title: str
+    x_label: str
+    panels: list[str]
+    metrics: list[Metric]
+    points: list[Point] = field(default_factory=list)
+    reference: str = ""  # file under scripts/smartrs/reference/
+    log_x: bool = False
+    x_key: str = ""  # plot against this record field (scaled by x_scale) instead of the swept value
+    x_scale: float = 1.0
+
+
+def sweep(mode: str, quick: list, full: list, cap: int | None = None) -> list:
+    v = quick if mode == "quick" else full
+    return [x for x in v if cap is None or x <= cap] or v[:1]
+
+
+def ycsb(workload: str, smart: str, threads: int, keys: int, app: str = "race", extra: list[str] | None = None):
+    return ["ycsb", "--app", app, "--workload", workload, "--keys", str(keys), "--threads", str(threads),
+            "--coroutines", "8", "--smart", smart] + (extra or [])
+
+
+def build(name: str, mode: str, max_threads: int, compute_hosts: int, memory_blades: int = 2) -> Figure:
+    """The sweep of figure `name` in `mode` (quick or full)."""
+    threads = sweep(mode, [1, 2], [1, 2, 4, 8, 16, 24, 32, 48, 64, 96], max_threads)
+    keys = 20_000 if mode == "quick" else 1_000_000
+    tmax = threads[-1]
+    if name in ("3a", "3b"):
+        op = "read" if name == "3a" else "write"
+        f = Figure(name, f"8-byte RDMA {op.upper()}, depth 8, by QP policy", "threads", [op],
+                   [Metric("throughput_mops", "throughput (Mop/s)")], reference="fig3a.csv" if name == "3a" else "")
+        for policy, label in [("shared", "shared QP"), ("multiplexed:4", "multiplexed QP (4 thr/QP)"),
+                              ("multiplexed:2", "multiplexed QP (2 thr/QP)"), ("per-thread-qp", "per-thread QP"),
+                              ("per-thread-db", "per-thread doorbell")]:
+            for t in threads:
+                f.points.append(Point(op, label, t, ["micro", "--op", op, "--size", "8", "--threads", str(t),
+                                                     "--coroutines", "8", "--smart", "none", "--qp-policy", policy]))
+        return f
+    if name == "4":
+        f = Figure("4", "8-byte READ, per-thread doorbell, by outstanding WRs per thread", "threads", ["read"],
+                   [Metric("throughput_mops", "throughput (Mop/s)")])
+        for depth in sweep(mode, [1, 8, 32], [1, 2, 4, 8, 16, 32, 64, 128]):
+            for t in threads:
+                f.points.append(Point("read", f"depth {depth}", t,
+                                      ["micro", "--op", "read", "--size", "8", "--threads", str(t), "--coroutines",
+                                       str(depth), "--smart", "none", "--qp-policy", "per-thread-db"]))
+        return f
+    if name == "5":
+        f = Figure("5", "RACE, update-only (Zipf 0.99): throughput and retries as threads grow", "threads",
+                   ["update-only"], [Metric("throughput_mops", "throughput (Mop/s)"),
+                                     Metric("retries_per_op", "retries per operation")])
+        for smart, label in [(RACE, "RACE"), (SMART_HT, "Smart-HT")]:
+            for t in threads:
+                f.points.append(Point("update-only", label, t, ycsb("update-only", smart, t, keys), table=True))
+        return f
+    if name == "7":
+        procs = sweep(mode, [1, 2], [1, 2, 3, 4, 5, 6])
+        f = Figure("7", "RACE vs Smart-HT, scale-out over compute blades (Zipf 0.99)", "compute blades",
+                   ["a", "b", "c"], [Metric("throughput_mops", "throughput (Mop/s)")])
+        for w in ("a", "b", "c"):
+            for smart, label in [(RACE, "RACE"), (SMART_HT, "Smart-HT")]:
+                for k in procs:
+                    f.points.append(Point(w, label, k, ycsb(w, smart, tmax, keys), processes=k, table=True))
+        return f
+    if name == "8":
+        f = Figure("8", "Breakdown of Smart-HT's techniques, YCSB (Zipf 0.99)", "threads", ["a", "b", "c"],
+                   [Metric("throughput_mops", "throughput (Mop/s)")], reference="fig8.csv")
+        for smart, label in [(RACE, "RACE"), ("thd-res-alloc", "+ThdResAlloc"),
+                             ("thd-res-alloc,work-req-throt", "+WorkReqThrot"), (SMART_HT, "Smart-HT")]:
+            for w in ("a", "b", "c"):
+                for t in threads:
+                    f.points.append(Point(w, label, t, ycsb(w, smart, t, keys), table=True))
+        return f
+    if name in ("9", "11"):
+        idles = sweep(mode, [0, 64, 512], [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
+        lat = [Metric("latency_us.p50", "median latency (µs)"), Metric("latency_us.p99", "p99 latency (µs)")]
+        if name == "9":
+            f = Figure("9", f"Latency vs throughput, YCSB C (Zipf 0.99), {tmax} threads, idle 0–{idles[-1]} µs per op",
+                       "throughput (Mop/s)", ["c"], lat, x_key="throughput_mops")
+            for smart, label in [(RACE, "RACE"), (SMART_HT, "Smart-HT")]:
+                for i in idles:
+                    f.points.append(Point("c", label, i, ycsb("c", smart, tmax, keys, extra=["--idle-us", str(i)]),
+                                          table=True))
+            return f
+        replicas = min(2, memory_blades)
+        f = Figure("11", f"Latency vs throughput, {tmax} threads, idle 0–{idles[-1]} µs per transaction",
+                   "committed (ktxn/s)", ["smallbank", "tatp"], lat, x_key="committed_per_s", x_scale=1e-3)
+        n = "20000" if mode == "quick" else "1000000"
+        for smart, label in [("none", "FORD+"), ("all", "Smart-DTX")]:
+            for w, size in (("smallbank", ["--accounts", n]), ("tatp", ["--subscribers", n])):
+                for i in idles:
+                    f.points.append(Point(w, label, i, [w, "--threads", str(tmax), "--coroutines", "8", "--smart", smart,
+                                                        "--replicas", str(replicas), "--idle-us", str(i)] + size,
+                                          fresh_blades=True))
+        return f
+    if name == "10":
+        replicas = min(2, memory_blades)
+        f = Figure("10", f"FORD+ vs Smart-DTX ({replicas} replica{'s' if replicas > 1 else ''})", "threads",
+                   ["smallbank", "tatp"],
+                   [Metric("committed_per_s", "committed (ktxn/s)", 1e-3), Metric("latency_us.p99", "p99 latency (µs)"),
+                    Metric("abort_rate", "abort rate")])
+        size = ["--accounts", "20000"] if mode == "quick" else ["--accounts", "1000000"]
+        tsize = ["--subscribers", "20000"] if mode == "quick" else ["--subscribers", "1000000"]
+        for smart, label in [("none", "FORD+"), ("all", "Smart-DTX")]:
+            for t in threads:
+                for w, s in (("smallbank", size), ("tatp", tsize)):
+                    f.points.append(Point(w, label, t, [w, "--threads", str(t), "--coroutines", "8", "--smart", smart,
+                                                        "--replicas", str(replicas)] + s, fresh_blades=True))
+        return f
+    if name == "12":
+        f = Figure("12", "Sherman+ vs Smart-BT (speculative lookup), YCSB (Zipf 0.99)", "threads", ["a", "b", "c"],
+                   [Metric("throughput_mops", "throughput (Mop/s)")])
+        for smart, label in [(SHERMAN_PLUS, "Sherman+"), (SMART_BT, "Smart-BT")]:
+            for w in ("a", "b", "c"):
+                for t in threads:
+                    f.points.append(Point(w, label, t, ycsb(w, smart, t, keys, app="sherman"), fresh_blades=True))
+        return f
+    if name in ("13a", "13b"):
+        series = [("none", "per-thread QP"), ("thd-res-alloc", "+ThdResAlloc"),
+                  ("thd-res-alloc,work-req-throt", "+WorkReqThrot")]
+        if name == "13a":
+            f = Figure("13a", "8-byte READ at depth 16: WorkReqThrot as threads grow", "threads", ["read"],
+                       [Metric("throughput_mops", "throughput (Mop/s)")], reference="fig13a.csv")
+            xs = [(t, t, 16) for t in threads]
+        else:
+            f = Figure("13b", f"8-byte READ at {tmax} threads: WorkReqThrot as depth grows", "outstanding WRs per thread",
+                       ["read"], [Metric("throughput_mops", "throughput (Mop/s)")], log_x=True)
+            xs = [(d, tmax, d) for d in sweep(mode, [1, 8, 32], [1, 2, 4, 8, 16, 32])]
+        for smart, label in series:
+            for x, t, d in xs:
+                f.points.append(Point("read", label, x, ["micro", "--op", "read", "--size", "8", "--threads", str(t),
+                                                         "--coroutines", str(d), "--smart", smart]))
+        return f
+    if name == "14":
+        f = Figure("14", f"Update-only at {tmax} threads: retries with and without ConflictAvoid", "Zipfian skew",
+                   ["update-only"], [Metric("retries_per_op", "retries per operation"),
+                                     Metric("throughput_mops", "throughput (Mop/s)")])
+        for smart, label in [("thd-res-alloc,work-req-throt", "without ConflictAvoid"), (SMART_HT, "with ConflictAvoid")]:
+            for z in sweep(mode, [0.5, 0.99], [0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1.1, 1.2]):
+                f.points.append(Point("update-only", label, z,
+                                      ycsb("update-only", smart, tmax, keys, extra=["--zipf", str(z)]), table=True))
+        return f
+    raise SystemExit(f"figure {name!r}: not one of {', '.join(FIGURES)} (or all)")
+
+
+FIGURES = ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "13a", "13b", "14"]
+ABSENT = {
+    "table1": "the tuner under a changing workload needs a phased workload in compute-blade: not built",
+}
+
+
+def get(rec: dict, key: str) -> float:
+    v = rec
+    for k in key.split("."):
+        v = v[k]
+    return float(v)
+
+
+def run_figure(fig: Figure, mode: str, launcher: Launcher, out: Path) -> Path:
+    """Runs every point; appends one JSON line per run to fig<name>.jsonl."""
+    secs, warm = (0.5, 0.2) if mode == "quick" else (10.0, 2.0)
+    jl = out / f"fig{fig.name}.jsonl"
+    jl.unlink(missing_ok=True)
+    blades = None
+    t0 = time.monotonic()
+    for i, p in enumerate(fig.points):
+        if blades is None or p.fresh_blades:
+            if blades is not None:
+                launcher.stop_blades()
+            blades = launcher.start_blades()
+            problems = check_reachable(launcher.cluster, blades)
+            if problems:
+                raise LaunchError("; ".join(problems))
+        tag = f"fig{fig.name}-{i + 1}"
+        args = list(p.args) + ["--duration", str(secs), "--warmup", str(warm)]
+        load = None
+        if p.table:
+            args += ["--table", tag]
+        if p.processes > 1:
+            load = ["--load-only"]
+            args += ["--no-load"]
+        print(f"[fig {fig.name} {i + 1}/{len(fig.points)} {time.monotonic() - t0:5.0f}s] {p.panel} {p.series} "
+              f"x={p.x}: compute-blade {' '.join(p.args)}" + (f" ×{p.processes}" if p.processes > 1 else ""),
+              file=sys.stderr, flush=True)
+        rec = launcher.run_multi(blades, args, p.processes, out / "records" / f"{tag}.json", tag,
+                                 timeout=120 + 4 * secs, load=load)
+        if rec.get("errors", 0) or rec.get("violations", 0):
+            raise LaunchError(f"{tag}: the run reported errors {rec.get('errors')} violations {rec.get('violations')} "
+                              f"(record: {out / 'records' / (tag + '.json')})")
+        with jl.open("a") as f:
+            f.write(json.dumps({"figure": fig.name, "mode": mode, "panel": p.panel, "series": p.series, "x": p.x,
+                                "x_label": fig.x_label, "processes": p.processes, "record": rec}) + "\n")
+        if p.table and p.args[p.args.index("--app") + 1] == "race":
+            # Hand the table's memory back for the next run.
+            launcher.wait_all([launcher.compute(launcher.cluster.compute[0].host,
+                                                ["table", "drop", tag, "--blades", blades] + launcher.link_flags()
+                                                + ["--quiet"], name=f"{tag}-drop")], timeout=60)
+    launcher.stop_blades()
+    return jl
+
+
+def xval(fig: Figure, row: dict) -> float:
+    return get(row["record"], fig.x_key) * fig.x_scale if fig.x_key else row["x"]
+
+
+def reference(fig: Figure) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """The paper's curves for this figure: (panel, series) → [(x, y)]."""
+    if not fig.reference:
+        return {}
+    p = Path(__file__).resolve().parent / "reference" / fig.reference
+    curves: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    with p.open() as f:
+        for row in csv.DictReader(line for line in f if not line.startswith("#")):
+            curves.setdefault((row["panel"], row["series"]), []).append((float(row["x"]), float(row["y"])))
+    return curves
+
+
+def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
+    """Draws fig<name>.png and .pdf from the JSON lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = [json.loads(line) for line in jl.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise LaunchError(f"{jl}: no runs to plot")
+    ref = reference(fig)
+    nrows = len(fig.metrics) + (1 if ref else 0)
+    ncols = len(fig.panels)
+    fig_, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
+    series = list(dict.fromkeys(r["series"] for r in rows))
+    colors = {s: f"C{i}" for i, s in enumerate(series)}
+    for c, panel in enumerate(fig.panels):
+        for r_i, m in enumerate(fig.metrics):
+            ax = axes[r_i][c]
+            for s in series:
+                # In the order of the swept value (for a latency–throughput
+                # curve, the idle time), plotted against xval.
+                pts = [(xval(fig, r), get(r["record"], m.key) * m.scale)
+                       for r in sorted(rows, key=lambda r: r["x"]) if r["panel"] == panel and r["series"] == s]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=s, color=colors[s])
+            ax.set_xlabel(fig.x_label)
+            ax.set_ylabel(m.label)
+            if not fig.x_key and all(float(r["x"]).is_integer() for r in rows):
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if fig.log_x:
+                ax.set_xscale("log", base=2)
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            if len(fig.panels) > 1:
+                ax.set_title(f"YCSB {panel.upper()}" if len(panel) == 1 else panel)
+        if ref and not any(k[0] == panel for k in ref):
+            axes[-1][c].axis("off")
+            axes[-1][c].text(0.5, 0.5, "no reference result\nfor this panel", ha="center", va="center")
+        elif ref:
+            ax = axes[-1][c]
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            for s in series:
+                ours = sorted((r["x"], get(r["record"], fig.metrics[0].key)) for r in rows
+                              if r["panel"] == panel and r["series"] == s)
+                theirs = sorted(ref.get((panel, s), []))
+                for pts, style, who in ((ours, "-", "ours"), (theirs, "--", "paper")):
+                    top = max((y for _, y in pts), default=0)
+                    if top > 0:
+                        ax.plot([x for x, _ in pts], [y / top for _, y in pts], style, color=colors[s],
+                                marker="o" if who == "ours" else None, label=f"{s} ({who})")
+            ax.set_xlabel(fig.x_label)
+            ax.set_ylabel("normalised to its maximum")
+            ax.set_title("shape: ours (solid) vs paper (dashed)", fontsize=9)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    rec0 = rows[0]["record"]
+    prov = rec0.get("provenance") or (rec0.get("parts") or [{}])[0].get("provenance", {})
+    title = textwrap.fill(f"Figure {fig.name}: {fig.title}", width=48 * ncols)
+    fig_.suptitle(f"{title}\n{rows[0]['mode']} run, {rec0.get('transport')} transport, "
+                  f"commit {str(prov.get('commit', '?'))[:10]}, host {prov.get('host', '?')}", fontsize=10)
+    fig_.tight_layout()
+    made = []
+    for ext in ("png", "pdf"):
+        p = out / f"fig{fig.name}.{ext}"
+        fig_.savefig(p, dpi=110)
+        made.append(p)
+    plt.close(fig_)
+    return made
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/figure", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("figures", nargs="+", help=f"{', '.join(FIGURES)} or all")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_const", dest="mode", const="quick",
+                      help="a few points, under a second each (the default)")
+    mode.add_argument("--full", action="store_const", dest="mode", const="full", help="the paper's sweep")
+    ap.add_argument("--cluster", help="cluster file (default: scripts/cluster.localhost.toml)")
+    ap.add_argument("--out", default=str(REPO / "results" / "figures"), help="output directory")
+    ap.add_argument("--plot-only", action="store_true", help="redraw from the existing JSON lines")
+    ap.add_argument("--no-plot", action="store_true", help="run and record only")
+    a = ap.parse_args(argv)
+    a.mode = a.mode or "quick"
+    names = FIGURES if a.figures == ["all"] else a.figures
+    for n in names:
+        if n in ABSENT:
+            print(f"figure {n}: {ABSENT[n]}", file=sys.stderr)
+            return 2
+        if n not in FIGURES:
+            print(f"figure {n!r}: not one of {', '.join(FIGURES)} (or all)", file=sys.stderr)
+            return 2
+    out = Path(a.out)
+    (out / "records").mkdir(parents=True, exist_ok=True)
+    try:
+        cluster = load_cluster(a.cluster)
+    except (LaunchError, OSError) as e:
+        print(f"scripts/figure: {e}", file=sys.stderr)
+        return 2
+    hosts = len(cluster.compute)
+    try:
+        with Launcher(cluster, out / "logs") as launcher:
+            for n in names:
+                fig = build(n, a.mode, cluster.max_threads(), hosts, len(cluster.memory))
+                jl = out / f"fig{n}.jsonl"
+                if not a.plot_only:
+                    jl = run_figure(fig, a.mode, launcher, out)
+                if not a.no_plot:
+                    for p in plot(fig, jl, out):
+                        print(f"figure {n}: {p}")
+    except LaunchError as e:
+        print(f"scripts/figure: {e}\n(every process it started is stopped; logs in {out / 'logs'})", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"scripts/figure: interrupted; every process it started is stopped; logs in {out / 'logs'}",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

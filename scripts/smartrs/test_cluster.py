@@ -1,0 +1,100 @@
+"""Unit tests of the cluster file and the command lines the launcher builds
+(`python3 -m unittest discover -s scripts/smartrs -p 'test_*.py'`).
+
+Slurm is not installed here, so the srun path is tested by the command
+lines it builds; the ssh path runs for real in scripts/test-cluster.sh.
+"""
+
+import os
+import shlex
+import tempfile
+import unittest
+from pathlib import Path
+
+from cluster import REPO, LaunchError, load_cluster
+import figures
+
+
+def cluster_file(text: str) -> Path:
+    f = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    f.write(text)
+    f.close()
+    return Path(f.name)
+
+
+class ClusterFile(unittest.TestCase):
+    def test_the_default_is_one_local_blade_over_tcp(self):
+        c = load_cluster(None)
+        self.assertEqual(c.transport, "tcp")
+        self.assertEqual([m.host.launch for m in c.memory], ["local", "local"])
+        self.assertEqual(len(c.sha256), 64)
+
+    def test_remote_hosts_go_over_ssh_and_need_a_fixed_port(self):
+        p = cluster_file('[[memory_blade]]\nhost = "node1"\nsize = "1GiB"\n')
+        with self.assertRaisesRegex(LaunchError, "fixed port"):
+            load_cluster(p)
+        p = cluster_file('[defaults]\nworkdir = "/srv/smart"\nssh_port = 2222\n'
+                         '[[memory_blade]]\nhost = "node1"\nport = 7000\n[[compute_blade]]\nhost = "node2"\nthreads = 8\n')
+        c = load_cluster(p)
+        h = c.memory[0].host
+        self.assertEqual(h.launch, "ssh")
+        argv = h.wrap(["/srv/smart/target/release/memory-blade", "--listen", "0.0.0.0:7000"], {"A": "b c"})
+        self.assertEqual(argv[0], "ssh")
+        for o in ("BatchMode=yes", "ControlMaster=auto", "ControlPersist=60"):
+            self.assertIn(o, argv)
+        self.assertEqual(argv[argv.index("-p") + 1], "2222")
+        self.assertEqual(argv[-2], "node1")
+        remote = shlex.split(argv[-1])
+        self.assertEqual(remote[:2], ["sh", "-c"])
+        self.assertTrue(remote[2].startswith(
+            "cd /srv/smart && echo pid $$; export A='b c'; exec /srv/smart/target/release/memory-blade"), remote)
+        self.assertEqual(c.max_threads(), 8)
+
+    def test_bad_files_are_refused_naming_the_problem(self):
+        for text, what in [("[[memory_blade]\n", "not valid TOML"), ("[defaults]\n", "no \\[\\[memory_blade\\]\\]"),
+                           ('[defaults]\ntransport = "ib"\n[[memory_blade]]\n', "transport must be"),
+                           ('[[memory_blade]]\nlaunch = "pdsh"\n', "launch must be"),
+                           ('[[memory_blade]]\n[[compute_blade]]\nthreads = 0\n', "threads must be"),
+                           ('[[memory_blade]]\n[nodes]\n', "unknown section")]:
+            with self.assertRaisesRegex(LaunchError, what):
+                load_cluster(cluster_file(text))
+
+    def test_srun_needs_an_allocation_and_builds_an_overlapping_one_node_step(self):
+        text = '[defaults]\nlaunch = "srun"\nworkdir = "/w"\n[[memory_blade]]\nhost = "cn01"\nport = 7000\n'
+        os.environ.pop("SLURM_JOB_ID", None)
+        with self.assertRaisesRegex(LaunchError, "Slurm allocation"):
+            load_cluster(cluster_file(text))
+        os.environ["SLURM_JOB_ID"] = "42"
+        try:
+            h = load_cluster(cluster_file(text)).memory[0].host
+        finally:
+            del os.environ["SLURM_JOB_ID"]
+        argv = h.wrap(["/w/target/release/memory-blade", "--listen", "0.0.0.0:7000"], {})
+        self.assertEqual(argv[:5], ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--nodelist=cn01"])
+        self.assertEqual(argv[5:7], ["sh", "-c"])
+        self.assertTrue(argv[7].startswith("cd /w && echo pid $$; exec /w/target/release/memory-blade"))
+
+
+class Figures(unittest.TestCase):
+    def test_every_figure_builds_in_both_modes_with_distinct_points(self):
+        for name in figures.FIGURES:
+            for mode in ("quick", "full"):
+                f = figures.build(name, mode, 96, 2)
+                keys = [(p.panel, p.series, p.x) for p in f.points]
+                self.assertTrue(keys, name)
+                self.assertEqual(len(keys), len(set(keys)), f"{name} {mode}: a point twice")
+                self.assertTrue(set(p.panel for p in f.points) <= set(f.panels), name)
+                if f.reference:
+                    self.assertTrue(figures.reference(f), name)
+
+    def test_threads_never_exceed_the_cluster(self):
+        f = figures.build("8", "full", 24, 1)
+        self.assertEqual(max(p.x for p in f.points), 24)
+
+    def test_absent_figures_say_why(self):
+        self.assertEqual(figures.main(["table1"]), 2)
+        self.assertEqual(figures.main(["99"]), 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
