@@ -383,7 +383,9 @@ class Launcher:
         parts, procs = [], []
         for i, h in enumerate(hosts):
             remote = f"/tmp/smart-rs-{os.getpid()}-{tag}-{i}.json"
-            extra = ["--barrier", f"{tag}-{os.getpid()}:{processes}"] if processes > 1 else []
+            # One barrier name per launcher and party count: a root on blade 0
+            # each, reused run after run by generation.
+            extra = ["--barrier", f"launcher-{os.getpid()}-n{processes}:{processes}"] if processes > 1 else []
             procs.append(self.compute(h, sub + common + extra + ["--quiet", "--json", remote], name=f"{tag}-p{i + 1}"))
             parts.append((h, remote, self.out / f"{tag}-p{i + 1}.json"))
         self.wait_all(procs, timeout)
