@@ -208,6 +208,11 @@ pub struct MicroArgs {
     /// Bytes per blade that uncontended WRs spread over.
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub area: u64,
+    /// A changing workload (the paper's table 1): every this many ms a new
+    /// number of threads (37.5% to 100% of --threads) is active; the others
+    /// idle.
+    #[arg(long)]
+    pub phase_ms: Option<u64>,
 }
 
 /// `ycsb --app`.

@@ -60,6 +60,7 @@ pub fn micro(s: &Session, t: &dyn Transport, m: &MicroConfig) -> Result<Outcome>
         "size": m.size,
         "batch": m.batch,
         "contended": m.contended,
+        "phase_ms": m.phase_ms,
         "increments": rep.increments,
         "counter": rep.counter,
         "violations": rep.violations,

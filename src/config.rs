@@ -417,7 +417,10 @@ fn micro(a: &MicroArgs, run: &RunConfig) -> Result<MicroConfig> {
     if a.area < u64::from(size).next_multiple_of(8) {
         bail!("--area must hold at least one WR of --size bytes");
     }
-    Ok(MicroConfig { op, size, batch: a.batch, contended: a.contended, area: a.area })
+    if a.phase_ms == Some(0) || (a.phase_ms.is_some() && a.contended) {
+        bail!("--phase-ms must be at least 1, and applies to uncontended runs only");
+    }
+    Ok(MicroConfig { op, size, batch: a.batch, contended: a.contended, area: a.area, phase_ms: a.phase_ms })
 }
 
 fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {

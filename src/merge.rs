@@ -97,8 +97,17 @@ pub fn merge(parts: &[(PathBuf, Value)]) -> Result<Value> {
         }
         if let Some(m) = v.get("verbs").and_then(Value::as_object) {
             for (k, x) in m {
-                let sum = verbs.get(k).and_then(Value::as_u64).unwrap_or(0) + x.as_u64().unwrap_or(0);
-                verbs.insert(k.clone(), json!(sum));
+                let sum = match x {
+                    // A distribution (ops by retries): bucket by bucket.
+                    Value::Array(xs) => {
+                        let have = verbs.get(k).and_then(Value::as_array).cloned().unwrap_or_default();
+                        let n = have.len().max(xs.len());
+                        let at = |v: &[Value], i: usize| v.get(i).and_then(Value::as_u64).unwrap_or(0);
+                        json!((0..n).map(|i| at(&have, i) + at(xs, i)).collect::<Vec<_>>())
+                    }
+                    _ => json!(verbs.get(k).and_then(Value::as_u64).unwrap_or(0) + x.as_u64().unwrap_or(0)),
+                };
+                verbs.insert(k.clone(), sum);
             }
         }
         for (i, s) in v.get("timeline").and_then(Value::as_array).into_iter().flatten().enumerate() {
@@ -168,7 +177,7 @@ mod tests {
             "threads": 2, "ops": ops, "duration_s": secs, "throughput_mops": ops as f64 / secs / 1e6,
             "verbs_per_op": 2.0, "doorbells_per_op": 1.0, "retries_per_op": retries,
             "bytes_read_per_op": 64.0, "bytes_written_per_op": 8.0, "errors": 0,
-            "verbs": {"wrs": 2 * ops, "reads": ops}, "timeline": [{"t_s": 1.0, "mops": 1.0}],
+            "verbs": {"wrs": 2 * ops, "reads": ops, "ops_by_retries": [ops, 0, 1]}, "timeline": [{"t_s": 1.0, "mops": 1.0}],
             "latency_hist": l.to_histogram(), "latency_us": l.summary(),
         })
     }
@@ -184,6 +193,7 @@ mod tests {
         assert_eq!(m["threads"], 4);
         assert_eq!(m["processes"], 2);
         assert_eq!(m["verbs"]["wrs"], 8000);
+        assert_eq!(m["verbs"]["ops_by_retries"], json!([4000, 0, 2]));
         assert!((m["throughput_mops"].as_f64().unwrap() - 0.004).abs() < 1e-12);
         assert!((m["retries_per_op"].as_f64().unwrap() - 0.75).abs() < 1e-12);
         let mut all = Latency::default();

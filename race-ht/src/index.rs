@@ -24,6 +24,9 @@ pub struct RaceStats {
     pub takeovers: u64,
     /// Splits left unfinished by a dead client and finished by this thread.
     pub recovered_splits: u64,
+    /// Splits this thread gave up because a stall outlasted its lease and
+    /// another client took the lock over.
+    pub lease_losses: u64,
     /// Speculative lookups that hit (`spec-lookup`).
     pub spec_hits: u64,
     /// Speculative lookups that missed and took the normal path.
@@ -43,6 +46,7 @@ struct StatsRecord {
     split_s: f64,
     takeovers: u64,
     recovered_splits: u64,
+    lease_losses: u64,
     spec_hits: u64,
     spec_misses: u64,
     spec_hit_rate: f64,
@@ -59,6 +63,7 @@ impl From<RaceStats> for StatsRecord {
             split_s: s.split_s,
             takeovers: s.takeovers,
             recovered_splits: s.recovered_splits,
+            lease_losses: s.lease_losses,
             spec_hits: s.spec_hits,
             spec_misses: s.spec_misses,
             spec_hit_rate: s.spec_hit_rate(),
@@ -88,6 +93,7 @@ impl IndexStats for RaceStats {
         self.split_s += o.split_s;
         self.takeovers += o.takeovers;
         self.recovered_splits += o.recovered_splits;
+        self.lease_losses += o.lease_losses;
         self.spec_hits += o.spec_hits;
         self.spec_misses += o.spec_misses;
         self.reclaim += o.reclaim;
@@ -104,6 +110,7 @@ impl RaceStats {
             split_s: r.split_ns as f64 / 1e9,
             takeovers: r.takeovers,
             recovered_splits: r.recovered,
+            lease_losses: r.lease_losses,
             spec_hits,
             spec_misses,
             reclaim,

@@ -78,7 +78,12 @@
 //! Every step is idempotent, so a client that dies while recovering is
 //! recovered in turn. The takeover is a timing argument, like every lease:
 //! a holder stalled for longer than the lease between its last renewal and
-//! its directory writes could still write after the takeover.
+//! its directory writes could still write after the takeover. A holder that
+//! was only slow (a stall longer than the lease, e.g. under emulation)
+//! finds at its next renewal that the lock changed hands: it stops, hands
+//! back the halves it built, and its operation starts over while the taker
+//! finishes the split ([`RaceError::LeaseLost`], counted as
+//! `lease_losses`).
 //!
 //! Limits of resizing: one split at a time per table (a global lock, not
 //! RACE's per-subtable lock); readers and writers of a subtable being split

@@ -34,6 +34,9 @@ pub struct ResizeStats {
     pub takeovers: u64,
     /// Splits left unfinished by a dead client that this thread finished.
     pub recovered: u64,
+    /// Splits this thread gave up because its lease ran out and another
+    /// client took the lock over (it then finishes them).
+    pub lease_losses: u64,
 }
 
 /// The resize lock as its holder sees it: the word it last wrote.
@@ -51,9 +54,7 @@ impl Lease {
         let next = (self.cur & !beat_mask) | ((self.cur + 1) & beat_mask);
         let old = ctx.cas(self.word, self.cur, next).await?;
         if old != self.cur {
-            return Err(RaceError::Corrupt(format!(
-                "the resize lock was taken over while this client held it (holder {old:#x})"
-            )));
+            return Err(RaceError::LeaseLost(old));
         }
         self.cur = next;
         Ok(())
@@ -82,9 +83,7 @@ impl RaceHt {
     async fn unlock(&self, lease: Lease) -> Result<()> {
         let old = self.ctx.cas(lease.word, lease.cur, 0).await?;
         if old != lease.cur {
-            return Err(RaceError::Corrupt(format!(
-                "the resize lock changed hands while this client held it (now {old:#x})"
-            )));
+            return Err(RaceError::LeaseLost(old));
         }
         Ok(())
     }
@@ -103,13 +102,19 @@ impl RaceHt {
             self.split_locked(p, &mut lease).await
         }
         .await;
+        self.bump(|s| s.split_ns += t0.elapsed().as_nanos() as u64);
+        if let Err(RaceError::LeaseLost(_)) = split {
+            // Another client took the lock over and finishes the split; the
+            // lock is not ours to release. The caller's operation retries.
+            self.bump(|s| s.lease_losses += 1);
+            return Ok(true);
+        }
         // Released even after an error: an error before the intent is
         // written leaves the table whole; after it, the intent stays and the
         // next holder of the lock finishes the split.
         let released = self.unlock(lease).await;
-        self.bump(|s| s.split_ns += t0.elapsed().as_nanos() as u64);
         split?;
-        released?;
+        self.lost_is_done(released)?;
         Ok(true)
     }
 
@@ -122,12 +127,28 @@ impl RaceHt {
             self.bump(|s| s.takeovers += 1);
         }
         let r = self.recover_split(&mut lease).await;
+        if let Err(RaceError::LeaseLost(_)) = r {
+            self.bump(|s| s.lease_losses += 1);
+            return Ok(true);
+        }
         // On an error the lock is released with the intent in place: the
         // next holder redoes the recovery (it is idempotent).
         let released = self.unlock(lease).await;
         r?;
-        released?;
+        self.lost_is_done(released)?;
         Ok(true)
+    }
+
+    /// A release that found the lock taken over: the split was published
+    /// (the last renewal came before it), so only the count remains.
+    fn lost_is_done(&self, released: Result<()>) -> Result<()> {
+        match released {
+            Err(RaceError::LeaseLost(_)) => {
+                self.bump(|s| s.lease_losses += 1);
+                Ok(())
+            }
+            r => r,
+        }
     }
 
     /// Sets how long the resize lock may stay unchanged before this handle
@@ -309,8 +330,19 @@ impl RaceHt {
             }
         }
         // The last renewal before the directory changes: a holder whose
-        // lease ran out stops here.
-        lease.renew(&ctx).await?;
+        // lease ran out stops here, handing back what it built (nobody can
+        // reach it: it was never published).
+        if let Err(e) = lease.renew(&ctx).await {
+            for (a, done) in addrs.iter().zip(published) {
+                if done.is_none() {
+                    self.reclaim.retire(*a, layout::subtable_bytes(groups));
+                }
+            }
+            for (at, blk) in &copies {
+                self.reclaim.retire(*at, blk.len() as u64);
+            }
+            return Err(e);
+        }
 
         // Publish.
         let mut old_dir = None;

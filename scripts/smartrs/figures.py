@@ -61,6 +61,7 @@ class Figure:
     log_x: bool = False
     x_key: str = ""  # plot against this record field (scaled by x_scale) instead of the swept value
     x_scale: float = 1.0
+    distribution: str = ""  # a record field of ops by retries: drawn as bars at the largest x
 
 
 def sweep(mode: str, quick: list, full: list, cap: int | None = None) -> list:
@@ -184,10 +185,22 @@ def build(name: str, mode: str, max_threads: int, compute_hosts: int, memory_bla
                 f.points.append(Point("read", label, x, ["micro", "--op", "read", "--size", "8", "--threads", str(t),
                                                          "--coroutines", str(d), "--smart", smart]))
         return f
+    if name == "table1":
+        f = Figure("table1", f"8-byte READ at {tmax} threads, depth 64, active threads redrawn every phase "
+                   "(37.5–100% of them): the tuner under a changing workload", "phase length (ms)", ["read"],
+                   [Metric("throughput_mops", "throughput (Mop/s)"),
+                    Metric("mean:smart_state.credit_limit", "credit limit at the end (mean over threads)")],
+                   log_x=True)
+        for smart, label in [("thd-res-alloc", "per-thread doorbell"), ("thd-res-alloc,work-req-throt", "+WorkReqThrot")]:
+            for ms in sweep(mode, [20, 200], [1, 10, 100, 1000]):
+                f.points.append(Point("read", label, ms, ["micro", "--op", "read", "--size", "8", "--threads", str(tmax),
+                                                          "--coroutines", "64", "--smart", smart, "--phase-ms", str(ms)]))
+        return f
     if name == "14":
         f = Figure("14", f"Update-only at {tmax} threads: retries with and without ConflictAvoid", "Zipfian skew",
                    ["update-only"], [Metric("retries_per_op", "retries per operation"),
-                                     Metric("throughput_mops", "throughput (Mop/s)")])
+                                     Metric("throughput_mops", "throughput (Mop/s)")],
+                   distribution="verbs.ops_by_retries")
         for smart, label in [("thd-res-alloc,work-req-throt", "without ConflictAvoid"), (SMART_HT, "with ConflictAvoid")]:
             for z in sweep(mode, [0.5, 0.99], [0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1.1, 1.2]):
                 f.points.append(Point("update-only", label, z,
@@ -196,13 +209,18 @@ def build(name: str, mode: str, max_threads: int, compute_hosts: int, memory_bla
     raise SystemExit(f"figure {name!r}: not one of {', '.join(FIGURES)} (or all)")
 
 
-FIGURES = ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "13a", "13b", "14"]
-ABSENT = {
-    "table1": "the tuner under a changing workload needs a phased workload in compute-blade: not built",
-}
+FIGURES = ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "13a", "13b", "14", "table1"]
+ABSENT: dict[str, str] = {}
+RETRY_BUCKETS = ["0", "1", "2", "3–4", "5–8", "9–16", "17–32", ">32"]
 
 
 def get(rec: dict, key: str) -> float:
+    if key.startswith("mean:"):
+        # The mean of a field over a list (e.g. the threads' credit limits),
+        # 0 when the technique is off (null).
+        lst, field_ = key[5:].split(".", 1)
+        vals = [x.get(field_) for x in rec.get(lst, []) if x.get(field_) is not None]
+        return sum(vals) / len(vals) if vals else 0.0
     v = rec
     for k in key.split("."):
         v = v[k]
@@ -281,7 +299,7 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
         raise LaunchError(f"{jl}: no runs to plot")
     ref = reference(fig)
     nrows = len(fig.metrics) + (1 if ref else 0)
-    ncols = len(fig.panels)
+    ncols = len(fig.panels) + (1 if fig.distribution else 0)
     fig_, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
     series = list(dict.fromkeys(r["series"] for r in rows))
     colors = {s: f"C{i}" for i, s in enumerate(series)}
@@ -324,6 +342,28 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
             ax.set_ylabel("normalised to its maximum")
             ax.set_title("shape: ours (solid) vs paper (dashed)", fontsize=9)
             ax.grid(alpha=0.3)
+    if fig.distribution:
+        # The distribution of retries per operation at the largest x, one
+        # bar group per bucket; the rows below it stay empty.
+        ax = axes[0][-1]
+        top = max(r["x"] for r in rows)
+        width = 0.8 / max(len(series), 1)
+        for i, s in enumerate(series):
+            r = next((r for r in rows if r["series"] == s and r["x"] == top), None)
+            if r is None:
+                continue
+            v = r["record"]
+            for k in fig.distribution.split("."):
+                v = v[k]
+            total = sum(v) or 1
+            ax.bar([b + i * width for b in range(len(v))], [c / total for c in v], width, color=colors[s], label=s)
+        ax.set_xticks([b + 0.4 - width / 2 for b in range(len(RETRY_BUCKETS))], RETRY_BUCKETS, fontsize=8)
+        ax.set_xlabel(f"retries of an operation (at {fig.x_label} {top})")
+        ax.set_ylabel("share of operations")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        for r_i in range(1, nrows):
+            axes[r_i][-1].axis("off")
     axes[0][0].legend(fontsize=8)
     rec0 = rows[0]["record"]
     prov = rec0.get("provenance") or (rec0.get("parts") or [{}])[0].get("provenance", {})
@@ -338,6 +378,25 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
         made.append(p)
     plt.close(fig_)
     return made
+
+
+def table(fig: Figure, jl: Path, out: Path) -> Path:
+    """The figure's numbers as a Markdown table (one row per x, a column per
+    series and metric): the paper's table 1 is a table."""
+    rows = [json.loads(line) for line in jl.read_text().splitlines() if line.strip()]
+    series = list(dict.fromkeys(r["series"] for r in rows))
+    cols = [(s, m) for m in fig.metrics for s in series]
+    lines = [f"| {fig.x_label} | " + " | ".join(f"{s}: {m.label}" for s, m in cols) + " |",
+             "|---" * (len(cols) + 1) + "|"]
+    for x in sorted({r["x"] for r in rows}):
+        cells = []
+        for s, m in cols:
+            r = next((r for r in rows if r["x"] == x and r["series"] == s), None)
+            cells.append(f"{get(r['record'], m.key) * m.scale:.3f}" if r else "–")
+        lines.append(f"| {x:g} | " + " | ".join(cells) + " |")
+    p = out / f"fig{fig.name}.md"
+    p.write_text(f"{fig.title}\n\n" + "\n".join(lines) + "\n")
+    return p
 
 
 def main(argv: list[str]) -> int:
@@ -378,7 +437,7 @@ def main(argv: list[str]) -> int:
                 if not a.plot_only:
                     jl = run_figure(fig, a.mode, launcher, out)
                 if not a.no_plot:
-                    for p in plot(fig, jl, out):
+                    for p in plot(fig, jl, out) + [table(fig, jl, out)]:
                         print(f"figure {n}: {p}")
     except LaunchError as e:
         print(f"scripts/figure: {e}\n(every process it started is stopped; logs in {out / 'logs'})", file=sys.stderr)

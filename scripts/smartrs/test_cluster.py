@@ -91,8 +91,8 @@ class Figures(unittest.TestCase):
         f = figures.build("8", "full", 24, 1)
         self.assertEqual(max(p.x for p in f.points), 24)
 
-    def test_absent_figures_say_why(self):
-        self.assertEqual(figures.main(["table1"]), 2)
+    def test_unknown_figures_are_refused(self):
+        self.assertEqual(figures.main(["9", "nine"]), 2)
         self.assertEqual(figures.main(["99"]), 2)
 
 

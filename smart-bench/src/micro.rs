@@ -46,6 +46,23 @@ pub struct MicroConfig {
     pub contended: bool,
     /// Bytes of the area on each blade that uncontended WRs spread over.
     pub area: u64,
+    /// A changing workload (the paper's table 1): every this many ms, a new
+    /// number of threads is drawn (37.5% to 100% of them, as the paper's
+    /// 36 to 95 of 96) and only the first that many post WRs; the others
+    /// idle until the next phase. `None`: every thread always works.
+    pub phase_ms: Option<u64>,
+}
+
+/// Threads active in phase `phase` of a run with `threads` threads and
+/// seed `seed` (see [`MicroConfig::phase_ms`]): the same for every thread.
+pub fn active_threads(seed: u64, phase: u64, threads: usize) -> usize {
+    let lo = (threads * 3).div_ceil(8).max(1);
+    let mut x = seed ^ phase.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // splitmix64's finaliser: every phase an independent-looking draw.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    lo + pick(x, (threads - lo + 1) as u64) as usize
 }
 
 /// The report of a micro run.
@@ -172,6 +189,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
     let increments = Arc::new(AtomicU64::new(0));
     let m = *m;
     let areas: Arc<[GlobalAddr]> = areas.into();
+    let (start, threads, seed) = (std::time::Instant::now(), cfg.threads, cfg.seed);
     let run = harness::run(transport, cfg, |w| {
         let areas = areas.clone();
         let increments = increments.clone();
@@ -187,6 +205,15 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
             }
             let mut done = done;
             while w.running() {
+                if let Some(ms) = m.phase_ms {
+                    let now = start.elapsed().as_nanos() as u64;
+                    let phase_ns = ms * 1_000_000;
+                    if w.thread() >= active_threads(seed, now / phase_ns, threads) {
+                        // Idle to the next phase (in steps, to notice the stop).
+                        ctx.sleep_ns((phase_ns - now % phase_ns).min(5_000_000)).await;
+                        continue;
+                    }
+                }
                 w.idle().await;
                 let t0 = w.now();
                 let mut b = ctx.batch();
@@ -232,6 +259,20 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
 }
 
 #[cfg(test)]
+mod phase_tests {
+    use super::active_threads;
+
+    #[test]
+    fn active_threads_span_three_eighths_to_all_and_change_by_phase() {
+        let got: Vec<usize> = (0..400).map(|p| active_threads(7, p, 96)).collect();
+        assert!(got.iter().all(|&n| (36..=96).contains(&n)), "{got:?}");
+        assert!(got.iter().any(|&n| n < 50) && got.iter().any(|&n| n > 85), "{got:?}");
+        assert!((0..100).all(|p| (1..=2).contains(&active_threads(3, p, 2))));
+        assert_eq!(active_threads(1, 0, 1), 1);
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use std::time::Duration;
 
@@ -254,7 +295,7 @@ mod tests {
                 progress: false,
                 ..RunConfig::default()
             };
-            let m = MicroConfig { op, size: 64, batch: 8, contended: false, area: 1 << 20 };
+            let m = MicroConfig { op, size: 64, batch: 8, contended: false, area: 1 << 20, phase_ms: None };
             let r = run(&t, &cfg, &m).unwrap();
             assert_eq!(r.run.errors, 0, "{op:?}: {:?}", r.run.first_error);
             assert!(r.run.ops > 0, "{op:?}");

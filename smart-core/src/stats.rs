@@ -27,6 +27,23 @@ pub struct VerbStats {
     pub retries: u64,
     /// Nanoseconds of backoff drawn for those retries.
     pub backoff_ns: u64,
+    /// Operations (ended [`OpGuard`](crate::runtime::OpGuard)s) by their
+    /// retries: 0, 1, 2, 3–4, 5–8, 9–16, 17–32, more (the distribution
+    /// behind `retries`).
+    pub ops_by_retries: [u64; RETRY_BUCKETS],
+}
+
+/// Buckets of [`VerbStats::ops_by_retries`].
+pub const RETRY_BUCKETS: usize = 8;
+
+/// The bucket of an operation that retried `n` times.
+#[inline]
+pub fn retry_bucket(n: u32) -> usize {
+    match n {
+        0 => 0,
+        1 => 1,
+        n => (1 + (32 - (n - 1).leading_zeros()) as usize).min(RETRY_BUCKETS - 1),
+    }
 }
 
 impl VerbStats {
@@ -43,6 +60,9 @@ impl VerbStats {
         self.error_completions += o.error_completions;
         self.retries += o.retries;
         self.backoff_ns += o.backoff_ns;
+        for (a, b) in self.ops_by_retries.iter_mut().zip(o.ops_by_retries) {
+            *a += b;
+        }
     }
 
     /// What happened after the snapshot `earlier` was taken.
@@ -59,6 +79,7 @@ impl VerbStats {
             error_completions: self.error_completions - earlier.error_completions,
             retries: self.retries - earlier.retries,
             backoff_ns: self.backoff_ns - earlier.backoff_ns,
+            ops_by_retries: std::array::from_fn(|i| self.ops_by_retries[i] - earlier.ops_by_retries[i]),
         }
     }
 }
@@ -69,12 +90,18 @@ mod tests {
 
     #[test]
     fn since_subtracts_a_snapshot() {
-        let a = VerbStats { reads: 5, wrs: 7, doorbells: 3, ..Default::default() };
-        let b = VerbStats { reads: 9, wrs: 12, doorbells: 4, ..Default::default() };
+        let a = VerbStats { reads: 5, wrs: 7, doorbells: 3, ops_by_retries: [1; 8], ..Default::default() };
+        let b = VerbStats { reads: 9, wrs: 12, doorbells: 4, ops_by_retries: [3; 8], ..Default::default() };
         let d = b.since(&a);
-        assert_eq!((d.reads, d.wrs, d.doorbells), (4, 5, 1));
+        assert_eq!((d.reads, d.wrs, d.doorbells, d.ops_by_retries), (4, 5, 1, [2; 8]));
         let mut m = a;
         m.merge(&d);
         assert_eq!(m, b);
+    }
+
+    #[test]
+    fn retry_buckets_are_powers_of_two() {
+        let got: Vec<usize> = [0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 1000].iter().map(|&n| retry_bucket(n)).collect();
+        assert_eq!(got, [0, 1, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]);
     }
 }

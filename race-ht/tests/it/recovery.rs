@@ -79,3 +79,103 @@ fn a_client_killed_anywhere_in_a_growing_load_is_finished_by_the_next() {
     assert!(deaths > 40, "{deaths} deaths");
     assert!(takeovers >= 3 && recovered >= 3, "{takeovers} takeovers, {recovered} splits finished");
 }
+
+/// Polls a shared future at most `budget` times per `block_on`, then
+/// returns `None` with the future kept, to be resumed by the next `Step`:
+/// a client stalled mid-operation (but alive).
+type Shared<F> = Rc<std::cell::RefCell<std::pin::Pin<Box<F>>>>;
+
+struct Step<F: std::future::Future> {
+    inner: Shared<F>,
+    budget: u32,
+}
+
+impl<F: std::future::Future> std::future::Future for Step<F> {
+    type Output = Option<F::Output>;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        if self.budget == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.budget -= 1;
+        let inner = self.inner.clone();
+        let mut f = inner.borrow_mut();
+        f.as_mut().poll(cx).map(Some)
+    }
+}
+
+#[test]
+fn a_holder_stalled_past_its_lease_gives_up_its_split_and_the_taker_finishes_it() {
+    let mut stalls = 0;
+    for round in 0..12u64 {
+        let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
+        let mut a = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = a.ctx();
+        let body = async move {
+            let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
+            ht.set_lease(LEASE);
+            for k in 0..300u64 {
+                assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap(), "key {k}");
+            }
+            ht.resize_stats()
+        };
+        let a_run: Shared<_> = Rc::new(std::cell::RefCell::new(Box::pin(body)));
+        let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
+        // Step A until it holds the resize lock before writing a split
+        // intent (a stall there is before its last renewal), skipping the
+        // first `round` such moments; then stall it for longer than the
+        // lease while B repairs the table.
+        let (mut seen, mut stats_a) = (0, None);
+        loop {
+            if let Some(s) = a.block_on(Step { inner: a_run.clone(), budget: 1 }) {
+                stats_a = Some(s);
+                break;
+            }
+            let ctx = b.ctx();
+            let (lock, intent) = b.block_on(async move {
+                let Some(table) = ctx.root(0, "race-ht:stress").await.unwrap() else { return (0, 0) };
+                let lock = ctx.read_u64(table.add(race_ht::layout::LOCK_WORD)).await.unwrap();
+                (lock, ctx.read_u64(table.add(race_ht::layout::INTENT_WORD)).await.unwrap())
+            });
+            if lock != 0 && intent == 0 {
+                seen += 1;
+                if seen > round {
+                    let ctx = b.ctx();
+                    let taken = b.block_on(async move {
+                        let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();
+                        ht.set_lease(LEASE);
+                        ht.repair().await.unwrap();
+                        ht.resize_stats().takeovers
+                    });
+                    assert_eq!(taken, 1, "round {round}: B did not take the stalled lock over");
+                    stalls += 1;
+                    break;
+                }
+            }
+        }
+        // A resumes: its split finds the lock taken, stops, and its insert
+        // starts over; every insert is acknowledged.
+        let stats_a =
+            stats_a.unwrap_or_else(|| a.block_on(Step { inner: a_run.clone(), budget: u32::MAX }).expect("A finishes"));
+        if seen > round {
+            assert!(stats_a.lease_losses >= 1, "round {round}: {stats_a:?}");
+        }
+        let ctx = b.ctx();
+        let (keys, lock, intent) = b.block_on(async move {
+            let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();
+            ht.set_lease(LEASE);
+            ht.repair().await.unwrap();
+            let keys = race_ht_scan(&ctx).await;
+            let table = ctx.root(0, "race-ht:stress").await.unwrap().unwrap();
+            let lock = ctx.read_u64(table.add(race_ht::layout::LOCK_WORD)).await.unwrap();
+            (keys, lock, ctx.read_u64(table.add(race_ht::layout::INTENT_WORD)).await.unwrap())
+        });
+        assert_eq!((lock, intent), (0, 0), "round {round}");
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), keys.len(), "round {round}: a key stored twice");
+        assert_eq!(sorted, (0..300).collect::<Vec<_>>(), "round {round}");
+    }
+    // Most rounds found their stall point (300 keys need many splits).
+    assert!(stalls >= 10, "{stalls} stalls");
+}

@@ -130,6 +130,7 @@ impl Drop for OpGuard<'_> {
         if let Some(b) = inner.backoff.borrow_mut().as_mut() {
             b.on_op();
         }
+        inner.stats.borrow_mut().ops_by_retries[crate::stats::retry_bucket(self.attempts)] += 1;
         inner.in_op.set(inner.in_op.get() - 1);
         // A permit freed: the waiter whose turn it is may enter.
         inner.op_fifo.wake_turn();
