@@ -220,7 +220,7 @@ def get(rec: dict, key: str) -> float:
         # 0 when the technique is off (null).
         lst, field_ = key[5:].split(".", 1)
         vals = [x.get(field_) for x in rec.get(lst, []) if x.get(field_) is not None]
-        return sum(vals) / len(vals) if vals else 0.0
+        return sum(vals) / len(vals) if vals else float("nan")
     v = rec
     for k in key.split("."):
         v = v[k]
@@ -268,6 +268,11 @@ def run_figure(fig: Figure, mode: str, launcher: Launcher, out: Path) -> Path:
                                                 + ["--quiet"], name=f"{tag}-drop")], timeout=60)
     launcher.stop_blades()
     return jl
+
+
+def short(commit: str) -> str:
+    """A commit as a title shows it: 10 hex digits, and +dirty if so."""
+    return commit[:10] + ("+dirty" if commit.endswith("+dirty") else "")
 
 
 def xval(fig: Figure, row: dict) -> float:
@@ -369,7 +374,7 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
     prov = rec0.get("provenance") or (rec0.get("parts") or [{}])[0].get("provenance", {})
     title = textwrap.fill(f"Figure {fig.name}: {fig.title}", width=48 * ncols)
     fig_.suptitle(f"{title}\n{rows[0]['mode']} run, {rec0.get('transport')} transport, "
-                  f"commit {str(prov.get('commit', '?'))[:10]}, host {prov.get('host', '?')}", fontsize=10)
+                  f"commit {short(str(prov.get('commit', '?')))}, host {prov.get('host', '?')}", fontsize=10)
     fig_.tight_layout()
     made = []
     for ext in ("png", "pdf"):
@@ -392,7 +397,8 @@ def table(fig: Figure, jl: Path, out: Path) -> Path:
         cells = []
         for s, m in cols:
             r = next((r for r in rows if r["x"] == x and r["series"] == s), None)
-            cells.append(f"{get(r['record'], m.key) * m.scale:.3f}" if r else "–")
+            v = get(r["record"], m.key) * m.scale if r else None
+            cells.append("–" if v is None else "off" if v != v else f"{v:.3f}")
         lines.append(f"| {x:g} | " + " | ".join(cells) + " |")
     p = out / f"fig{fig.name}.md"
     p.write_text(f"{fig.title}\n\n" + "\n".join(lines) + "\n")
