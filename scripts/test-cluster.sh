@@ -7,7 +7,8 @@
 #     p99 equals the p99 of the parts' histograms merged (recomputed here,
 #     independently of compute-blade merge);
 #  3. a compute blade SIGKILLed mid-run: the launcher stops everything it
-#     started and exits non-zero, and no process of the run is left.
+#     started and exits non-zero, and no process of the run is left;
+#  4. SIGINT (Ctrl-C) to the launcher mid-run: the same, with status 130.
 # Then the launcher's unit tests (cluster files, the srun command lines).
 #
 #   scripts/test-cluster.sh [path/to/target/release]
@@ -172,6 +173,28 @@ leftover=$(leftovers)
 [ -z "$leftover" ] || { echo "test-cluster: processes left after the kill: $(ps -o pid,args -p $leftover)" >&2; exit 1; }
 ls "$work"/killed/logs/*memory-blade-1.log "$work"/killed/logs/*-run-p2.log >/dev/null
 echo "test-cluster: killed compute blade $victim; launcher exited $status after ${took}s; nothing left running; logs kept"
+
+echo "== Ctrl-C (SIGINT) to the launcher mid-run"
+scripts/cluster run --cluster "$work/cluster.toml" --processes 2 --out "$work/interrupted" -- \
+  ycsb --workload c --keys 5000 --threads 1 --coroutines 4 --duration 60 --warmup 0.2 >"$work/interrupted.out" 2>&1 &
+run_pid=$!
+for _ in $(seq 300); do
+  [ "$(cat "$work"/interrupted/logs/*-run-p*.log 2>/dev/null | grep -c 'released after')" = 2 ] && break
+  sleep 0.1
+done
+kill -INT "$run_pid"
+start=$(date +%s)
+status=0
+wait "$run_pid" || status=$?
+run_pid=
+took=$(( $(date +%s) - start ))
+cat "$work/interrupted.out"
+[ "$status" -eq 130 ] || { echo "test-cluster: the interrupted launcher exited $status, not 130" >&2; exit 1; }
+[ "$took" -lt 45 ] || { echo "test-cluster: the launcher took ${took}s to stop after SIGINT" >&2; exit 1; }
+sleep 0.5
+leftover=$(leftovers)
+[ -z "$leftover" ] || { echo "test-cluster: processes left after SIGINT: $(ps -o pid,args -p $leftover)" >&2; exit 1; }
+echo "test-cluster: SIGINT stopped the run in ${took}s (status 130); nothing left running"
 
 echo "== the launcher's unit tests"
 python3 -m unittest discover -s scripts/smartrs -p 'test_*.py' -v 2>&1 | tail -3

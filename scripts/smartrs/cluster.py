@@ -274,12 +274,16 @@ class Launcher:
         self.env = {"SMART_RS_CLUSTER_SHA256": cluster.sha256, "RUST_BACKTRACE": "0"}
 
     def __enter__(self) -> "Launcher":
+        # SIGTERM and SIGINT both stop the run (SIGINT even when a shell
+        # started this in the background with SIGINT ignored).
         self._old = signal.signal(signal.SIGTERM, _raise_interrupt)
+        self._old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop_all()
         signal.signal(signal.SIGTERM, self._old)
+        signal.signal(signal.SIGINT, self._old_int)
 
     def link_flags(self) -> list[str]:
         c = self.cluster

@@ -169,6 +169,16 @@ def build(name: str, mode: str, max_threads: int, compute_hosts: int, memory_bla
                 for t in threads:
                     f.points.append(Point(w, label, t, ycsb(w, smart, t, keys, app="sherman"), fresh_blades=True))
         return f
+    if name == "12df":
+        procs = sweep(mode, [1, 2], [1, 2, 3, 4, 5, 6, 7, 8])
+        f = Figure("12df", "Sherman+ vs Smart-BT, scale-out over compute blades (Zipf 0.99)", "compute blades",
+                   ["a", "b", "c"], [Metric("throughput_mops", "throughput (Mop/s)")])
+        for smart, label in [(SHERMAN_PLUS, "Sherman+"), (SMART_BT, "Smart-BT")]:
+            for w in ("a", "b", "c"):
+                for k in procs:
+                    f.points.append(Point(w, label, k, ycsb(w, smart, tmax, keys, app="sherman"), processes=k,
+                                          fresh_blades=True, table=True))
+        return f
     if name in ("13a", "13b"):
         series = [("none", "per-thread QP"), ("thd-res-alloc", "+ThdResAlloc"),
                   ("thd-res-alloc,work-req-throt", "+WorkReqThrot")]
@@ -209,7 +219,7 @@ def build(name: str, mode: str, max_threads: int, compute_hosts: int, memory_bla
     raise SystemExit(f"figure {name!r}: not one of {', '.join(FIGURES)} (or all)")
 
 
-FIGURES = ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "13a", "13b", "14", "table1"]
+FIGURES = ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "12df", "13a", "13b", "14", "table1"]
 ABSENT: dict[str, str] = {}
 RETRY_BUCKETS = ["0", "1", "2", "3–4", "5–8", "9–16", "17–32", ">32"]
 
