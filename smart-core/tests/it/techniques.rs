@@ -420,6 +420,30 @@ fn a_queue_formed_while_credits_were_scarce_dissolves_once_they_are_plentiful() 
 #[test]
 #[ignore = "timing-sensitive: .ci/run runs it alone (see its doc comment)"]
 fn the_tuner_follows_the_best_depth_when_the_workload_changes() {
+    // A busy machine can spoil one epoch's measurement, and the tuner then
+    // spends a re-exploration period at a wrong limit (seen once in CI: 500
+    // ms at 4096 while the cache held 8). The scenario runs up to 3 times;
+    // one run that settles near each best depth passes, and a tuner that
+    // does not follow fails all three.
+    let mut failures = Vec::new();
+    for attempt in 1..=3 {
+        match tuner_scenario() {
+            Ok(()) => {
+                if !failures.is_empty() {
+                    println!("passed on attempt {attempt} after: {failures:?}");
+                }
+                return;
+            }
+            Err(e) => {
+                println!("attempt {attempt}: {e}");
+                failures.push(e);
+            }
+        }
+    }
+    panic!("the tuner did not follow the workload in 3 runs: {failures:?}");
+}
+
+fn tuner_scenario() -> Result<(), &'static str> {
     // 32 coroutines keep one READ each in flight over a modelled thrashing
     // RNIC (`Counting` with a cache). For 1.5 s the modelled cache holds 64 WRs (no limit helps), then 8 for 1.5 s (a limit near 8
     // wins by ~10×), then 64 again for 3 s. The per-100 ms timeline of the
@@ -466,7 +490,14 @@ fn the_tuner_follows_the_best_depth_when_the_workload_changes() {
         let w: Vec<_> = tl.iter().filter(|s| s.0 >= from && s.0 < to).collect();
         w.iter().filter(|s| ok(s.1)).count() as f64 / w.len().max(1) as f64
     };
-    assert!(share(500, 1500, &|l| l >= 32) > 0.7, "unthrottled while nothing thrashes");
-    assert!(share(1800, 3000, &|l| l <= 12) > 0.7, "near 8 while the cache holds 8");
-    assert!(share(4500, 6000, &|l| l >= 32) > 0.7, "back up once it holds 64 again");
+    if share(500, 1500, &|l| l >= 32) <= 0.7 {
+        return Err("unthrottled while nothing thrashes");
+    }
+    if share(1800, 3000, &|l| l <= 12) <= 0.7 {
+        return Err("near 8 while the cache holds 8");
+    }
+    if share(4500, 6000, &|l| l >= 32) <= 0.7 {
+        return Err("back up once it holds 64 again");
+    }
+    Ok(())
 }
