@@ -103,18 +103,9 @@ impl RaceHt {
         }
         .await;
         self.bump(|s| s.split_ns += t0.elapsed().as_nanos() as u64);
-        if let Err(RaceError::LeaseLost(_)) = split {
-            // Another client took the lock over and finishes the split; the
-            // lock is not ours to release. The caller's operation retries.
-            self.bump(|s| s.lease_losses += 1);
-            return Ok(true);
-        }
-        // Released even after an error: an error before the intent is
-        // written leaves the table whole; after it, the intent stays and the
-        // next holder of the lock finishes the split.
-        let released = self.unlock(lease).await;
-        split?;
-        self.lost_is_done(released)?;
+        // An error before the intent is written leaves the table whole;
+        // after it, the intent stays and the next holder finishes the split.
+        self.release(lease, split).await?;
         Ok(true)
     }
 
@@ -126,29 +117,31 @@ impl RaceHt {
         if word != 0 {
             self.bump(|s| s.takeovers += 1);
         }
-        let r = self.recover_split(&mut lease).await;
-        if let Err(RaceError::LeaseLost(_)) = r {
-            self.bump(|s| s.lease_losses += 1);
-            return Ok(true);
-        }
-        // On an error the lock is released with the intent in place: the
-        // next holder redoes the recovery (it is idempotent).
-        let released = self.unlock(lease).await;
-        r?;
-        self.lost_is_done(released)?;
+        let r = self.recover_split(&mut lease).await.map(drop);
+        // On an error the intent stays: the next holder redoes the recovery
+        // (it is idempotent).
+        self.release(lease, r).await?;
         Ok(true)
     }
 
-    /// A release that found the lock taken over: the split was published
-    /// (the last renewal came before it), so only the count remains.
-    fn lost_is_done(&self, released: Result<()>) -> Result<()> {
-        match released {
-            Err(RaceError::LeaseLost(_)) => {
-                self.bump(|s| s.lease_losses += 1);
-                Ok(())
+    /// Ends a turn with the resize lock whose work ended with `work`:
+    /// releases the lock, even after an error, and returns the work's
+    /// error. A lease lost meanwhile (another client took the lock over,
+    /// and finishes the split) is counted, not an error: the lock is no
+    /// longer ours to release, and the caller's operation starts over.
+    async fn release(&self, lease: Lease, work: Result<()>) -> Result<()> {
+        let outcome = match work {
+            lost @ Err(RaceError::LeaseLost(_)) => lost,
+            work => {
+                let released = self.unlock(lease).await;
+                work.and(released)
             }
-            r => r,
+        };
+        if let Err(RaceError::LeaseLost(_)) = outcome {
+            self.bump(|s| s.lease_losses += 1);
+            return Ok(());
         }
+        outcome
     }
 
     /// Sets how long the resize lock may stay unchanged before this handle

@@ -340,15 +340,7 @@ pub fn run<W: Workload + Clone + 'static>(
             eprintln!("loading {} {} rows", w.rows(), w.name());
         }
         let t0 = Instant::now();
-        // The load neither waits at the run's start gate nor idles.
-        let load_cfg = RunConfig {
-            duration: Duration::from_secs(24 * 3600),
-            warmup: Duration::ZERO,
-            gate: None,
-            idle: Duration::ZERO,
-            ..cfg.clone()
-        };
-        let load = harness::run_bench(&*transport, &load_cfg, &phase(true))?;
+        let load = harness::run_bench(&*transport, &cfg.for_load(), &phase(true))?;
         load_s = t0.elapsed().as_secs_f64();
         if let Some(e) = load.first_error {
             return Err(WorkloadError::Load(e));

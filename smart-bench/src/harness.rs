@@ -100,6 +100,20 @@ impl Default for RunConfig {
 }
 
 impl RunConfig {
+    /// The configuration of a load phase before this run: the same threads,
+    /// coroutines, runtime and interrupt, bounded by the work (not by time),
+    /// with no warm-up, no start gate and no idling (those belong to the
+    /// timed run).
+    pub fn for_load(&self) -> RunConfig {
+        RunConfig {
+            duration: Duration::from_secs(24 * 3600),
+            warmup: Duration::ZERO,
+            gate: None,
+            idle: Duration::ZERO,
+            ..self.clone()
+        }
+    }
+
     fn interrupted(&self) -> bool {
         self.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
     }

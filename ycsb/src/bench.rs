@@ -24,7 +24,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -454,15 +454,7 @@ pub fn run<I: KvIndex>(
         if cfg.progress {
             eprintln!("loading {} keys", y.keys);
         }
-        // The load neither waits at the run's start gate nor idles.
-        let load_cfg = RunConfig {
-            duration: Duration::from_secs(24 * 3600),
-            warmup: Duration::ZERO,
-            gate: None,
-            idle: Duration::ZERO,
-            ..cfg.clone()
-        };
-        let load = harness::run_bench(transport, &load_cfg, &phase(true))?;
+        let load = harness::run_bench(transport, &cfg.for_load(), &phase(true))?;
         if let Some(e) = load.first_error {
             return Err(YcsbError::Load(e));
         }
