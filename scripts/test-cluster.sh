@@ -144,56 +144,55 @@ leftovers() { pgrep -f "memory-blade --listen 127.0.0.1:($p1|$p2)|smart-rs-[0-9]
 leftover=$(leftovers)
 [ -z "$leftover" ] || { echo "test-cluster: processes left after the run: $(ps -o pid,args -p $leftover)" >&2; exit 1; }
 
+# start_long_run NAME: a 60 s run of two compute blades in the background
+# (sets run_pid); returns once both are past the barrier (measuring).
+start_long_run() {
+  local name=$1
+  scripts/cluster run --cluster "$work/cluster.toml" --processes 2 --out "$work/$name" -- \
+    ycsb --workload c --keys 5000 --threads 1 --coroutines 4 --duration 60 --warmup 0.2 >"$work/$name.out" 2>&1 &
+  run_pid=$!
+  for _ in $(seq 300); do
+    [ "$(cat "$work/$name"/logs/*-run-p*.log 2>/dev/null | grep -c 'released after')" = 2 ] && return 0
+    sleep 0.1
+  done
+  echo "test-cluster: $name: the compute blades never started measuring" >&2
+  cat "$work/$name.out" >&2
+  exit 1
+}
+
+# end_run NAME: waits for the launcher (sets status and took), shows what it
+# said, and checks that it stopped well before the run's 60 s and left no
+# process of the run behind.
+end_run() {
+  local name=$1 start
+  start=$(date +%s)
+  status=0
+  wait "$run_pid" || status=$?
+  run_pid=
+  took=$(( $(date +%s) - start ))
+  cat "$work/$name.out"
+  [ "$took" -lt 45 ] || { echo "test-cluster: $name: the launcher took ${took}s to stop (the run was 60 s)" >&2; exit 1; }
+  sleep 0.5
+  leftover=$(leftovers)
+  [ -z "$leftover" ] || { echo "test-cluster: $name: processes left: $(ps -o pid,args -p $leftover)" >&2; exit 1; }
+}
+
 echo "== a compute blade SIGKILLed mid-run"
-scripts/cluster run --cluster "$work/cluster.toml" --processes 2 --out "$work/killed" -- \
-  ycsb --workload c --keys 5000 --threads 1 --coroutines 4 --duration 60 --warmup 0.2 >"$work/killed.out" 2>&1 &
-run_pid=$!
-victim=
-for _ in $(seq 300); do
-  # Both compute blades past the barrier: measuring.
-  if [ "$(cat "$work"/killed/logs/*-run-p*.log 2>/dev/null | grep -c 'released after')" = 2 ]; then
-    victim=$(pgrep -f "^$PWD/$bin/compute-blade ycsb.*smart-rs-[0-9]+-run-1.json" | head -1 || true)
-    [ -n "$victim" ] && break
-  fi
-  sleep 0.1
-done
-[ -n "$victim" ] || { echo "test-cluster: the compute blades never started measuring" >&2; cat "$work/killed.out" >&2; exit 1; }
+start_long_run killed
+victim=$(pgrep -f "^$PWD/$bin/compute-blade ycsb.*smart-rs-[0-9]+-run-1.json" | head -1 || true)
+[ -n "$victim" ] || { echo "test-cluster: no second compute blade to kill" >&2; exit 1; }
 kill -KILL "$victim"
-start=$(date +%s)
-status=0
-wait "$run_pid" || status=$?
-run_pid=
-took=$(( $(date +%s) - start ))
-cat "$work/killed.out"
+end_run killed
 [ "$status" -ne 0 ] || { echo "test-cluster: the launcher exited 0 after a compute blade was killed" >&2; exit 1; }
 grep -q "failed" "$work/killed.out" || { echo "test-cluster: the launcher did not say what failed" >&2; exit 1; }
-[ "$took" -lt 45 ] || { echo "test-cluster: the launcher took ${took}s to stop (the run was 60 s)" >&2; exit 1; }
-sleep 0.5
-leftover=$(leftovers)
-[ -z "$leftover" ] || { echo "test-cluster: processes left after the kill: $(ps -o pid,args -p $leftover)" >&2; exit 1; }
 ls "$work"/killed/logs/*memory-blade-1.log "$work"/killed/logs/*-run-p2.log >/dev/null
 echo "test-cluster: killed compute blade $victim; launcher exited $status after ${took}s; nothing left running; logs kept"
 
 echo "== Ctrl-C (SIGINT) to the launcher mid-run"
-scripts/cluster run --cluster "$work/cluster.toml" --processes 2 --out "$work/interrupted" -- \
-  ycsb --workload c --keys 5000 --threads 1 --coroutines 4 --duration 60 --warmup 0.2 >"$work/interrupted.out" 2>&1 &
-run_pid=$!
-for _ in $(seq 300); do
-  [ "$(cat "$work"/interrupted/logs/*-run-p*.log 2>/dev/null | grep -c 'released after')" = 2 ] && break
-  sleep 0.1
-done
+start_long_run interrupted
 kill -INT "$run_pid"
-start=$(date +%s)
-status=0
-wait "$run_pid" || status=$?
-run_pid=
-took=$(( $(date +%s) - start ))
-cat "$work/interrupted.out"
+end_run interrupted
 [ "$status" -eq 130 ] || { echo "test-cluster: the interrupted launcher exited $status, not 130" >&2; exit 1; }
-[ "$took" -lt 45 ] || { echo "test-cluster: the launcher took ${took}s to stop after SIGINT" >&2; exit 1; }
-sleep 0.5
-leftover=$(leftovers)
-[ -z "$leftover" ] || { echo "test-cluster: processes left after SIGINT: $(ps -o pid,args -p $leftover)" >&2; exit 1; }
 echo "test-cluster: SIGINT stopped the run in ${took}s (status 130); nothing left running"
 
 echo "== the launcher's unit tests"

@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     cluster = load_cluster(cluster_file)
     bad = []
     for name in figures.FIGURES:
-        fig = figures.build(name, "quick", cluster.max_threads(), len(cluster.compute), len(cluster.memory))
+        fig = figures.build(name, "quick", cluster.max_threads(), len(cluster.memory))
         for ext, magic in (("png", b"\x89PNG"), ("pdf", b"%PDF")):
             p = out / f"fig{name}.{ext}"
             if not p.exists() or not p.read_bytes().startswith(magic):

@@ -14,6 +14,7 @@ then SIGKILL) and keeps every log under its output directory.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import signal
@@ -297,8 +298,9 @@ class Launcher:
         return a
 
     def start_blades(self) -> str:
-        """Starts every memory blade, waits for each `ready` line; returns
-        the compute blades' `--blades` value."""
+        """Starts every memory blade, waits for each `ready` line, checks
+        that every compute host reaches every blade; returns the compute
+        blades' `--blades` value."""
         addrs = []
         for i, m in enumerate(self.cluster.memory):
             listen = f"{m.listen or ('127.0.0.1' if m.host.launch == 'local' else '0.0.0.0')}:{m.port}"
@@ -311,7 +313,11 @@ class Launcher:
             host = "127.0.0.1" if m.host.launch == "local" else m.host.name
             addrs.append(f"{host}:{port}")
             self.blades.append((p, f"{host}:{port}"))
-        return ",".join(addrs)
+        blades = ",".join(addrs)
+        problems = check_reachable(self.cluster, blades)
+        if problems:
+            raise LaunchError("; ".join(problems))
+        return blades
 
     def stop_blades(self) -> None:
         for p, _ in self.blades:
@@ -329,12 +335,8 @@ class Launcher:
         return self.spawn(name, host, [host.binary("compute-blade")] + args)
 
     def fetch(self, host: Host, remote: str, local: Path) -> None:
-        """Copies a record a compute blade wrote on its host here."""
-        if host.launch == "local":
-            if Path(remote) != local:
-                local.write_bytes(Path(remote).read_bytes())
-            return
-        r = host.run(["cat", remote], timeout=30)
+        """Moves a record a compute blade wrote on another host here."""
+        r = host.run(["sh", "-c", f"cat {shlex.quote(remote)} && rm -f {shlex.quote(remote)}"], timeout=30)
         if r.returncode != 0:
             raise LaunchError(f"fetching {remote} from {host.name}: {r.stderr.strip()}")
         local.write_text(r.stdout)
@@ -377,7 +379,6 @@ class Launcher:
         """One loader (when `load` is given, e.g. `--load-only` flags), then
         `processes` compute blades spread over the compute hosts, meeting at
         a barrier; their records merged into `json_out`."""
-        import json
         common = ["--blades", blades] + self.link_flags()
         hosts = [self.cluster.compute[i % len(self.cluster.compute)].host for i in range(processes)]
         if load is not None:
@@ -386,31 +387,37 @@ class Launcher:
             self.wait_all([ld], timeout)
         parts, procs = [], []
         for i, h in enumerate(hosts):
-            remote = f"/tmp/smart-rs-{os.getpid()}-{tag}-{i}.json"
+            local = self.out / f"{tag}-p{i + 1}.json"
+            # Here the record goes straight to its place; elsewhere to /tmp
+            # on that host, fetched (and removed) after the run.
+            remote = str(local) if h.launch == "local" else f"/tmp/smart-rs-{os.getpid()}-{tag}-{i}.json"
             # One barrier name per launcher and party count: a root on blade 0
             # each, reused run after run by generation.
             extra = ["--barrier", f"launcher-{os.getpid()}-n{processes}:{processes}"] if processes > 1 else []
             procs.append(self.compute(h, sub + common + extra + ["--quiet", "--json", remote], name=f"{tag}-p{i + 1}"))
-            parts.append((h, remote, self.out / f"{tag}-p{i + 1}.json"))
-        self.wait_all(procs, timeout)
-        for h, remote, local in parts:
-            self.fetch(h, remote, local)
-            if h.launch != "local" or Path(remote) != local:
-                try:
-                    if h.launch == "local":
-                        os.unlink(remote)
-                    else:
-                        h.run(["rm", "-f", remote])
-                except OSError:
-                    pass
+            parts.append((h, remote, local))
+        try:
+            self.wait_all(procs, timeout)
+            for h, remote, local in parts:
+                if h.launch != "local":
+                    self.fetch(h, remote, local)
+        finally:
+            # Stopped first (a stopped compute blade still writes its
+            # record), then their files elsewhere removed.
+            for p in procs:
+                p.stop(grace=5)
+            for h, remote, _ in parts:
+                if h.launch != "local":
+                    try:
+                        h.run(["rm", "-f", remote], timeout=15)
+                    except subprocess.TimeoutExpired:
+                        pass
         if processes == 1:
             json_out.write_bytes(parts[0][2].read_bytes())
         else:
-            m = subprocess.run([self.cluster.compute[0].host.binary("compute-blade")
-                                if self.cluster.compute[0].host.launch == "local"
-                                else str(REPO / "target/release/compute-blade"),
-                                "merge", *[str(p[2]) for p in parts], "--json", str(json_out)],
-                               capture_output=True, text=True)
+            # The merge runs here, with this machine's binary.
+            m = subprocess.run([str(REPO / "target/release/compute-blade"), "merge", *[str(p[2]) for p in parts],
+                                "--json", str(json_out)], capture_output=True, text=True)
             if m.returncode != 0:
                 raise LaunchError(f"merging {tag}: {m.stderr.strip()}")
         return json.loads(json_out.read_text())
@@ -420,7 +427,21 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def preflight(cluster: Cluster, out: Path) -> list[str]:
+def guarded(prog: str, logs: Path, body) -> int:
+    """Runs `body()` (which uses a [`Launcher`] and returns the exit status)
+    and turns a launch failure or an interrupt into its message and status
+    (1, or 130): by then the launcher has stopped everything it started."""
+    try:
+        return body()
+    except LaunchError as e:
+        print(f"{prog}: {e}\n(every process it started is stopped; logs in {logs})", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; every process it started is stopped; logs in {logs}", file=sys.stderr)
+        return 130
+
+
+def preflight(cluster: Cluster) -> list[str]:
     """Checks every host before a run; returns the problems found (empty:
     ready to run). Binaries present and built from the commit here; for
     verbs, the device, its GID table, the memlock limit and huge pages; the

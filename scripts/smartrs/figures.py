@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import REPO, LaunchError, Launcher, check_reachable, load_cluster  # noqa: E402
+from cluster import REPO, LaunchError, Launcher, guarded, load_cluster  # noqa: E402
 
 # --smart settings of the paper's series.
 RACE = "none"
@@ -74,7 +74,7 @@ def ycsb(workload: str, smart: str, threads: int, keys: int, app: str = "race", 
             "--coroutines", "8", "--smart", smart] + (extra or [])
 
 
-def build(name: str, mode: str, max_threads: int, compute_hosts: int, memory_blades: int = 2) -> Figure:
+def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Figure:
     """The sweep of figure `name` in `mode` (quick or full)."""
     threads = sweep(mode, [1, 2], [1, 2, 4, 8, 16, 24, 32, 48, 64, 96], max_threads)
     keys = 20_000 if mode == "quick" else 1_000_000
@@ -249,9 +249,6 @@ def run_figure(fig: Figure, mode: str, launcher: Launcher, out: Path) -> Path:
             if blades is not None:
                 launcher.stop_blades()
             blades = launcher.start_blades()
-            problems = check_reachable(launcher.cluster, blades)
-            if problems:
-                raise LaunchError("; ".join(problems))
         tag = f"fig{fig.name}-{i + 1}"
         args = list(p.args) + ["--duration", str(secs), "--warmup", str(warm)]
         load = None
@@ -444,25 +441,20 @@ def main(argv: list[str]) -> int:
     except (LaunchError, OSError) as e:
         print(f"scripts/figure: {e}", file=sys.stderr)
         return 2
-    hosts = len(cluster.compute)
-    try:
+
+    def body() -> int:
         with Launcher(cluster, out / "logs") as launcher:
             for n in names:
-                fig = build(n, a.mode, cluster.max_threads(), hosts, len(cluster.memory))
+                fig = build(n, a.mode, cluster.max_threads(), len(cluster.memory))
                 jl = out / f"fig{n}.jsonl"
                 if not a.plot_only:
                     jl = run_figure(fig, a.mode, launcher, out)
                 if not a.no_plot:
                     for p in plot(fig, jl, out) + [table(fig, jl, out)]:
                         print(f"figure {n}: {p}")
-    except LaunchError as e:
-        print(f"scripts/figure: {e}\n(every process it started is stopped; logs in {out / 'logs'})", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"scripts/figure: interrupted; every process it started is stopped; logs in {out / 'logs'}",
-              file=sys.stderr)
-        return 130
-    return 0
+        return 0
+
+    return guarded("scripts/figure", out / "logs", body)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ every log kept in DIR/logs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import REPO, LaunchError, Launcher, check_reachable, load_cluster, preflight  # noqa: E402
+from cluster import REPO, LaunchError, Launcher, guarded, load_cluster, preflight  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -45,11 +44,12 @@ def main(argv: list[str]) -> int:
         print(f"scripts/cluster: {e}", file=sys.stderr)
         return 2
     if a.cmd == "preflight":
-        problems = preflight(cluster, Path("/tmp"))
+        problems = preflight(cluster)
         if not problems:
             try:
+                # Starting the blades checks that every compute host reaches them.
                 with Launcher(cluster, Path("/tmp") / f"smart-rs-preflight-{time.time_ns()}") as launcher:
-                    problems = check_reachable(cluster, launcher.start_blades())
+                    launcher.start_blades()
             except LaunchError as e:
                 problems = [str(e)]
         for p in problems:
@@ -72,28 +72,21 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     dur = float(args[args.index("--duration") + 1]) if "--duration" in args else 5.0
     timeout = a.timeout or dur + 300
-    try:
+
+    def body() -> int:
         with Launcher(cluster, out / "logs") as launcher:
             blades = launcher.start_blades()
-            problems = check_reachable(cluster, blades)
-            if problems:
-                raise LaunchError("; ".join(problems))
             print(f"cluster: memory blades ready at {blades}", file=sys.stderr)
             load = ["--load-only"] if args[0] == "ycsb" and n > 1 and "--no-load" not in args else None
             run_args = args + (["--no-load"] if load else [])
             rec = launcher.run_multi(blades, run_args, n, out / "merged.json", "run", timeout, load=load)
-    except LaunchError as e:
-        print(f"scripts/cluster: {e}\n(every process it started is stopped; logs in {out / 'logs'})", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"scripts/cluster: interrupted; every process it started is stopped; logs in {out / 'logs'}",
-              file=sys.stderr)
-        return 130
-    lat = rec.get("latency_us", {})
-    print(f"{rec.get('processes', 1)} compute blades: {rec['throughput_mops']:.3f} Mop/s, {rec['ops']} ops, "
-          f"p50 {lat.get('p50', 0):.1f} µs p99 {lat.get('p99', 0):.1f} µs, errors {rec.get('errors')} "
-          f"-> {out / 'merged.json'}")
-    return 0 if not rec.get("errors") else 1
+        lat = rec.get("latency_us", {})
+        print(f"{rec.get('processes', 1)} compute blades: {rec['throughput_mops']:.3f} Mop/s, {rec['ops']} ops, "
+              f"p50 {lat.get('p50', 0):.1f} µs p99 {lat.get('p99', 0):.1f} µs, errors {rec.get('errors')} "
+              f"-> {out / 'merged.json'}")
+        return 0 if not rec.get("errors") else 1
+
+    return guarded("scripts/cluster", out / "logs", body)
 
 
 if __name__ == "__main__":

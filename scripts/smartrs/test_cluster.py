@@ -11,7 +11,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from cluster import REPO, LaunchError, load_cluster
+from cluster import LaunchError, load_cluster
 import figures
 
 
@@ -79,7 +79,7 @@ class Figures(unittest.TestCase):
     def test_every_figure_builds_in_both_modes_with_distinct_points(self):
         for name in figures.FIGURES:
             for mode in ("quick", "full"):
-                f = figures.build(name, mode, 96, 2)
+                f = figures.build(name, mode, 96)
                 keys = [(p.panel, p.series, p.x) for p in f.points]
                 self.assertTrue(keys, name)
                 self.assertEqual(len(keys), len(set(keys)), f"{name} {mode}: a point twice")
@@ -88,7 +88,7 @@ class Figures(unittest.TestCase):
                     self.assertTrue(figures.reference(f), name)
 
     def test_threads_never_exceed_the_cluster(self):
-        f = figures.build("8", "full", 24, 1)
+        f = figures.build("8", "full", 24)
         self.assertEqual(max(p.x for p in f.points), 24)
 
     def test_unknown_figures_are_refused(self):
