@@ -339,6 +339,9 @@ impl Session {
             bail!("--request-timeout must be 0 (none) to {MAX_SECONDS} seconds");
         }
         let request_timeout = (c.request_timeout > 0.0).then(|| Duration::from_secs_f64(c.request_timeout));
+        if !(0.0..=1e6).contains(&c.idle_us) {
+            bail!("--idle-us must be 0 to 1000000 microseconds");
+        }
         let mut run = RunConfig {
             threads: c.threads,
             coroutines: c.coroutines,
@@ -349,12 +352,8 @@ impl Session {
             seed: c.seed.unwrap_or_else(rand::random),
             interrupt: None,
             gate: None,
-            idle: Duration::ZERO,
+            idle: Duration::from_secs_f64(c.idle_us / 1e6),
         };
-        if !(0.0..=1e6).contains(&c.idle_us) {
-            bail!("--idle-us must be 0 to 1000000 microseconds");
-        }
-        run.idle = Duration::from_secs_f64(c.idle_us / 1e6);
         if let Some(b) = &c.barrier {
             if c.blades.is_empty() {
                 bail!("--barrier needs --blades (processes meet on a memory blade, not in an embedded one)");

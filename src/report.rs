@@ -135,15 +135,30 @@ pub fn finish(s: &Session, rec: &Value, r: &RunReport) -> Result<()> {
 /// # Errors
 /// If the record cannot be written.
 pub fn write(s: &Session, rec: &Value) -> Result<()> {
-    if let Some(p) = &s.json {
-        let mut rec = rec.clone();
-        if let Some(o) = rec.as_object_mut() {
-            o.entry("provenance").or_insert_with(provenance);
-        }
-        std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")
-            .with_context(|| format!("writing {}", p.display()))?;
+    match &s.json {
+        Some(p) => emit(rec, Some(p)),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// Writes `rec`, with this process's [`provenance`] unless it has one, to
+/// `to` (standard output when `None`).
+///
+/// # Errors
+/// If the record cannot be written.
+pub fn emit(rec: &Value, to: Option<&std::path::Path>) -> Result<()> {
+    let mut rec = rec.clone();
+    if let Some(o) = rec.as_object_mut() {
+        o.entry("provenance").or_insert_with(provenance);
+    }
+    let text = serde_json::to_string_pretty(&rec)? + "\n";
+    match to {
+        Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display())),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]

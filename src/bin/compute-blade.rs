@@ -14,16 +14,8 @@ use smart::config::{Config, Job};
 fn main() -> Result<()> {
     let cli = ComputeCli::parse();
     if let Cmd::Merge(m) = &cli.cmd {
-        let mut merged = smart::merge::merge_files(&m.records)?;
-        if let Some(o) = merged.as_object_mut() {
-            o.insert("provenance".into(), smart::report::provenance());
-        }
-        let text = serde_json::to_string_pretty(&merged)? + "\n";
-        match &m.json {
-            Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
-            None => print!("{text}"),
-        }
-        return Ok(());
+        // The parts keep their own provenance; the merged record gets the merge's.
+        return smart::report::emit(&smart::merge::merge_files(&m.records)?, m.json.as_deref());
     }
     let mut cfg = Config::from_cli(&cli)?;
     // SIGINT or SIGTERM stops the run cleanly: coroutines finish their
