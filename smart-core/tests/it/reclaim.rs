@@ -209,18 +209,24 @@ fn readers_never_see_a_reused_block_under_chaos() {
     std::thread::sleep(Duration::from_secs(1));
     let ctx = monitor.ctx();
     let warm = monitor.block_on(async move { heap(&ctx, 0).await });
-    let mut reused = 0;
+    let mut total = smart_core::reclaim::ReclaimStats::default();
     for h in threads {
         let ((reads, writes), stats) = h.join().expect("no reader saw a reused block");
         assert!(reads > 100 && writes > 10, "{reads} reads, {writes} writes");
-        reused += stats.reused_bytes;
+        total += stats;
     }
-    // Reuse did happen (the test exercises it), and after the first second
-    // the heap grew by a few spans at most (64 MiB blade: 1 MiB spans; 0–3
-    // measured, the more the busier the machine: a descheduled thread keeps
-    // its epoch, and the pool grows to cover it), while the threads retired
-    // hundreds of MiB. The bound on memory proper is the hundred-runs test.
-    assert!(reused > 64 << 20, "only {reused} bytes reused");
+    eprintln!("{total:?}");
+    // Reuse did happen (the test exercises it): most of what was retired
+    // was handed out again, and more than a few MiB of it (how much depends
+    // on how fast the machine ran the 4 s: 20 MiB with three CPU hogs beside
+    // the test, 220 MiB on an idle machine). After the
+    // first second the heap grew by a few spans at most (64 MiB blade:
+    // 1 MiB spans; 0–3 measured, the more the busier the machine: a
+    // descheduled thread keeps its epoch, and the pool grows to cover it).
+    // The bound on memory proper is the hundred-runs test.
+    let reused = total.reused_bytes;
+    assert!(reused > 4 << 20, "only {reused} bytes reused: {total:?}");
+    assert!(reused * 4 >= total.retired_bytes * 3, "only {reused} of the retired bytes reused: {total:?}");
     let ctx = monitor.ctx();
     let end = monitor.block_on(async move { heap(&ctx, 0).await });
     assert!(end <= warm + (8 << 20), "heap grew from {warm} to {end} bytes");
