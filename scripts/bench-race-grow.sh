@@ -34,15 +34,16 @@ done
 python3 - "$out" "$keys" <<'PY'
 import glob, json, os, sys
 d = sys.argv[1]
-print("| backend | keys | created for | load s | load Mkeys/s | splits | depth | subtables per blade | c Mop/s | violations |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| backend | keys | created for | load s | load Mkeys/s | splits | split s | dir lock wait s | depth | subtables per blade | c Mop/s | violations |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for b in ["embedded", "tcp"]:
     rs = sorted((json.load(open(f)) for f in glob.glob(os.path.join(d, f"{b}-*.json"))), key=lambda r: r["capacity"])
     for r in rs:
         print(f"| {b} | {r['keys']} | {r['capacity']} | {r['load_s']:.1f} | {r['keys'] / r['load_s'] / 1e6:.2f} | "
-              f"{r['race']['splits']} | {r['race']['depth']} | {r['race']['subtables_per_blade']} | "
+              f"{r['race']['splits']} | {r['race']['split_s']:.1f} | {r['race'].get('dir_wait_s', 0):.2f} | "
+              f"{r['race']['depth']} | {r['race']['subtables_per_blade']} | "
               f"{r['throughput_mops']:.3f} | {r['violations']} |")
     g, p = rs[0], rs[-1]
-    print(f"| {b} | | **grown ÷ presized** | **{g['load_s'] / p['load_s']:.2f}× time** | | | | | "
+    print(f"| {b} | | **grown ÷ presized** | **{g['load_s'] / p['load_s']:.2f}× time** | | | | | | | "
           f"**{g['throughput_mops'] / p['throughput_mops']:.2f}×** | |")
 PY

@@ -416,8 +416,8 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                     let c = c.map_err(|e| anyhow::anyhow!("checking race index {:?}: {e}", job.name))?;
                     println!(
                         "race {:?}: {} keys in {} subtables (depth {}), {} faults: {} duplicates, {} frozen slots in live \
-                         subtables, {} misplaced keys, {} undecodable blocks, {} bad bucket headers; split intent {}, \
-                         resize lock {}; {} live bytes; blade heap: {} bytes in use, {} of them free-listed for reuse, \
+                         subtables, {} misplaced keys, {} undecodable blocks, {} bad bucket headers; publication intent \
+                         {}, directory lock {}, {} split locks held; {} live bytes; blade heap: {} bytes in use, {} of them free-listed for reuse, \
                          {} neither (other objects, memory held by running clients or lost by killed ones)",
                         job.name,
                         c.keys,
@@ -431,6 +431,7 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                         c.bad_headers,
                         if c.split_intent { "set" } else { "clear" },
                         if c.resize_lock_held { "held" } else { "free" },
+                        c.split_locks_held,
                         c.live_bytes,
                         heap_sum,
                         free_sum,

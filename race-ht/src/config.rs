@@ -23,10 +23,10 @@ impl RaceConfig {
     }
 }
 
-/// How long the resize lock may stay exactly the same (holder and beat)
-/// before a waiter concludes that its holder died, takes it over and
-/// finishes (or redoes) the split. A live holder renews it between the
-/// steps of a split, which take milliseconds.
+/// How long a split lock or the directory lock may stay exactly the same
+/// (holder and beat) before a waiter concludes that its holder died, takes
+/// it over and finishes (or redoes) the split. A live holder renews it
+/// between the steps of a split, which take milliseconds.
 pub const RESIZE_LEASE: Duration = Duration::from_secs(2);
 
 /// How long an operation waits for frozen subtables in all before it fails

@@ -79,8 +79,9 @@ pub struct TableShape {
 pub(crate) struct Wait {
     pub(crate) start: Option<Instant>,
     pub(crate) rounds: u32,
-    /// The resize lock word last seen held, and since when.
-    pub(crate) lock: Option<(u64, Instant)>,
+    /// The split lock last read (its address and word), and since when
+    /// it holds that word.
+    pub(crate) lock: Option<(GlobalAddr, u64, Instant)>,
 }
 
 pub(crate) fn word(b: &[u8], off: usize) -> u64 {
@@ -88,17 +89,19 @@ pub(crate) fn word(b: &[u8], off: usize) -> u64 {
 }
 
 /// A subtable image of `groups` groups whose buckets all carry the header
-/// of local depth `depth` and suffix `suffix`, slots empty.
+/// of local depth `depth` and suffix `suffix`, slots empty, split lock
+/// free.
 pub(crate) fn empty_subtable(groups: u64, depth: u32, suffix: u64) -> Vec<u8> {
     let mut img = vec![0u8; layout::subtable_bytes(groups) as usize];
     let header = layout::bucket_header(depth, suffix).to_le_bytes();
-    for b in img.chunks_mut(BUCKET as usize) {
+    for b in img[..layout::bucket_bytes(groups) as usize].chunks_mut(BUCKET as usize) {
         b[..8].copy_from_slice(&header);
     }
     img
 }
 
-/// Every slot of a subtable image: (offset in the subtable, slot word).
+/// Every slot of an image of a subtable's buckets: (offset in the
+/// subtable, slot word).
 pub(crate) fn slots_of(img: &[u8]) -> impl Iterator<Item = (usize, Slot)> + '_ {
     (0..img.len() / BUCKET as usize)
         .flat_map(|b| (0..SLOTS).map(move |i| b * BUCKET as usize + 8 + 8 * i))
@@ -232,11 +235,15 @@ impl RaceHt {
         self.stats.set(s);
     }
 
-    /// After meeting a frozen subtable: re-reads the directory right away
-    /// the first time (a stale cache), then pauses before each re-read
-    /// (a split in progress), unless another coroutine of this thread has
-    /// re-read it since `seen`.
-    pub(crate) async fn settle(&mut self, seen: u64, wait: &mut Wait) -> Result<()> {
+    /// After meeting a frozen subtable (or a full one whose split lock is
+    /// held): re-reads the directory right away the first time (a stale
+    /// cache), then pauses before each re-read (a split in progress),
+    /// unless another coroutine of this thread has re-read it since `p`
+    /// was placed. A split lock of `p`'s subtable that holds the same word
+    /// for the whole lease (its holder died; or free, while the subtable
+    /// stayed frozen: its holder failed) is taken over and the split
+    /// finished.
+    pub(crate) async fn settle(&mut self, p: &Place, wait: &mut Wait) -> Result<()> {
         self.bump(|s| s.waits += 1);
         // A long wait keeps this thread's reclamation entry alive.
         self.reclaim.tick(&self.ctx).await?;
@@ -249,29 +256,20 @@ impl RaceHt {
         if wait.rounds > 0 {
             let pause = (PAUSE_NS << (wait.rounds - 1).min(10)).min(PAUSE_MAX_NS);
             self.ctx.sleep_ns(pause).await;
-            // Who holds the resize lock? The same holder and beat for the
-            // whole lease: it died; take over and finish its split.
-            let held = self.ctx.read_u64(self.table.add(layout::LOCK_WORD)).await?;
+            let at = layout::split_lock(p.base, self.dir.borrow().groups);
+            let held = self.ctx.read_u64(at).await?;
             match wait.lock {
-                // Free, yet still frozen after a lease: a holder that failed
-                // may have released it with its split unfinished.
-                _ if held == 0 => {
-                    wait.lock = None;
-                    if start.elapsed() >= self.lease && self.take_over(0).await? {
-                        wait.start = None;
-                    }
-                }
-                Some((w, since)) if w == held => {
-                    if since.elapsed() >= self.lease && self.take_over(held).await? {
+                Some((a, w, since)) if a == at && w == held => {
+                    if since.elapsed() >= self.lease && self.take_over(p.base, held).await? {
                         wait.lock = None;
                         wait.start = None;
                     }
                 }
-                _ => wait.lock = Some((held, Instant::now())),
+                _ => wait.lock = Some((at, held, Instant::now())),
             }
         }
         wait.rounds += 1;
-        if self.dir.borrow().version == seen {
+        if self.dir.borrow().version == p.version {
             self.reload_dir().await?;
         }
         Ok(())

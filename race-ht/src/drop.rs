@@ -1,13 +1,12 @@
 //! Dropping a table and giving its memory back.
 
 use std::collections::HashSet;
-use std::time::Instant;
 
 use smart_core::reclaim::Reclaimer;
 use smart_core::{Ctx, GlobalAddr};
 
 use crate::directory::slots_of;
-use crate::layout::{self, DROPPED_MAGIC, LOCK_WORD, TABLE_MAGIC};
+use crate::layout::{self, DROPPED_LOCK, DROPPED_MAGIC, LOCK_WORD, OLD_MAGIC, TABLE_MAGIC};
 use crate::{RaceError, RaceHt, Result};
 
 /// What [`RaceHt::drop_table`] gave back.
@@ -22,9 +21,9 @@ pub struct Dropped {
 }
 
 impl RaceHt {
-    /// Drops table `name`: takes its resize lock for good (waiting for a
-    /// live split to end, taking a dead holder's lock over after its lease),
-    /// freezes every slot so that no client changes the table any more,
+    /// Drops table `name`: takes its directory lock for good (waiting for a
+    /// live publication to end, taking a dead holder's lock over after its
+    /// lease, finishing a publication it left), freezes every slot so that no client changes the table any more,
     /// marks the header dropped, unsets the name, and retires every
     /// subtable, every block and the directory, to be reused once no
     /// operation can reach them. Clients that still hold the table get
@@ -41,24 +40,16 @@ impl RaceHt {
         }
         let mut t = Self::open(ctx, name).await?;
         let _pin = Reclaimer::pin(&t.reclaim, ctx).await?;
-        let word = t.table.add(LOCK_WORD);
-        let mut seen: Option<(u64, Instant)> = None;
-        let mut lease = loop {
-            let held = ctx.read_u64(word).await?;
-            let expired = seen.is_some_and(|(w, since)| w == held && since.elapsed() >= t.lease);
-            if held == 0 || expired {
-                if let Some(l) = t.lock(held).await? {
-                    break l;
-                }
-            }
-            if seen.is_none_or(|(w, _)| w != held) {
-                seen = Some((held, Instant::now()));
-            }
-            ctx.sleep_ns(1_000_000).await;
-        };
-        // A split a dead holder left half done is finished first, so that
-        // the directory names every subtable.
-        t.recover_split(&mut lease).await?;
+        // The directory lock, for good: no split is published any more (a
+        // splitter that waits for it stops with `Dropped`). A publication a
+        // dead client left is finished first, so that the directory names
+        // every subtable.
+        let mut dl = t.dir_lock(None).await?;
+        t.finish_intent(GlobalAddr::NULL, &mut dl).await?;
+        let old = ctx.cas(t.table.add(LOCK_WORD), dl.cur, DROPPED_LOCK).await?;
+        if old != dl.cur {
+            return Err(RaceError::LeaseLost(old));
+        }
         t.reload_dir().await?;
         let (groups, depth, array, subtables) = {
             let d = t.dir.borrow();
@@ -69,7 +60,7 @@ impl RaceHt {
         for &at in &subtables {
             // Frozen, the slots are final: a client's CAS either landed
             // before (and its block is here) or fails.
-            let img = t.freeze(at, groups, &mut lease).await?;
+            let img = t.freeze(at, groups, None).await?;
             for (_, sl) in slots_of(&img) {
                 let sl = sl.thawed();
                 if !sl.is_empty() && blocks.insert(sl.addr()) {
@@ -102,6 +93,9 @@ pub(crate) fn check_magic(magic: u64, table: GlobalAddr) -> Result<()> {
     match magic {
         TABLE_MAGIC => Ok(()),
         DROPPED_MAGIC => Err(RaceError::Dropped),
+        OLD_MAGIC => Err(RaceError::Corrupt(format!(
+            "at {table}: a table of an older race-ht format (one resize lock per table); drop the blade's data and load it again"
+        ))),
         _ => Err(RaceError::Corrupt(format!("at {table}: bad table header"))),
     }
 }

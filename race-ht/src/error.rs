@@ -31,11 +31,12 @@ pub enum RaceError {
     /// it.
     #[error("the table was dropped (its memory is being reused)")]
     Dropped,
-    /// This client's resize lock was taken over while it worked (it stalled
-    /// for longer than the lease between two renewals): it stops, having
-    /// published nothing, and the taker finishes the split from the frozen
-    /// subtable. The operation that was growing the table starts over.
-    #[error("the resize lock was taken over while this client held it (now {0:#x}): a stall longer than the lease")]
+    /// A lock this client held (a split lock or the directory lock) was
+    /// taken over while it worked (it stalled for longer than the lease
+    /// between two renewals): it stops, having published nothing, and the
+    /// taker finishes the split from the frozen subtable. The operation
+    /// that was growing the table starts over.
+    #[error("a split or directory lock was taken over while this client held it (now {0:#x}): a stall longer than the lease")]
     LeaseLost(u64),
     /// The remote structure is not what this table expects.
     #[error("table {0}")]

@@ -20,7 +20,9 @@ pub struct RaceStats {
     pub waits: u64,
     /// Seconds this thread spent splitting.
     pub split_s: f64,
-    /// Resize locks taken over from a dead holder.
+    /// Seconds of that spent waiting for the directory lock.
+    pub dir_wait_s: f64,
+    /// Split or directory locks taken over from a dead holder.
     pub takeovers: u64,
     /// Splits left unfinished by a dead client and finished by this thread.
     pub recovered_splits: u64,
@@ -44,6 +46,7 @@ struct StatsRecord {
     dir_refreshes: u64,
     waits: u64,
     split_s: f64,
+    dir_wait_s: f64,
     takeovers: u64,
     recovered_splits: u64,
     lease_losses: u64,
@@ -61,6 +64,7 @@ impl From<RaceStats> for StatsRecord {
             dir_refreshes: s.dir_refreshes,
             waits: s.waits,
             split_s: s.split_s,
+            dir_wait_s: s.dir_wait_s,
             takeovers: s.takeovers,
             recovered_splits: s.recovered_splits,
             lease_losses: s.lease_losses,
@@ -91,6 +95,7 @@ impl IndexStats for RaceStats {
         self.dir_refreshes += o.dir_refreshes;
         self.waits += o.waits;
         self.split_s += o.split_s;
+        self.dir_wait_s += o.dir_wait_s;
         self.takeovers += o.takeovers;
         self.recovered_splits += o.recovered_splits;
         self.lease_losses += o.lease_losses;
@@ -108,6 +113,7 @@ impl RaceStats {
             dir_refreshes: r.refreshes,
             waits: r.waits,
             split_s: r.split_ns as f64 / 1e9,
+            dir_wait_s: r.dir_wait_ns as f64 / 1e9,
             takeovers: r.takeovers,
             recovered_splits: r.recovered,
             lease_losses: r.lease_losses,

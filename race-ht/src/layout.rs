@@ -3,16 +3,22 @@
 //!
 //! ```text
 //! table header  [magic u64][dir word u64][groups per subtable u64]
-//!               [resize lock u64][splits u64][split intent u64]
+//!               [directory lock u64][splits u64][publication intent u64]
 //!               [name block address u64][0 u64]                (64 bytes)
-//! resize lock   0, or the holder's token:40 | beat:24 (the holder bumps
-//!               the beat while it works: its lease)
-//! split intent  0, or local depth:8 | address:56 of the subtable being
-//!               split (written before its first slot is frozen, cleared
-//!               after the split is published)
+//! directory lock 0, or the holder's token:40 | beat:24; held only while a
+//!               split is published in the directory (and for good, as
+//!               DROPPED_LOCK, once the table is dropped)
+//! publication intent 0, or local depth:8 | address:56 of the subtable
+//!               whose split is being published (written under the
+//!               directory lock before the first directory WRITE, cleared
+//!               after the last)
 //! dir word      global depth:8 | directory array address:56
 //! directory     2^GD entries: local depth:8 | subtable address:56
-//! subtable      groups × [main0 | overflow | main1], 64-byte buckets
+//! subtable      groups × [main0 | overflow | main1], 64-byte buckets,
+//!               then a 64-byte split line: [split lock u64][0 × 7]
+//! split lock    0, or the splitter's token:40 | beat:24 (its lease, bumped
+//!               while it works); a split that was published leaves it
+//!               held: the subtable is then dead
 //! bucket        [local depth u32][suffix u32] + 7 slots of 8 bytes
 //! slot          fp:8 | len:8 (KV block length in 64-byte units) | blade:8
 //!               | offset:40; bit 0 (always 0 in a 64-aligned offset) is
@@ -43,22 +49,27 @@ pub const GROUP_BUCKETS: u64 = 3;
 pub const COMBINED: usize = 128;
 /// Bytes of the table header.
 pub const TABLE_HEADER: u64 = 64;
-/// Table magic ("RACEDIR2": the resizable format).
-pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR2");
+/// Table magic ("RACEDIR3": per-subtable split locks).
+pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR3");
+/// The magic of the previous format (one resize lock per table, no split
+/// lines), refused with a clear error.
+pub const OLD_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR2");
 /// The magic of a dropped table's header (kept as a tombstone).
 pub const DROPPED_MAGIC: u64 = u64::from_le_bytes(*b"RACEDROP");
 /// Offset of the dir word in the table header.
 pub const DIR_WORD: u64 = 8;
-/// Offset of the resize lock in the table header.
+/// Offset of the directory lock in the table header.
 pub const LOCK_WORD: u64 = 24;
+/// The directory lock of a dropped table (held for good).
+pub const DROPPED_LOCK: u64 = u64::MAX;
 /// Offset of the split counter in the table header.
 pub const SPLITS_WORD: u64 = 32;
-/// Offset of the split intent in the table header.
+/// Offset of the publication intent in the table header.
 pub const INTENT_WORD: u64 = 40;
 /// Offset of the address of the table's name (`Ctx::write_name`; 0 in
 /// tables made before names were stored).
 pub const NAME_WORD: u64 = 48;
-/// Bits of the resize lock's beat (its low bits).
+/// Bits of a lock's beat (its low bits).
 pub const BEAT_BITS: u32 = 24;
 /// Largest global (and local) depth: a directory of 2^20 entries (8 MiB).
 pub const MAX_DEPTH: u32 = 20;
@@ -72,9 +83,19 @@ pub fn combined_offset(i: u64) -> u64 {
     ((i / 2) * GROUP_BUCKETS + (i % 2)) * BUCKET
 }
 
-/// Bytes of a subtable of `groups` groups.
+/// Bytes of a subtable of `groups` groups: its buckets and its split line.
 pub fn subtable_bytes(groups: u64) -> u64 {
+    bucket_bytes(groups) + BUCKET
+}
+
+/// Bytes of a subtable's buckets (the split line follows them).
+pub fn bucket_bytes(groups: u64) -> u64 {
     groups * GROUP_BUCKETS * BUCKET
+}
+
+/// Address of the split lock of the subtable at `base`.
+pub fn split_lock(base: GlobalAddr, groups: u64) -> GlobalAddr {
+    base.add(bucket_bytes(groups))
 }
 
 /// Packs a depth and an address (blade < 256) into a dir word or a
@@ -217,10 +238,11 @@ mod tests {
     pub(crate) fn layout_is_pinned() {
         assert_eq!((combined_offset(0), combined_offset(1)), (0, 64), "group 0: [0,1] and [1,2]");
         assert_eq!((combined_offset(2), combined_offset(3)), (192, 256), "group 1");
-        assert_eq!(subtable_bytes(4), 768);
+        assert_eq!((bucket_bytes(4), subtable_bytes(4)), (768, 832));
+        assert_eq!(split_lock(GlobalAddr::new(1, 4096), 4), GlobalAddr::new(1, 4096 + 768));
         assert_eq!(block_len(8, 8), 64);
         assert_eq!(block_len(8, 45), 128);
-        assert_eq!(&TABLE_MAGIC.to_le_bytes(), b"RACEDIR2");
+        assert_eq!(&TABLE_MAGIC.to_le_bytes(), b"RACEDIR3");
         let a = GlobalAddr::new(7, 0xabc_def0);
         assert_eq!(unpack_entry(pack_entry(13, a)), (13, a));
         assert_eq!((bucket_header(3, 5), suffix(0xff, 3)), (5 << 32 | 3, 7));

@@ -29,9 +29,10 @@
 //!
 //! **Online resizing** (extendible hashing). Each client caches the
 //! directory (global depth GD, and per entry the subtable and its local
-//! depth). When an insert finds both buckets of its key full, it takes the
-//! table's resize lock (a CAS in the table header) and splits the subtable
-//! `S` (local depth `L`, suffix `s`):
+//! depth). When an insert finds both buckets of its key full, it splits
+//! the subtable `S` (local depth `L`, suffix `s`) under `S`'s own *split
+//! lock* (a CAS on a word after `S`'s buckets), as RACE does: splits of
+//! different subtables proceed in parallel.
 //! 1. *freeze* every slot of `S` by CAS (`w → w | 1`, empty `0 → 1`), so no
 //!    other client's CAS can change `S` any more;
 //! 2. read `S` and the blocks it names, rehash each key, and build two new
@@ -39,10 +40,17 @@
 //!    its slot position, so nothing can overflow; duplicates of a key are
 //!    dropped here too; a block whose new subtable is on another blade is
 //!    copied there;
-//! 3. WRITE both, then publish them in the directory: in place when
-//!    `L < GD`, or by writing a doubled directory and swapping the dir word
-//!    (depth and address in one 8-byte word) when `L = GD`; bump the split
-//!    counter; release the lock.
+//! 3. WRITE both, then publish them in the directory under the table's
+//!    *directory lock* (held for a few verbs): write a *publication
+//!    intent* (`S` and `L`) in the table header, then the entries, in
+//!    place when `L < GD`, or a doubled directory swapped in by one WRITE
+//!    of the dir word (depth and address in one 8-byte word) when `L = GD`;
+//!    clear the intent, bump the split counter, release the directory
+//!    lock. `S`'s split lock stays held: `S` is dead.
+//!
+//! The directory lock makes publications (and doublings, which copy every
+//! entry) serial; the work of a split (freezing, reading, rehashing,
+//! writing the halves) is not.
 //!
 //! `S` is never changed again nor reused, so a client with a stale cache
 //! that reaches it sees frozen slots and re-reads the directory. A client
@@ -57,15 +65,21 @@
 //! cached entry: a mismatch is reported as corruption.
 //!
 //! **A client that dies mid-split** (SIGKILL at any instant) is finished
-//! by the next. The resize lock holds the holder's token and a beat that
-//! the holder bumps between the steps of a split (its lease, renewed every
-//! few milliseconds of work). Before freezing `S`, the holder writes a
-//! *split intent* (`S` and `L`) in the table header; it clears it after
-//! publishing. A client waiting on a frozen subtable watches the lock: the
-//! same word for [`RESIZE_LEASE`] (2 s) means the holder died, and it takes
-//! the lock over by CAS from that word. Whoever next holds the lock (that
-//! client, or any later grower, or [`RaceHt::repair`]) finishes the split
-//! the intent names, from `S`'s frozen image:
+//! by the next. Both locks hold the holder's token and a beat that the
+//! holder bumps between the steps of its work (its lease, renewed every
+//! few milliseconds). A client waiting on a frozen subtable (or on a full
+//! one whose split lock is held) watches that subtable's split lock: the
+//! same word for [`RESIZE_LEASE`] (2 s) means the holder died (or, with
+//! the lock free while the subtable stays frozen, that it failed), and it
+//! takes the lock over by CAS from that word and finishes the split. A
+//! publisher waiting for the directory lock takes it over the same way;
+//! whoever holds the directory lock first finishes the publication that
+//! a publication intent names, taking that subtable's split lock whatever
+//! it holds (its publisher held the directory lock, so it is dead or gave
+//! up), before it publishes its own: no subtable of a half-published range
+//! is split before the range is whole. [`RaceHt::repair`] does all of this
+//! without waiting for an operation to meet it. A split is finished from
+//! `S`'s frozen image:
 //! * halves already in the directory (a publication cut short between two
 //!   entry WRITEs) are kept as they are, since other clients may already
 //!   have written to them; their keys' blocks in `S` are skipped, and may
@@ -77,19 +91,22 @@
 //!
 //! Every step is idempotent, so a client that dies while recovering is
 //! recovered in turn. The takeover is a timing argument, like every lease:
-//! a holder stalled for longer than the lease between its last renewal and
-//! its directory writes could still write after the takeover. A holder that
-//! was only slow (a stall longer than the lease, e.g. under emulation)
-//! finds at its next renewal that the lock changed hands: it stops, hands
-//! back the halves it built, and its operation starts over while the taker
-//! finishes the split ([`RaceError::LeaseLost`], counted as
-//! `lease_losses`).
+//! a holder stalled for longer than the lease between its last renewal of
+//! the directory lock and its directory writes could still write after
+//! the takeover. A holder that was only slow (a stall longer than the
+//! lease, e.g. under emulation) finds at its next renewal that the lock
+//! changed hands: it stops, hands back the halves it built, and its
+//! operation starts over while the taker finishes the split
+//! ([`RaceError::LeaseLost`], counted as `lease_losses`). A split lock
+//! that a dead client took before freezing anything leaves its subtable
+//! working as before; the subtable's next grower takes it over after the
+//! lease.
 //!
-//! Limits of resizing: one split at a time per table (a global lock, not
-//! RACE's per-subtable lock); readers and writers of a subtable being split
-//! wait for the split (pausing 10 µs doubling to 1 ms, failing after
-//! [`SPLIT_STALL`] if the holder keeps renewing and never finishes); the
-//! depth stops at [`layout::MAX_DEPTH`], after which a full bucket pair is
+//! Limits of resizing: publications are serial (the directory lock);
+//! readers and writers of a subtable being split wait for its split
+//! (pausing 10 µs doubling to 1 ms, failing after [`SPLIT_STALL`] if the
+//! holder keeps renewing and never finishes); the depth stops at
+//! [`layout::MAX_DEPTH`], after which a full bucket pair is
 //! [`RaceError::Full`].
 //!
 //! **Memory that comes back (and ABA).** Replaced and deleted KV blocks,
@@ -167,10 +184,10 @@ pub struct RaceHt {
     /// `Some` when the runtime's `spec_lookup` technique is on.
     pub(crate) spec: Option<Rc<RefCell<SpecCache>>>,
     pub(crate) stats: Rc<Cell<ResizeStats>>,
-    /// This client's resize-lock token (random, nonzero).
+    /// This client's lock token (random, nonzero).
     pub(crate) token: u64,
-    /// How long the resize lock may stay the same before this client takes
-    /// it over ([`RESIZE_LEASE`] unless set).
+    /// How long a split lock or the directory lock may stay the same
+    /// before this client takes it over ([`RESIZE_LEASE`] unless set).
     pub(crate) lease: Duration,
     pub(crate) block: Vec<u8>,
 }

@@ -1,5 +1,7 @@
-//! Online resizing: splitting a full subtable under the resize lock
-//! (freeze, rehash into two halves, publish), and directory doubling.
+//! Online resizing: splitting a full subtable under its own split lock
+//! (freeze, rehash into two halves), publishing the halves under the
+//! table's short directory lock (in place, or by doubling the directory),
+//! and finishing what a dead client left of either.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -7,13 +9,17 @@ use std::time::Instant;
 use smart_core::runtime::MAX_BATCH;
 use smart_core::GlobalAddr;
 
-use crate::config::TORN_RETRIES;
-use crate::directory::{blade_of, empty_subtable, slots_of, Place};
+use crate::config::{PAUSE_MAX_NS, PAUSE_NS, TORN_RETRIES};
+use crate::directory::{blade_of, empty_subtable, slots_of};
 use crate::layout::{self, Slot};
 use crate::{RaceError, RaceHt, Result};
 
-/// Freeze batches between two renewals of the resize lock's lease.
+/// Freeze batches between two renewals of the split lock's lease.
 const RENEW_EVERY: usize = 256;
+
+/// Tries at stealing the split lock of a subtable whose publication a dead
+/// client left (its word changes only while another client steals it too).
+const STEAL_TRIES: usize = 16;
 
 /// What one thread saw and did of resizing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -27,10 +33,13 @@ pub struct ResizeStats {
     /// Operations that met a frozen subtable (being split, or split already
     /// and seen through a stale cache) and started over.
     pub waits: u64,
-    /// Nanoseconds this thread spent splitting.
+    /// Nanoseconds this thread spent splitting (from taking a split lock
+    /// to releasing the directory lock).
     pub split_ns: u64,
-    /// Resize locks this thread took over from a holder whose lease ran
-    /// out.
+    /// Nanoseconds of that spent waiting for the directory lock.
+    pub dir_wait_ns: u64,
+    /// Locks (split or directory) this thread took over from a holder whose
+    /// lease ran out.
     pub takeovers: u64,
     /// Splits left unfinished by a dead client that this thread finished.
     pub recovered: u64,
@@ -39,11 +48,12 @@ pub struct ResizeStats {
     pub lease_losses: u64,
 }
 
-/// The resize lock as its holder sees it: the word it last wrote.
+/// A lock (a subtable's split lock or the directory lock) as its holder
+/// sees it: the word it last wrote.
 #[derive(Debug)]
 pub(crate) struct Lease {
     word: GlobalAddr,
-    cur: u64,
+    pub(crate) cur: u64,
 }
 
 impl Lease {
@@ -65,21 +75,37 @@ impl Lease {
 /// client's partial publication), by the bit that tells them apart.
 type Published = [Option<GlobalAddr>; 2];
 
+/// A split built and not yet published: the halves are written, nothing
+/// reaches them.
+struct Prepared {
+    base: GlobalAddr,
+    ld: u32,
+    s: u64,
+    groups: u64,
+    addrs: [GlobalAddr; 2],
+    published: Published,
+    /// Blocks that only the frozen subtable names once the halves are
+    /// published (duplicates, and originals of blocks copied to another
+    /// blade).
+    retired: Vec<Slot>,
+    /// Copies made on the halves' blades.
+    copies: Vec<(GlobalAddr, u64)>,
+}
+
 impl RaceHt {
-    /// This client's resize-lock word with beat 0.
+    /// This client's lock word with beat 0 (never [`layout::DROPPED_LOCK`]).
     fn lock_token(&self) -> u64 {
-        (self.token & ((1 << (64 - layout::BEAT_BITS)) - 1)).max(1) << layout::BEAT_BITS
+        (self.token % ((1 << (64 - layout::BEAT_BITS)) - 1)).max(1) << layout::BEAT_BITS
     }
 
-    /// Takes the resize lock if it is free (`expect` = 0) or still holds
+    /// Takes the lock at `word` if it is free (`expect` = 0) or still holds
     /// `expect` (a dead holder's word).
-    pub(crate) async fn lock(&self, expect: u64) -> Result<Option<Lease>> {
-        let word = self.table.add(layout::LOCK_WORD);
+    pub(crate) async fn lock(&self, word: GlobalAddr, expect: u64) -> Result<Option<Lease>> {
         let tok = self.lock_token();
         Ok((self.ctx.cas(word, expect, tok).await? == expect).then_some(Lease { word, cur: tok }))
     }
 
-    /// Releases the resize lock.
+    /// Releases a lock.
     async fn unlock(&self, lease: Lease) -> Result<()> {
         let old = self.ctx.cas(lease.word, lease.cur, 0).await?;
         if old != lease.cur {
@@ -88,54 +114,57 @@ impl RaceHt {
         Ok(())
     }
 
-    /// Splits the subtable of `p` (whose two buckets are full) under the
-    /// table's resize lock. Returns `false`, having done nothing, if
-    /// another client holds the lock.
-    pub(crate) async fn grow(&mut self, p: &Place) -> Result<bool> {
-        let Some(mut lease) = self.lock(0).await? else { return Ok(false) };
-        let t0 = Instant::now();
-        let split = async {
-            // A split a dead client left half done comes first.
-            if self.recover_split(&mut lease).await? {
-                return Ok(());
-            }
-            self.split_locked(p, &mut lease).await
+    /// The split lock of the subtable at `base`.
+    fn split_lock_of(&self, base: GlobalAddr) -> GlobalAddr {
+        layout::split_lock(base, self.dir.borrow().groups)
+    }
+
+    /// Splits the subtable of `p` (whose two buckets are full) under its
+    /// split lock. Returns `false`, having done nothing, if another client
+    /// holds that lock.
+    pub(crate) async fn grow(&mut self, p: &crate::directory::Place) -> Result<bool> {
+        if p.depth >= layout::MAX_DEPTH {
+            return Err(RaceError::Full);
         }
-        .await;
+        let Some(mut lease) = self.lock(self.split_lock_of(p.base), 0).await? else { return Ok(false) };
+        let t0 = Instant::now();
+        let split = self.split_subtable(p.base, &mut lease).await.map(drop);
         self.bump(|s| s.split_ns += t0.elapsed().as_nanos() as u64);
-        // An error before the intent is written leaves the table whole;
-        // after it, the intent stays and the next holder finishes the split.
-        self.release(lease, split).await?;
+        self.end_split(lease, split).await?;
         Ok(true)
     }
 
-    /// After a waiter saw the resize lock hold `word` for the whole lease:
-    /// takes it over, finishes whatever split its holder left, releases it.
-    /// Returns whether it took the lock.
-    pub(crate) async fn take_over(&mut self, word: u64) -> Result<bool> {
-        let Some(mut lease) = self.lock(word).await? else { return Ok(false) };
+    /// After a waiter saw the split lock of the subtable at `base` hold
+    /// `word` (0: free, while the subtable stayed frozen) for the whole
+    /// lease: takes it over and finishes (or does) the split. Returns
+    /// whether it took the lock.
+    pub(crate) async fn take_over(&mut self, base: GlobalAddr, word: u64) -> Result<bool> {
+        let Some(mut lease) = self.lock(self.split_lock_of(base), word).await? else { return Ok(false) };
         if word != 0 {
             self.bump(|s| s.takeovers += 1);
         }
-        let r = self.recover_split(&mut lease).await.map(drop);
-        // On an error the intent stays: the next holder redoes the recovery
-        // (it is idempotent).
-        self.release(lease, r).await?;
+        let t0 = Instant::now();
+        let r = self.split_subtable(base, &mut lease).await;
+        self.bump(|s| s.split_ns += t0.elapsed().as_nanos() as u64);
+        if let Ok(true) = r {
+            self.bump(|s| s.recovered += 1);
+        }
+        self.end_split(lease, r.map(drop)).await?;
         Ok(true)
     }
 
-    /// Ends a turn with the resize lock whose work ended with `work`:
-    /// releases the lock, even after an error, and returns the work's
-    /// error. A lease lost meanwhile (another client took the lock over,
-    /// and finishes the split) is counted, not an error: the lock is no
-    /// longer ours to release, and the caller's operation starts over.
-    async fn release(&self, lease: Lease, work: Result<()>) -> Result<()> {
+    /// Ends a turn with a split lock whose work ended with `work`. After a
+    /// split (or when the subtable was found dead) the lock stays held: the
+    /// subtable is dead, and no client splits it again. After an error the
+    /// lock is released, so that the next client redoes the split (every
+    /// step is idempotent), and the error returned. A lease lost meanwhile
+    /// (another client took the lock over, and finishes the split) is
+    /// counted, not an error: the caller's operation starts over.
+    async fn end_split(&self, lease: Lease, work: Result<()>) -> Result<()> {
         let outcome = match work {
-            lost @ Err(RaceError::LeaseLost(_)) => lost,
-            work => {
-                let released = self.unlock(lease).await;
-                work.and(released)
-            }
+            Ok(()) => Ok(()),
+            e @ Err(RaceError::LeaseLost(_) | RaceError::Dropped) => e,
+            Err(e) => self.unlock(lease).await.and(Err(e)),
         };
         if let Err(RaceError::LeaseLost(_)) = outcome {
             self.bump(|s| s.lease_losses += 1);
@@ -144,117 +173,294 @@ impl RaceHt {
         outcome
     }
 
-    /// Sets how long the resize lock may stay unchanged before this handle
-    /// takes it over (default [`RESIZE_LEASE`](crate::RESIZE_LEASE); tests
-    /// shorten it).
+    /// Sets how long a lock may stay unchanged before this handle takes it
+    /// over (default [`RESIZE_LEASE`](crate::RESIZE_LEASE); tests shorten
+    /// it).
     pub fn set_lease(&mut self, lease: std::time::Duration) {
         self.lease = lease;
     }
 
-    /// Repairs what a dead client left of resizing, without waiting for an
-    /// operation to meet it: watches the resize lock for one lease and takes
-    /// it over if it stayed the same; takes a free lock if a split intent is
-    /// left. Either way finishes that client's split. Returns whether a
-    /// split was finished.
-    ///
-    /// # Errors
-    /// Verb errors; a malformed table.
-    pub async fn repair(&mut self) -> Result<bool> {
-        let _pin = self.begin().await?;
+    /// Takes the directory lock: at once when it is free; after the lease
+    /// when its word stays the same (the holder died); never when the
+    /// table was dropped. While it waits, it keeps `split`'s lease (the
+    /// split lock the caller holds) alive, and fails if that was lost.
+    pub(crate) async fn dir_lock(&self, mut split: Option<&mut Lease>) -> Result<Lease> {
         let word = self.table.add(layout::LOCK_WORD);
-        let first = self.ctx.read_u64(word).await?;
-        if first != 0 {
-            self.ctx.sleep_ns(self.lease.as_nanos() as u64).await;
-            if self.ctx.read_u64(word).await? != first {
-                return Ok(false);
+        let tok = self.lock_token();
+        let mut seen: Option<(u64, Instant)> = None;
+        let mut pause = PAUSE_NS;
+        loop {
+            let old = self.ctx.cas(word, 0, tok).await?;
+            if old == 0 {
+                return Ok(Lease { word, cur: tok });
+            }
+            if old == layout::DROPPED_LOCK {
+                return Err(RaceError::Dropped);
+            }
+            match seen {
+                Some((w, since)) if w == old => {
+                    if since.elapsed() >= self.lease {
+                        if let Some(l) = self.lock(word, old).await? {
+                            self.bump(|s| s.takeovers += 1);
+                            return Ok(l);
+                        }
+                    }
+                }
+                _ => seen = Some((old, Instant::now())),
+            }
+            self.ctx.sleep_ns(pause).await;
+            pause = (pause * 2).min(PAUSE_MAX_NS);
+            if let Some(l) = split.as_deref_mut() {
+                l.renew(&self.ctx).await?;
             }
         }
+    }
+
+    /// Repairs what dead clients left of resizing, without waiting for an
+    /// operation to meet it:
+    /// * the directory lock, if it stays the same for a lease (or is free
+    ///   with a publication intent left): takes it over and finishes that
+    ///   publication;
+    /// * every live subtable whose split lock stays held and unchanged for
+    ///   a lease, or is free while some of its slots are frozen: takes the
+    ///   lock over and finishes the split.
+    ///
+    /// Reads every live subtable. Returns whether a split was finished.
+    ///
+    /// # Errors
+    /// Verb errors; a malformed or dropped table.
+    pub async fn repair(&mut self) -> Result<bool> {
+        let _pin = self.begin().await?;
         let before = self.resize_stats().recovered;
-        self.take_over(first).await?;
+        let lease_ns = self.lease.as_nanos() as u64;
+        let word = self.table.add(layout::LOCK_WORD);
+        let first = self.ctx.read_u64(word).await?;
+        if first == layout::DROPPED_LOCK {
+            return Err(RaceError::Dropped);
+        }
+        let stuck = if first != 0 {
+            self.ctx.sleep_ns(lease_ns).await;
+            self.ctx.read_u64(word).await? == first
+        } else {
+            self.ctx.read_u64(self.table.add(layout::INTENT_WORD)).await? != 0
+        };
+        if stuck {
+            if let Some(mut dl) = self.lock(word, first).await? {
+                if first != 0 {
+                    self.bump(|s| s.takeovers += 1);
+                }
+                let r = self.finish_intent(GlobalAddr::NULL, &mut dl).await;
+                match r {
+                    Err(RaceError::LeaseLost(_)) => self.bump(|s| s.lease_losses += 1),
+                    r => r.and(self.unlock(dl).await)?,
+                }
+            }
+        }
+        // Live subtables: held split locks (watched for a lease) and free
+        // ones over frozen slots.
+        self.reload_dir().await?;
+        let (groups, subtables) = {
+            let d = self.dir.borrow();
+            (d.groups, d.subtables().map(|(_, _, at)| at).collect::<Vec<_>>())
+        };
+        let mut held = Vec::new();
+        for at in subtables {
+            let mut img = vec![0u8; layout::subtable_bytes(groups) as usize];
+            self.ctx.read_all(at, &mut img).await?;
+            let lock = crate::directory::word(&img, layout::bucket_bytes(groups) as usize);
+            let frozen = slots_of(&img[..layout::bucket_bytes(groups) as usize]).any(|(_, sl)| sl.is_frozen());
+            if lock != 0 {
+                held.push((at, lock));
+            } else if frozen {
+                self.take_over(at, 0).await?;
+            }
+        }
+        if !held.is_empty() {
+            self.ctx.sleep_ns(lease_ns).await;
+            for (at, lock) in held {
+                if self.ctx.read_u64(layout::split_lock(at, groups)).await? == lock {
+                    self.take_over(at, lock).await?;
+                }
+            }
+        }
         self.reload_dir().await?;
         Ok(self.resize_stats().recovered > before)
     }
 
-    /// Finishes the split named by the table's split intent, if any (a
-    /// client died between writing it and clearing it). Returns whether
-    /// there was one.
-    pub(crate) async fn recover_split(&mut self, lease: &mut Lease) -> Result<bool> {
-        let intent = self.ctx.read_u64(self.table.add(layout::INTENT_WORD)).await?;
-        if intent == 0 {
+    /// Splits the subtable at `base`, whose split lock `lease` holds:
+    /// builds the halves not yet published from its frozen image (see
+    /// [`RaceHt::prepare`]), then publishes them under the directory lock.
+    /// Returns `false`, having done nothing, if the directory no longer
+    /// names the subtable (it was split already).
+    async fn split_subtable(&mut self, base: GlobalAddr, lease: &mut Lease) -> Result<bool> {
+        let Some(prep) = self.prepare(base, lease).await? else {
+            // Published whole already; a publisher that died before
+            // clearing its intent leaves it naming this subtable.
+            if self.intent_names(base).await? {
+                let dl = self.dir_lock(Some(lease)).await?;
+                let r = self.clear_intent_of(base).await;
+                r.and(self.unlock(dl).await)?;
+            }
             return Ok(false);
+        };
+        let t0 = Instant::now();
+        let mut dl = match self.dir_lock(Some(lease)).await {
+            Ok(dl) => dl,
+            Err(e) => {
+                self.hand_back(&prep, &e);
+                return Err(e);
+            }
+        };
+        self.bump(|s| s.dir_wait_ns += t0.elapsed().as_nanos() as u64);
+        let r = async {
+            // A publication a dead client left comes first: no subtable of
+            // its range may be split before it is whole.
+            self.finish_intent(base, &mut dl).await?;
+            // Still ours: nobody has taken this split over.
+            lease.renew(&self.ctx).await?;
+            self.publish(&prep, &mut dl).await
         }
-        let (ld, base) = layout::unpack_entry(intent);
-        let header = self.ctx.read_u64(base).await?;
-        let s = header >> 32;
-        if header != layout::bucket_header(ld, s) {
-            return Err(RaceError::Corrupt(format!(
-                "split intent names {base} at depth {ld}, whose header is {header:#x}"
-            )));
+        .await;
+        let old_dir = match r {
+            Ok(old_dir) => old_dir,
+            Err(e) => {
+                self.hand_back(&prep, &e);
+                return match e {
+                    RaceError::LeaseLost(_) => {
+                        // Our split lock was taken: the directory lock is
+                        // still ours to release.
+                        self.unlock(dl).await?;
+                        Err(e)
+                    }
+                    e => self.unlock(dl).await.and(Err(e)),
+                };
+            }
+        };
+        let released = self.unlock(dl).await;
+        self.retire_split(&prep, old_dir);
+        self.bump(|st| st.splits += 1);
+        if let Err(RaceError::LeaseLost(_)) = released {
+            // Published; the directory lock was taken over meanwhile (a
+            // stall longer than the lease): the taker finds nothing left.
+            self.bump(|s| s.lease_losses += 1);
+        } else {
+            released?;
         }
         self.reload_dir().await?;
-        // Which halves the dead client had already put in the directory.
-        let mut published: Published = [None, None];
-        {
-            let d = self.dir.borrow();
-            if d.depth > ld {
-                for i in (s..1 << d.depth).step_by(1 << ld) {
-                    let (l, a) = d.entries[i as usize];
-                    if a == base {
-                        continue;
-                    }
-                    let half = ((i >> ld) & 1) as usize;
-                    if l != ld + 1 || published[half].is_some_and(|x| x != a) {
-                        return Err(RaceError::Corrupt(format!(
-                            "entry {i} of subtable {base}'s range names ({l}, {a}) mid-split"
-                        )));
-                    }
-                    published[half] = Some(a);
-                }
-            }
-        }
-        self.split_subtable(base, ld, s, published, lease).await?;
-        self.bump(|st| st.recovered += 1);
         Ok(true)
     }
 
-    /// The split of `p`'s subtable (see the crate docs), with the resize
-    /// lock held.
-    pub(crate) async fn split_locked(&mut self, p: &Place, lease: &mut Lease) -> Result<()> {
-        // Under the lock nobody else changes the directory: this copy is
-        // current, and the split may already have been done.
-        self.reload_dir().await?;
-        let (ld, base) = {
-            let d = self.dir.borrow();
-            d.entries[layout::suffix(p.h1, d.depth) as usize]
-        };
-        if base != p.base {
+    /// Under the directory lock: finishes the publication that the
+    /// publication intent names, unless it is `own` (the caller is
+    /// redoing it). Its publisher died, failed, or stalled past its lease
+    /// (it held the directory lock, which is now ours), so its split lock
+    /// is taken whatever it holds.
+    pub(crate) async fn finish_intent(&mut self, own: GlobalAddr, dl: &mut Lease) -> Result<()> {
+        let intent = self.ctx.read_u64(self.table.add(layout::INTENT_WORD)).await?;
+        if intent == 0 {
             return Ok(());
         }
-        if ld >= layout::MAX_DEPTH {
-            return Err(RaceError::Full);
+        let (_, t) = layout::unpack_entry(intent);
+        if t == own {
+            return Ok(());
         }
-        self.split_subtable(base, ld, layout::suffix(p.h1, ld), [None, None], lease).await
+        let at = self.split_lock_of(t);
+        let mut lease = None;
+        for _ in 0..STEAL_TRIES {
+            let w = self.ctx.read_u64(at).await?;
+            if let Some(l) = self.lock(at, w).await? {
+                if w != 0 {
+                    self.bump(|s| s.takeovers += 1);
+                }
+                lease = Some(l);
+                break;
+            }
+        }
+        let Some(mut lease) = lease else {
+            return Err(RaceError::Corrupt(format!(
+                "the split lock of {t} kept changing while its publication was finished"
+            )));
+        };
+        let prep = self.prepare(t, &mut lease).await?;
+        let Some(prep) = prep else {
+            // Published whole already (it died before clearing the intent).
+            return self.clear_intent_of(t).await;
+        };
+        let old_dir = self.publish(&prep, dl).await?;
+        self.retire_split(&prep, old_dir);
+        self.bump(|s| s.recovered += 1);
+        self.reload_dir().await
     }
 
-    /// Splits subtable `base` (local depth `ld`, suffix `s`): writes the
-    /// intent, freezes it, builds the halves not yet `published` from its
-    /// frozen image, publishes them, clears the intent. Idempotent from any
-    /// point a client can die at, given the intent: frozen slots never
-    /// change, and no block a frozen slot names is retired before the
-    /// halves are published.
-    async fn split_subtable(
-        &mut self,
-        base: GlobalAddr,
-        ld: u32,
-        s: u64,
-        published: Published,
-        lease: &mut Lease,
-    ) -> Result<()> {
+    /// Whether the publication intent names the subtable at `base`.
+    async fn intent_names(&self, base: GlobalAddr) -> Result<bool> {
+        let intent = self.ctx.read_u64(self.table.add(layout::INTENT_WORD)).await?;
+        Ok(intent != 0 && layout::unpack_entry(intent).1 == base)
+    }
+
+    /// Under the directory lock: clears an intent naming `base`, whose
+    /// publication is complete in the directory, and bumps the split
+    /// counter its publisher did not get to bump.
+    async fn clear_intent_of(&self, base: GlobalAddr) -> Result<()> {
+        if self.intent_names(base).await? {
+            self.ctx.write(self.table.add(layout::INTENT_WORD), &0u64.to_le_bytes()).await?;
+            self.ctx.faa(self.table.add(layout::SPLITS_WORD), 1).await?;
+        }
+        Ok(())
+    }
+
+    /// Builds the split of the subtable at `base` (its split lock held):
+    /// freezes it, reads the blocks its slots name, builds and writes the
+    /// halves not yet in the directory. Returns `None` if the directory no
+    /// longer names the subtable. Idempotent from any point a client can
+    /// die at: frozen slots never change, and no block a frozen slot names
+    /// is retired before the halves are published.
+    async fn prepare(&mut self, base: GlobalAddr, lease: &mut Lease) -> Result<Option<Prepared>> {
         let ctx = self.ctx.clone();
-        let intent = self.table.add(layout::INTENT_WORD);
-        ctx.write(intent, &layout::pack_entry(ld, base).to_le_bytes()).await?;
+        let header = ctx.read_u64(base).await?;
+        let (ld, s) = ((header & 0xffff_ffff) as u32, header >> 32);
+        if header != layout::bucket_header(ld, s) || ld >= layout::MAX_DEPTH {
+            return Err(RaceError::Corrupt(format!("a split of {base}, whose header is {header:#x}")));
+        }
+        self.reload_dir().await?;
+        // Whether the directory still names it, and which halves a dead
+        // client had already put there.
+        let mut published: Published = [None, None];
+        let mut named = false;
+        let mut other = None;
+        {
+            let d = self.dir.borrow();
+            if d.depth < ld {
+                return Err(RaceError::Corrupt(format!(
+                    "subtable {base} of depth {ld} under global depth {}",
+                    d.depth
+                )));
+            }
+            for i in (s..1 << d.depth).step_by(1 << ld) {
+                let (l, a) = d.entries[i as usize];
+                if a == base {
+                    named = true;
+                    continue;
+                }
+                let half = ((i >> ld) & 1) as usize;
+                if l != ld + 1 || published[half].is_some_and(|x| x != a) {
+                    // Not a half of this split: one split since.
+                    other = Some((i, l, a));
+                }
+                published[half] = Some(a);
+            }
+        }
+        if let (true, Some((i, l, a))) = (named, other) {
+            return Err(RaceError::Corrupt(format!("entry {i} of subtable {base}'s range names ({l}, {a}) mid-split")));
+        }
+        // Still ours (a holder that stalled past its lease learns it here
+        // at the latest, whether or not the taker finished the split).
+        lease.renew(&ctx).await?;
+        if !named {
+            return Ok(None);
+        }
         let groups = self.dir.borrow().groups;
-        let img = self.freeze(base, groups, lease).await?;
+        let img = self.freeze(base, groups, Some(lease)).await?;
         lease.renew(&ctx).await?;
 
         // Every occupied slot, in address order, and its block.
@@ -322,28 +528,50 @@ impl RaceHt {
                 ctx.write_all(*a, h).await?;
             }
         }
-        // The last renewal before the directory changes: a holder whose
-        // lease ran out stops here, handing back what it built (nobody can
-        // reach it: it was never published).
-        if let Err(e) = lease.renew(&ctx).await {
-            for (a, done) in addrs.iter().zip(published) {
-                if done.is_none() {
-                    self.reclaim.retire(*a, layout::subtable_bytes(groups));
-                }
-            }
-            for (at, blk) in &copies {
-                self.reclaim.retire(*at, blk.len() as u64);
-            }
-            return Err(e);
-        }
+        let copies = copies.iter().map(|(at, blk)| (*at, blk.len() as u64)).collect();
+        Ok(Some(Prepared { base, ld, s, groups, addrs, published, retired, copies }))
+    }
 
-        // Publish.
-        let mut old_dir = None;
+    /// After a split stopped before publishing anything (`e`: its lease
+    /// lost, or the table dropped): hands back the halves it built and its
+    /// copies (nobody can reach them).
+    fn hand_back(&self, prep: &Prepared, e: &RaceError) {
+        if !matches!(e, RaceError::LeaseLost(_) | RaceError::Dropped) {
+            // Maybe partly published: kept (the next holder reuses them).
+            return;
+        }
+        for (a, done) in prep.addrs.iter().zip(prep.published) {
+            if done.is_none() {
+                self.reclaim.retire(*a, layout::subtable_bytes(prep.groups));
+            }
+        }
+        for &(at, len) in &prep.copies {
+            self.reclaim.retire(at, len);
+        }
+    }
+
+    /// Publishes a prepared split, with the directory lock `dl` held:
+    /// writes the intent, puts the halves in the directory (in place when
+    /// the subtable's depth is below the global depth, else a doubled
+    /// directory swapped in by one WRITE of the dir word), clears the
+    /// intent, bumps the split counter. Returns the replaced directory.
+    async fn publish(&mut self, prep: &Prepared, dl: &mut Lease) -> Result<Option<(GlobalAddr, u64)>> {
+        let ctx = self.ctx.clone();
+        let (ld, s, addrs) = (prep.ld, prep.s, prep.addrs);
+        // Under the directory lock nobody else changes the directory: this
+        // copy is current.
+        self.reload_dir().await?;
         let (gd, array) = {
             let d = self.dir.borrow();
             (d.depth, d.array)
         };
+        // The last renewal before the directory changes: a holder whose
+        // lease ran out stops here (nothing of this split is reachable).
+        dl.renew(&ctx).await?;
+        let intent = self.table.add(layout::INTENT_WORD);
+        ctx.write(intent, &layout::pack_entry(ld, prep.base).to_le_bytes()).await?;
         let entry = |i: u64| layout::pack_entry(ld + 1, addrs[((i >> ld) & 1) as usize]).to_le_bytes();
+        let mut old_dir = None;
         if ld == gd {
             let n = 1u64 << gd;
             let mut raw = Vec::with_capacity(16 * n as usize);
@@ -371,25 +599,27 @@ impl RaceHt {
         }
         ctx.write(intent, &0u64.to_le_bytes()).await?;
         ctx.faa(self.table.add(layout::SPLITS_WORD), 1).await?;
-        // Only now may the blocks that frozen slots name, the frozen
-        // subtable and a replaced directory be reused (once no operation
-        // can reach them).
-        for sl in retired {
+        Ok(old_dir)
+    }
+
+    /// After a publication: the blocks only the frozen subtable names, the
+    /// subtable itself and a replaced directory may be reused once no
+    /// operation can reach them.
+    fn retire_split(&self, prep: &Prepared, old_dir: Option<(GlobalAddr, u64)>) {
+        for &sl in &prep.retired {
             self.retire(sl);
         }
-        self.reclaim.retire(base, layout::subtable_bytes(groups));
+        self.reclaim.retire(prep.base, layout::subtable_bytes(prep.groups));
         if let Some((at, bytes)) = old_dir {
             self.reclaim.retire(at, bytes);
         }
-        self.bump(|st| st.splits += 1);
-        self.reload_dir().await
     }
 
     /// Freezes every slot of the subtable at `base` (CAS `w → w | 1`,
-    /// retried with the value a failed CAS returns); returns the subtable's
-    /// image, all slots frozen.
-    pub(crate) async fn freeze(&self, base: GlobalAddr, groups: u64, lease: &mut Lease) -> Result<Vec<u8>> {
-        let mut img = vec![0u8; layout::subtable_bytes(groups) as usize];
+    /// retried with the value a failed CAS returns), renewing `lease` if
+    /// given; returns the image of its buckets, all slots frozen.
+    pub(crate) async fn freeze(&self, base: GlobalAddr, groups: u64, mut lease: Option<&mut Lease>) -> Result<Vec<u8>> {
+        let mut img = vec![0u8; layout::bucket_bytes(groups) as usize];
         self.ctx.read_all(base, &mut img).await?;
         let mut pending: Vec<(usize, u64)> =
             slots_of(&img).filter(|(_, sl)| !sl.is_frozen()).map(|(off, sl)| (off, sl.0)).collect();
@@ -397,7 +627,9 @@ impl RaceHt {
             let mut again = Vec::new();
             for (n, chunk) in pending.chunks(MAX_BATCH).enumerate() {
                 if n % RENEW_EVERY == RENEW_EVERY - 1 {
-                    lease.renew(&self.ctx).await?;
+                    if let Some(l) = lease.as_deref_mut() {
+                        l.renew(&self.ctx).await?;
+                    }
                 }
                 let mut b = self.ctx.batch();
                 let refs: Vec<_> =

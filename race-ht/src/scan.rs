@@ -25,11 +25,18 @@ pub struct TableCheck {
     pub undecodable: u64,
     /// Buckets whose header disagrees with the directory.
     pub bad_headers: u64,
-    /// A split intent is set (a split in progress, or one a dead client
-    /// left: the next grower or `repair` finishes it).
+    /// A publication intent is set (a split being published, or one a dead
+    /// client left: the next client to publish a split, or `repair`,
+    /// finishes it).
     pub split_intent: bool,
-    /// The resize lock is held.
+    /// The directory lock is held (a split being published, or a dead
+    /// publisher's lock: taken over after the lease by the next publisher).
     pub resize_lock_held: bool,
+    /// Live subtables whose split lock is held (a split in progress, or a
+    /// dead splitter's lock: taken over after the lease by the next client
+    /// that meets the subtable frozen or full, or by `repair`). Not a
+    /// fault by itself: a subtable with no frozen slot works as before.
+    pub split_locks_held: u64,
     /// Bytes the table uses: header, directory, live subtables, the
     /// blocks their slots name.
     pub live_bytes: u64,
@@ -86,6 +93,8 @@ impl RaceHt {
         for (suffix, ld, at) in subtables {
             let mut img = vec![0u8; layout::subtable_bytes(groups) as usize];
             self.ctx.read_all(at, &mut img).await?;
+            let split_line = img.split_off(layout::bucket_bytes(groups) as usize);
+            c.split_locks_held += u64::from(word(&split_line, 0) != 0);
             c.bad_headers +=
                 img.chunks(BUCKET as usize).filter(|b| word(b, 0) != layout::bucket_header(ld, suffix)).count() as u64;
             c.frozen_slots += slots_of(&img).filter(|(_, sl)| sl.is_frozen()).count() as u64;

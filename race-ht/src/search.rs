@@ -176,7 +176,7 @@ impl RaceHt {
             match self.read_buckets(&p, None).await? {
                 Some(s) => break s,
                 None => {
-                    self.settle(p.version, &mut wait).await?;
+                    self.settle(&p, &mut wait).await?;
                     p = self.place(key);
                 }
             }

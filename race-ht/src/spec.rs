@@ -63,7 +63,7 @@ impl RaceHt {
             let d = self.dir.borrow();
             let (_, base) = d.entries[layout::suffix(h, d.depth) as usize];
             at.blade() == base.blade()
-                && (base.offset()..base.offset() + layout::subtable_bytes(d.groups)).contains(&at.offset())
+                && (base.offset()..base.offset() + layout::bucket_bytes(d.groups)).contains(&at.offset())
         });
         let Some((at, s)) = live else {
             // Nothing known about the key: the normal path, counted as a

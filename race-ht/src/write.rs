@@ -77,7 +77,7 @@ impl RaceHt {
             let snap = self.read_buckets(&p, (!written).then_some((at, &block[..]))).await?;
             written = true;
             let Some(snap) = snap else {
-                self.settle(p.version, &mut wait).await?;
+                self.settle(&p, &mut wait).await?;
                 p = self.place(key);
                 continue;
             };
@@ -109,9 +109,9 @@ impl RaceHt {
                 .find(|(_, s)| s.is_empty())
             else {
                 // Both buckets full: split the subtable, or wait for the
-                // client that holds the resize lock.
+                // client that holds its split lock.
                 if !self.grow(&p).await? {
-                    self.settle(p.version, &mut wait).await?;
+                    self.settle(&p, &mut wait).await?;
                 }
                 p = self.place(key);
                 continue;
@@ -135,7 +135,7 @@ impl RaceHt {
         let mut wait = Wait::default();
         loop {
             let Some(snap) = self.read_buckets(p, None).await? else {
-                self.settle(p.version, &mut wait).await?;
+                self.settle(p, &mut wait).await?;
                 *p = self.place(key);
                 continue;
             };
@@ -169,7 +169,7 @@ impl RaceHt {
         let mut wait = Wait::default();
         loop {
             let Some(snap) = self.read_buckets(&p, None).await? else {
-                self.settle(p.version, &mut wait).await?;
+                self.settle(&p, &mut wait).await?;
                 p = self.place(key);
                 continue;
             };

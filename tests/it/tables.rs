@@ -109,7 +109,11 @@ fn tables_made_by_other_processes_are_listed_checked_attached_and_dropped() {
     fails(&["table", "check", "--blades", b], "need the index's NAME");
 }
 
-/// Whether a check of table "grow" shows a split left unfinished.
+/// Whether a check of table "grow" shows a split left unfinished: a
+/// publication intent, the directory lock held, or frozen slots in a live
+/// subtable. (A split lock held over a subtable with no frozen slot is
+/// not: that subtable works as before, and its next grower takes the lock
+/// over after the lease; `split_locks_held` counts them.)
 fn unfinished(c: &Value) -> bool {
     let k = &c["check"];
     k["split_intent"] == true || k["resize_lock_held"] == true || k["frozen_slots"].as_u64().unwrap_or(0) > 0
@@ -170,14 +174,15 @@ fn a_growing_race_load_killed_at_random_points_is_finished_by_the_next_process()
         let (takeovers, finished) =
             (r["race"]["takeovers"].as_u64().unwrap(), r["race"]["recovered_splits"].as_u64().unwrap());
         // What the dead process left, this one finished (the check after
-        // the run found neither its lock nor its intent): a lock it held
-        // was taken over; a split it had begun was finished. A lock held
-        // with no intent yet is a takeover with no split to finish.
+        // the run found no intent, no directory lock, no frozen slot): a
+        // subtable it had begun to freeze (or was publishing) was met by
+        // the verifying reads, its split lock (and the directory lock, if
+        // held) taken over and its split finished.
+        if before["frozen_slots"].as_u64().unwrap_or(0) > 0 || before["split_intent"] == true {
+            assert!(takeovers >= 1 && finished >= 1, "{r}");
+        }
         if before["resize_lock_held"] == true {
             assert!(takeovers >= 1, "{r}");
-        }
-        if before["split_intent"] == true {
-            assert!(finished >= 1, "{r}");
         }
         eprintln!(
             "{table}: the next process took {takeovers} lock(s) over, finished {finished} split(s), in {:.1}s",

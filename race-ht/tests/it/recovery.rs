@@ -1,13 +1,14 @@
 //! Clients that die in the middle of a split (in process: the inserting
 //! future is dropped at an await point, as a SIGKILL would stop it) are
 //! finished by the next client within the lease: every acknowledged key is
-//! found once, no slot of a live subtable stays frozen, the resize lock
-//! and the split intent end clear.
+//! found once, no slot of a live subtable stays frozen, the directory lock,
+//! the publication intent and every live subtable's split lock end clear.
 
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
+use race_ht::layout::{self, DIR_WORD};
 use race_ht::RaceHt;
 use smart_core::{EmbeddedTransport, Runtime, RuntimeConfig};
 use smart_testkit::die::Die;
@@ -15,6 +16,39 @@ use smart_testkit::die::Die;
 use crate::{race_ht_scan, tiny, value};
 
 const LEASE: Duration = Duration::from_millis(30);
+
+/// Live subtables whose split lock is held, from the raw table.
+async fn split_locks_held(ctx: &smart_core::Ctx, table: smart_core::GlobalAddr) -> usize {
+    let groups = ctx.read_u64(table.add(16)).await.unwrap();
+    let (depth, array) = layout::unpack_entry(ctx.read_u64(table.add(DIR_WORD)).await.unwrap());
+    let mut raw = vec![0u8; 8 << depth];
+    ctx.read_all(array, &mut raw).await.unwrap();
+    let mut subtables: Vec<_> =
+        raw.chunks(8).map(|c| layout::unpack_entry(u64::from_le_bytes(c.try_into().unwrap())).1).collect();
+    subtables.sort_unstable_by_key(|a| a.raw());
+    subtables.dedup();
+    let mut held = 0;
+    for at in subtables {
+        held += usize::from(ctx.read_u64(layout::split_lock(at, groups)).await.unwrap() != 0);
+    }
+    held
+}
+
+/// A live subtable whose split lock is held, and that word.
+async fn held_split(ctx: &smart_core::Ctx, table: smart_core::GlobalAddr) -> Option<(smart_core::GlobalAddr, u64)> {
+    let groups = ctx.read_u64(table.add(16)).await.unwrap();
+    let (depth, array) = layout::unpack_entry(ctx.read_u64(table.add(DIR_WORD)).await.unwrap());
+    let mut raw = vec![0u8; 8 << depth];
+    ctx.read_all(array, &mut raw).await.unwrap();
+    for c in raw.chunks(8) {
+        let at = layout::unpack_entry(u64::from_le_bytes(c.try_into().unwrap())).1;
+        let w = ctx.read_u64(layout::split_lock(at, groups)).await.unwrap();
+        if w != 0 {
+            return Some((at, w));
+        }
+    }
+    None
+}
 
 #[test]
 fn a_client_killed_anywhere_in_a_growing_load_is_finished_by_the_next() {
@@ -60,14 +94,14 @@ fn a_client_killed_anywhere_in_a_growing_load_is_finished_by_the_next() {
         recovered += stats.recovered;
         // Every key once; the lock and the intent clear.
         let ctx = b.ctx();
-        let (keys, lock, intent) = b.block_on(async move {
+        let (keys, lock, intent, split_locks) = b.block_on(async move {
             let keys = race_ht_scan(&ctx).await;
             let table = ctx.root(0, "race-ht:stress").await.unwrap().unwrap();
             let lock = ctx.read_u64(table.add(race_ht::layout::LOCK_WORD)).await.unwrap();
             let intent = ctx.read_u64(table.add(race_ht::layout::INTENT_WORD)).await.unwrap();
-            (keys, lock, intent)
+            (keys, lock, intent, split_locks_held(&ctx, table).await)
         });
-        assert_eq!((lock, intent), (0, 0), "round {round} (death after {polls} polls)");
+        assert_eq!((lock, intent, split_locks), (0, 0, 0), "round {round} (death after {polls} polls)");
         let mut sorted = keys.clone();
         sorted.sort_unstable();
         sorted.dedup();
@@ -120,10 +154,10 @@ fn a_holder_stalled_past_its_lease_gives_up_its_split_and_the_taker_finishes_it(
         };
         let a_run: Shared<_> = Rc::new(std::cell::RefCell::new(Box::pin(body)));
         let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
-        // Step A until it holds the resize lock before writing a split
-        // intent (a stall there is before its last renewal), skipping the
-        // first `round` such moments; then stall it for longer than the
-        // lease while B repairs the table.
+        // Step A until it holds a split lock but not the directory lock (a
+        // stall there is before its last renewal), skipping the first
+        // `round` such moments; then stall it for longer than the lease
+        // while B repairs the table.
         let (mut seen, mut stats_a) = (0, None);
         loop {
             if let Some(s) = a.block_on(Step { inner: a_run.clone(), budget: 1 }) {
@@ -131,12 +165,12 @@ fn a_holder_stalled_past_its_lease_gives_up_its_split_and_the_taker_finishes_it(
                 break;
             }
             let ctx = b.ctx();
-            let (lock, intent) = b.block_on(async move {
+            let (lock, split_locks) = b.block_on(async move {
                 let Some(table) = ctx.root(0, "race-ht:stress").await.unwrap() else { return (0, 0) };
                 let lock = ctx.read_u64(table.add(race_ht::layout::LOCK_WORD)).await.unwrap();
-                (lock, ctx.read_u64(table.add(race_ht::layout::INTENT_WORD)).await.unwrap())
+                (lock, split_locks_held(&ctx, table).await)
             });
-            if lock != 0 && intent == 0 {
+            if split_locks > 0 && lock == 0 {
                 seen += 1;
                 if seen > round {
                     let ctx = b.ctx();
@@ -152,7 +186,7 @@ fn a_holder_stalled_past_its_lease_gives_up_its_split_and_the_taker_finishes_it(
                 }
             }
         }
-        // A resumes: its split finds the lock taken, stops, and its insert
+        // A resumes: its split finds its lock taken, stops, and its insert
         // starts over; every insert is acknowledged.
         let stats_a =
             stats_a.unwrap_or_else(|| a.block_on(Step { inner: a_run.clone(), budget: u32::MAX }).expect("A finishes"));
@@ -160,16 +194,17 @@ fn a_holder_stalled_past_its_lease_gives_up_its_split_and_the_taker_finishes_it(
             assert!(stats_a.lease_losses >= 1, "round {round}: {stats_a:?}");
         }
         let ctx = b.ctx();
-        let (keys, lock, intent) = b.block_on(async move {
+        let (keys, lock, intent, split_locks) = b.block_on(async move {
             let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();
             ht.set_lease(LEASE);
             ht.repair().await.unwrap();
             let keys = race_ht_scan(&ctx).await;
             let table = ctx.root(0, "race-ht:stress").await.unwrap().unwrap();
             let lock = ctx.read_u64(table.add(race_ht::layout::LOCK_WORD)).await.unwrap();
-            (keys, lock, ctx.read_u64(table.add(race_ht::layout::INTENT_WORD)).await.unwrap())
+            let intent = ctx.read_u64(table.add(race_ht::layout::INTENT_WORD)).await.unwrap();
+            (keys, lock, intent, split_locks_held(&ctx, table).await)
         });
-        assert_eq!((lock, intent), (0, 0), "round {round}");
+        assert_eq!((lock, intent, split_locks), (0, 0, 0), "round {round}");
         let mut sorted = keys.clone();
         sorted.sort_unstable();
         sorted.dedup();
@@ -178,4 +213,90 @@ fn a_holder_stalled_past_its_lease_gives_up_its_split_and_the_taker_finishes_it(
     }
     // Most rounds found their stall point (300 keys need many splits).
     assert!(stalls >= 10, "{stalls} stalls");
+}
+
+/// Splits of different subtables do not wait for each other: while A holds
+/// one subtable's split lock (stalled mid-split, alive: its lease is long),
+/// B splits other subtables to completion, without taking A's lock over;
+/// then A finishes its own split. (With one lock per table, B waits for A
+/// until the lease runs out and then takes the lock over.)
+#[test]
+fn splits_of_different_subtables_proceed_in_parallel() {
+    const LONG: Duration = Duration::from_secs(20);
+    let mut checked = 0;
+    for round in 0..4u64 {
+        let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
+        let mut a = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = a.ctx();
+        let body = async move {
+            let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
+            ht.set_lease(LONG);
+            for k in 0..300u64 {
+                assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap(), "key {k}");
+            }
+            ht.resize_stats()
+        };
+        let a_run: Shared<_> = Rc::new(std::cell::RefCell::new(Box::pin(body)));
+        let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
+        // Step A until it holds the split lock of a subtable of depth ≥ 1
+        // (so that there are others), skipping `round` such moments.
+        let (mut seen, mut held) = (0, None);
+        while held.is_none() {
+            let done = a.block_on(Step { inner: a_run.clone(), budget: 1 });
+            assert!(done.is_none(), "round {round}: A finished without a stall point");
+            let ctx = b.ctx();
+            let h = b.block_on(async move {
+                let table = ctx.root(0, "race-ht:stress").await.unwrap()?;
+                let (at, w) = held_split(&ctx, table).await?;
+                let header = ctx.read_u64(at).await.unwrap();
+                ((header & 0xffff_ffff) >= 1).then_some((table, at, w, header))
+            });
+            if h.is_some() {
+                seen += 1;
+                if seen > round {
+                    held = h;
+                }
+            }
+        }
+        let (table, at, word, header) = held.unwrap();
+        let (ld, s) = ((header & 0xffff_ffff) as u32, header >> 32);
+        // B inserts keys of other subtables until it has split twice.
+        let ctx = b.ctx();
+        let (b_stats, b_keys, still) = b.block_on(async move {
+            let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();
+            ht.set_lease(LONG);
+            let mut keys = Vec::new();
+            for k in 10_000..20_000u64 {
+                if layout::suffix(layout::hashes(&k.to_le_bytes()).0, ld) == s {
+                    continue;
+                }
+                assert!(ht.insert(&k.to_le_bytes(), &value(k, 1)).await.unwrap());
+                keys.push(k);
+                if ht.resize_stats().splits >= 2 {
+                    break;
+                }
+            }
+            let still = ctx.read_u64(layout::split_lock(at, ctx.read_u64(table.add(16)).await.unwrap())).await.unwrap();
+            (ht.resize_stats(), keys, still)
+        });
+        assert!(b_stats.splits >= 2, "round {round}: B split {b_stats:?}");
+        assert_eq!((b_stats.takeovers, b_stats.lease_losses), (0, 0), "round {round}: {b_stats:?}");
+        assert_eq!(still, word, "round {round}: A's split lock changed hands");
+        // A resumes and finishes its split: it lost nothing.
+        let stats_a = a.block_on(Step { inner: a_run.clone(), budget: u32::MAX }).expect("A finishes");
+        assert_eq!((stats_a.takeovers, stats_a.lease_losses), (0, 0), "round {round}: {stats_a:?}");
+        let ctx = b.ctx();
+        let (keys, split_locks) = b.block_on(async move {
+            let keys = race_ht_scan(&ctx).await;
+            (keys, split_locks_held(&ctx, table).await)
+        });
+        assert_eq!(split_locks, 0, "round {round}");
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        let mut want: Vec<u64> = (0..300).chain(b_keys).collect();
+        want.sort_unstable();
+        assert_eq!(sorted, want, "round {round}");
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
 }
