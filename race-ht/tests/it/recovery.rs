@@ -300,3 +300,43 @@ fn splits_of_different_subtables_proceed_in_parallel() {
     }
     assert_eq!(checked, 4);
 }
+
+/// A table dropped while a client is in the middle of a split: the split
+/// stops when it comes to publish, and the client's insert fails with
+/// `Dropped` (it published nothing into the dropped table's memory).
+#[test]
+fn a_split_being_built_when_the_table_is_dropped_stops_with_dropped() {
+    let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
+    let mut a = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = a.ctx();
+    let body = async move {
+        let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
+        for k in 0..300u64 {
+            if let Err(e) = ht.insert(&k.to_le_bytes(), &value(k, 0)).await {
+                return Some((k, e));
+            }
+        }
+        None
+    };
+    let a_run: Shared<_> = Rc::new(std::cell::RefCell::new(Box::pin(body)));
+    let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
+    loop {
+        let done = a.block_on(Step { inner: a_run.clone(), budget: 1 });
+        assert!(done.is_none(), "A finished without holding a split lock");
+        let ctx = b.ctx();
+        let held = b.block_on(async move {
+            let Some(table) = ctx.root(0, "race-ht:stress").await.unwrap() else { return false };
+            let lock = ctx.read_u64(table.add(layout::LOCK_WORD)).await.unwrap();
+            lock == 0 && held_split(&ctx, table).await.is_some()
+        });
+        if held {
+            break;
+        }
+    }
+    let ctx = b.ctx();
+    let dropped = b.block_on(async move { RaceHt::drop_table(&ctx, "stress").await.unwrap() });
+    assert!(dropped.is_some_and(|d| d.subtables >= 1), "{dropped:?}");
+    let failed = a.block_on(Step { inner: a_run.clone(), budget: u32::MAX }).expect("A ends");
+    let (k, e) = failed.expect("an insert fails once the table is dropped");
+    assert!(matches!(e, race_ht::RaceError::Dropped), "key {k}: {e}");
+}
