@@ -324,16 +324,10 @@ impl RaceHt {
         let old_dir = match r {
             Ok(old_dir) => old_dir,
             Err(e) => {
+                // (With our split lock taken, the directory lock is still
+                // ours to release.)
                 self.hand_back(&prep, &e);
-                return match e {
-                    RaceError::LeaseLost(_) => {
-                        // Our split lock was taken: the directory lock is
-                        // still ours to release.
-                        self.unlock(dl).await?;
-                        Err(e)
-                    }
-                    e => self.unlock(dl).await.and(Err(e)),
-                };
+                return self.unlock(dl).await.and(Err(e));
             }
         };
         let released = self.unlock(dl).await;
