@@ -272,3 +272,81 @@ fn update_runs_killed_at_random_points_lose_no_key_and_hold_memory_back_only_for
     let c = run_json("killed-after.json", &["table", "check", "killed", "--blades", b]);
     assert_eq!((c["ok"].as_bool(), c["check"]["keys"].as_u64()), (Some(true), Some(20000)), "{c}");
 }
+
+/// Two processes load one growing table at the same time: their splits
+/// (of different subtables, in parallel, published one at a time under
+/// the directory lock) interleave across processes; an attached verify
+/// then finds every key once, and a check finds the table sound.
+#[test]
+fn two_processes_growing_one_table_at_once_leave_it_whole() {
+    let blade = Blade::start(&["--size", "512MiB"]);
+    let b = blade.addr.as_str();
+    let jsons = [tmp("together0.json"), tmp("together1.json")];
+    let mut loads: Vec<_> = jsons
+        .iter()
+        .map(|j| {
+            crate::cli::spawn_compute(&[
+                "ycsb",
+                "--blades",
+                b,
+                "--app",
+                "race",
+                "--table",
+                "together",
+                "--keys",
+                "100000",
+                "--capacity",
+                "100",
+                "--load-only",
+                "--threads",
+                "1",
+                "--coroutines",
+                "16",
+                "--quiet",
+                "--json",
+                j.to_str().unwrap(),
+            ])
+        })
+        .collect();
+    let deadline = Instant::now() + std::time::Duration::from_secs(120);
+    for l in &mut loads {
+        let status = loop {
+            if let Some(s) = l.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                crate::cli::kill9(l);
+                panic!("a load did not finish in 120 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert!(status.success(), "{status}");
+    }
+    let splits: Vec<u64> = jsons
+        .iter()
+        .map(|j| {
+            let r = record(j);
+            std::fs::remove_file(j).unwrap();
+            assert_eq!(
+                (r["race"]["takeovers"].as_u64(), r["race"]["lease_losses"].as_u64()),
+                (Some(0), Some(0)),
+                "{r}"
+            );
+            r["race"]["splits_by_run"].as_u64().unwrap()
+        })
+        .collect();
+    let args = ["ycsb", "--blades", b, "--app", "race", "--table", "together", "--keys", "100000", "--no-load"];
+    let run = ["--verify", "--workload", "c", "--duration", "0.3", "--warmup", "0", "--quiet"];
+    let r = run_json("together-verify.json", &[&args[..], &run[..]].concat());
+    assert_eq!(
+        (r["violations"].as_u64(), r["duplicates"].as_u64(), r["lost"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "{r}"
+    );
+    // Every split was done by one of the two, once.
+    assert_eq!(splits.iter().sum::<u64>(), r["race"]["splits"].as_u64().unwrap(), "{splits:?}: {r}");
+    let c = run_json("together-check.json", &["table", "check", "together", "--blades", b]);
+    assert_eq!((c["ok"].as_bool(), c["check"]["keys"].as_u64()), (Some(true), Some(100_000)), "{c}");
+    assert!(!unfinished(&c) && c["check"]["split_locks_held"] == 0, "{c}");
+    eprintln!("splits by each process: {splits:?}");
+}
