@@ -355,6 +355,9 @@ pub enum TableAction {
     Drop,
     /// Read an index whole and report what is wrong with it.
     Check,
+    /// Finish what dead clients left of a RACE table's resizing (splits and
+    /// publications whose locks stay unchanged for the 2 s lease).
+    Repair,
 }
 
 /// `compute-blade table`.
@@ -363,12 +366,12 @@ pub struct TableArgs {
     /// Options of every subcommand (only the blade options matter).
     #[command(flatten)]
     pub common: Common,
-    /// list, drop or check.
+    /// list, drop, check or repair.
     #[arg(value_enum)]
     pub action: TableAction,
-    /// The index (drop and check).
+    /// The index (drop, check and repair).
     pub name: Option<String>,
-    /// Its kind (drop and check).
+    /// Its kind (drop, check and repair).
     #[arg(long, value_enum, default_value_t = AppArg::Race)]
     pub app: AppArg,
 }

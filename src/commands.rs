@@ -323,7 +323,7 @@ struct Listed {
     detail: String,
 }
 
-/// `compute-blade table list|drop|check`.
+/// `compute-blade table list|drop|check|repair`.
 ///
 /// # Errors
 /// Verb errors; an index that cannot be read.
@@ -389,6 +389,36 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                 "dropped": found, "reclaimed": reclaimed }),
             )?;
             Ok(Outcome::of(found, false))
+        }
+        TableAction::Repair => {
+            let name = job.name.clone();
+            let r = rt.block_on(async move {
+                let mut ht = RaceHt::open(&ctx, &name).await?;
+                let finished = ht.repair().await?;
+                let stats = ht.resize_stats();
+                let check = ht.check().await?;
+                ht.close().await?;
+                Ok::<_, race_ht::RaceError>((finished, stats, check))
+            });
+            let (finished, stats, c) = r.map_err(|e| anyhow::anyhow!("repairing race index {:?}: {e}", job.name))?;
+            println!(
+                "race {:?}: {} lock(s) taken over, {} split(s) finished; now {} faults, publication intent {}, \
+                 directory lock {}, {} split locks held",
+                job.name,
+                stats.takeovers,
+                stats.recovered,
+                c.faults(),
+                if c.split_intent { "set" } else { "clear" },
+                if c.resize_lock_held { "held" } else { "free" },
+                c.split_locks_held
+            );
+            report::write(
+                s,
+                &json!({ "bench": "table", "action": "repair", "app": kind, "name": job.name,
+                "finished_splits": stats.recovered, "takeovers": stats.takeovers, "any_finished": finished,
+                "ok": c.faults() == 0, "check": c }),
+            )?;
+            Ok(Outcome::of(c.faults() == 0, false))
         }
         TableAction::Check => {
             let name = job.name.clone();
@@ -490,7 +520,14 @@ async fn list_indexes(ctx: &smart_core::Ctx) -> Result<Vec<Listed>> {
         let named = |prefix: &str, n: Option<String>| {
             n.filter(|n| smart_core::layout::root_tag(&format!("{prefix}{n}")) == tag)
         };
-        let l = if word(0) == race_ht::layout::TABLE_MAGIC {
+        let l = if word(0) == race_ht::layout::OLD_MAGIC {
+            Listed {
+                kind: "race",
+                name: None,
+                at: at.to_string(),
+                detail: "an older format (one resize lock per table), not readable by this version".to_string(),
+            }
+        } else if word(0) == race_ht::layout::TABLE_MAGIC {
             let name = named(
                 "race-ht:",
                 ctx.read_name(smart_core::GlobalAddr::from_raw(word(race_ht::layout::NAME_WORD as usize))).await?,

@@ -530,12 +530,15 @@ fn table_config(a: &TableArgs) -> Result<Config> {
         (TableAction::List, None) => String::new(),
         (TableAction::List, Some(_)) => bail!("table list takes no NAME"),
         (_, Some(n)) if !n.is_empty() => n.clone(),
-        _ => bail!("table drop and table check need the index's NAME"),
+        _ => bail!("table drop, check and repair need the index's NAME"),
     };
     let app = match a.app {
         AppArg::Race => App::Race,
         AppArg::Sherman => App::Sherman,
     };
+    if let (TableAction::Repair, App::Sherman) = (a.action, app) {
+        bail!("table repair is for RACE tables: a B+tree's operations take a dead client's lock over themselves");
+    }
     Ok(Config { session, job: Job::Table(TableJob { action: a.action, name, app }) })
 }
 
