@@ -29,6 +29,12 @@ impl RaceConfig {
 /// between the steps of a split, which take milliseconds.
 pub const RESIZE_LEASE: Duration = Duration::from_secs(2);
 
+/// Longest gap between two observations of a lock that still counts as
+/// watching it: a waiter that was itself stalled for longer (descheduled,
+/// or a whole emulated machine paused) restarts its lease clock, since its
+/// holder may have been stalled just as long.
+pub(crate) const WATCH_GAP: Duration = Duration::from_millis(250);
+
 /// How long an operation waits for frozen subtables in all before it fails
 /// (a holder that keeps renewing its lease yet never finishes).
 pub const SPLIT_STALL: Duration = Duration::from_secs(30);

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use smart_core::{Ctx, GlobalAddr};
 
-use crate::config::{PAUSE_MAX_NS, PAUSE_NS};
+use crate::config::{PAUSE_MAX_NS, PAUSE_NS, WATCH_GAP};
 use crate::layout::{self, Slot, BUCKET, SLOTS, TABLE_HEADER, TABLE_MAGIC};
 use crate::spec::SpecCache;
 use crate::{RaceConfig, RaceError, RaceHt, ResizeStats, Result, RESIZE_LEASE, SPLIT_STALL};
@@ -79,9 +79,37 @@ pub struct TableShape {
 pub(crate) struct Wait {
     pub(crate) start: Option<Instant>,
     pub(crate) rounds: u32,
-    /// The split lock last read (its address and word), and since when
-    /// it holds that word.
-    pub(crate) lock: Option<(GlobalAddr, u64, Instant)>,
+    /// The split lock being watched (its address and word), since when it
+    /// holds that word, and when it was last read.
+    pub(crate) lock: Option<(GlobalAddr, u64, Watch)>,
+}
+
+/// Watching a lock word for a lease: how long it stayed the same while the
+/// watcher kept looking (a gap longer than [`WATCH_GAP`] between two looks
+/// restarts the clock: the watcher itself was stalled, and so may have been
+/// the holder).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Watch {
+    since: Instant,
+    last: Instant,
+}
+
+impl Watch {
+    pub(crate) fn start() -> Watch {
+        let now = Instant::now();
+        Watch { since: now, last: now }
+    }
+
+    /// Records one more look at an unchanged word; returns how long it has
+    /// been watched without a gap.
+    pub(crate) fn look(&mut self) -> std::time::Duration {
+        let now = Instant::now();
+        if now.duration_since(self.last) > WATCH_GAP {
+            self.since = now;
+        }
+        self.last = now;
+        now.duration_since(self.since)
+    }
 }
 
 pub(crate) fn word(b: &[u8], off: usize) -> u64 {
@@ -258,14 +286,14 @@ impl RaceHt {
             self.ctx.sleep_ns(pause).await;
             let at = layout::split_lock(p.base, self.dir.borrow().groups);
             let held = self.ctx.read_u64(at).await?;
-            match wait.lock {
-                Some((a, w, since)) if a == at && w == held => {
-                    if since.elapsed() >= self.lease && self.take_over(p.base, held).await? {
+            match &mut wait.lock {
+                Some((a, w, watch)) if *a == at && *w == held => {
+                    if watch.look() >= self.lease && self.take_over(p.base, held).await? {
                         wait.lock = None;
                         wait.start = None;
                     }
                 }
-                _ => wait.lock = Some((at, held, Instant::now())),
+                _ => wait.lock = Some((at, held, Watch::start())),
             }
         }
         wait.rounds += 1;
@@ -321,5 +349,20 @@ impl RaceHt {
             fp: (h1 >> 56) as u8,
             version: d.version,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Watch;
+    use std::time::Duration;
+
+    #[test]
+    fn a_watch_restarts_after_a_gap_in_looking() {
+        let mut w = Watch::start();
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(w.look() >= Duration::from_millis(60), "looks closer than the gap accumulate");
+        std::thread::sleep(super::WATCH_GAP + Duration::from_millis(50));
+        assert!(w.look() < Duration::from_millis(10), "a gap longer than WATCH_GAP restarts the clock");
     }
 }

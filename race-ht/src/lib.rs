@@ -69,7 +69,10 @@
 //! holder bumps between the steps of its work (its lease, renewed every
 //! few milliseconds). A client waiting on a frozen subtable (or on a full
 //! one whose split lock is held) watches that subtable's split lock: the
-//! same word for [`RESIZE_LEASE`] (2 s) means the holder died (or, with
+//! same word for [`RESIZE_LEASE`] (2 s) of continuous watching (a watcher
+//! that was itself stalled for more than 250 ms between two looks starts
+//! its clock again: the holder may have been stalled just as long, as when
+//! a whole emulated machine pauses) means the holder died (or, with
 //! the lock free while the subtable stays frozen, that it failed), and it
 //! takes the lock over by CAS from that word and finishes the split. A
 //! publisher waiting for the directory lock takes it over the same way;

@@ -10,7 +10,7 @@ use smart_core::runtime::MAX_BATCH;
 use smart_core::GlobalAddr;
 
 use crate::config::{PAUSE_MAX_NS, PAUSE_NS, TORN_RETRIES};
-use crate::directory::{blade_of, empty_subtable, slots_of};
+use crate::directory::{blade_of, empty_subtable, slots_of, Watch};
 use crate::layout::{self, Slot};
 use crate::{RaceError, RaceHt, Result};
 
@@ -187,7 +187,7 @@ impl RaceHt {
     pub(crate) async fn dir_lock(&self, mut split: Option<&mut Lease>) -> Result<Lease> {
         let word = self.table.add(layout::LOCK_WORD);
         let tok = self.lock_token();
-        let mut seen: Option<(u64, Instant)> = None;
+        let mut seen: Option<(u64, Watch)> = None;
         let mut pause = PAUSE_NS;
         loop {
             let old = self.ctx.cas(word, 0, tok).await?;
@@ -197,17 +197,20 @@ impl RaceHt {
             if old == layout::DROPPED_LOCK {
                 return Err(RaceError::Dropped);
             }
-            match seen {
-                Some((w, since)) if w == old => {
-                    if since.elapsed() >= self.lease {
+            match &mut seen {
+                Some((w, watch)) if *w == old => {
+                    if watch.look() >= self.lease {
                         if let Some(l) = self.lock(word, old).await? {
                             self.bump(|s| s.takeovers += 1);
                             return Ok(l);
                         }
                     }
                 }
-                _ => seen = Some((old, Instant::now())),
+                _ => seen = Some((old, Watch::start())),
             }
+            // A long wait keeps this thread's reclamation entry alive (its
+            // operation's pin must hold while it waits).
+            self.reclaim.tick(&self.ctx).await?;
             self.ctx.sleep_ns(pause).await;
             pause = (pause * 2).min(PAUSE_MAX_NS);
             if let Some(l) = split.as_deref_mut() {
@@ -624,6 +627,7 @@ impl RaceHt {
                     if let Some(l) = lease.as_deref_mut() {
                         l.renew(&self.ctx).await?;
                     }
+                    self.reclaim.tick(&self.ctx).await?;
                 }
                 let mut b = self.ctx.batch();
                 let refs: Vec<_> =
