@@ -96,7 +96,9 @@
 //! recovered in turn. The takeover is a timing argument, like every lease:
 //! a holder stalled for longer than the lease between its last renewal of
 //! the directory lock and its directory writes could still write after
-//! the takeover. A holder that was only slow (a stall longer than the
+//! the takeover (both would then publish the split and retire the old
+//! subtable; publishing by CAS and retiring only as the split lock's owner
+//! would close this, and is not built). A holder that was only slow (a stall longer than the
 //! lease, e.g. under emulation) finds at its next renewal that the lock
 //! changed hands: it stops, hands back the halves it built, and its
 //! operation starts over while the taker finishes the split
