@@ -284,7 +284,7 @@ impl RaceHt {
         if wait.rounds > 0 {
             let pause = (PAUSE_NS << (wait.rounds - 1).min(10)).min(PAUSE_MAX_NS);
             self.ctx.sleep_ns(pause).await;
-            let at = layout::split_lock(p.base, self.dir.borrow().groups);
+            let at = self.split_lock_of(p.base);
             let held = self.ctx.read_u64(at).await?;
             match &mut wait.lock {
                 Some((a, w, watch)) if *a == at && *w == held => {

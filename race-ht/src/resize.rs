@@ -115,7 +115,7 @@ impl RaceHt {
     }
 
     /// The split lock of the subtable at `base`.
-    fn split_lock_of(&self, base: GlobalAddr) -> GlobalAddr {
+    pub(crate) fn split_lock_of(&self, base: GlobalAddr) -> GlobalAddr {
         layout::split_lock(base, self.dir.borrow().groups)
     }
 
@@ -127,9 +127,7 @@ impl RaceHt {
             return Err(RaceError::Full);
         }
         let Some(mut lease) = self.lock(self.split_lock_of(p.base), 0).await? else { return Ok(false) };
-        let t0 = Instant::now();
         let split = self.split_subtable(p.base, &mut lease).await.map(drop);
-        self.bump(|s| s.split_ns += t0.elapsed().as_nanos() as u64);
         self.end_split(lease, split).await?;
         Ok(true)
     }
@@ -143,9 +141,7 @@ impl RaceHt {
         if word != 0 {
             self.bump(|s| s.takeovers += 1);
         }
-        let t0 = Instant::now();
         let r = self.split_subtable(base, &mut lease).await;
-        self.bump(|s| s.split_ns += t0.elapsed().as_nanos() as u64);
         if let Ok(true) = r {
             self.bump(|s| s.recovered += 1);
         }
@@ -296,6 +292,14 @@ impl RaceHt {
     /// Returns `false`, having done nothing, if the directory no longer
     /// names the subtable (it was split already).
     async fn split_subtable(&mut self, base: GlobalAddr, lease: &mut Lease) -> Result<bool> {
+        let t0 = Instant::now();
+        let r = self.split_timed(base, lease).await;
+        self.bump(|s| s.split_ns += t0.elapsed().as_nanos() as u64);
+        r
+    }
+
+    /// [`RaceHt::split_subtable`]'s work.
+    async fn split_timed(&mut self, base: GlobalAddr, lease: &mut Lease) -> Result<bool> {
         let Some(prep) = self.prepare(base, lease).await? else {
             // Published whole already; a publisher that died before
             // clearing its intent leaves it naming this subtable.

@@ -35,14 +35,7 @@ impl Blade {
     fn terminate(mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(Instant::now() < deadline, "memory-blade ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_bounded(&mut self.child, Duration::from_secs(10), "memory-blade ignored SIGTERM")
     }
 }
 
@@ -60,6 +53,23 @@ pub(crate) fn compute(args: &[&str]) -> Output {
 /// Starts `compute-blade args`, its output discarded.
 pub(crate) fn spawn_compute(args: &[&str]) -> Child {
     Command::new(COMPUTE).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start compute-blade")
+}
+
+/// Waits for `child` to exit, at most `limit`; on a time-out it kills it
+/// and fails with `what`.
+pub(crate) fn wait_bounded(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// SIGKILLs a child that must still be running, and reaps it.
@@ -494,17 +504,7 @@ fn a_blade_out_of_file_descriptors_keeps_serving() {
 fn interrupt(mut child: Child, after: Duration) -> std::process::ExitStatus {
     std::thread::sleep(after);
     assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("compute-blade ignored SIGINT");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_bounded(&mut child, Duration::from_secs(20), "compute-blade ignored SIGINT")
 }
 
 #[test]

@@ -198,14 +198,8 @@ fn a_backing_file_blade_killed_and_restarted_loses_no_committed_transaction() {
     );
     std::thread::sleep(Duration::from_millis(700));
     kill9(&mut b2.child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "compute-blade did not notice its blade died");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status =
+        crate::cli::wait_bounded(&mut child, Duration::from_secs(30), "compute-blade did not notice its blade died");
     assert!(!status.success());
     let r = record(&j);
     std::fs::remove_file(&j).unwrap();

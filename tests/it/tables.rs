@@ -325,18 +325,8 @@ fn two_processes_growing_one_table_at_once_leave_it_whole() {
             ])
         })
         .collect();
-    let deadline = Instant::now() + std::time::Duration::from_secs(120);
     for l in &mut loads {
-        let status = loop {
-            if let Some(s) = l.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                crate::cli::kill9(l);
-                panic!("a load did not finish in 120 s");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        let status = crate::cli::wait_bounded(l, std::time::Duration::from_secs(120), "a load did not finish in 120 s");
         assert!(status.success(), "{status}");
     }
     let splits: Vec<u64> = jsons

@@ -17,8 +17,9 @@ use crate::{race_ht_scan, tiny, value};
 
 const LEASE: Duration = Duration::from_millis(30);
 
-/// Live subtables whose split lock is held, from the raw table.
-async fn split_locks_held(ctx: &smart_core::Ctx, table: smart_core::GlobalAddr) -> usize {
+/// The table's group count and each live subtable once, from the raw
+/// table.
+async fn live_subtables(ctx: &smart_core::Ctx, table: smart_core::GlobalAddr) -> (u64, Vec<smart_core::GlobalAddr>) {
     let groups = ctx.read_u64(table.add(16)).await.unwrap();
     let (depth, array) = layout::unpack_entry(ctx.read_u64(table.add(DIR_WORD)).await.unwrap());
     let mut raw = vec![0u8; 8 << depth];
@@ -27,27 +28,50 @@ async fn split_locks_held(ctx: &smart_core::Ctx, table: smart_core::GlobalAddr) 
         raw.chunks(8).map(|c| layout::unpack_entry(u64::from_le_bytes(c.try_into().unwrap())).1).collect();
     subtables.sort_unstable_by_key(|a| a.raw());
     subtables.dedup();
-    let mut held = 0;
+    (groups, subtables)
+}
+
+/// Live subtables whose split lock is held, and those words.
+async fn held_splits(ctx: &smart_core::Ctx, table: smart_core::GlobalAddr) -> Vec<(smart_core::GlobalAddr, u64)> {
+    let (groups, subtables) = live_subtables(ctx, table).await;
+    let mut held = Vec::new();
     for at in subtables {
-        held += usize::from(ctx.read_u64(layout::split_lock(at, groups)).await.unwrap() != 0);
+        let w = ctx.read_u64(layout::split_lock(at, groups)).await.unwrap();
+        if w != 0 {
+            held.push((at, w));
+        }
     }
     held
 }
 
+/// Live subtables whose split lock is held.
+async fn split_locks_held(ctx: &smart_core::Ctx, table: smart_core::GlobalAddr) -> usize {
+    held_splits(ctx, table).await.len()
+}
+
 /// A live subtable whose split lock is held, and that word.
 async fn held_split(ctx: &smart_core::Ctx, table: smart_core::GlobalAddr) -> Option<(smart_core::GlobalAddr, u64)> {
-    let groups = ctx.read_u64(table.add(16)).await.unwrap();
-    let (depth, array) = layout::unpack_entry(ctx.read_u64(table.add(DIR_WORD)).await.unwrap());
-    let mut raw = vec![0u8; 8 << depth];
-    ctx.read_all(array, &mut raw).await.unwrap();
-    for c in raw.chunks(8) {
-        let at = layout::unpack_entry(u64::from_le_bytes(c.try_into().unwrap())).1;
-        let w = ctx.read_u64(layout::split_lock(at, groups)).await.unwrap();
-        if w != 0 {
-            return Some((at, w));
+    held_splits(ctx, table).await.into_iter().next()
+}
+
+/// Client A on thread 0 of `t`: creates table "stress" and inserts keys
+/// 0..300 with the lock lease `lease`, as a future to be stepped (see
+/// [`Step`]); it returns A's resize statistics.
+fn stepped_loader(
+    t: &EmbeddedTransport,
+    lease: Duration,
+) -> (Runtime, Shared<impl std::future::Future<Output = race_ht::ResizeStats>>) {
+    let a = Runtime::new(t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = a.ctx();
+    let body = async move {
+        let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
+        ht.set_lease(lease);
+        for k in 0..300u64 {
+            assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap(), "key {k}");
         }
-    }
-    None
+        ht.resize_stats()
+    };
+    (a, Rc::new(std::cell::RefCell::new(Box::pin(body))))
 }
 
 #[test]
@@ -142,17 +166,7 @@ fn a_holder_stalled_past_its_lease_gives_up_its_split_and_the_taker_finishes_it(
     let mut stalls = 0;
     for round in 0..12u64 {
         let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
-        let mut a = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
-        let ctx = a.ctx();
-        let body = async move {
-            let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
-            ht.set_lease(LEASE);
-            for k in 0..300u64 {
-                assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap(), "key {k}");
-            }
-            ht.resize_stats()
-        };
-        let a_run: Shared<_> = Rc::new(std::cell::RefCell::new(Box::pin(body)));
+        let (mut a, a_run) = stepped_loader(&t, LEASE);
         let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
         // Step A until it holds a split lock but not the directory lock (a
         // stall there is before its last renewal), skipping the first
@@ -226,17 +240,7 @@ fn splits_of_different_subtables_proceed_in_parallel() {
     let mut checked = 0;
     for round in 0..4u64 {
         let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
-        let mut a = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
-        let ctx = a.ctx();
-        let body = async move {
-            let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
-            ht.set_lease(LONG);
-            for k in 0..300u64 {
-                assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap(), "key {k}");
-            }
-            ht.resize_stats()
-        };
-        let a_run: Shared<_> = Rc::new(std::cell::RefCell::new(Box::pin(body)));
+        let (mut a, a_run) = stepped_loader(&t, LONG);
         let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
         // Step A until it holds the split lock of a subtable of depth ≥ 1
         // (so that there are others), skipping `round` such moments.
