@@ -401,11 +401,14 @@ impl RaceHt {
 
     /// Under the directory lock: clears an intent naming `base`, whose
     /// publication is complete in the directory, and bumps the split
-    /// counter its publisher did not get to bump.
+    /// counter its publisher did not get to bump. That is the last step of
+    /// a dead publisher's split, so it counts as a split finished
+    /// (`recovered`).
     async fn clear_intent_of(&self, base: GlobalAddr) -> Result<()> {
         if self.intent_names(base).await? {
             self.ctx.write(self.table.add(layout::INTENT_WORD), &0u64.to_le_bytes()).await?;
             self.ctx.faa(self.table.add(layout::SPLITS_WORD), 1).await?;
+            self.bump(|s| s.recovered += 1);
         }
         Ok(())
     }

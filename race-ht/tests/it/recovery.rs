@@ -93,6 +93,14 @@ fn a_client_killed_anywhere_in_a_growing_load_is_finished_by_the_next() {
         };
         deaths += u32::from(a.block_on(Die::after(polls, body)).is_none());
         let acked = acked.get();
+        // Whether it died publishing a split (its intent still set).
+        let ctx = a.ctx();
+        let left_intent = a.block_on(async move {
+            match ctx.root(0, "race-ht:stress").await.unwrap() {
+                Some(table) => ctx.read_u64(table.add(race_ht::layout::INTENT_WORD)).await.unwrap() != 0,
+                None => false,
+            }
+        });
 
         // The next client: reads every acknowledged key (meeting the dead
         // client's frozen subtable, if any), inserts more (needing splits,
@@ -114,6 +122,9 @@ fn a_client_killed_anywhere_in_a_growing_load_is_finished_by_the_next() {
             ht.repair().await.unwrap();
             ht.resize_stats()
         });
+        // A publication left half done (or done but for its intent) is a
+        // split the next client finished.
+        assert!(!left_intent || stats.recovered >= 1, "round {round}: an intent left, {stats:?}");
         takeovers += stats.takeovers;
         recovered += stats.recovered;
         // Every key once; the lock and the intent clear.
