@@ -402,15 +402,12 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
             });
             let (finished, stats, c) = r.map_err(|e| anyhow::anyhow!("repairing race index {:?}: {e}", job.name))?;
             println!(
-                "race {:?}: {} lock(s) taken over, {} split(s) finished; now {} faults, publication intent {}, \
-                 directory lock {}, {} split locks held",
+                "race {:?}: {} lock(s) taken over, {} split(s) finished; now {} faults, {}",
                 job.name,
                 stats.takeovers,
                 stats.recovered,
                 c.faults(),
-                if c.split_intent { "set" } else { "clear" },
-                if c.resize_lock_held { "held" } else { "free" },
-                c.split_locks_held
+                resize_locks(&c)
             );
             report::write(
                 s,
@@ -446,8 +443,8 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                     let c = c.map_err(|e| anyhow::anyhow!("checking race index {:?}: {e}", job.name))?;
                     println!(
                         "race {:?}: {} keys in {} subtables (depth {}), {} faults: {} duplicates, {} frozen slots in live \
-                         subtables, {} misplaced keys, {} undecodable blocks, {} bad bucket headers; publication intent \
-                         {}, directory lock {}, {} split locks held; {} live bytes; blade heap: {} bytes in use, {} of them free-listed for reuse, \
+                         subtables, {} misplaced keys, {} undecodable blocks, {} bad bucket headers; {}; {} live bytes; \
+                         blade heap: {} bytes in use, {} of them free-listed for reuse, \
                          {} neither (other objects, memory held by running clients or lost by killed ones)",
                         job.name,
                         c.keys,
@@ -459,9 +456,7 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                         c.misplaced,
                         c.undecodable,
                         c.bad_headers,
-                        if c.split_intent { "set" } else { "clear" },
-                        if c.resize_lock_held { "held" } else { "free" },
-                        c.split_locks_held,
+                        resize_locks(&c),
                         c.live_bytes,
                         heap_sum,
                         free_sum,
@@ -507,6 +502,17 @@ async fn heap_used(ctx: &smart_core::Ctx) -> smart_core::Result<Vec<u64>> {
         v.push(ptr.saturating_sub(smart_core::layout::HEAP_START));
     }
     Ok(v)
+}
+
+/// What a check found of resizing's shared state: the publication intent,
+/// the directory lock and the live subtables' split locks.
+fn resize_locks(c: &race_ht::TableCheck) -> String {
+    format!(
+        "publication intent {}, directory lock {}, {} split locks held",
+        if c.split_intent { "set" } else { "clear" },
+        if c.resize_lock_held { "held" } else { "free" },
+        c.split_locks_held
+    )
 }
 
 /// Every object a named root on blade 0 points to, classified by its magic.

@@ -98,9 +98,10 @@
 //! the directory lock and its directory writes could still write after
 //! the takeover (both would then publish the split and retire the old
 //! subtable; publishing by CAS and retiring only as the split lock's owner
-//! would close this, and is not built). A holder that was only slow (a stall longer than the
-//! lease, e.g. under emulation) finds at its next renewal that the lock
-//! changed hands: it stops, hands back the halves it built, and its
+//! would close this, and is not built). A holder that was only slow (a
+//! stall longer than the lease, e.g. under emulation) finds at its next
+//! renewal that the lock changed hands: it stops, hands back the halves it
+//! built, and its
 //! operation starts over while the taker finishes the split
 //! ([`RaceError::LeaseLost`], counted as `lease_losses`). A split lock
 //! that a dead client took before freezing anything leaves its subtable

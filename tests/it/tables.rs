@@ -116,8 +116,13 @@ fn tables_made_by_other_processes_are_listed_checked_attached_and_dropped() {
 /// not: that subtable works as before, and its next grower takes the lock
 /// over after the lease; `split_locks_held` counts them.)
 fn unfinished(c: &Value) -> bool {
-    let k = &c["check"];
-    k["split_intent"] == true || k["resize_lock_held"] == true || k["frozen_slots"].as_u64().unwrap_or(0) > 0
+    split_cut(&c["check"]) || c["check"]["resize_lock_held"] == true
+}
+
+/// Whether a check (its `check` object) shows a split cut short: frozen
+/// slots in a live subtable, or a publication intent.
+fn split_cut(k: &Value) -> bool {
+    k["frozen_slots"].as_u64().unwrap_or(0) > 0 || k["split_intent"] == true
 }
 
 #[test]
@@ -166,7 +171,7 @@ fn a_growing_race_load_killed_at_random_points_is_finished_by_the_next_process()
             assert_eq!(rp["ok"], true, "{rp}");
             assert!(!unfinished(&rp) && rp["check"]["split_locks_held"] == 0, "{rp}");
             let (takeovers, finished) = (rp["takeovers"].as_u64().unwrap(), rp["finished_splits"].as_u64().unwrap());
-            if before["frozen_slots"].as_u64().unwrap_or(0) > 0 || before["split_intent"] == true {
+            if split_cut(&before) {
                 assert!(finished >= 1, "{rp}");
             }
             let held = before["split_locks_held"].as_u64().unwrap() + u64::from(before["resize_lock_held"] == true);
@@ -195,7 +200,7 @@ fn a_growing_race_load_killed_at_random_points_is_finished_by_the_next_process()
         // subtable it had begun to freeze (or was publishing) was met by
         // the verifying reads, its split lock (and the directory lock, if
         // held) taken over and its split finished.
-        if !repaired && (before["frozen_slots"].as_u64().unwrap_or(0) > 0 || before["split_intent"] == true) {
+        if !repaired && split_cut(&before) {
             assert!(takeovers >= 1 && finished >= 1, "{r}");
         }
         if !repaired && before["resize_lock_held"] == true {
