@@ -29,6 +29,9 @@ pub struct RaceStats {
     /// Splits this thread gave up because a stall outlasted its lease and
     /// another client took the lock over.
     pub lease_losses: u64,
+    /// Operations started over because the thread lapsed while they ran
+    /// (see [`crate::ResizeStats::lapse_retries`]).
+    pub lapse_retries: u64,
     /// Speculative lookups that hit (`spec-lookup`).
     pub spec_hits: u64,
     /// Speculative lookups that missed and took the normal path.
@@ -50,6 +53,7 @@ struct StatsRecord {
     takeovers: u64,
     recovered_splits: u64,
     lease_losses: u64,
+    lapse_retries: u64,
     spec_hits: u64,
     spec_misses: u64,
     spec_hit_rate: f64,
@@ -68,6 +72,7 @@ impl From<RaceStats> for StatsRecord {
             takeovers: s.takeovers,
             recovered_splits: s.recovered_splits,
             lease_losses: s.lease_losses,
+            lapse_retries: s.lapse_retries,
             spec_hits: s.spec_hits,
             spec_misses: s.spec_misses,
             spec_hit_rate: s.spec_hit_rate(),
@@ -99,6 +104,7 @@ impl IndexStats for RaceStats {
         self.takeovers += o.takeovers;
         self.recovered_splits += o.recovered_splits;
         self.lease_losses += o.lease_losses;
+        self.lapse_retries += o.lapse_retries;
         self.spec_hits += o.spec_hits;
         self.spec_misses += o.spec_misses;
         self.reclaim += o.reclaim;
@@ -117,6 +123,7 @@ impl RaceStats {
             takeovers: r.takeovers,
             recovered_splits: r.recovered,
             lease_losses: r.lease_losses,
+            lapse_retries: r.lapse_retries,
             spec_hits,
             spec_misses,
             reclaim,

@@ -129,7 +129,13 @@
 //! speculation cache by accepting only slots inside the subtable the
 //! checked directory names. A thread should [`RaceHt::close`] its handle
 //! when done: that hands its free and retired blocks to the blades' free
-//! lists and leaves the registry. A client killed instead loses what it
+//! lists and leaves the registry. A thread stalled for longer than the
+//! reclamation lease in the middle of an operation may have been taken for
+//! dead and read reused memory (a bucket header of another depth, a block
+//! of another key): a lookup or scan that ran while its thread lapsed
+//! starts over, and so does a write that failed then (an insert whose CAS
+//! had landed redoes only its duplicate check); the count is
+//! `lapse_retries`. A client killed instead loses what it
 //! held locally (under a span of 1 MiB per blade plus a few milliseconds
 //! of retirements) and holds back reuse for
 //! [`LEASE`](smart_core::reclaim::LEASE). [`RaceHt::drop_table`] gives a

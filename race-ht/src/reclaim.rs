@@ -79,6 +79,22 @@ impl RaceHt {
         Ok(self.reclaim.flush(&self.ctx).await?)
     }
 
+    /// The thread's lapse count, taken before an operation begins.
+    pub(crate) fn lapse_mark(&self) -> u64 {
+        self.reclaim.lapses()
+    }
+
+    /// Whether the thread lapsed since `mark` ([`Reclaimer::lapsed_since`]):
+    /// an operation that ran meanwhile may have read memory reused while
+    /// the thread was taken for dead, and starts over (counted).
+    pub(crate) async fn lapsed(&self, mark: u64) -> Result<bool> {
+        let lapsed = self.reclaim.lapsed_since(&self.ctx, mark).await?;
+        if lapsed {
+            self.bump(|s| s.lapse_retries += 1);
+        }
+        Ok(lapsed)
+    }
+
     /// What this thread's reclaimer did so far.
     pub fn reclaim_stats(&self) -> smart_core::reclaim::ReclaimStats {
         self.reclaim.stats()

@@ -46,6 +46,10 @@ pub struct ResizeStats {
     /// Splits this thread gave up because its lease ran out and another
     /// client took the lock over (it then finishes them).
     pub lease_losses: u64,
+    /// Operations that ran while this thread may have been taken for dead
+    /// by the reclamation registry (a stall longer than its lease), and
+    /// started over: what they read may have been reused memory.
+    pub lapse_retries: u64,
 }
 
 /// A lock (a subtable's split lock or the directory lock) as its holder
@@ -174,6 +178,14 @@ impl RaceHt {
     /// it).
     pub fn set_lease(&mut self, lease: std::time::Duration) {
         self.lease = lease;
+    }
+
+    /// Sets how long another client's reclamation entry may stay the same
+    /// before this handle's thread takes it for dead, and how long this
+    /// thread may go silent before it counts itself lapsed (default
+    /// [`LEASE`](smart_core::reclaim::LEASE); tests shorten it).
+    pub fn set_reclaim_lease(&self, lease: std::time::Duration) {
+        self.reclaim.set_lease(lease);
     }
 
     /// Takes the directory lock: at once when it is free; after the lease

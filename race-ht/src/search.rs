@@ -162,10 +162,23 @@ impl RaceHt {
     }
 
     /// Looks `key` up; its value goes to `out`. Returns whether it exists.
+    /// If the thread lapsed while the lookup ran (stalled for longer than
+    /// the reclamation lease, so another client may have reused memory it
+    /// read), the lookup starts over.
     ///
     /// # Errors
     /// Verb errors; [`RaceError::Torn`] if a block never reads whole.
     pub async fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        loop {
+            let mark = self.lapse_mark();
+            let r = self.get_once(key, out).await;
+            if !self.lapsed(mark).await? {
+                return r;
+            }
+        }
+    }
+
+    async fn get_once(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         let _pin = self.begin().await?;
         let mut p = self.place(key);
         if self.speculate(p.h1, key, out).await? {

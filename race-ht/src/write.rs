@@ -51,11 +51,40 @@ impl RaceHt {
     /// the bucket READs, then CAS it in over the key's slot (if the mode
     /// overwrites) or into an empty slot (if the mode inserts). Returns
     /// whether the table changed.
+    ///
+    /// A failure while the thread lapsed (see [`RaceHt::get`]) starts the
+    /// operation over; if its insert had landed, only the duplicate check
+    /// is redone. A success stands: every change it made was a CAS from
+    /// the slot word it read.
     pub(crate) async fn put(&mut self, key: &[u8], value: &[u8], mode: Mode) -> Result<bool> {
         let max = Self::max_kv_bytes(self.ctx.config().slot_bytes);
         if key.len() + value.len() > max {
             return Err(RaceError::TooLarge { key: key.len(), value: value.len(), max });
         }
+        let mut landed = false;
+        loop {
+            let mark = self.lapse_mark();
+            let r = if landed {
+                self.recheck_duplicates(key).await.map(|()| true)
+            } else {
+                self.put_once(key, value, mode, &mut landed).await
+            };
+            if r.is_ok() || !self.lapsed(mark).await? {
+                return r;
+            }
+        }
+    }
+
+    /// The duplicate check of an insert that landed, on its own.
+    async fn recheck_duplicates(&mut self, key: &[u8]) -> Result<()> {
+        let _pin = self.begin().await?;
+        let mut p = self.place(key);
+        self.remove_duplicates(key, &mut p).await
+    }
+
+    /// One try of [`RaceHt::put`]; `landed` is set once an insert's CAS
+    /// landed.
+    async fn put_once(&mut self, key: &[u8], value: &[u8], mode: Mode, landed: &mut bool) -> Result<bool> {
         let _pin = self.begin().await?;
         let mut p = self.place(key);
         let (mut at, mut new) = self.new_block(key, value, p.fp, p.base.blade()).await?;
@@ -120,6 +149,7 @@ impl RaceHt {
                 op.retry().await;
                 continue;
             }
+            *landed = true;
             self.remove_duplicates(key, &mut p).await?;
             break true;
         };
@@ -161,7 +191,20 @@ impl RaceHt {
     ///
     /// # Errors
     /// Verb errors.
+    ///
+    /// A failure while the thread lapsed starts it over, as for
+    /// [`RaceHt::insert`].
     pub async fn delete(&mut self, key: &[u8]) -> Result<bool> {
+        loop {
+            let mark = self.lapse_mark();
+            let r = self.delete_once(key).await;
+            if r.is_ok() || !self.lapsed(mark).await? {
+                return r;
+            }
+        }
+    }
+
+    async fn delete_once(&mut self, key: &[u8]) -> Result<bool> {
         let _pin = self.begin().await?;
         let mut p = self.place(key);
         let ctx = self.ctx.clone();

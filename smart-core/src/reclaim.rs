@@ -42,12 +42,19 @@
 //!
 //! **Dead clients.** A registry entry that stays exactly the same for
 //! [`LEASE`] (3 s, by the observer's clock) belongs to a client that died
-//! (its thread bumps the beat at every refresh): it is ignored and freed.
-//! Like every lease, this is a timing argument: a thread stalled for
-//! longer than the lease in the middle of an operation could still use
-//! memory that was reused meanwhile. A client that finds its own entry
-//! taken re-registers and counts a *lapse* ([`Reclaimer::lapses`]), so
-//! that its application drops its caches.
+//! (its thread bumps the beat at every refresh, by CAS from the word it
+//! last wrote, so it never writes over an entry freed and claimed since):
+//! it is ignored and freed. Like every lease, this is a timing argument: a
+//! thread stalled for longer than the lease in the middle of an operation
+//! may have been taken for dead, and may have read memory reused
+//! meanwhile. It counts a *lapse* ([`Reclaimer::lapses`]) when it finds
+//! its entry taken, and also when it went a lease without publishing (from
+//! the clock read before one publication to the end of the next), since a
+//! client that read its entry in between may have taken it for dead. An
+//! operation asks [`Reclaimer::lapsed_since`] before it trusts what it
+//! read (no verb unless the thread has been silent for a lease): race-ht
+//! then starts the operation over and drops its caches; a client that
+//! re-registers after a lapse takes a free entry.
 //!
 //! **Free lists.** Each thread keeps retired objects locally, by blade and
 //! size class, in bags stamped with their epoch; a bag whose epoch is safe
@@ -128,6 +135,9 @@ pub struct ReclaimStats {
     pub advances: u64,
     /// Registry entries of dead clients this thread freed.
     pub expired: u64,
+    /// Times this thread found it may have been taken for dead (its entry
+    /// freed, or silent for a lease): see [`Reclaimer::lapsed_since`].
+    pub lapses: u64,
 }
 
 impl std::ops::AddAssign for ReclaimStats {
@@ -140,6 +150,7 @@ impl std::ops::AddAssign for ReclaimStats {
         self.bags_popped += o.bags_popped;
         self.advances += o.advances;
         self.expired += o.expired;
+        self.lapses += o.lapses;
     }
 }
 
@@ -295,6 +306,10 @@ struct State {
     horizon: u64,
     refreshes: u64,
     last_refresh_ns: Option<u64>,
+    /// The clock just before this thread last published its entry
+    /// (registration included), once that publication completed: no other
+    /// client can take the entry for dead before this plus the lease.
+    published_ns: Option<u64>,
     refreshing: bool,
     pins: Pins,
     seen: Vec<Seen>,
@@ -371,6 +386,7 @@ impl Reclaimer {
             horizon: 0,
             refreshes: 0,
             last_refresh_ns: None,
+            published_ns: None,
             refreshing: false,
             pins: Pins::default(),
             seen: vec![Seen::default(); REGISTRY],
@@ -431,9 +447,29 @@ impl Reclaimer {
         self.0.borrow().lapses
     }
 
+    /// Whether this thread lapsed since it had `lapses` lapses
+    /// ([`Reclaimer::lapses`]): an operation that began then may have used
+    /// memory reused meanwhile, and must not trust what it read. Costs no
+    /// verb unless the thread went without publishing its entry for a
+    /// lease; then it refreshes (which counts that silence as a lapse).
+    ///
+    /// # Errors
+    /// As [`Reclaimer::pin`].
+    pub async fn lapsed_since(&self, ctx: &Ctx, lapses: u64) -> Result<bool> {
+        let silent = {
+            let st = self.0.borrow();
+            st.lapses == lapses && st.published_ns.is_some_and(|t| ctx.now_ns().saturating_sub(t) >= st.lease_ns)
+        };
+        if silent {
+            self.refresh(ctx).await?;
+        }
+        Ok(self.0.borrow().lapses != lapses)
+    }
+
     /// What this thread did so far.
     pub fn stats(&self) -> ReclaimStats {
-        self.0.borrow().stats
+        let st = self.0.borrow();
+        ReclaimStats { lapses: st.lapses, ..st.stats }
     }
 
     /// Reads the epochs, publishes this thread's, advances the global epoch
@@ -501,21 +537,47 @@ impl Reclaimer {
         }
         // Publish (register first if needed).
         let entry = self.0.borrow().entry;
-        match entry {
-            Some((i, _)) => {
+        let published = match entry {
+            Some((i, old)) => {
                 let w = {
                     let mut st = self.0.borrow_mut();
                     st.beat = (st.beat + 1) & ((1 << BEAT_BITS) - 1);
-                    let w = st.token << BEAT_BITS | st.beat;
-                    st.entry = Some((i, w));
-                    w
+                    st.token << BEAT_BITS | st.beat
                 };
-                let mut buf = [0u8; 16];
-                buf[..8].copy_from_slice(&w.to_le_bytes());
-                buf[8..].copy_from_slice(&mine.to_le_bytes());
-                ctx.write(epochs.add(EPOCH_HEADER + ENTRY * i as u64), &buf).await?;
+                // By CAS from the word this thread last wrote: an entry
+                // taken as dead since (and perhaps claimed by another
+                // client) is left alone. (A CAS that returns our own new
+                // word landed: an RNIC that executed a retried atomic
+                // twice answers with the second run.)
+                let at = epochs.add(EPOCH_HEADER + ENTRY * i as u64);
+                let sent = ctx.now_ns();
+                let got = ctx.cas(at, old, w).await?;
+                if got == old || got == w {
+                    self.0.borrow_mut().entry = Some((i, w));
+                    ctx.write(at.add(8), &mine.to_le_bytes()).await?;
+                    sent
+                } else {
+                    {
+                        let mut st = self.0.borrow_mut();
+                        st.entry = None;
+                        st.lapses += 1;
+                    }
+                    self.register(ctx, epochs, &entries, &dead, mine).await?
+                }
             }
             None => self.register(ctx, epochs, &entries, &dead, mine).await?,
+        };
+        {
+            // A thread silent for a lease (from the clock before one
+            // publication to the end of the next) may have been taken for
+            // dead by a client that read its entry in between, even if the
+            // entry is still its own: that counts as a lapse too.
+            let done = ctx.now_ns();
+            let mut st = self.0.borrow_mut();
+            if st.published_ns.is_some_and(|t| done.saturating_sub(t) >= st.lease_ns) {
+                st.lapses += 1;
+            }
+            st.published_ns = Some(published);
         }
         let horizon = other_min.map_or(mine, |m| m.min(mine));
         if horizon >= e {
@@ -544,7 +606,7 @@ impl Reclaimer {
         entries: &[(u64, u64)],
         dead: &[(usize, u64)],
         mine: u64,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let w = {
             let st = self.0.borrow();
             st.token << BEAT_BITS | st.beat
@@ -552,10 +614,12 @@ impl Reclaimer {
         let free = (0..REGISTRY).filter(|&i| entries[i].0 == 0 || dead.iter().any(|d| d.0 == i));
         for i in free {
             let at = epochs.add(EPOCH_HEADER + ENTRY * i as u64);
-            if ctx.cas(at, 0, w).await? == 0 {
+            let sent = ctx.now_ns();
+            let got = ctx.cas(at, 0, w).await?;
+            if got == 0 || got == w {
                 ctx.write(at.add(8), &mine.to_le_bytes()).await?;
                 self.0.borrow_mut().entry = Some((i, w));
-                return Ok(());
+                return Ok(sent);
             }
         }
         Err(Error::Unsupported(format!(
@@ -807,8 +871,11 @@ impl Reclaimer {
             ctx.write(bag_at, &bag).await?;
             loop {
                 let tag = (h >> OFFSET_BITS).wrapping_add(1) & ((1 << (64 - OFFSET_BITS)) - 1);
-                let old = ctx.cas(head, h, tag << OFFSET_BITS | bag_at.offset()).await?;
-                if old == h {
+                let new = tag << OFFSET_BITS | bag_at.offset();
+                let old = ctx.cas(head, h, new).await?;
+                // (Our own new head back: the CAS landed and was run
+                // twice; following it would link the bag to itself.)
+                if old == h || old == new {
                     break;
                 }
                 h = old;

@@ -29,6 +29,9 @@ pub struct Region {
 
 /// How a multi-word copy is paced, so tests can make tearing happen.
 pub(crate) trait LinePacer {
+    /// Whether `between_lines` does anything. Copies paced by a pacer that
+    /// does not take the straight word loop, with no per-word checks.
+    const PAUSES: bool = true;
     /// Called between two cache lines of one READ or WRITE.
     fn between_lines(&mut self);
     /// Whether a READ should copy its lines from the highest address down
@@ -40,6 +43,7 @@ pub(crate) trait LinePacer {
 pub(crate) struct NoPause;
 
 impl LinePacer for NoPause {
+    const PAUSES: bool = false;
     #[inline]
     fn between_lines(&mut self) {}
     #[inline]
@@ -228,7 +232,26 @@ impl Region {
         }
     }
 
-    fn read_span(&self, off: u64, dst: &mut [u8], pacer: &mut impl LinePacer) {
+    fn read_span<P: LinePacer>(&self, off: u64, dst: &mut [u8], pacer: &mut P) {
+        if !P::PAUSES {
+            // Bytes up to the first aligned word, then whole words with no
+            // per-word checks, then the bytes after the last word.
+            let head = ((8 - off % 8) % 8).min(dst.len() as u64) as usize;
+            let (head_dst, rest) = dst.split_at_mut(head);
+            for (i, b) in head_dst.iter_mut().enumerate() {
+                *b = self.byte(off + i as u64).load(Ordering::Relaxed);
+            }
+            let mut a = off + head as u64;
+            let mut words = rest.chunks_exact_mut(8);
+            for w in &mut words {
+                w.copy_from_slice(&self.word(a).load(Ordering::Relaxed).to_ne_bytes());
+                a += 8;
+            }
+            for (i, b) in words.into_remainder().iter_mut().enumerate() {
+                *b = self.byte(a + i as u64).load(Ordering::Relaxed);
+            }
+            return;
+        }
         let mut i = 0usize;
         let n = dst.len();
         while i < n {
@@ -249,7 +272,24 @@ impl Region {
 
     /// Writes `src` at `off` in address order (bounds already checked).
     #[inline]
-    pub(crate) fn write_from(&self, off: u64, src: &[u8], pacer: &mut impl LinePacer) {
+    pub(crate) fn write_from<P: LinePacer>(&self, off: u64, src: &[u8], pacer: &mut P) {
+        if !P::PAUSES {
+            let head = ((8 - off % 8) % 8).min(src.len() as u64) as usize;
+            let (head_src, rest) = src.split_at(head);
+            for (i, &b) in head_src.iter().enumerate() {
+                self.byte(off + i as u64).store(b, Ordering::Relaxed);
+            }
+            let mut a = off + head as u64;
+            let mut words = rest.chunks_exact(8);
+            for w in &mut words {
+                self.word(a).store(u64::from_ne_bytes(w.try_into().expect("8 bytes")), Ordering::Relaxed);
+                a += 8;
+            }
+            for (i, &b) in words.remainder().iter().enumerate() {
+                self.byte(a + i as u64).store(b, Ordering::Relaxed);
+            }
+            return;
+        }
         let mut i = 0usize;
         let n = src.len();
         while i < n {
@@ -354,6 +394,45 @@ mod tests {
         r.read_into(13, &mut rev, &mut p);
         assert_eq!(rev, src);
         assert!(p.0 >= 4, "a 300-byte unaligned read spans at least 5 lines");
+    }
+
+    /// Forward, unpaced.
+    struct Paced(usize);
+    impl LinePacer for Paced {
+        fn between_lines(&mut self) {
+            self.0 += 1;
+        }
+        fn reverse_read(&mut self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn the_straight_word_loop_copies_what_the_paced_loop_copies() {
+        // Every head (offset mod 8) and tail (length mod 8), across lines.
+        let r = Region::anonymous(4096).unwrap();
+        r.write_from(0, &[0xEE; 4096], &mut Paced(0));
+        for off in 0..17u64 {
+            for len in 0..150usize {
+                let src: Vec<u8> = (0..len).map(|i| (i as u64 * 31 + off * 7 + 1) as u8).collect();
+                r.write(off, &src).unwrap();
+                let mut fast = vec![0; len];
+                r.read(off, &mut fast).unwrap();
+                assert_eq!(fast, src, "unpaced read at {off}, {len} bytes");
+                let mut paced = vec![0; len];
+                r.read_into(off, &mut paced, &mut Paced(0));
+                assert_eq!(paced, src, "paced read at {off}, {len} bytes");
+                // The bytes around the written span are untouched.
+                let mut around = [0u8; 1];
+                if off > 0 {
+                    r.read(off - 1, &mut around).unwrap();
+                    assert_eq!(around[0], 0xEE, "byte before {off}");
+                }
+                r.read(off + len as u64, &mut around).unwrap();
+                assert_eq!(around[0], 0xEE, "byte after {off}+{len}");
+                r.write_from(off, &vec![0xEE; len], &mut Paced(0));
+            }
+        }
     }
 
     #[test]

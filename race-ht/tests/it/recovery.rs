@@ -11,7 +11,7 @@ use std::time::Duration;
 use race_ht::layout::{self, DIR_WORD};
 use race_ht::RaceHt;
 use smart_core::{EmbeddedTransport, Runtime, RuntimeConfig};
-use smart_testkit::die::Die;
+use smart_testkit::die::{Die, Shared, Step};
 
 use crate::{race_ht_scan, tiny, value};
 
@@ -71,7 +71,7 @@ fn stepped_loader(
         }
         ht.resize_stats()
     };
-    (a, Rc::new(std::cell::RefCell::new(Box::pin(body))))
+    (a, smart_testkit::die::shared(body))
 }
 
 #[test]
@@ -147,29 +147,6 @@ fn a_client_killed_anywhere_in_a_growing_load_is_finished_by_the_next() {
     // The deaths fell inside splits often enough to test their recovery.
     assert!(deaths > 40, "{deaths} deaths");
     assert!(takeovers >= 3 && recovered >= 3, "{takeovers} takeovers, {recovered} splits finished");
-}
-
-/// Polls a shared future at most `budget` times per `block_on`, then
-/// returns `None` with the future kept, to be resumed by the next `Step`:
-/// a client stalled mid-operation (but alive).
-type Shared<F> = Rc<std::cell::RefCell<std::pin::Pin<Box<F>>>>;
-
-struct Step<F: std::future::Future> {
-    inner: Shared<F>,
-    budget: u32,
-}
-
-impl<F: std::future::Future> std::future::Future for Step<F> {
-    type Output = Option<F::Output>;
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
-        if self.budget == 0 {
-            return std::task::Poll::Ready(None);
-        }
-        self.budget -= 1;
-        let inner = self.inner.clone();
-        let mut f = inner.borrow_mut();
-        f.as_mut().poll(cx).map(Some)
-    }
 }
 
 #[test]
@@ -333,7 +310,7 @@ fn a_split_being_built_when_the_table_is_dropped_stops_with_dropped() {
         }
         None
     };
-    let a_run: Shared<_> = Rc::new(std::cell::RefCell::new(Box::pin(body)));
+    let a_run = smart_testkit::die::shared(body);
     let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
     loop {
         let done = a.block_on(Step { inner: a_run.clone(), budget: 1 });
@@ -354,4 +331,76 @@ fn a_split_being_built_when_the_table_is_dropped_stops_with_dropped() {
     let failed = a.block_on(Step { inner: a_run.clone(), budget: u32::MAX }).expect("A ends");
     let (k, e) = failed.expect("an insert fails once the table is dropped");
     assert!(matches!(e, race_ht::RaceError::Dropped), "key {k}: {e}");
+}
+
+/// A lookup stalled (alive) for longer than the reclamation lease, after
+/// it cached the directory and before it read the buckets: meanwhile
+/// another client takes it for dead, splits the subtable the lookup is
+/// about to read and reuses that memory for a new subtable. The lookup
+/// must not trust what it then reads (a bucket header of another depth,
+/// reported as corruption) but start over, and find the key.
+#[test]
+fn a_lookup_stalled_past_the_reclaim_lease_starts_over_instead_of_reading_reused_memory() {
+    const RECLAIM: Duration = Duration::from_millis(60);
+    let (mut stalled_rounds, mut retried) = (0, 0);
+    for polls in 1..=12u32 {
+        let t = EmbeddedTransport::new(1, 32 << 20).unwrap();
+        let mut a = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
+        let ctx = a.ctx();
+        let (ht_a, s0) = a.block_on(async move {
+            let mut ht = RaceHt::create(&ctx, "lapse", tiny()).await.unwrap();
+            ht.set_reclaim_lease(RECLAIM);
+            for k in 0..5u64 {
+                assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap());
+            }
+            let table = ctx.root(0, "race-ht:lapse").await.unwrap().unwrap();
+            let (_, subtables) = live_subtables(&ctx, table).await;
+            assert_eq!(subtables.len(), 1);
+            (ht, subtables[0])
+        });
+        // A looks key 3 up (after a refresh period, so that the lookup
+        // refreshes and re-checks its directory), and stalls after `polls`
+        // polls.
+        let ctx = a.ctx();
+        let look = smart_testkit::die::shared(async move {
+            let mut ht = ht_a;
+            ctx.sleep_ns(2 * smart_core::reclaim::REFRESH_NS).await;
+            let mut out = Vec::new();
+            let found = ht.get(&3u64.to_le_bytes(), &mut out).await;
+            (found, out, ht.resize_stats())
+        });
+        if a.block_on(Step { inner: look.clone(), budget: polls }).is_some() {
+            continue;
+        }
+        stalled_rounds += 1;
+        // B splits the subtable and goes on inserting for longer than the
+        // lease, until the subtable's memory holds another subtable.
+        let ctx = b.ctx();
+        let reused = b.block_on(async move {
+            let mut ht = RaceHt::open(&ctx, "lapse").await.unwrap();
+            ht.set_reclaim_lease(RECLAIM);
+            let t0 = std::time::Instant::now();
+            let mut k = 1000u64;
+            while t0.elapsed() < Duration::from_secs(10) {
+                assert!(ht.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap());
+                k += 1;
+                if k % 16 == 0 {
+                    ctx.sleep_ns(1_000_000).await;
+                    if ctx.read_u64(s0).await.unwrap() != layout::bucket_header(0, 0) && t0.elapsed() > 2 * RECLAIM {
+                        return true;
+                    }
+                }
+            }
+            false
+        });
+        assert!(reused, "polls {polls}: the split subtable's memory was never reused");
+        // A resumes.
+        let (found, out, stats) = a.block_on(Step { inner: look, budget: u32::MAX }).expect("A finishes");
+        assert!(found.unwrap_or_else(|e| panic!("polls {polls}: {e}")), "polls {polls}: key 3 not found");
+        assert_eq!(out, value(3, 0), "polls {polls}");
+        retried += stats.lapse_retries;
+    }
+    eprintln!("{stalled_rounds} stalled lookups, {retried} started over");
+    assert!(stalled_rounds >= 3 && retried >= stalled_rounds, "{stalled_rounds} stalled, {retried} started over");
 }

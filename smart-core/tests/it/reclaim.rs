@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use smart_core::reclaim::{Reclaimer, BAG_ENTRIES, REFRESH_NS};
 use smart_core::{layout, Ctx, GlobalAddr, Runtime, RuntimeConfig};
 use smart_testkit::backends;
+use smart_testkit::die::{shared, Step};
 
 /// The blade's heap pointer: bytes ever taken from the heap.
 async fn heap(ctx: &Ctx, blade: u16) -> u64 {
@@ -89,6 +90,71 @@ fn a_dead_client_holds_reuse_back_only_for_its_lease() {
         dead.tick(&ctx).await.unwrap();
         assert_eq!(dead.lapses(), 1);
     });
+}
+
+/// A client stalled mid-operation for longer than the lease is taken for
+/// dead and its memory may be reused: when it resumes, it learns so before
+/// it trusts what the operation read. It stalls here between reading the
+/// registry (its entry still its own) and publishing; meanwhile its entry
+/// is freed and claimed by another client, whose entry it leaves alone.
+#[test]
+fn a_client_stalled_past_its_lease_learns_it_lapsed_and_leaves_its_old_entry_alone() {
+    let lease = Duration::from_millis(100);
+    let b = backends::embedded(1);
+    let mut s = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
+    let mut m = Runtime::new(&*b.transport, 1, RuntimeConfig::default()).unwrap();
+    let s_ctx = s.ctx();
+    let stalled = Reclaimer::new(&s_ctx);
+    stalled.set_lease(lease);
+    let (r, ctx) = (stalled.clone(), s_ctx.clone());
+    let (op, lapses) = s.block_on(async move {
+        let op = Reclaimer::pin(&r, &ctx).await.unwrap();
+        let lapses = r.lapses();
+        assert!(!r.lapsed_since(&ctx, lapses).await.unwrap(), "a fresh operation lapsed");
+        (op, lapses)
+    });
+    // Silent for longer than the lease, it asks; its first poll reads the
+    // registry, and there it stalls.
+    std::thread::sleep(lease + Duration::from_millis(20));
+    let asking = {
+        let (r, ctx) = (stalled.clone(), s_ctx.clone());
+        shared(async move { r.lapsed_since(&ctx, lapses).await.unwrap() })
+    };
+    assert_eq!(s.block_on(Step { inner: asking.clone(), budget: 1 }), None);
+    // Another client watches its entry stay the same for the lease and
+    // frees it; a third one registers there.
+    let m_ctx = m.ctx();
+    let (a, c) = (Reclaimer::new(&m_ctx), Reclaimer::new(&m_ctx));
+    a.set_lease(lease);
+    let (c2, ctx) = (c.clone(), m_ctx.clone());
+    m.block_on(async move {
+        let t0 = Instant::now();
+        while a.stats().expired == 0 && t0.elapsed() < Duration::from_secs(5) {
+            ticks(&ctx, &a, 1).await;
+        }
+        assert_eq!(a.stats().expired, 1, "{:?}", a.stats());
+        c2.tick(&ctx).await.unwrap();
+    });
+    // It resumes.
+    let lapsed = s.block_on(Step { inner: asking, budget: u32::MAX }).expect("done");
+    assert!(lapsed, "the stalled client never learned it lapsed");
+    drop(op);
+    let (c2, ctx) = (c.clone(), m_ctx.clone());
+    m.block_on(async move { ticks(&ctx, &c2, 2).await });
+    assert_eq!(c.lapses(), 0, "the stalled client wrote over the entry another client claimed");
+    s.block_on(async move {
+        ticks(&s_ctx, &stalled, 2).await;
+        let again = stalled.lapses();
+        assert!(!stalled.lapsed_since(&s_ctx, again).await.unwrap(), "registered again, it is live");
+        // Silent for a lease with nobody watching: it cannot know whether
+        // it was taken for dead, so that counts as a lapse too.
+        ctx_sleep(&s_ctx, lease + Duration::from_millis(20)).await;
+        assert!(stalled.lapsed_since(&s_ctx, again).await.unwrap(), "a silence of a lease is not a lapse");
+    });
+}
+
+async fn ctx_sleep(ctx: &Ctx, d: Duration) {
+    ctx.sleep_ns(d.as_nanos() as u64).await;
 }
 
 #[test]
