@@ -526,19 +526,22 @@ async fn list_indexes(ctx: &smart_core::Ctx) -> Result<Vec<Listed>> {
         let named = |prefix: &str, n: Option<String>| {
             n.filter(|n| smart_core::layout::root_tag(&format!("{prefix}{n}")) == tag)
         };
-        let l = if word(0) == race_ht::layout::OLD_MAGIC {
+        let l = if word(0) == race_ht::layout::OLD_MAGIC || word(0) == race_ht::layout::OLDER_MAGIC {
             Listed {
                 kind: "race",
                 name: None,
                 at: at.to_string(),
-                detail: "an older format (one resize lock per table), not readable by this version".to_string(),
+                detail: format!(
+                    "an older format ({}), not readable by this version",
+                    String::from_utf8_lossy(&head[..8])
+                ),
             }
         } else if word(0) == race_ht::layout::TABLE_MAGIC {
             let name = named(
                 "race-ht:",
                 ctx.read_name(smart_core::GlobalAddr::from_raw(word(race_ht::layout::NAME_WORD as usize))).await?,
             );
-            let (depth, _) = race_ht::layout::unpack_entry(word(race_ht::layout::DIR_WORD as usize));
+            let (depth, _, _) = race_ht::layout::unpack_dir(word(race_ht::layout::DIR_WORD as usize));
             let splits = word(race_ht::layout::SPLITS_WORD as usize);
             Listed { kind: "race", name, at: at.to_string(), detail: format!("global depth {depth}, {splits} splits") }
         } else if let Some(m) = sherman_bt::layout::Meta::decode(&head) {

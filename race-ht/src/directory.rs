@@ -24,6 +24,8 @@ pub(crate) struct Directory {
     pub(crate) groups: u64,
     /// Where the directory array is.
     pub(crate) array: GlobalAddr,
+    /// The dir word this was read from (its generation included).
+    pub(crate) dir_word: u64,
     /// Per entry: local depth and subtable.
     pub(crate) entries: Vec<(u32, GlobalAddr)>,
     /// The split counter read before the array: an older read never
@@ -176,7 +178,7 @@ impl RaceHt {
             ctx.write_all(array, &entries).await?;
             let named = ctx.write_name(0, name).await?;
             let mut head = Vec::with_capacity(TABLE_HEADER as usize);
-            for w in [TABLE_MAGIC, layout::pack_entry(cfg.depth, array), cfg.groups, 0, 0, 0, named.raw(), 0] {
+            for w in [TABLE_MAGIC, layout::pack_dir(cfg.depth, array, 0), cfg.groups, 0, 0, 0, named.raw(), 0] {
                 head.extend_from_slice(&w.to_le_bytes());
             }
             ctx.write(table, &head).await?;
@@ -225,7 +227,8 @@ impl RaceHt {
     pub(crate) async fn read_dir(ctx: &Ctx, table: GlobalAddr) -> Result<Directory> {
         let mut head = [0u8; TABLE_HEADER as usize];
         ctx.read(table, &mut head).await?;
-        let (depth, array) = layout::unpack_entry(word(&head, layout::DIR_WORD as usize));
+        let dir_word = word(&head, layout::DIR_WORD as usize);
+        let (depth, array, _) = layout::unpack_dir(dir_word);
         let (groups, epoch) = (word(&head, 16), word(&head, layout::SPLITS_WORD as usize));
         crate::drop::check_magic(word(&head, 0), table)?;
         if depth > layout::MAX_DEPTH || groups == 0 || array.is_null() {
@@ -241,7 +244,7 @@ impl RaceHt {
             }
             entries.push((ld, at));
         }
-        Ok(Directory { depth, groups, array, entries, epoch, version: 0, checked: 0, lapses: 0 })
+        Ok(Directory { depth, groups, array, dir_word, entries, epoch, version: 0, checked: 0, lapses: 0 })
     }
 
     /// Re-reads the directory; installs it unless a newer one is cached.

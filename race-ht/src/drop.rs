@@ -6,13 +6,14 @@ use smart_core::reclaim::Reclaimer;
 use smart_core::{Ctx, GlobalAddr};
 
 use crate::directory::slots_of;
-use crate::layout::{self, DROPPED_LOCK, DROPPED_MAGIC, LOCK_WORD, OLD_MAGIC, TABLE_MAGIC};
+use crate::layout::{self, DROPPED_LOCK, DROPPED_MAGIC, LOCK_WORD, OLDER_MAGIC, OLD_MAGIC, TABLE_MAGIC};
 use crate::{RaceError, RaceHt, Result};
 
 /// What [`RaceHt::drop_table`] gave back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Dropped {
-    /// Subtables retired (with the directory array).
+    /// Subtables retired (with the directory array, and halves a split in
+    /// progress had built).
     pub subtables: usize,
     /// KV blocks retired.
     pub blocks: usize,
@@ -70,6 +71,35 @@ impl RaceHt {
                 }
             }
         }
+        // Halves a split in progress built and recorded but did not publish
+        // (the directory lock is ours for good: it never will), with the
+        // blocks it copied for them.
+        let mut halves = Vec::new();
+        for &at in &subtables {
+            let mut line = [0u8; 16];
+            ctx.read(layout::split_halves(at, groups), &mut line).await?;
+            for c in line.chunks(8) {
+                let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+                let half = layout::unpack_entry(w).1;
+                if w != 0 && !subtables.contains(&half) && !halves.contains(&half) {
+                    halves.push(half);
+                }
+            }
+        }
+        for &at in &halves {
+            let img = t.freeze(at, groups, None).await?;
+            for (_, sl) in slots_of(&img) {
+                let sl = sl.thawed();
+                if !sl.is_empty() && blocks.insert(sl.addr()) {
+                    t.reclaim.retire(sl.addr(), sl.block_len() as u64);
+                    out.blocks += 1;
+                    out.bytes += sl.block_len() as u64;
+                }
+            }
+            t.reclaim.retire(at, layout::subtable_bytes(groups));
+            out.subtables += 1;
+            out.bytes += layout::subtable_bytes(groups);
+        }
         let old = ctx.cas(t.table, TABLE_MAGIC, DROPPED_MAGIC).await?;
         if old != TABLE_MAGIC {
             return Err(RaceError::Corrupt(format!("{name:?}: header magic {old:#x} while dropping")));
@@ -93,8 +123,9 @@ pub(crate) fn check_magic(magic: u64, table: GlobalAddr) -> Result<()> {
     match magic {
         TABLE_MAGIC => Ok(()),
         DROPPED_MAGIC => Err(RaceError::Dropped),
-        OLD_MAGIC => Err(RaceError::Corrupt(format!(
-            "at {table}: a table of an older race-ht format (one resize lock per table); drop the blade's data and load it again"
+        OLD_MAGIC | OLDER_MAGIC => Err(RaceError::Corrupt(format!(
+            "at {table}: a table of an older race-ht format ({}); drop the blade's data and load it again",
+            String::from_utf8_lossy(&magic.to_le_bytes())
         ))),
         _ => Err(RaceError::Corrupt(format!("at {table}: bad table header"))),
     }

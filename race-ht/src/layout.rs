@@ -9,16 +9,29 @@
 //!               split is published in the directory (and for good, as
 //!               DROPPED_LOCK, once the table is dropped)
 //! publication intent 0, or local depth:8 | address:56 of the subtable
-//!               whose split is being published (written under the
-//!               directory lock before the first directory WRITE, cleared
-//!               after the last)
-//! dir word      global depth:8 | directory array address:56
-//! directory     2^GD entries: local depth:8 | subtable address:56
+//!               whose split is being published (set by CAS from 0 under
+//!               the directory lock before the first directory change,
+//!               cleared by CAS after the last)
+//! dir word      generation:3 (high bits) | global depth:5 | directory
+//!               array address:56, whose low 6 bits (0 in a 64-aligned
+//!               address) hold the generation's low bits; changed only by
+//!               CAS: a doubling swaps the array in, a publication in place
+//!               bumps the generation (mod 512) after its entry moves, so a
+//!               doubler that copied the array before them fails its swap
+//! directory     2^GD entries: local depth:8 | subtable address:56 (an
+//!               entry changes only by CAS from a subtable to one of its
+//!               recorded halves)
 //! subtable      groups × [main0 | overflow | main1], 64-byte buckets,
-//!               then a 64-byte split line: [split lock u64][0 × 7]
+//!               then a 64-byte split line:
+//!               [split lock u64][half 0 u64][half 1 u64][0 × 5]
 //! split lock    0, or the splitter's token:40 | beat:24 (its lease, bumped
-//!               while it works); a split that was published leaves it
-//!               held: the subtable is then dead
+//!               while it works); SPLIT_DONE once the split is published
+//!               and counted: the subtable is then dead, and only the
+//!               client whose CAS set SPLIT_DONE retires it
+//! half 0/1      0, or local depth:8 | address:56 of the half (suffix bit
+//!               L clear / set) chosen for this split: set by CAS by the
+//!               first splitter to have built it, after writing it whole;
+//!               every later splitter publishes that same half
 //! bucket        [local depth u32][suffix u32] + 7 slots of 8 bytes
 //! slot          fp:8 | len:8 (KV block length in 64-byte units) | blade:8
 //!               | offset:40; bit 0 (always 0 in a 64-aligned offset) is
@@ -49,11 +62,15 @@ pub const GROUP_BUCKETS: u64 = 3;
 pub const COMBINED: usize = 128;
 /// Bytes of the table header.
 pub const TABLE_HEADER: u64 = 64;
-/// Table magic ("RACEDIR3": per-subtable split locks).
-pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR3");
-/// The magic of the previous format (one resize lock per table, no split
-/// lines), refused with a clear error.
-pub const OLD_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR2");
+/// Table magic ("RACEDIR4": per-subtable split locks, halves recorded in
+/// the split line, publication by CAS).
+pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR4");
+/// The magic of the previous format (publication by WRITE under the
+/// directory lock alone), refused with a clear error.
+pub const OLD_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR3");
+/// The magic of the format before (one resize lock per table), refused
+/// with a clear error.
+pub const OLDER_MAGIC: u64 = u64::from_le_bytes(*b"RACEDIR2");
 /// The magic of a dropped table's header (kept as a tombstone).
 pub const DROPPED_MAGIC: u64 = u64::from_le_bytes(*b"RACEDROP");
 /// Offset of the dir word in the table header.
@@ -69,6 +86,9 @@ pub const INTENT_WORD: u64 = 40;
 /// Offset of the address of the table's name (`Ctx::write_name`; 0 in
 /// tables made before names were stored).
 pub const NAME_WORD: u64 = 48;
+/// A split lock's word once its split is published and counted (held for
+/// good; never a token).
+pub const SPLIT_DONE: u64 = u64::MAX - 1;
 /// Bits of a lock's beat (its low bits).
 pub const BEAT_BITS: u32 = 24;
 /// Largest global (and local) depth: a directory of 2^20 entries (8 MiB).
@@ -96,6 +116,32 @@ pub fn bucket_bytes(groups: u64) -> u64 {
 /// Address of the split lock of the subtable at `base`.
 pub fn split_lock(base: GlobalAddr, groups: u64) -> GlobalAddr {
     base.add(bucket_bytes(groups))
+}
+
+/// Address of the two recorded halves of the subtable at `base` (see the
+/// split line above).
+pub fn split_halves(base: GlobalAddr, groups: u64) -> GlobalAddr {
+    split_lock(base, groups).add(8)
+}
+
+/// Generations of the dir word (it wraps).
+pub const DIR_GENERATIONS: u64 = 512;
+
+/// Packs the dir word: global depth, directory array (64-byte aligned),
+/// generation (mod [`DIR_GENERATIONS`]).
+///
+/// # Panics
+/// If the depth or the array does not fit.
+pub fn pack_dir(depth: u32, array: GlobalAddr, generation: u64) -> u64 {
+    assert!(array.offset() % 64 == 0 && depth < 32, "dir word {depth} {array} does not fit");
+    let g = generation % DIR_GENERATIONS;
+    (g >> 6) << 61 | pack_entry(depth, array) | (g & 63)
+}
+
+/// Unpacks [`pack_dir`]: global depth, array, generation.
+pub fn unpack_dir(w: u64) -> (u32, GlobalAddr, u64) {
+    let (depth, array) = unpack_entry(w & !(7 << 61));
+    (depth, GlobalAddr::from_raw(array.raw() & !63), (w >> 61) << 6 | (w & 63))
 }
 
 /// Packs a depth and an address (blade < 256) into a dir word or a
@@ -242,9 +288,15 @@ mod tests {
         assert_eq!(split_lock(GlobalAddr::new(1, 4096), 4), GlobalAddr::new(1, 4096 + 768));
         assert_eq!(block_len(8, 8), 64);
         assert_eq!(block_len(8, 45), 128);
-        assert_eq!(&TABLE_MAGIC.to_le_bytes(), b"RACEDIR3");
+        assert_eq!(&TABLE_MAGIC.to_le_bytes(), b"RACEDIR4");
         let a = GlobalAddr::new(7, 0xabc_def0);
         assert_eq!(unpack_entry(pack_entry(13, a)), (13, a));
+        let arr = GlobalAddr::new(0, 0x4b00);
+        assert_eq!(pack_dir(5, arr, 0), pack_entry(5, arr));
+        for g in [0, 1, 63, 64, 65, 300, 511, 512, 1000] {
+            assert_eq!(unpack_dir(pack_dir(20, arr, g)), (20, arr, g % DIR_GENERATIONS), "generation {g}");
+        }
+        assert_ne!(pack_dir(3, arr, 64), pack_dir(3, arr, 0));
         assert_eq!((bucket_header(3, 5), suffix(0xff, 3)), (5 << 32 | 3, 7));
     }
 

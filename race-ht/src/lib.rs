@@ -83,26 +83,42 @@
 //! is split before the range is whole. [`RaceHt::repair`] does all of this
 //! without waiting for an operation to meet it. A split is finished from
 //! `S`'s frozen image:
-//! * halves already in the directory (a publication cut short between two
-//!   entry WRITEs) are kept as they are, since other clients may already
-//!   have written to them; their keys' blocks in `S` are skipped, and may
-//!   not even decode any more;
-//! * halves not yet published are rebuilt from `S` and published;
-//! * no block that a slot of `S` names is reused before the publication
-//!   completes (retirement waits until then), so the blocks of the keys
-//!   being rebuilt are intact.
+//! * each half is built once and *recorded* in `S`'s split line by CAS
+//!   (after it is written whole); a later splitter (a taker, or a holder
+//!   that stalled) uses the recorded half and gives its own back, so every
+//!   publisher of a split publishes the same halves;
+//! * halves already recorded are kept as they are (they may be published
+//!   already, and written to since); their keys' blocks in `S` are
+//!   skipped, and may not even decode any more;
+//! * no block that a slot of `S` names is reused before the split is
+//!   concluded (retirement waits until then), so the blocks of the keys
+//!   being built are intact.
 //!
 //! Every step is idempotent, so a client that dies while recovering is
-//! recovered in turn. The takeover is a timing argument, like every lease:
-//! a holder stalled for longer than the lease between its last renewal of
-//! the directory lock and its directory writes could still write after
-//! the takeover (both would then publish the split and retire the old
-//! subtable; publishing by CAS and retiring only as the split lock's owner
-//! would close this, and is not built). A holder that was only slow (a
-//! stall longer than the lease, e.g. under emulation) finds at its next
-//! renewal that the lock changed hands: it stops, hands back the halves it
-//! built, and its
-//! operation starts over while the taker finishes the split
+//! recovered in turn. **Publication is by CAS only**, so that a holder
+//! stalled for longer than the lease (a paused VM, SIGSTOP) and taken over
+//! changes nothing when it resumes, wherever it stalled: the intent is set
+//! by CAS from 0 (a late one finds the taker's intent, or is cleared by
+//! the next holder once its split is concluded); each directory entry moves
+//! by CAS from `S` to its recorded half (so a stale publisher never
+//! overwrites a later split of a half); a doubling swaps the dir word by
+//! CAS from the word it read with the array; an in-place publication bumps
+//! the dir word's generation by CAS after its moves, so a doubling that
+//! copied the array before them fails its swap and starts again, and an
+//! in-place publisher whose bump fails (the array replaced) moves its
+//! entries again in the new array. The split is
+//! *concluded* by a CAS of `S`'s split lock from the holder's word to
+//! `SPLIT_DONE`: only the client whose CAS lands counts the split and
+//! retires `S` and its blocks, so nothing is retired twice. What a
+//! stalled holder can still cost: the blocks its own recorded halves made
+//! unreachable are not retired if its taker concludes the split (a bounded
+//! leak); and a doubler stalled between reading the array and its swap
+//! while exactly a multiple of [`layout::DIR_GENERATIONS`] in-place
+//! publications (and no doubling) happen would pass its CAS with a stale
+//! copy, the generation having wrapped. A
+//! holder that was only slow finds at its next renewal that the lock
+//! changed hands: it stops, keeps the halves it recorded for the taker,
+//! and its operation starts over while the taker finishes the split
 //! ([`RaceError::LeaseLost`], counted as `lease_losses`). A split lock
 //! that a dead client took before freezing anything leaves its subtable
 //! working as before; the subtable's next grower takes it over after the

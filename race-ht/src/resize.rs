@@ -75,25 +75,33 @@ impl Lease {
     }
 }
 
-/// The halves of a split that are already in the directory (a dead
-/// client's partial publication), by the bit that tells them apart.
-type Published = [Option<GlobalAddr>; 2];
+/// Per half of a split (by the bit that tells them apart): its address,
+/// if known.
+type Halves = [Option<GlobalAddr>; 2];
 
-/// A split built and not yet published: the halves are written, nothing
-/// reaches them.
+/// A split built and not yet published: both halves are written and
+/// recorded in the subtable's split line; the directory may name some of
+/// them already (a dead or stalled client's partial publication).
 struct Prepared {
     base: GlobalAddr,
     ld: u32,
     s: u64,
-    groups: u64,
     addrs: [GlobalAddr; 2],
-    published: Published,
-    /// Blocks that only the frozen subtable names once the halves are
-    /// published (duplicates, and originals of blocks copied to another
-    /// blade).
+    /// Blocks that only the frozen subtable names once the halves this
+    /// client recorded are published (duplicates, and originals of blocks
+    /// copied to another blade). Those of a half another client recorded
+    /// are that client's to retire.
     retired: Vec<Slot>,
-    /// Copies made on the halves' blades.
-    copies: Vec<(GlobalAddr, u64)>,
+}
+
+/// How a publication ended.
+enum Publication {
+    /// The directory names both halves; the array this client replaced by
+    /// doubling, if any (its to retire).
+    Done(Option<(GlobalAddr, u64)>),
+    /// Another publication's intent was set first (by a holder whose lease
+    /// ran out): that one is to be finished before this one.
+    Busy,
 }
 
 impl RaceHt {
@@ -105,6 +113,10 @@ impl RaceHt {
     /// Takes the lock at `word` if it is free (`expect` = 0) or still holds
     /// `expect` (a dead holder's word).
     pub(crate) async fn lock(&self, word: GlobalAddr, expect: u64) -> Result<Option<Lease>> {
+        if expect == layout::SPLIT_DONE || expect == layout::DROPPED_LOCK {
+            // Held for good.
+            return Ok(None);
+        }
         let tok = self.lock_token();
         Ok((self.ctx.cas(word, expect, tok).await? == expect).then_some(Lease { word, cur: tok }))
     }
@@ -164,6 +176,8 @@ impl RaceHt {
         let outcome = match work {
             Ok(()) => Ok(()),
             e @ Err(RaceError::LeaseLost(_) | RaceError::Dropped) => e,
+            // (A split concluded keeps its lock for good.)
+            e @ Err(_) if lease.cur == layout::SPLIT_DONE => e,
             Err(e) => self.unlock(lease).await.and(Err(e)),
         };
         if let Err(RaceError::LeaseLost(_)) = outcome {
@@ -313,45 +327,41 @@ impl RaceHt {
     /// [`RaceHt::split_subtable`]'s work.
     async fn split_timed(&mut self, base: GlobalAddr, lease: &mut Lease) -> Result<bool> {
         let Some(prep) = self.prepare(base, lease).await? else {
-            // Published whole already; a publisher that died before
-            // clearing its intent leaves it naming this subtable.
-            if self.intent_names(base).await? {
-                let dl = self.dir_lock(Some(lease)).await?;
-                let r = self.clear_intent_of(base).await;
-                r.and(self.unlock(dl).await)?;
-            }
-            return Ok(false);
+            // Published whole already (by a holder that died or stalled
+            // before concluding): its intent, if left, is cleared, and the
+            // split concluded here.
+            self.clear_intent_of(base).await?;
+            return self.conclude(base, lease, &[]).await;
         };
         let t0 = Instant::now();
-        let mut dl = match self.dir_lock(Some(lease)).await {
-            Ok(dl) => dl,
-            Err(e) => {
-                self.hand_back(&prep, &e);
-                return Err(e);
-            }
-        };
+        let mut dl = self.dir_lock(Some(lease)).await?;
         self.bump(|s| s.dir_wait_ns += t0.elapsed().as_nanos() as u64);
         let r = async {
-            // A publication a dead client left comes first: no subtable of
-            // its range may be split before it is whole.
-            self.finish_intent(base, &mut dl).await?;
-            // Still ours: nobody has taken this split over.
-            lease.renew(&self.ctx).await?;
-            self.publish(&prep, &mut dl).await
+            for _ in 0..STEAL_TRIES {
+                // A publication a dead client left comes first: no
+                // subtable of its range may be split before it is whole.
+                self.finish_intent(base, &mut dl).await?;
+                // Still ours: nobody has taken this split over.
+                lease.renew(&self.ctx).await?;
+                if let Publication::Done(old_dir) = self.publish(&prep, &mut dl).await? {
+                    return Ok(old_dir);
+                }
+            }
+            Err(RaceError::Corrupt(format!("the publication intent kept changing while {base} was published")))
         }
         .await;
         let old_dir = match r {
             Ok(old_dir) => old_dir,
-            Err(e) => {
-                // (With our split lock taken, the directory lock is still
-                // ours to release.)
-                self.hand_back(&prep, &e);
-                return self.unlock(dl).await.and(Err(e));
-            }
+            // (With our split lock taken, the directory lock is still ours
+            // to release; the halves stay recorded for the next splitter.)
+            Err(e) => return self.unlock(dl).await.and(Err(e)),
         };
         let released = self.unlock(dl).await;
-        self.retire_split(&prep, old_dir);
-        self.bump(|st| st.splits += 1);
+        if let Some((at, bytes)) = old_dir {
+            // Unreachable since our CAS of the dir word.
+            self.reclaim.retire(at, bytes);
+        }
+        let concluded = self.conclude(base, lease, &prep.retired).await?;
         if let Err(RaceError::LeaseLost(_)) = released {
             // Published; the directory lock was taken over meanwhile (a
             // stall longer than the lease): the taker finds nothing left.
@@ -360,6 +370,29 @@ impl RaceHt {
             released?;
         }
         self.reload_dir().await?;
+        Ok(concluded)
+    }
+
+    /// Concludes the published split of the subtable at `base` with its
+    /// split lock `lease`: sets that lock to [`layout::SPLIT_DONE`] by CAS;
+    /// only the client whose CAS lands counts the split (the table's split
+    /// counter, which tells caches the directory moved) and retires the
+    /// subtable and the blocks `retired` (so each is retired once, even
+    /// when a holder stalled past its lease and its taker both published).
+    /// Returns whether it concluded; a lease lost meanwhile is
+    /// [`RaceError::LeaseLost`].
+    async fn conclude(&self, base: GlobalAddr, lease: &mut Lease, retired: &[Slot]) -> Result<bool> {
+        let old = self.ctx.cas(lease.word, lease.cur, layout::SPLIT_DONE).await?;
+        if old != lease.cur {
+            return Err(RaceError::LeaseLost(old));
+        }
+        lease.cur = layout::SPLIT_DONE;
+        self.ctx.faa(self.table.add(layout::SPLITS_WORD), 1).await?;
+        for &sl in retired {
+            self.retire(sl);
+        }
+        self.reclaim.retire(base, layout::subtable_bytes(self.dir.borrow().groups));
+        self.bump(|st| st.splits += 1);
         Ok(true)
     }
 
@@ -367,7 +400,8 @@ impl RaceHt {
     /// publication intent names, unless it is `own` (the caller is
     /// redoing it). Its publisher died, failed, or stalled past its lease
     /// (it held the directory lock, which is now ours), so its split lock
-    /// is taken whatever it holds.
+    /// is taken whatever it holds (unless the split was concluded: then
+    /// only the intent is left to clear).
     pub(crate) async fn finish_intent(&mut self, own: GlobalAddr, dl: &mut Lease) -> Result<()> {
         let intent = self.ctx.read_u64(self.table.add(layout::INTENT_WORD)).await?;
         if intent == 0 {
@@ -381,6 +415,12 @@ impl RaceHt {
         let mut lease = None;
         for _ in 0..STEAL_TRIES {
             let w = self.ctx.read_u64(at).await?;
+            if w == layout::SPLIT_DONE {
+                // Concluded (its intent set late by a stalled holder, or
+                // left by one that died after concluding).
+                self.ctx.cas(self.table.add(layout::INTENT_WORD), intent, 0).await?;
+                return Ok(());
+            }
             if let Some(l) = self.lock(at, w).await? {
                 if w != 0 {
                     self.bump(|s| s.takeovers += 1);
@@ -394,43 +434,57 @@ impl RaceHt {
                 "the split lock of {t} kept changing while its publication was finished"
             )));
         };
-        let prep = self.prepare(t, &mut lease).await?;
-        let Some(prep) = prep else {
-            // Published whole already (it died before clearing the intent).
-            return self.clear_intent_of(t).await;
-        };
-        let old_dir = self.publish(&prep, dl).await?;
-        self.retire_split(&prep, old_dir);
-        self.bump(|s| s.recovered += 1);
+        let r = async {
+            let Some(prep) = self.prepare(t, &mut lease).await? else {
+                // Published whole already (it died before concluding).
+                self.clear_intent_of(t).await?;
+                return self.conclude(t, &mut lease, &[]).await;
+            };
+            match self.publish(&prep, dl).await? {
+                Publication::Done(old_dir) => {
+                    if let Some((at, bytes)) = old_dir {
+                        self.reclaim.retire(at, bytes);
+                    }
+                    self.conclude(t, &mut lease, &prep.retired).await
+                }
+                // The intent changed meanwhile: the caller looks again.
+                Publication::Busy => Ok(false),
+            }
+        }
+        .await;
+        match r {
+            Ok(true) => self.bump(|s| s.recovered += 1),
+            Ok(false) => self.unlock(lease).await?,
+            Err(RaceError::LeaseLost(_)) => self.bump(|s| s.lease_losses += 1),
+            Err(e) => {
+                if lease.cur != layout::SPLIT_DONE {
+                    self.unlock(lease).await?;
+                }
+                return Err(e);
+            }
+        }
         self.reload_dir().await
     }
 
-    /// Whether the publication intent names the subtable at `base`.
-    async fn intent_names(&self, base: GlobalAddr) -> Result<bool> {
-        let intent = self.ctx.read_u64(self.table.add(layout::INTENT_WORD)).await?;
-        Ok(intent != 0 && layout::unpack_entry(intent).1 == base)
-    }
-
-    /// Under the directory lock: clears an intent naming `base`, whose
-    /// publication is complete in the directory, and bumps the split
-    /// counter its publisher did not get to bump. That is the last step of
-    /// a dead publisher's split, so it counts as a split finished
-    /// (`recovered`).
+    /// Clears a publication intent naming `base`, whose publication is
+    /// complete in the directory (by CAS: an intent set since is kept).
     async fn clear_intent_of(&self, base: GlobalAddr) -> Result<()> {
-        if self.intent_names(base).await? {
-            self.ctx.write(self.table.add(layout::INTENT_WORD), &0u64.to_le_bytes()).await?;
-            self.ctx.faa(self.table.add(layout::SPLITS_WORD), 1).await?;
-            self.bump(|s| s.recovered += 1);
+        let at = self.table.add(layout::INTENT_WORD);
+        let intent = self.ctx.read_u64(at).await?;
+        if intent != 0 && layout::unpack_entry(intent).1 == base {
+            self.ctx.cas(at, intent, 0).await?;
         }
         Ok(())
     }
 
     /// Builds the split of the subtable at `base` (its split lock held):
     /// freezes it, reads the blocks its slots name, builds and writes the
-    /// halves not yet in the directory. Returns `None` if the directory no
-    /// longer names the subtable. Idempotent from any point a client can
-    /// die at: frozen slots never change, and no block a frozen slot names
-    /// is retired before the halves are published.
+    /// halves not yet recorded in its split line, and records them (by
+    /// CAS: a half another client recorded first is used instead, and ours
+    /// given back). Returns `None` if the directory no longer names the
+    /// subtable. Idempotent from any point a client can die at: frozen
+    /// slots never change, a recorded half is whole, and no block a frozen
+    /// slot names is retired before the split is concluded.
     async fn prepare(&mut self, base: GlobalAddr, lease: &mut Lease) -> Result<Option<Prepared>> {
         let ctx = self.ctx.clone();
         let header = ctx.read_u64(base).await?;
@@ -441,7 +495,7 @@ impl RaceHt {
         self.reload_dir().await?;
         // Whether the directory still names it, and which halves a dead
         // client had already put there.
-        let mut published: Published = [None, None];
+        let mut published: Halves = [None, None];
         let mut named = false;
         let mut other = None;
         {
@@ -476,6 +530,22 @@ impl RaceHt {
             return Ok(None);
         }
         let groups = self.dir.borrow().groups;
+        let record = layout::split_halves(base, groups);
+        let mut line = [0u8; 16];
+        ctx.read(record, &mut line).await?;
+        let mut done: Halves = [None, None];
+        for (h, d) in done.iter_mut().enumerate() {
+            let w = u64::from_le_bytes(line[8 * h..8 * h + 8].try_into().expect("8 bytes"));
+            let recorded = (w != 0).then(|| layout::unpack_entry(w).1);
+            *d = match (recorded, published[h]) {
+                (Some(r), Some(p)) if r != p => {
+                    return Err(RaceError::Corrupt(format!(
+                        "subtable {base}'s half {h} is recorded as {r} but published as {p}"
+                    )))
+                }
+                (r, p) => r.or(p),
+            };
+        }
         let img = self.freeze(base, groups, Some(lease)).await?;
         lease.renew(&ctx).await?;
 
@@ -484,8 +554,8 @@ impl RaceHt {
             slots_of(&img).map(|(off, sl)| (off, sl.thawed())).filter(|(_, sl)| !sl.is_empty()).collect();
         // Blocks of keys in a published half may have been replaced and
         // reused since (their home is live): those may not decode, and are
-        // skipped. Blocks of keys in unpublished halves are intact.
-        let tolerant = published.iter().any(Option::is_some);
+        // skipped. Blocks of keys in halves not yet recorded are intact.
+        let tolerant = done.iter().any(Option::is_some);
         let blocks = self.read_blocks(base.blade(), &occupied, tolerant).await?;
         lease.renew(&ctx).await?;
 
@@ -493,8 +563,8 @@ impl RaceHt {
         let suffixes = [s, s | 1 << ld];
         let mut halves = suffixes.map(|x| empty_subtable(groups, ld + 1, x));
         let mut addrs = [GlobalAddr::NULL; 2];
-        for ((a, x), done) in addrs.iter_mut().zip(suffixes).zip(published) {
-            *a = match done {
+        for ((a, x), d) in addrs.iter_mut().zip(suffixes).zip(done) {
+            *a = match d {
                 Some(at) => at,
                 None => {
                     self.reclaim.alloc(&ctx, blade_of(x, ctx.blades().len()), layout::subtable_bytes(groups)).await?
@@ -502,13 +572,14 @@ impl RaceHt {
             };
         }
         let mut kept: HashSet<&[u8]> = HashSet::new();
-        let (mut copies, mut retired) = (Vec::new(), Vec::new());
+        // Per half: blocks to retire once it is published, copies made.
+        let (mut copies, mut retired) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
         for (&(off, sl), blk) in occupied.iter().zip(&blocks) {
             let Some(blk) = blk else { continue };
             let (k, _) = layout::decode_block(blk).expect("read_blocks returns whole blocks");
             let h1 = layout::hashes(k).0;
             let half = ((h1 >> ld) & 1) as usize;
-            if published[half].is_some() {
+            if done[half].is_some() {
                 continue;
             }
             if layout::suffix(h1, ld) != s {
@@ -524,7 +595,7 @@ impl RaceHt {
             if !kept.insert(k) {
                 // A duplicate left by racing inserts: the lowest slot (seen
                 // first) survives.
-                retired.push(sl);
+                retired[half].push(sl);
                 continue;
             }
             let mut w = sl;
@@ -532,103 +603,125 @@ impl RaceHt {
                 // Blocks live on their subtable's blade (one batch reads a
                 // bucket's blocks): copy it over.
                 let at = self.reclaim.alloc(&ctx, addrs[half].blade(), blk.len() as u64).await?;
-                copies.push((at, &blk[..]));
+                copies[half].push((at, &blk[..]));
                 w = Slot::new(sl.fp(), (blk.len() / 64) as u64, at);
-                retired.push(sl);
+                retired[half].push(sl);
             }
             halves[half][off..off + 8].copy_from_slice(&w.0.to_le_bytes());
         }
-        ctx.write_many(&copies).await?;
-        for ((a, h), done) in addrs.iter().zip(&halves).zip(published) {
-            if done.is_none() {
-                ctx.write_all(*a, h).await?;
+        let all: Vec<(GlobalAddr, &[u8])> = copies.iter().flatten().copied().collect();
+        ctx.write_many(&all).await?;
+        let mut mine = Vec::new();
+        for h in 0..2 {
+            if done[h].is_some() {
+                continue;
+            }
+            ctx.write_all(addrs[h], &halves[h]).await?;
+            // Whole: recorded, unless another splitter recorded its own.
+            let w = layout::pack_entry(ld + 1, addrs[h]);
+            let old = ctx.cas(record.add(8 * h as u64), 0, w).await?;
+            if old == 0 {
+                mine.append(&mut retired[h]);
+            } else {
+                // Nobody can reach ours: given back.
+                self.reclaim.retire(addrs[h], layout::subtable_bytes(groups));
+                for &(at, blk) in &copies[h] {
+                    self.reclaim.retire(at, blk.len() as u64);
+                }
+                addrs[h] = layout::unpack_entry(old).1;
             }
         }
-        let copies = copies.iter().map(|(at, blk)| (*at, blk.len() as u64)).collect();
-        Ok(Some(Prepared { base, ld, s, groups, addrs, published, retired, copies }))
+        Ok(Some(Prepared { base, ld, s, addrs, retired: mine }))
     }
 
-    /// After a split stopped before publishing anything (`e`: its lease
-    /// lost, or the table dropped): hands back the halves it built and its
-    /// copies (nobody can reach them).
-    fn hand_back(&self, prep: &Prepared, e: &RaceError) {
-        if !matches!(e, RaceError::LeaseLost(_) | RaceError::Dropped) {
-            // Maybe partly published: kept (the next holder reuses them).
-            return;
-        }
-        for (a, done) in prep.addrs.iter().zip(prep.published) {
-            if done.is_none() {
-                self.reclaim.retire(*a, layout::subtable_bytes(prep.groups));
-            }
-        }
-        for &(at, len) in &prep.copies {
-            self.reclaim.retire(at, len);
-        }
-    }
-
-    /// Publishes a prepared split, with the directory lock `dl` held:
-    /// writes the intent, puts the halves in the directory (in place when
-    /// the subtable's depth is below the global depth, else a doubled
-    /// directory swapped in by one WRITE of the dir word), clears the
-    /// intent, bumps the split counter. Returns the replaced directory.
-    async fn publish(&mut self, prep: &Prepared, dl: &mut Lease) -> Result<Option<(GlobalAddr, u64)>> {
+    /// Publishes a prepared split, with the directory lock `dl` held. Every
+    /// change is a CAS from what it replaces, so a holder that stalled past
+    /// its lease (and whose split was finished by its taker) changes
+    /// nothing when it resumes: sets the intent; then, from the current
+    /// directory, either swaps in a doubled copy of the array (CAS of the
+    /// dir word read with the array) or moves each entry of the
+    /// subtable's range from it to its half (CAS) and bumps the dir word's
+    /// generation (CAS), doing both again if the word changed meanwhile;
+    /// clears the intent.
+    async fn publish(&mut self, prep: &Prepared, dl: &mut Lease) -> Result<Publication> {
         let ctx = self.ctx.clone();
-        let (ld, s, addrs) = (prep.ld, prep.s, prep.addrs);
-        // Under the directory lock nobody else changes the directory: this
-        // copy is current.
-        self.reload_dir().await?;
-        let (gd, array) = {
-            let d = self.dir.borrow();
-            (d.depth, d.array)
-        };
+        let (ld, s, addrs, base) = (prep.ld, prep.s, prep.addrs, prep.base);
         // The last renewal before the directory changes: a holder whose
         // lease ran out stops here (nothing of this split is reachable).
         dl.renew(&ctx).await?;
-        let intent = self.table.add(layout::INTENT_WORD);
-        ctx.write(intent, &layout::pack_entry(ld, prep.base).to_le_bytes()).await?;
-        let entry = |i: u64| layout::pack_entry(ld + 1, addrs[((i >> ld) & 1) as usize]).to_le_bytes();
-        let mut old_dir = None;
-        if ld == gd {
-            let n = 1u64 << gd;
-            let mut raw = Vec::with_capacity(16 * n as usize);
-            {
+        let intent_at = self.table.add(layout::INTENT_WORD);
+        let intent = layout::pack_entry(ld, base);
+        let old = ctx.cas(intent_at, 0, intent).await?;
+        if old != 0 && old != intent {
+            return Ok(Publication::Busy);
+        }
+        let from = intent;
+        let to = |i: u64| layout::pack_entry(ld + 1, addrs[((i >> ld) & 1) as usize]);
+        let dir_at = self.table.add(layout::DIR_WORD);
+        let (mut old_dir, mut whole) = (None, false);
+        for _ in 0..=layout::MAX_DEPTH + STEAL_TRIES as u32 {
+            self.reload_dir().await?;
+            let (gd, array, current) = {
                 let d = self.dir.borrow();
-                for i in 0..2 * n {
-                    if layout::suffix(i, ld) == s {
-                        raw.extend_from_slice(&entry(i));
-                    } else {
+                (d.depth, d.array, d.dir_word)
+            };
+            let generation = layout::unpack_dir(current).2 + 1;
+            if ld == gd {
+                let n = 1u64 << gd;
+                let mut raw = Vec::with_capacity(16 * n as usize);
+                {
+                    let d = self.dir.borrow();
+                    for i in 0..2 * n {
                         let (l, a) = d.entries[(i % n) as usize];
-                        raw.extend_from_slice(&layout::pack_entry(l, a).to_le_bytes());
+                        let e = layout::pack_entry(l, a);
+                        let e = if layout::suffix(i, ld) == s && e == from { to(i) } else { e };
+                        raw.extend_from_slice(&e.to_le_bytes());
                     }
                 }
+                let doubled = self.reclaim.alloc(&ctx, 0, 16 * n).await?;
+                ctx.write_all(doubled, &raw).await?;
+                // Fails if the array was replaced, or changed in place
+                // (its generation bumped), since we read it: then again.
+                if ctx.cas(dir_at, current, layout::pack_dir(gd + 1, doubled, generation)).await? != current {
+                    // Never reachable.
+                    self.reclaim.retire(doubled, 16 * n);
+                    continue;
+                }
+                old_dir = Some((array, 8 * n));
+                self.bump(|st| st.doublings += 1);
+                whole = true;
+                break;
             }
-            let doubled = self.reclaim.alloc(&ctx, 0, 16 * n).await?;
-            ctx.write_all(doubled, &raw).await?;
-            ctx.write(self.table.add(layout::DIR_WORD), &layout::pack_entry(gd + 1, doubled).to_le_bytes()).await?;
-            old_dir = Some((array, 8 * n));
-            self.bump(|st| st.doublings += 1);
-        } else {
-            let updates: Vec<(GlobalAddr, [u8; 8])> =
-                (s..1 << gd).step_by(1 << ld).map(|i| (array.add(8 * i), entry(i))).collect();
-            let updates: Vec<(GlobalAddr, &[u8])> = updates.iter().map(|(a, e)| (*a, &e[..])).collect();
-            ctx.write_many(&updates).await?;
+            let moves: Vec<(GlobalAddr, u64, u64)> =
+                (s..1 << gd).step_by(1 << ld).map(|i| (array.add(8 * i), from, to(i))).collect();
+            self.cas_all(&moves).await?;
+            // Done once the generation is bumped from the word we read:
+            // a doubling that copied the array before our moves then fails
+            // its swap. If the word changed meanwhile (the array replaced by
+            // a doubling that may lack our moves), the moves again.
+            if ctx.cas(dir_at, current, layout::pack_dir(gd, array, generation)).await? == current {
+                whole = true;
+                break;
+            }
         }
-        ctx.write(intent, &0u64.to_le_bytes()).await?;
-        ctx.faa(self.table.add(layout::SPLITS_WORD), 1).await?;
-        Ok(old_dir)
+        if !whole {
+            return Err(RaceError::Corrupt(format!("the directory kept changing while {base}'s split was published")));
+        }
+        ctx.cas(intent_at, intent, 0).await?;
+        Ok(Publication::Done(old_dir))
     }
 
-    /// After a publication: the blocks only the frozen subtable names, the
-    /// subtable itself and a replaced directory may be reused once no
-    /// operation can reach them.
-    fn retire_split(&self, prep: &Prepared, old_dir: Option<(GlobalAddr, u64)>) {
-        for &sl in &prep.retired {
-            self.retire(sl);
+    /// CAS `expect → new` at every address, in batches (a CAS that fails
+    /// leaves what another client put there).
+    async fn cas_all(&self, cases: &[(GlobalAddr, u64, u64)]) -> Result<()> {
+        for chunk in cases.chunks(MAX_BATCH) {
+            let mut b = self.ctx.batch();
+            for &(at, expect, new) in chunk {
+                b.cas(at, expect, new);
+            }
+            b.post().await?;
         }
-        self.reclaim.retire(prep.base, layout::subtable_bytes(prep.groups));
-        if let Some((at, bytes)) = old_dir {
-            self.reclaim.retire(at, bytes);
-        }
+        Ok(())
     }
 
     /// Freezes every slot of the subtable at `base` (CAS `w → w | 1`,

@@ -363,8 +363,8 @@ fn two_processes_growing_one_table_at_once_leave_it_whole() {
     eprintln!("splits by each process: {splits:?}");
 }
 
-/// A RACE table of the format before per-subtable split locks (its header
-/// magic) is listed as such, and checking or attaching it fails with a
+/// RACE tables of the two formats before this one (their header magics)
+/// are listed as such, and checking or attaching it fails with a
 /// message instead of reading it as the new layout.
 #[test]
 fn a_table_of_the_older_format_is_named_and_refused() {
@@ -376,16 +376,27 @@ fn a_table_of_the_older_format_is_named_and_refused() {
         let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
         let ctx = rt.ctx();
         rt.block_on(async move {
-            let head = ctx.alloc(0, 64, 64).await.unwrap();
-            let mut img = [0u8; 64];
-            img[..8].copy_from_slice(&race_ht::layout::OLD_MAGIC.to_le_bytes());
-            ctx.write(head, &img).await.unwrap();
-            ctx.set_root(0, "race-ht:old", head).await.unwrap();
+            for (name, magic) in [("old", race_ht::layout::OLD_MAGIC), ("older", race_ht::layout::OLDER_MAGIC)] {
+                let head = ctx.alloc(0, 64, 64).await.unwrap();
+                let mut img = [0u8; 64];
+                img[..8].copy_from_slice(&magic.to_le_bytes());
+                ctx.write(head, &img).await.unwrap();
+                ctx.set_root(0, &format!("race-ht:{name}"), head).await.unwrap();
+            }
         });
     }
     let list = run_json("old-list.json", &["table", "list", "--blades", b]);
     let old: Vec<&Value> = list["indexes"].as_array().unwrap().iter().filter(|i| i["kind"] == "race").collect();
-    assert!(old.len() == 1 && old[0]["detail"].as_str().unwrap().contains("older format"), "{list}");
-    fails(&["table", "check", "old", "--blades", b], "older race-ht format");
-    fails(&["ycsb", "--blades", b, "--table", "old", "--keys", "10", "--no-load", "--quiet"], "older race-ht format");
+    assert_eq!(old.len(), 2, "{list}");
+    for magic in ["RACEDIR3", "RACEDIR2"] {
+        let said = |i: &&Value| i["detail"].as_str().is_some_and(|d| d.contains("older format") && d.contains(magic));
+        assert!(old.iter().any(said), "{magic}: {list}");
+    }
+    for name in ["old", "older"] {
+        fails(&["table", "check", name, "--blades", b], "older race-ht format");
+        fails(
+            &["ycsb", "--blades", b, "--table", name, "--keys", "10", "--no-load", "--quiet"],
+            "older race-ht format",
+        );
+    }
 }

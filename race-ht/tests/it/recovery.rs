@@ -21,7 +21,7 @@ const LEASE: Duration = Duration::from_millis(30);
 /// table.
 async fn live_subtables(ctx: &smart_core::Ctx, table: smart_core::GlobalAddr) -> (u64, Vec<smart_core::GlobalAddr>) {
     let groups = ctx.read_u64(table.add(16)).await.unwrap();
-    let (depth, array) = layout::unpack_entry(ctx.read_u64(table.add(DIR_WORD)).await.unwrap());
+    let (depth, array, _) = layout::unpack_dir(ctx.read_u64(table.add(DIR_WORD)).await.unwrap());
     let mut raw = vec![0u8; 8 << depth];
     ctx.read_all(array, &mut raw).await.unwrap();
     let mut subtables: Vec<_> =
@@ -293,9 +293,11 @@ fn splits_of_different_subtables_proceed_in_parallel() {
     assert_eq!(checked, 4);
 }
 
-/// A table dropped while a client is in the middle of a split: the split
-/// stops when it comes to publish, and the client's insert fails with
-/// `Dropped` (it published nothing into the dropped table's memory).
+/// A table dropped while a client is in the middle of a split (its halves
+/// built and recorded): the drop gives the halves back with the table,
+/// the split stops when it comes to publish, and the client's insert
+/// fails with `Dropped` (it published nothing into the dropped table's
+/// memory).
 #[test]
 fn a_split_being_built_when_the_table_is_dropped_stops_with_dropped() {
     let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
@@ -312,22 +314,28 @@ fn a_split_being_built_when_the_table_is_dropped_stops_with_dropped() {
     };
     let a_run = smart_testkit::die::shared(body);
     let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
-    loop {
+    let live = loop {
         let done = a.block_on(Step { inner: a_run.clone(), budget: 1 });
         assert!(done.is_none(), "A finished without holding a split lock");
         let ctx = b.ctx();
+        // Held, with both halves built and recorded, not published.
         let held = b.block_on(async move {
-            let Some(table) = ctx.root(0, "race-ht:stress").await.unwrap() else { return false };
+            let Some(table) = ctx.root(0, "race-ht:stress").await.unwrap() else { return None };
             let lock = ctx.read_u64(table.add(layout::LOCK_WORD)).await.unwrap();
-            lock == 0 && held_split(&ctx, table).await.is_some()
+            let (at, _) = held_split(&ctx, table).await.filter(|_| lock == 0)?;
+            let (groups, live) = live_subtables(&ctx, table).await;
+            let halves = layout::split_halves(at, groups);
+            let recorded = [ctx.read_u64(halves).await.unwrap(), ctx.read_u64(halves.add(8)).await.unwrap()];
+            recorded.iter().all(|&w| w != 0).then_some(live.len())
         });
-        if held {
-            break;
+        if let Some(live) = held {
+            break live;
         }
-    }
+    };
     let ctx = b.ctx();
     let dropped = b.block_on(async move { RaceHt::drop_table(&ctx, "stress").await.unwrap() });
-    assert!(dropped.is_some_and(|d| d.subtables >= 1), "{dropped:?}");
+    // Every live subtable and both recorded halves are given back.
+    assert_eq!(dropped.map(|d| d.subtables), Some(live + 2), "{dropped:?}");
     let failed = a.block_on(Step { inner: a_run.clone(), budget: u32::MAX }).expect("A ends");
     let (k, e) = failed.expect("an insert fails once the table is dropped");
     assert!(matches!(e, race_ht::RaceError::Dropped), "key {k}: {e}");
@@ -403,4 +411,80 @@ fn a_lookup_stalled_past_the_reclaim_lease_starts_over_instead_of_reading_reused
     }
     eprintln!("{stalled_rounds} stalled lookups, {retried} started over");
     assert!(stalled_rounds >= 3 && retried >= stalled_rounds, "{stalled_rounds} stalled, {retried} started over");
+
+/// A holder stalled past its lease while it holds the directory lock, at
+/// each step of its publications in turn (also between its last renewal
+/// and its directory writes): B takes the locks over, finishes the split
+/// and inserts more keys into its halves; then A resumes. A's late writes
+/// change nothing: every key of both is found once, and the split is
+/// counted (and its subtable retired) once: live subtables = 1 + the
+/// table's split counter = 1 + the splits A and B counted.
+#[test]
+fn a_publisher_stalled_past_its_lease_changes_nothing_when_it_resumes() {
+    let mut stalls = 0;
+    for round in 0..40u64 {
+        let t = EmbeddedTransport::new(2, 32 << 20).unwrap();
+        let (mut a, a_run) = stepped_loader(&t, LEASE);
+        let mut b = Runtime::new(&t, 1, RuntimeConfig::default()).unwrap();
+        // Step A one poll at a time; stall it at the `round`-th poll it
+        // makes holding the directory lock.
+        let (mut seen, mut stats_a, mut stats_b) = (0, None, race_ht::ResizeStats::default());
+        loop {
+            if let Some(s) = a.block_on(Step { inner: a_run.clone(), budget: 1 }) {
+                stats_a = Some(s);
+                break;
+            }
+            let ctx = b.ctx();
+            let lock = b.block_on(async move {
+                let Some(table) = ctx.root(0, "race-ht:stress").await.unwrap() else { return 0 };
+                ctx.read_u64(table.add(race_ht::layout::LOCK_WORD)).await.unwrap()
+            });
+            if lock != 0 {
+                seen += 1;
+                if seen > round {
+                    let ctx = b.ctx();
+                    stats_b = b.block_on(async move {
+                        let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();
+                        ht.set_lease(LEASE);
+                        ht.repair().await.unwrap();
+                        for k in 1000..1100u64 {
+                            assert!(ht.insert(&k.to_le_bytes(), &value(k, 1)).await.unwrap(), "key {k}");
+                        }
+                        ht.resize_stats()
+                    });
+                    assert!(stats_b.takeovers >= 1, "round {round}: B took no lock over: {stats_b:?}");
+                    stalls += 1;
+                    break;
+                }
+            }
+        }
+        let stats_a =
+            stats_a.unwrap_or_else(|| a.block_on(Step { inner: a_run.clone(), budget: u32::MAX }).expect("A finishes"));
+        let ctx = b.ctx();
+        let (keys, words, subtables, more_b) = b.block_on(async move {
+            let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();
+            ht.set_lease(LEASE);
+            ht.repair().await.unwrap();
+            let c = ht.check().await.unwrap();
+            assert_eq!((c.duplicates, c.frozen_slots, c.misplaced, c.bad_headers), (0, 0, 0, 0), "{c:?}");
+            let keys = race_ht_scan(&ctx).await;
+            let table = ctx.root(0, "race-ht:stress").await.unwrap().unwrap();
+            let mut words = [0u64; 3];
+            for (w, off) in words.iter_mut().zip([layout::LOCK_WORD, layout::INTENT_WORD, layout::SPLITS_WORD]) {
+                *w = ctx.read_u64(table.add(off)).await.unwrap();
+            }
+            (keys, words, live_subtables(&ctx, table).await.1.len() as u64, ht.resize_stats())
+        });
+        let [lock, intent, counter] = words;
+        assert_eq!((lock, intent), (0, 0), "round {round}");
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), keys.len(), "round {round}: a key stored twice");
+        let want: Vec<u64> = (0..300).chain(if seen > round { 1000..1100 } else { 0..0 }).collect();
+        assert_eq!(sorted, want, "round {round}");
+        let counted = stats_a.splits + stats_b.splits + more_b.splits;
+        assert_eq!((subtables, counter), (1 + counter, counted), "round {round}: A {stats_a:?}, B {stats_b:?}");
+    }
+    assert!(stalls >= 30, "{stalls} stalls");
 }
