@@ -320,7 +320,7 @@ fn a_split_being_built_when_the_table_is_dropped_stops_with_dropped() {
         let ctx = b.ctx();
         // Held, with both halves built and recorded, not published.
         let held = b.block_on(async move {
-            let Some(table) = ctx.root(0, "race-ht:stress").await.unwrap() else { return None };
+            let table = ctx.root(0, "race-ht:stress").await.unwrap()?;
             let lock = ctx.read_u64(table.add(layout::LOCK_WORD)).await.unwrap();
             let (at, _) = held_split(&ctx, table).await.filter(|_| lock == 0)?;
             let (groups, live) = live_subtables(&ctx, table).await;
