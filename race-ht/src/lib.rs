@@ -40,13 +40,17 @@
 //!    its slot position, so nothing can overflow; duplicates of a key are
 //!    dropped here too; a block whose new subtable is on another blade is
 //!    copied there;
-//! 3. WRITE both, then publish them in the directory under the table's
-//!    *directory lock* (held for a few verbs): write a *publication
-//!    intent* (`S` and `L`) in the table header, then the entries, in
-//!    place when `L < GD`, or a doubled directory swapped in by one WRITE
-//!    of the dir word (depth and address in one 8-byte word) when `L = GD`;
-//!    clear the intent, bump the split counter, release the directory
-//!    lock. `S`'s split lock stays held: `S` is dead.
+//! 3. WRITE both and record them in `S`'s split line (a CAS each; a half
+//!    another client recorded first is used instead), then publish them
+//!    in the directory under the table's *directory lock* (held for a few
+//!    verbs), each change a CAS from what it replaces: set a *publication
+//!    intent* (`S` and `L`) in the table header, then move the entries
+//!    from `S` to its halves in place and bump the dir word's generation
+//!    when `L < GD`, or swap in a doubled directory by one CAS of the dir
+//!    word (depth, address and generation in one 8-byte word) when
+//!    `L = GD`; clear the intent, release the directory lock, and
+//!    *conclude*: CAS `S`'s split lock to `SPLIT_DONE`, then bump the split
+//!    counter and retire `S`, which is dead.
 //!
 //! The directory lock makes publications (and doublings, which copy every
 //! entry) serial; the work of a split (freezing, reading, rehashing,

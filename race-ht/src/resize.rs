@@ -166,8 +166,9 @@ impl RaceHt {
     }
 
     /// Ends a turn with a split lock whose work ended with `work`. After a
-    /// split (or when the subtable was found dead) the lock stays held: the
-    /// subtable is dead, and no client splits it again. After an error the
+    /// split (or when the subtable was found dead) the lock holds
+    /// [`layout::SPLIT_DONE`] for good: the subtable is dead, and no client
+    /// splits it again. After an error the
     /// lock is released, so that the next client redoes the split (every
     /// step is idempotent), and the error returned. A lease lost meanwhile
     /// (another client took the lock over, and finishes the split) is
@@ -313,10 +314,11 @@ impl RaceHt {
     }
 
     /// Splits the subtable at `base`, whose split lock `lease` holds:
-    /// builds the halves not yet published from its frozen image (see
-    /// [`RaceHt::prepare`]), then publishes them under the directory lock.
-    /// Returns `false`, having done nothing, if the directory no longer
-    /// names the subtable (it was split already).
+    /// builds the halves not yet recorded from its frozen image (see
+    /// [`RaceHt::prepare`]), publishes them under the directory lock, and
+    /// concludes the split. If the directory no longer names the subtable
+    /// (published by a client that died or stalled before concluding),
+    /// only concludes it. Returns whether this client concluded it.
     async fn split_subtable(&mut self, base: GlobalAddr, lease: &mut Lease) -> Result<bool> {
         let t0 = Instant::now();
         let r = self.split_timed(base, lease).await;
