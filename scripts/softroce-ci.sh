@@ -68,7 +68,9 @@ assert r["duplicates"] == 0, r
 print(f"softroce-ci: ycsb a over race-ht on rxe0: {r['ops']} ops verified, 0 violations, "
       f"{r['race']['subtables']} subtables after {r['race']['splits']} splits, "
       f"{r['zero_seconds']} of {len(r['timeline'])} seconds without an operation, "
-      f"{r['race']['lease_losses']} lease losses, {r['race']['takeovers']} takeovers")
+      f"{r['race']['lease_losses']} lease losses, {r['race']['takeovers']} takeovers, "
+      f"{r['race']['reclaim']['expired']} registry entries expired, {r['race']['reclaim']['lapses']} lapses, "
+      f"{r['race']['lapse_retries']} operations started over")
 r = record("btree")
 assert r["duplicates"] == 0 and r["sherman"]["keys"] >= 20000, r
 print(f"softroce-ci: ycsb e over sherman-bt on rxe0: {r['ops']} ops, scans verified, 0 violations, "

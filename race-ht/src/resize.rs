@@ -67,7 +67,10 @@ impl Lease {
         let beat_mask = (1u64 << layout::BEAT_BITS) - 1;
         let next = (self.cur & !beat_mask) | ((self.cur + 1) & beat_mask);
         let old = ctx.cas(self.word, self.cur, next).await?;
-        if old != self.cur {
+        // (`next` back: our CAS landed, and an RNIC that ran the retried
+        // atomic twice answered with the second run. The word holds our
+        // token, so nobody else wrote it.)
+        if old != self.cur && old != next {
             return Err(RaceError::LeaseLost(old));
         }
         self.cur = next;
@@ -622,7 +625,8 @@ impl RaceHt {
             // Whole: recorded, unless another splitter recorded its own.
             let w = layout::pack_entry(ld + 1, addrs[h]);
             let old = ctx.cas(record.add(8 * h as u64), 0, w).await?;
-            if old == 0 {
+            // (`w` names our fresh half: only our CAS can have put it there.)
+            if old == 0 || old == w {
                 mine.append(&mut retired[h]);
             } else {
                 // Nobody can reach ours: given back.
@@ -684,7 +688,10 @@ impl RaceHt {
                 ctx.write_all(doubled, &raw).await?;
                 // Fails if the array was replaced, or changed in place
                 // (its generation bumped), since we read it: then again.
-                if ctx.cas(dir_at, current, layout::pack_dir(gd + 1, doubled, generation)).await? != current {
+                let swapped = layout::pack_dir(gd + 1, doubled, generation);
+                let got = ctx.cas(dir_at, current, swapped).await?;
+                // (`swapped` names our fresh array: only our CAS put it there.)
+                if got != current && got != swapped {
                     // Never reachable.
                     self.reclaim.retire(doubled, 16 * n);
                     continue;
