@@ -411,6 +411,7 @@ fn a_lookup_stalled_past_the_reclaim_lease_starts_over_instead_of_reading_reused
     }
     eprintln!("{stalled_rounds} stalled lookups, {retried} started over");
     assert!(stalled_rounds >= 3 && retried >= stalled_rounds, "{stalled_rounds} stalled, {retried} started over");
+}
 
 /// A holder stalled past its lease while it holds the directory lock, at
 /// each step of its publications in turn (also between its last renewal
