@@ -86,9 +86,10 @@ fn a_dead_client_holds_reuse_back_only_for_its_lease() {
         }
         assert!(reused && a.stats().expired == 1, "{:?}", a.stats());
         assert!(t0.elapsed() >= Duration::from_millis(100), "reused before the lease ran out");
-        // The dead client, were it only stalled, finds itself taken over.
+        // The dead client, were it only stalled, finds itself taken over
+        // (a lapse; a second one if it was also silent for its own lease).
         dead.tick(&ctx).await.unwrap();
-        assert_eq!(dead.lapses(), 1);
+        assert!(dead.lapses() >= 1, "{:?}", dead.stats());
     });
 }
 
