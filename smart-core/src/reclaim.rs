@@ -292,6 +292,24 @@ fn live_min(
     min
 }
 
+/// The epoch a thread publishes: the oldest it has operations pinned in,
+/// or the one it last saw.
+fn published_epoch(pins: &Pins, seen: u64) -> u64 {
+    pins.oldest().map_or(seen, |o| o.min(seen))
+}
+
+/// The horizon: the smallest epoch published by any live client, this
+/// thread's (`mine`) included.
+fn horizon_of(other_min: Option<u64>, mine: u64) -> u64 {
+    other_min.map_or(mine, |m| m.min(mine))
+}
+
+/// Whether an object retired at epoch `retired` may be reused under
+/// `horizon` (the rule of the module docs: `retired + 2 ≤ horizon`).
+fn reusable(retired: u64, horizon: u64) -> bool {
+    retired.saturating_add(2) <= horizon
+}
+
 #[derive(Debug)]
 struct State {
     token: u64,
@@ -521,7 +539,7 @@ impl Reclaimer {
                     st.lapses += 1;
                 }
             }
-            let mine = st.pins.oldest().map_or(st.epoch, |o| o.min(st.epoch));
+            let mine = published_epoch(&st.pins, st.epoch);
             let own = st.entry.map(|(i, _)| i);
             let lease = st.lease_ns;
             let mut dead = Vec::new();
@@ -579,7 +597,7 @@ impl Reclaimer {
             }
             st.published_ns = Some(published);
         }
-        let horizon = other_min.map_or(mine, |m| m.min(mine));
+        let horizon = horizon_of(other_min, mine);
         if horizon >= e {
             // Everyone is in E: move it on.
             if ctx.cas(epochs.add(EPOCH_WORD), e, e + 1).await? == e {
@@ -819,7 +837,7 @@ impl Reclaimer {
             let mut bag = [0u8; BAG as usize];
             ctx.read(GlobalAddr::new(blade, off), &mut bag).await?;
             let (next, epoch, count) = (word(&bag, 0), word(&bag, 1), word(&bag, 2) as usize);
-            if epoch.saturating_add(2) > self.0.borrow().horizon {
+            if !reusable(epoch, self.0.borrow().horizon) {
                 return Ok(None);
             }
             if count > BAG_ENTRIES || next > OFFSET_MASK {
@@ -1031,7 +1049,7 @@ impl State {
         for (b, bl) in self.blades.iter_mut().enumerate() {
             let small = bl.small.iter_mut().enumerate().map(|(l, c)| (l as u64, c));
             for (lines, c) in small.chain(bl.big.iter_mut().map(|(&l, c)| (l, c))) {
-                while c.limbo.front().is_some_and(|(e, _)| e + 2 <= horizon) {
+                while c.limbo.front().is_some_and(|&(e, _)| reusable(e, horizon)) {
                     let (_, mut bag) = c.limbo.pop_front().expect("checked");
                     c.free.append(&mut bag);
                     c.spare.push(bag);
@@ -1094,5 +1112,92 @@ mod tests {
         let on = [(3 << 24, 0), (4 << 24 | 2, 21)];
         assert_eq!(live_min(&on, &mut seen, None, 100, 100, &mut dead), Some(21));
         assert_eq!(dead, vec![(0, 3 << 24)]);
+    }
+}
+
+/// The reclamation rule, model-checked: a reader and a reclaimer, each with
+/// its own local epoch and [`Pins`], share the global epoch and two
+/// registry entries (atomics standing for the words on blade 0). Each
+/// refresh does what [`Reclaimer::refresh`] does, with this module's own
+/// decision functions ([`published_epoch`], [`live_min`], [`horizon_of`],
+/// [`reusable`]): read
+/// the global epoch and the other's entry, publish the oldest pinned epoch
+/// (or the local one), advance the global epoch by CAS when the horizon
+/// reached it. Both refresh once first (a pin refreshes when due). The
+/// reader pins an operation, takes a reference if the
+/// object is still linked, may refresh while pinned (another coroutine's
+/// tick), and then uses the reference; the reclaimer unlinks the object in
+/// an operation, retires it at its local epoch, and refreshes until the
+/// object is reusable. In no interleaving is it reused while the reader
+/// still holds the reference.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use loom::sync::atomic::{AtomicBool, AtomicU64};
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::{horizon_of, live_min, published_epoch, reusable, Pins, Seen};
+    use crate::primitive::Ordering::SeqCst;
+
+    struct Blade {
+        epoch: AtomicU64,
+        published: [AtomicU64; 2],
+        linked: AtomicBool,
+        reused: AtomicBool,
+    }
+
+    /// One refresh of client `me`; returns the horizon it computed.
+    fn refresh(b: &Blade, me: usize, local: &mut u64, pins: &Pins) -> u64 {
+        let e = b.epoch.load(SeqCst);
+        let entries: Vec<(u64, u64)> = (0..2).map(|i| (1, b.published[i].load(SeqCst))).collect();
+        *local = (*local).max(e);
+        let mine = published_epoch(pins, *local);
+        b.published[me].store(mine, SeqCst);
+        let mut seen = vec![Seen::default(); 2];
+        let other = live_min(&entries, &mut seen, Some(me), 0, u64::MAX, &mut Vec::new());
+        let horizon = horizon_of(other, mine);
+        if horizon >= e {
+            let _ = b.epoch.compare_exchange(e, e + 1, SeqCst, SeqCst);
+        }
+        horizon
+    }
+
+    #[test]
+    fn loom_a_retired_object_is_never_reused_under_a_reference() {
+        loom::model(|| {
+            let b = Arc::new(Blade {
+                epoch: AtomicU64::new(1),
+                published: [AtomicU64::new(1), AtomicU64::new(1)],
+                linked: AtomicBool::new(true),
+                reused: AtomicBool::new(false),
+            });
+            let reader = {
+                let b = b.clone();
+                thread::spawn(move || {
+                    let (mut local, mut pins) = (1, Pins::default());
+                    refresh(&b, 0, &mut local, &pins);
+                    let e = pins.pin(local);
+                    if b.linked.load(SeqCst) {
+                        refresh(&b, 0, &mut local, &pins);
+                        assert!(!b.reused.load(SeqCst), "reused under a reference pinned at {e}");
+                    }
+                    pins.unpin(e);
+                    refresh(&b, 0, &mut local, &pins);
+                })
+            };
+            let (mut local, mut pins) = (1, Pins::default());
+            refresh(&b, 1, &mut local, &pins);
+            let e = pins.pin(local);
+            b.linked.store(false, SeqCst);
+            let retired = local;
+            pins.unpin(e);
+            for _ in 0..3 {
+                if reusable(retired, refresh(&b, 1, &mut local, &pins)) {
+                    b.reused.store(true, SeqCst);
+                    break;
+                }
+            }
+            reader.join().unwrap();
+        });
     }
 }
