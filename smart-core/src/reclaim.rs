@@ -1144,12 +1144,21 @@ mod loom_tests {
         published: [AtomicU64; 2],
         linked: AtomicBool,
         reused: AtomicBool,
+        registry_first: bool,
     }
 
-    /// One refresh of client `me`; returns the horizon it computed.
+    /// One refresh of client `me`; returns the horizon it computed. The
+    /// epoch area is one READ, whose words an RNIC may read in any order:
+    /// `b.registry_first` reads the entries before the global epoch.
     fn refresh(b: &Blade, me: usize, local: &mut u64, pins: &Pins) -> u64 {
-        let e = b.epoch.load(SeqCst);
-        let entries: Vec<(u64, u64)> = (0..2).map(|i| (1, b.published[i].load(SeqCst))).collect();
+        let read_entries = || -> Vec<(u64, u64)> { (0..2).map(|i| (1, b.published[i].load(SeqCst))).collect() };
+        let (entries, e) = if b.registry_first {
+            let entries = read_entries();
+            (entries, b.epoch.load(SeqCst))
+        } else {
+            let e = b.epoch.load(SeqCst);
+            (read_entries(), e)
+        };
         *local = (*local).max(e);
         let mine = published_epoch(pins, *local);
         b.published[me].store(mine, SeqCst);
@@ -1164,8 +1173,18 @@ mod loom_tests {
 
     #[test]
     fn loom_a_retired_object_is_never_reused_under_a_reference() {
-        loom::model(|| {
+        model(false);
+    }
+
+    #[test]
+    fn loom_a_retired_object_is_never_reused_under_a_reference_when_the_registry_is_read_first() {
+        model(true);
+    }
+
+    fn model(registry_first: bool) {
+        loom::model(move || {
             let b = Arc::new(Blade {
+                registry_first,
                 epoch: AtomicU64::new(1),
                 published: [AtomicU64::new(1), AtomicU64::new(1)],
                 linked: AtomicBool::new(true),
