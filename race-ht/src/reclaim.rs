@@ -79,20 +79,24 @@ impl RaceHt {
         Ok(self.reclaim.flush(&self.ctx).await?)
     }
 
-    /// The thread's lapse count, taken before an operation begins.
-    pub(crate) fn lapse_mark(&self) -> u64 {
-        self.reclaim.lapses()
-    }
-
-    /// Whether the thread lapsed since `mark` ([`Reclaimer::lapsed_since`]):
-    /// an operation that ran meanwhile may have read memory reused while
-    /// the thread was taken for dead, and starts over (counted).
-    pub(crate) async fn lapsed(&self, mark: u64) -> Result<bool> {
-        let lapsed = self.reclaim.lapsed_since(&self.ctx, mark).await?;
-        if lapsed {
+    /// Runs one try of an operation, `once`, again while its thread lapsed
+    /// during the try ([`Reclaimer::lapsed_since`]: it may have read memory
+    /// reused while the thread was taken for dead); counts each restart.
+    /// With `success_stands` (writes), a try that succeeded is kept
+    /// whatever happened: each change it made was a CAS from a word it read.
+    pub(crate) async fn unlapsed<T>(
+        &mut self,
+        success_stands: bool,
+        mut once: impl AsyncFnMut(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        loop {
+            let mark = self.reclaim.lapses();
+            let r = once(self).await;
+            if (success_stands && r.is_ok()) || !self.reclaim.lapsed_since(&self.ctx, mark).await? {
+                return r;
+            }
             self.bump(|s| s.lapse_retries += 1);
         }
-        Ok(lapsed)
     }
 
     /// What this thread's reclaimer did so far.

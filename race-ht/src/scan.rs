@@ -82,13 +82,7 @@ impl RaceHt {
     /// The check and every key stored (a key stored twice, twice).
     /// Started over if the thread lapsed meanwhile (see [`RaceHt::get`]).
     async fn scan_all(&mut self) -> Result<(TableCheck, Vec<Vec<u8>>)> {
-        loop {
-            let mark = self.lapse_mark();
-            let r = self.scan_once().await;
-            if !self.lapsed(mark).await? {
-                return r;
-            }
-        }
+        self.unlapsed(false, async |ht| ht.scan_once().await).await
     }
 
     async fn scan_once(&mut self) -> Result<(TableCheck, Vec<Vec<u8>>)> {

@@ -169,13 +169,7 @@ impl RaceHt {
     /// # Errors
     /// Verb errors; [`RaceError::Torn`] if a block never reads whole.
     pub async fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
-        loop {
-            let mark = self.lapse_mark();
-            let r = self.get_once(key, out).await;
-            if !self.lapsed(mark).await? {
-                return r;
-            }
-        }
+        self.unlapsed(false, async |ht| ht.get_once(key, out).await).await
     }
 
     async fn get_once(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {

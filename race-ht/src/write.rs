@@ -62,17 +62,14 @@ impl RaceHt {
             return Err(RaceError::TooLarge { key: key.len(), value: value.len(), max });
         }
         let mut landed = false;
-        loop {
-            let mark = self.lapse_mark();
-            let r = if landed {
-                self.recheck_duplicates(key).await.map(|()| true)
+        self.unlapsed(true, async |ht| {
+            if landed {
+                ht.recheck_duplicates(key).await.map(|()| true)
             } else {
-                self.put_once(key, value, mode, &mut landed).await
-            };
-            if r.is_ok() || !self.lapsed(mark).await? {
-                return r;
+                ht.put_once(key, value, mode, &mut landed).await
             }
-        }
+        })
+        .await
     }
 
     /// The duplicate check of an insert that landed, on its own.
@@ -195,13 +192,7 @@ impl RaceHt {
     /// A failure while the thread lapsed starts it over, as for
     /// [`RaceHt::insert`].
     pub async fn delete(&mut self, key: &[u8]) -> Result<bool> {
-        loop {
-            let mark = self.lapse_mark();
-            let r = self.delete_once(key).await;
-            if r.is_ok() || !self.lapsed(mark).await? {
-                return r;
-            }
-        }
+        self.unlapsed(true, async |ht| ht.delete_once(key).await).await
     }
 
     async fn delete_once(&mut self, key: &[u8]) -> Result<bool> {

@@ -564,23 +564,17 @@ impl Reclaimer {
                 };
                 // By CAS from the word this thread last wrote: an entry
                 // taken as dead since (and perhaps claimed by another
-                // client) is left alone. (A CAS that returns our own new
-                // word landed: an RNIC that executed a retried atomic
-                // twice answers with the second run.)
-                let at = epochs.add(EPOCH_HEADER + ENTRY * i as u64);
-                let sent = ctx.now_ns();
-                let got = ctx.cas(at, old, w).await?;
-                if got == old || got == w {
-                    self.0.borrow_mut().entry = Some((i, w));
-                    ctx.write(at.add(8), &mine.to_le_bytes()).await?;
-                    sent
-                } else {
-                    {
-                        let mut st = self.0.borrow_mut();
-                        st.entry = None;
-                        st.lapses += 1;
+                // client) is left alone.
+                match self.claim(ctx, epochs, i, old, w, mine).await? {
+                    Some(sent) => sent,
+                    None => {
+                        {
+                            let mut st = self.0.borrow_mut();
+                            st.entry = None;
+                            st.lapses += 1;
+                        }
+                        self.register(ctx, epochs, &entries, &dead, mine).await?
                     }
-                    self.register(ctx, epochs, &entries, &dead, mine).await?
                 }
             }
             None => self.register(ctx, epochs, &entries, &dead, mine).await?,
@@ -617,6 +611,31 @@ impl Reclaimer {
         Ok(())
     }
 
+    /// Takes registry entry `i` for this thread by CAS of its owner word
+    /// from `expect` to `w`, then publishes `mine` in it. Returns the clock
+    /// read before the CAS, or `None` if the entry holds another word. (A
+    /// CAS that returns `w` landed: an RNIC that ran a retried atomic
+    /// twice answers with the second run, and `w` is this thread's own.)
+    async fn claim(
+        &self,
+        ctx: &Ctx,
+        epochs: GlobalAddr,
+        i: usize,
+        expect: u64,
+        w: u64,
+        mine: u64,
+    ) -> Result<Option<u64>> {
+        let at = epochs.add(EPOCH_HEADER + ENTRY * i as u64);
+        let sent = ctx.now_ns();
+        let got = ctx.cas(at, expect, w).await?;
+        if got != expect && got != w {
+            return Ok(None);
+        }
+        self.0.borrow_mut().entry = Some((i, w));
+        ctx.write(at.add(8), &mine.to_le_bytes()).await?;
+        Ok(Some(sent))
+    }
+
     async fn register(
         &self,
         ctx: &Ctx,
@@ -631,12 +650,7 @@ impl Reclaimer {
         };
         let free = (0..REGISTRY).filter(|&i| entries[i].0 == 0 || dead.iter().any(|d| d.0 == i));
         for i in free {
-            let at = epochs.add(EPOCH_HEADER + ENTRY * i as u64);
-            let sent = ctx.now_ns();
-            let got = ctx.cas(at, 0, w).await?;
-            if got == 0 || got == w {
-                ctx.write(at.add(8), &mine.to_le_bytes()).await?;
-                self.0.borrow_mut().entry = Some((i, w));
+            if let Some(sent) = self.claim(ctx, epochs, i, 0, w, mine).await? {
                 return Ok(sent);
             }
         }

@@ -371,13 +371,22 @@ impl Region {
 mod tests {
     use super::*;
 
-    struct Reverse(usize);
-    impl LinePacer for Reverse {
+    /// Counts the pauses between lines; reads backwards if `reverse`.
+    struct Counting {
+        pauses: usize,
+        reverse: bool,
+    }
+    impl Counting {
+        fn new(reverse: bool) -> Counting {
+            Counting { pauses: 0, reverse }
+        }
+    }
+    impl LinePacer for Counting {
         fn between_lines(&mut self) {
-            self.0 += 1;
+            self.pauses += 1;
         }
         fn reverse_read(&mut self) -> bool {
-            true
+            self.reverse
         }
     }
 
@@ -390,28 +399,17 @@ mod tests {
         r.read(13, &mut fwd).unwrap();
         assert_eq!(fwd, src);
         let mut rev = vec![0; 300];
-        let mut p = Reverse(0);
+        let mut p = Counting::new(true);
         r.read_into(13, &mut rev, &mut p);
         assert_eq!(rev, src);
-        assert!(p.0 >= 4, "a 300-byte unaligned read spans at least 5 lines");
-    }
-
-    /// Forward, unpaced.
-    struct Paced(usize);
-    impl LinePacer for Paced {
-        fn between_lines(&mut self) {
-            self.0 += 1;
-        }
-        fn reverse_read(&mut self) -> bool {
-            false
-        }
+        assert!(p.pauses >= 4, "a 300-byte unaligned read spans at least 5 lines");
     }
 
     #[test]
     fn the_straight_word_loop_copies_what_the_paced_loop_copies() {
         // Every head (offset mod 8) and tail (length mod 8), across lines.
         let r = Region::anonymous(4096).unwrap();
-        r.write_from(0, &[0xEE; 4096], &mut Paced(0));
+        r.write_from(0, &[0xEE; 4096], &mut Counting::new(false));
         for off in 0..17u64 {
             for len in 0..150usize {
                 let src: Vec<u8> = (0..len).map(|i| (i as u64 * 31 + off * 7 + 1) as u8).collect();
@@ -420,7 +418,7 @@ mod tests {
                 r.read(off, &mut fast).unwrap();
                 assert_eq!(fast, src, "unpaced read at {off}, {len} bytes");
                 let mut paced = vec![0; len];
-                r.read_into(off, &mut paced, &mut Paced(0));
+                r.read_into(off, &mut paced, &mut Counting::new(false));
                 assert_eq!(paced, src, "paced read at {off}, {len} bytes");
                 // The bytes around the written span are untouched.
                 let mut around = [0u8; 1];
@@ -430,7 +428,7 @@ mod tests {
                 }
                 r.read(off + len as u64, &mut around).unwrap();
                 assert_eq!(around[0], 0xEE, "byte after {off}+{len}");
-                r.write_from(off, &vec![0xEE; len], &mut Paced(0));
+                r.write_from(off, &vec![0xEE; len], &mut Counting::new(false));
             }
         }
     }

@@ -149,13 +149,9 @@ fn a_client_stalled_past_its_lease_learns_it_lapsed_and_leaves_its_old_entry_alo
         assert!(!stalled.lapsed_since(&s_ctx, again).await.unwrap(), "registered again, it is live");
         // Silent for a lease with nobody watching: it cannot know whether
         // it was taken for dead, so that counts as a lapse too.
-        ctx_sleep(&s_ctx, lease + Duration::from_millis(20)).await;
+        s_ctx.sleep_ns((lease + Duration::from_millis(20)).as_nanos() as u64).await;
         assert!(stalled.lapsed_since(&s_ctx, again).await.unwrap(), "a silence of a lease is not a lapse");
     });
-}
-
-async fn ctx_sleep(ctx: &Ctx, d: Duration) {
-    ctx.sleep_ns(d.as_nanos() as u64).await;
 }
 
 #[test]
