@@ -4,11 +4,15 @@
 //! `poll` executes queued batches in order against the blade's region and
 //! produces their completions, the way an RNIC processes a send queue
 //! between doorbell and CQE. A QP of its own (not shared with other
-//! threads) outside chaos mode takes a shorter path: the batch executes at
-//! the doorbell, as an infinitely fast NIC would, and its completion waits
-//! for the next poll (one valid schedule; the order within the QP and the
-//! completion's timing relative to `poll` are the same). With no contention
-//! this path takes no lock, allocates nothing and makes no syscall.
+//! threads) outside chaos mode takes a shorter path: the doorbell stages
+//! the batch in the endpoint's own list (no lock, no send-queue copy) and
+//! hints the CPU to fetch the remote lines it touches; the next `poll`
+//! executes the staged batches in posting order. Like an RNIC working on
+//! several WRs at once, the memory latencies of the batches the thread's
+//! coroutines posted in one round then overlap instead of adding up (the
+//! blades of a large run live in DRAM, not in the caches). With no
+//! contention this path takes no lock, allocates nothing once warm and
+//! makes no syscall.
 //!
 //! QPs follow the transport's [`crate::smart::QpPlan`]: a QP of its
 //! own per blade, or a QP shared with other threads (`shared`,
@@ -145,7 +149,13 @@ impl Transport for EmbeddedTransport {
             cfg,
             rng: SmallRng::seed_from_u64(cfg.seed ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         });
-        Ok(Box::new(EmbeddedEndpoint { port, chaos, order: Vec::new(), done: Vec::with_capacity(local_bytes / 64) }))
+        Ok(Box::new(EmbeddedEndpoint {
+            port,
+            chaos,
+            order: Vec::new(),
+            staged: Vec::with_capacity(local_bytes / 64),
+            staged_wrs: Vec::with_capacity(local_bytes / 64),
+        }))
     }
 }
 
@@ -189,9 +199,12 @@ struct EmbeddedEndpoint {
     port: SoftPort<Qp>,
     chaos: Option<Chaos>,
     order: Vec<usize>,
-    /// Completions of batches executed at post, for the next poll, with
-    /// their QPs (a QP with one is busy for `reset_qp`).
-    done: Vec<(Completion, u16)>,
+    /// Batches posted to QPs of this thread's own, in posting order, for the
+    /// next poll to execute: (QP, wr_id, WR count); a QP with one is busy
+    /// for `reset_qp`.
+    staged: Vec<(u16, u64, u16)>,
+    /// Their WRs, in the same order.
+    staged_wrs: Vec<WorkRequest>,
 }
 
 impl Qp {
@@ -217,7 +230,17 @@ impl Qp {
         Some(Completion { wr_id, status })
     }
 
-    /// Executes a batch at once (the fast path of an unshared QP without
+    /// Hints the CPU to fetch the remote lines `wrs` will touch.
+    #[inline]
+    fn prefetch(&self, wrs: &[WorkRequest]) {
+        for wr in wrs {
+            if wr.rkey == self.info.rkey {
+                self.region.prefetch(wr.remote.offset(), u64::from(wr.len));
+            }
+        }
+    }
+
+    /// Executes a staged batch (the fast path of an unshared QP without
     /// chaos: nothing else can be queued on it).
     #[inline]
     fn run_now(&mut self, wr_id: u64, wrs: &[WorkRequest], local: &LocalMem) -> Completion {
@@ -341,12 +364,15 @@ impl Endpoint for EmbeddedEndpoint {
         validate_batch(&self.port.local, qp, wrs)?;
         if self.chaos.is_none() && self.port.qps[b].is_own() {
             // Nobody else posts to this QP and nothing is queued on it: the
-            // emulated NIC executes the batch right at the doorbell (one
-            // valid schedule of an RNIC) and the CQE waits for the next poll.
-            let SoftPort { local, qps, doorbells, bindings, .. } = &mut self.port;
-            let done =
-                doorbells[b].ring(bindings[b].doorbell_shared, true, || qps[b].with(|q| q.run_now(wr_id, wrs, local)));
-            self.done.push((done, qp));
+            // batch is staged for the next poll, and its remote lines are
+            // on their way meanwhile.
+            let SoftPort { qps, doorbells, bindings, .. } = &mut self.port;
+            let (staged, staged_wrs) = (&mut self.staged, &mut self.staged_wrs);
+            doorbells[b].ring(bindings[b].doorbell_shared, true, || {
+                qps[b].with(|q| q.prefetch(wrs));
+                staged_wrs.extend_from_slice(wrs);
+                staged.push((qp, wr_id, wrs.len() as u16));
+            });
             return Ok(());
         }
         let me = self.port.id;
@@ -356,9 +382,16 @@ impl Endpoint for EmbeddedEndpoint {
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
-        if !self.done.is_empty() {
-            out.extend(self.done.iter().map(|(c, _)| *c));
-            self.done.clear();
+        if !self.staged.is_empty() {
+            let SoftPort { local, qps, .. } = &mut self.port;
+            let mut first = 0;
+            for &(qp, wr_id, n) in &self.staged {
+                let wrs = &self.staged_wrs[first..first + n as usize];
+                first += n as usize;
+                out.push(qps[qp as usize].with(|q| q.run_now(wr_id, wrs, local)));
+            }
+            self.staged.clear();
+            self.staged_wrs.clear();
         }
         let n = self.port.qps.len();
         if let Some(chaos) = &mut self.chaos {
@@ -380,7 +413,7 @@ impl Endpoint for EmbeddedEndpoint {
 
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
         let q = self.port.qps.get_mut(qp as usize).ok_or(Error::NoSuchBlade(qp, self.port.bindings.len()))?;
-        let undelivered = self.done.iter().any(|(_, q)| *q == qp);
+        let undelivered = self.staged.iter().any(|&(q, ..)| q == qp);
         q.with(|q| {
             if !q.batches.is_empty() || undelivered {
                 return Err(Error::QpBusy(qp));

@@ -268,6 +268,66 @@ pub(crate) fn dropped_future_keeps_its_slot_until_completion_on(b: &Backend) {
 }
 
 #[test]
+fn batches_posted_before_a_poll_execute_in_posting_order() {
+    for b in backends::all(2) {
+        batches_posted_before_a_poll_execute_in_posting_order_on(&b);
+    }
+}
+
+/// The body of [`batches_posted_before_a_poll_execute_in_posting_order`] for one backend.
+///
+/// Five batches on one QP, posted back to back before any poll (the way a
+/// thread's coroutines post in one round): each sees the effect of the ones
+/// posted before it, their completions come back in posting order, and the
+/// QP is busy for a reset until all of them were polled.
+pub(crate) fn batches_posted_before_a_poll_execute_in_posting_order_on(b: &Backend) {
+    let name = b.name;
+    let info = b.transport.blades()[0];
+    let mut ep = b.transport.open_thread(0, ThreadSpec { local_bytes: 4096, max_wrs: 64 }).unwrap();
+    let at = 8192u64;
+    let wr = |op, local_off: u32, compare_add, swap| WorkRequest {
+        op,
+        local_off,
+        len: 8,
+        remote: GlobalAddr::new(0, at),
+        rkey: info.rkey,
+        compare_add,
+        swap,
+    };
+    // SAFETY: nothing is in flight on this endpoint yet.
+    unsafe { ep.local().bytes_mut(0, 8) }.copy_from_slice(&40u64.to_ne_bytes());
+    let batches = [
+        [wr(Opcode::Write, 0, 0, 0)], // x = 40
+        [wr(Opcode::Faa, 8, 2, 0)],   // old 40, x = 42
+        [wr(Opcode::Cas, 16, 42, 7)], // old 42, x = 7
+        [wr(Opcode::Cas, 24, 42, 9)], // old 7: fails
+        [wr(Opcode::Read, 32, 0, 0)], // 7
+    ];
+    for (i, batch) in batches.iter().enumerate() {
+        ep.post(0, i as u64, batch).unwrap();
+    }
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut polled_all = false;
+    while out.len() < batches.len() {
+        assert!(std::time::Instant::now() < deadline, "{name}: {} of 5 completions within 10 s", out.len());
+        assert!(matches!(ep.reset_qp(0), Err(Error::QpBusy(0))), "{name}: reset with unpolled batches");
+        if ep.poll(&mut out) == 0 {
+            ep.idle();
+        }
+        polled_all = out.len() == batches.len();
+    }
+    assert!(polled_all, "{name}: more completions than batches: {out:?}");
+    let ids: Vec<u64> = out.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [0, 1, 2, 3, 4], "{name}: completion order");
+    assert!(out.iter().all(|c| c.status.is_ok()), "{name}: {out:?}");
+    // SAFETY: every batch completed; nothing is in flight.
+    let word = |off: u32| u64::from_ne_bytes(unsafe { ep.local().bytes(off, 8) }.try_into().unwrap());
+    assert_eq!([word(8), word(16), word(24), word(32)], [40, 42, 7, 7], "{name}: results in posting order");
+    ep.reset_qp(0).unwrap();
+}
+
+#[test]
 fn teardown_with_wrs_in_flight_is_clean() {
     for b in backends::all(2) {
         teardown_with_wrs_in_flight_is_clean_on(b);

@@ -30,6 +30,7 @@ fn verbs_device_semantic_suite() {
     semantics::verbs_behave_like_rdma_on_every_backend_on(&device_backend(2));
     semantics::bad_batches_are_refused_before_posting_on(&device_backend(2));
     semantics::named_roots_have_one_winner_on(&device_backend(1));
+    semantics::batches_posted_before_a_poll_execute_in_posting_order_on(&device_backend(1));
 }
 
 #[test]
