@@ -233,6 +233,18 @@ impl Region {
             if self.check(off, len).is_err() || len == 0 {
                 return;
             }
+            if len <= CACHE_LINE as u64 {
+                // The usual small READ or atomic: its one or two lines.
+                for a in [off, off + len - 1] {
+                    // SAFETY: as below.
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                            self.base().wrapping_add(a as usize) as *const i8,
+                        )
+                    };
+                }
+                return;
+            }
             let first = off / CACHE_LINE as u64;
             let last = ((off + len - 1) / CACHE_LINE as u64).min(first + PREFETCH_LINES - 1);
             for line in first..=last {
