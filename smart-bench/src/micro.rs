@@ -204,6 +204,9 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                 return cas_increments(&w, counter, done).await;
             }
             let mut done = done;
+            // Each operation starts where the last one was recorded, unless
+            // the coroutine waited in between (one clock read per operation).
+            let mut t0 = w.now();
             while w.running() {
                 if let Some(ms) = m.phase_ms {
                     let now = start.elapsed().as_nanos() as u64;
@@ -211,11 +214,14 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                     if w.thread() >= active_threads(seed, now / phase_ns, threads) {
                         // Idle to the next phase (in steps, to notice the stop).
                         ctx.sleep_ns((phase_ns - now % phase_ns).min(5_000_000)).await;
+                        t0 = w.now();
                         continue;
                     }
                 }
-                w.idle().await;
-                let t0 = w.now();
+                if w.idles() {
+                    w.idle().await;
+                    t0 = w.now();
+                }
                 let mut b = ctx.batch();
                 // A batch is one doorbell to one QP, so all its WRs go to one
                 // blade; the blade is drawn per batch.
@@ -245,7 +251,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                 if m.contended && m.op == Opcode::Faa {
                     done.n += m.batch as u64;
                 }
-                w.record(t0, m.batch as u64);
+                t0 = w.lap(t0, m.batch as u64);
             }
             Ok(())
         }

@@ -324,9 +324,14 @@ async fn run_ops<I: KvIndex>(
     let mut latest = y.workload.reads_latest().then(|| y.chooser.theta().map(|t| Latest::new(y.keys, t)));
     let (mut known, mut since) = (frontier.get(), 0);
     let wrong = |found: bool, v: &[u8], k: u64| u64::from(y.verify && (!found || !holds_key(v, k)));
+    // Each operation starts where the last one was recorded, unless the
+    // coroutine idled in between (one clock read per operation).
+    let mut t = w.now();
     while w.running() {
-        w.idle().await;
-        let t = w.now();
+        if w.idles() {
+            w.idle().await;
+            t = w.now();
+        }
         let op = y.workload.next_op(&mut rng);
         since += 1;
         if since >= FRONTIER_EVERY {
@@ -369,7 +374,7 @@ async fn run_ops<I: KvIndex>(
                 }
             }
         }
-        w.record(t, 1);
+        t = w.lap(t, 1);
     }
     Ok(())
 }
