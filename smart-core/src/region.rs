@@ -233,25 +233,30 @@ impl Region {
             if self.check(off, len).is_err() || len == 0 {
                 return;
             }
+            let hint = |a: u64| {
+                // SAFETY: `a` lies inside the mapping (checked above); a
+                // prefetch reads nothing architecturally and never faults.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        self.base().wrapping_add(a as usize) as *const i8,
+                    )
+                }
+            };
             if len <= CACHE_LINE as u64 {
-                // The usual small READ or atomic: its one or two lines.
-                for a in [off, off + len - 1] {
-                    // SAFETY: as below.
-                    unsafe {
-                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                            self.base().wrapping_add(a as usize) as *const i8,
-                        )
-                    };
+                // The usual small READ or atomic: its line, and the next if
+                // it crosses into it (a second hint of a line being fetched
+                // waits for it).
+                hint(off);
+                let last = off + len - 1;
+                if last / CACHE_LINE as u64 != off / CACHE_LINE as u64 {
+                    hint(last);
                 }
                 return;
             }
             let first = off / CACHE_LINE as u64;
             let last = ((off + len - 1) / CACHE_LINE as u64).min(first + PREFETCH_LINES - 1);
             for line in first..=last {
-                let p = self.base().wrapping_add((line * CACHE_LINE as u64).max(off) as usize);
-                // SAFETY: `p` lies inside the mapping (checked above); a
-                // prefetch reads nothing architecturally and never faults.
-                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8) };
+                hint((line * CACHE_LINE as u64).max(off));
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
