@@ -319,6 +319,7 @@ fn serve_conn(
         };
         end += n;
         conn.out.clear();
+        prefetch_frames(conn.region, conn.rkey, &buf[start..end]);
         while end - start >= HEADER_LEN {
             let h = Header::get(&buf[start..]);
             if h.len as usize > MAX_FRAME {
@@ -348,6 +349,34 @@ fn serve_conn(
             // A large READ grew it: give the memory back.
             conn.out = Vec::with_capacity(64 << 10);
         }
+    }
+}
+
+/// Hints the CPU to fetch the remote lines of every WR in the complete
+/// frames at the front of `bytes`, before any of them runs: the batches that
+/// arrive in one read (a compute thread's round) then wait for memory
+/// together, as an RNIC works on many WRs at once, instead of one after
+/// another. Malformed frames are left to `Conn::frame` to refuse.
+fn prefetch_frames(region: &Region, rkey: u32, mut bytes: &[u8]) {
+    while bytes.len() >= HEADER_LEN {
+        let h = Header::get(bytes);
+        let total = HEADER_LEN + h.len as usize;
+        if h.len as usize > MAX_FRAME || bytes.len() < total {
+            return;
+        }
+        if h.kind == wire::KIND_BATCH {
+            let mut body = &bytes[HEADER_LEN..total];
+            for _ in 0..usize::from(h.count).min(wire::MAX_WRS) {
+                let Some(desc) = body.get(..WR_DESC_LEN) else { break };
+                let d = WrDesc::get(desc);
+                if d.rkey == rkey {
+                    region.prefetch(d.remote, u64::from(d.len));
+                }
+                let Some(rest) = body.get(WR_DESC_LEN + d.payload_len()..) else { break };
+                body = rest;
+            }
+        }
+        bytes = &bytes[total..];
     }
 }
 
@@ -493,5 +522,50 @@ impl Conn<'_> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn batch(count: u16, descs: &[WrDesc], tail: &[u8], declared: Option<u32>) -> Vec<u8> {
+        let mut body = Vec::new();
+        for d in descs {
+            d.put(&mut body);
+        }
+        body.extend_from_slice(tail);
+        let mut f = Vec::new();
+        let len = declared.unwrap_or(body.len() as u32);
+        Header { len, kind: wire::KIND_BATCH, count, wr_id: 1 }.put(&mut f);
+        f.extend_from_slice(&body);
+        f
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The hints run on bytes no check has seen yet: whatever a client
+        /// sends (junk, truncated frames, counts and lengths that lie, huge
+        /// offsets), they must neither panic nor touch memory.
+        #[test]
+        fn prefetching_any_bytes_is_harmless(
+            junk in proptest::collection::vec(any::<u8>(), 0..600),
+            count in 0u16..40,
+            remote in prop_oneof![Just(0u64), Just(4090), any::<u64>()],
+            len in prop_oneof![Just(8u32), Just(5000), any::<u32>()],
+            op in 0u8..6,
+            declared in proptest::option::of(any::<u32>()),
+            cut in 0usize..200,
+        ) {
+            let region = Region::anonymous(4096).unwrap();
+            prefetch_frames(&region, 7, &junk);
+            let d = WrDesc { op, rkey: 7, remote, len, compare_add: 0, swap: 0 };
+            let mut f = batch(count, &[d, d], &junk[..junk.len().min(64)], declared);
+            f.extend_from_slice(&junk);
+            prefetch_frames(&region, 7, &f);
+            prefetch_frames(&region, 7, &f[..f.len().saturating_sub(cut)]);
+        }
     }
 }
