@@ -31,6 +31,9 @@ pub(super) struct Inner {
     pub(super) stats: RefCell<VerbStats>,
     /// Per blade: the rest of the chunk this thread took from its heap.
     pub(super) chunks: RefCell<Vec<(u64, u64)>>,
+    /// Per blade: whole chunks that coroutines of this thread fetched while
+    /// another one's refill had already landed, for the next refills.
+    pub(super) spare_chunks: RefCell<Vec<Vec<(u64, u64)>>>,
     pub(super) thread: usize,
     pub(super) clock: quanta::Clock,
     pub(super) start: quanta::Instant,

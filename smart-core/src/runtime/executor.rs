@@ -123,6 +123,7 @@ impl Runtime {
             ep: RefCell::new(ep),
             local,
             chunks: RefCell::new(vec![(0, 0); blades.len()]),
+            spare_chunks: RefCell::new(vec![Vec::new(); blades.len()]),
             blades,
             cfg,
             slots: RefCell::new(slots),

@@ -46,24 +46,39 @@ impl Ctx {
                 }
             }
         }
+        let fits = |(cur, end): (u64, u64)| {
+            // (`at` cannot overflow: chunks end inside the blade.)
+            let at = cur.next_multiple_of(align);
+            (at + size <= end).then_some(at)
+        };
         loop {
             {
                 let mut chunks = self.0.chunks.borrow_mut();
-                let (cur, end) = &mut chunks[blade as usize];
-                let at = cur.next_multiple_of(align);
-                if at + size <= *end {
-                    // (`at` cannot overflow: chunks end inside the blade.)
-                    *cur = at + size;
+                let c = &mut chunks[blade as usize];
+                if let Some(at) = fits(*c) {
+                    c.0 = at + size;
                     return Ok(GlobalAddr::new(blade, at));
+                }
+                if let Some(spare) = self.0.spare_chunks.borrow_mut()[blade as usize].pop() {
+                    *c = spare;
+                    continue;
                 }
             }
             let off = self.faa(heap, chunk).await?;
             if off >= info.size {
                 return Err(oom());
             }
-            // Another coroutine of this thread may have refilled meanwhile;
-            // the newest chunk wins and the rest of the older one is left.
-            self.0.chunks.borrow_mut()[blade as usize] = (off, (off + chunk).min(info.size));
+            let fresh = (off, (off + chunk).min(info.size));
+            let mut chunks = self.0.chunks.borrow_mut();
+            if fits(chunks[blade as usize]).is_some() {
+                // Another coroutine of this thread refilled meanwhile (all
+                // of a round's coroutines can find the chunk used up at
+                // once): keep this chunk for a later refill instead of
+                // leaving it unused for good.
+                self.0.spare_chunks.borrow_mut()[blade as usize].push(fresh);
+            } else {
+                chunks[blade as usize] = fresh;
+            }
         }
     }
 
