@@ -95,19 +95,26 @@ pub(crate) fn bad_batches_are_refused_before_posting_on(b: &Backend) {
     });
 }
 
-/// Posts raw WRs to an endpoint and waits for the completion.
-fn post_wait(ep: &mut dyn Endpoint, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> Completion {
-    ep.post(qp, wr_id, wrs).unwrap();
+/// Polls `ep` until `n` completions came (10 s at most), calling `before`
+/// ahead of each poll; exactly `n` must come.
+fn poll_n(ep: &mut dyn Endpoint, n: usize, mut before: impl FnMut(&mut dyn Endpoint)) -> Vec<Completion> {
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while out.is_empty() {
-        assert!(std::time::Instant::now() < deadline, "no completion within 10 s");
+    while out.len() < n {
+        assert!(std::time::Instant::now() < deadline, "{} of {n} completions within 10 s", out.len());
+        before(&mut *ep);
         if ep.poll(&mut out) == 0 {
             ep.idle();
         }
     }
-    assert_eq!(out.len(), 1);
-    out[0]
+    assert_eq!(out.len(), n, "more completions than batches: {out:?}");
+    out
+}
+
+/// Posts raw WRs to an endpoint and waits for the completion.
+fn post_wait(ep: &mut dyn Endpoint, qp: u16, wr_id: u64, wrs: &[WorkRequest]) -> Completion {
+    ep.post(qp, wr_id, wrs).unwrap();
+    poll_n(ep, 1, |_| {})[0]
 }
 
 #[test]
@@ -306,18 +313,9 @@ pub(crate) fn batches_posted_before_a_poll_execute_in_posting_order_on(b: &Backe
     for (i, batch) in batches.iter().enumerate() {
         ep.post(0, i as u64, batch).unwrap();
     }
-    let mut out = Vec::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut polled_all = false;
-    while out.len() < batches.len() {
-        assert!(std::time::Instant::now() < deadline, "{name}: {} of 5 completions within 10 s", out.len());
+    let out = poll_n(&mut *ep, batches.len(), |ep| {
         assert!(matches!(ep.reset_qp(0), Err(Error::QpBusy(0))), "{name}: reset with unpolled batches");
-        if ep.poll(&mut out) == 0 {
-            ep.idle();
-        }
-        polled_all = out.len() == batches.len();
-    }
-    assert!(polled_all, "{name}: more completions than batches: {out:?}");
+    });
     let ids: Vec<u64> = out.iter().map(|c| c.wr_id).collect();
     assert_eq!(ids, [0, 1, 2, 3, 4], "{name}: completion order");
     assert!(out.iter().all(|c| c.status.is_ok()), "{name}: {out:?}");
