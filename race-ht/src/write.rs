@@ -86,7 +86,7 @@ impl RaceHt {
         let mut p = self.place(key);
         let (mut at, mut new) = self.new_block(key, value, p.fp, p.base.blade()).await?;
         let ctx = self.ctx.clone();
-        let mut op = ctx.op().await;
+        let mut op = ctx.op_on(p.h1).await;
         let mut block = std::mem::take(&mut self.block);
         let mut written = false;
         let mut wait = Wait::default();
@@ -199,7 +199,7 @@ impl RaceHt {
         let _pin = self.begin().await?;
         let mut p = self.place(key);
         let ctx = self.ctx.clone();
-        let mut op = ctx.op().await;
+        let mut op = ctx.op_on(p.h1).await;
         let mut wait = Wait::default();
         loop {
             let Some(snap) = self.read_buckets(&p, None).await? else {

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::ctx::Inner;
+use super::keygate::Entry;
 use super::timer::Sleep;
 use super::Ctx;
 use crate::smart::Backoff;
@@ -39,7 +40,65 @@ impl Ctx {
     /// ```
     pub async fn op(&self) -> OpGuard<'_> {
         EnterOp { inner: &self.0, ticket: None, entered: false }.await;
-        OpGuard { ctx: self, attempts: 0 }
+        OpGuard { ctx: self, attempts: 0, key: None, entered: true }
+    }
+
+    /// [`Ctx::op`] for an operation whose conflicts are on one key, named
+    /// by `key` (a hash of it: equal keys must give equal values; a rare
+    /// collision only makes two operations wait for each other). With
+    /// ConflictAvoid's key gate on, the thread's operations on the same key
+    /// first wait for each other, in arrival order, instead of colliding
+    /// (see the `keygate` module); then the operation enters as with
+    /// [`Ctx::op`]. The gate is held until the guard drops.
+    ///
+    /// A coroutine must not start an operation while it holds another
+    /// (that could wait for itself).
+    pub async fn op_on(&self, key: u64) -> OpGuard<'_> {
+        let gated = self.0.key_gates.is_some();
+        if gated {
+            EnterKey { inner: &self.0, key, id: None, entered: false }.await;
+        }
+        // From here the guard releases the gate, also if this coroutine is
+        // dropped while it waits for a permit.
+        let mut guard = OpGuard { ctx: self, attempts: 0, key: gated.then_some(key), entered: false };
+        EnterOp { inner: &self.0, ticket: None, entered: false }.await;
+        guard.entered = true;
+        guard
+    }
+}
+
+/// Waits for `key`'s gate (see the `keygate` module).
+struct EnterKey<'a> {
+    inner: &'a Inner,
+    key: u64,
+    id: Option<u64>,
+    entered: bool,
+}
+
+impl Future for EnterKey<'_> {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let gates = self.inner.key_gates.as_ref().expect("only awaited with the key gate on");
+        match gates.enter(self.key, self.id, cx.waker()) {
+            Entry::Entered => {
+                self.entered = true;
+                Poll::Ready(())
+            }
+            Entry::Waiting(id) => {
+                self.id = Some(id);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for EnterKey<'_> {
+    fn drop(&mut self) {
+        if let (Some(id), false) = (self.id, self.entered) {
+            if let Some(g) = &self.inner.key_gates {
+                g.abandon(self.key, id);
+            }
+        }
     }
 }
 
@@ -91,11 +150,15 @@ impl Drop for EnterOp<'_> {
 pub struct OpGuard<'a> {
     ctx: &'a Ctx,
     attempts: u32,
+    /// The key whose gate it holds.
+    key: Option<u64>,
+    /// Whether it holds an operation permit (it does once returned).
+    entered: bool,
 }
 
 impl fmt::Debug for OpGuard<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpGuard").field("attempts", &self.attempts).finish()
+        f.debug_struct("OpGuard").field("attempts", &self.attempts).field("key", &self.key).finish()
     }
 }
 
@@ -127,12 +190,17 @@ impl OpGuard<'_> {
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
         let inner = &*self.ctx.0;
-        if let Some(b) = inner.backoff.borrow_mut().as_mut() {
-            b.on_op();
+        if self.entered {
+            if let Some(b) = inner.backoff.borrow_mut().as_mut() {
+                b.on_op();
+            }
+            inner.stats.borrow_mut().ops_by_retries[crate::stats::retry_bucket(self.attempts)] += 1;
+            inner.in_op.set(inner.in_op.get() - 1);
+            // A permit freed: the waiter whose turn it is may enter.
+            inner.op_fifo.wake_turn();
         }
-        inner.stats.borrow_mut().ops_by_retries[crate::stats::retry_bucket(self.attempts)] += 1;
-        inner.in_op.set(inner.in_op.get() - 1);
-        // A permit freed: the waiter whose turn it is may enter.
-        inner.op_fifo.wake_turn();
+        if let (Some(key), Some(g)) = (self.key, &inner.key_gates) {
+            g.release(key);
+        }
     }
 }

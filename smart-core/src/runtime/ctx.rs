@@ -9,6 +9,7 @@ use std::task::{RawWakerVTable, Waker};
 
 use super::batch::{Batch, Staging};
 use super::config::{RuntimeConfig, SmartState, MAX_BATCH};
+use super::keygate::KeyGates;
 use super::slot::Slots;
 use super::timer::Timers;
 use super::waiting::Fifo;
@@ -46,6 +47,8 @@ pub(super) struct Inner {
     pub(super) backoff: RefCell<Option<Backoff>>,
     pub(super) in_op: Cell<usize>,
     pub(super) op_fifo: Fifo,
+    /// ConflictAvoid's key gate (`None` when ConflictAvoid or the gate is off).
+    pub(super) key_gates: Option<KeyGates>,
     pub(super) rng: Cell<u64>,
     /// Whether to time batches (for ConflictAvoid's C0), and the smoothed
     /// round trip in ns.

@@ -13,6 +13,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use super::batch::Staging;
 use super::config::{RuntimeConfig, EXPIRE_EVERY_NS, MAX_BATCH, TICK_NS};
 use super::ctx::Inner;
+use super::keygate::KeyGates;
 use super::ready::ReadySet;
 use super::slot::{Completed, Slots};
 use super::timer::Timers;
@@ -118,6 +119,7 @@ impl Runtime {
             None => (None, None),
         };
         let backoff = cfg.smart.conflict_avoid.map(|bc| Backoff::new(bc, cfg.coroutines, 0));
+        let key_gates = cfg.smart.conflict_avoid.filter(|bc| bc.key_gate).map(|_| KeyGates::default());
         let staging = (0..cfg.coroutines.min(MAX_TASKS)).map(|_| Staging::new()).collect();
         let inner = Inner {
             ep: RefCell::new(ep),
@@ -140,6 +142,7 @@ impl Runtime {
             backoff: RefCell::new(backoff),
             in_op: Cell::new(0),
             op_fifo: Fifo::default(),
+            key_gates,
             rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ (thread as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1),
             timers: Timers::with_capacity(64),
             polling: Cell::new((u32::MAX, std::ptr::null(), std::ptr::null())),

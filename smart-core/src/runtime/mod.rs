@@ -28,6 +28,7 @@
 //! | `waiting` | first-come-first-served admission (credits, operation permits) |
 //! | `timer` | sleeping coroutines |
 //! | `conflict` | ConflictAvoid's operation guard ([`OpGuard`]) |
+//! | `keygate` | ConflictAvoid's key gate: a thread's operations on one key, one at a time |
 //! | `ready` | the lock-free ready set wakers set (model-checked with loom) |
 
 mod batch;
@@ -36,6 +37,7 @@ mod conflict;
 mod ctx;
 mod executor;
 mod heap;
+mod keygate;
 mod ready;
 mod slot;
 mod timer;

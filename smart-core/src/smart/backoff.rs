@@ -68,6 +68,10 @@ pub struct BackoffConfig {
     pub hold: u32,
     /// Goodput difference that counts as clear (a fraction).
     pub margin: f64,
+    /// Whether a thread's operations on the same key (see
+    /// [`Ctx::op_on`](crate::Ctx::op_on)) run one at a time instead of
+    /// colliding (not in the paper; see the runtime's `keygate` module).
+    pub key_gate: bool,
 }
 
 impl Default for BackoffConfig {
@@ -84,15 +88,16 @@ impl Default for BackoffConfig {
             trial: 8,
             hold: 128,
             margin: 0.05,
+            key_gate: true,
         }
     }
 }
 
 impl BackoffConfig {
     /// The paper's controller: its retry band [0.1, 0.5] alone moves the
-    /// levels.
+    /// levels, and no key gate.
     pub fn paper() -> BackoffConfig {
-        BackoffConfig { goodput_guard: false, p_high: 0.5, p_low: 0.1, ..BackoffConfig::default() }
+        BackoffConfig { goodput_guard: false, p_high: 0.5, p_low: 0.1, key_gate: false, ..BackoffConfig::default() }
     }
 }
 
