@@ -6,7 +6,9 @@
 //! thread's controller moves along one scale of *levels*: levels
 //! 0..=`limit_shift` double the cap from C0 to C0 · 2^`limit_shift`; the
 //! levels above keep the cap there and halve `n_max`, the number of its
-//! coroutines allowed inside an operation at once, down to 1.
+//! coroutines allowed inside an operation at once, down to 1. By default a
+//! level without any wait comes first (`no_wait_level`; cap 0, the
+//! baseline's immediate retry), so the first wait is a trial too.
 //!
 //! As in the paper, the retry rate p = retries / operations over fixed
 //! windows (1 ms) triggers the moves: p > p_high calls for a level up,
@@ -63,11 +65,25 @@ pub struct BackoffConfig {
     pub goodput_guard: bool,
     /// Windows a level is measured before it is judged.
     pub trial: u32,
-    /// Windows to stay after a level up was undone, and between tries of a
-    /// level down while retries stay high.
+    /// Operations a measurement must also count (while it takes at most
+    /// `trial` × [`MAX_TRIAL_STRETCH`] windows): the count of n operations
+    /// varies by about 1/√n, so a slow thread (tens of operations per
+    /// window, as on TCP) needs more windows before `margin` means
+    /// anything (2 500 operations: ±2 %).
+    pub trial_ops: u64,
+    /// Windows to stay after a level up was undone (doubling, up to 8×,
+    /// while levels up keep losing), and between tries of a level down
+    /// while retries stay high.
     pub hold: u32,
     /// Goodput difference that counts as clear (a fraction).
     pub margin: f64,
+    /// Whether the scale starts with a level that does not wait at all (the
+    /// baseline's immediate retry), below the cap C0, so that backing off
+    /// at all must pay for itself in goodput. Off in the paper's controller,
+    /// which starts at C0. Over TCP, waits of up to C0 = 2 µs cost the
+    /// contended counter 12 % of its throughput: a retry that sleeps goes
+    /// out a round of the executor later.
+    pub no_wait_level: bool,
     /// Whether a thread's operations on the same key (see
     /// [`Ctx::op_on`](crate::Ctx::op_on)) run one at a time instead of
     /// colliding (not in the paper; see the runtime's `keygate` module).
@@ -86,8 +102,10 @@ impl Default for BackoffConfig {
             throttle_coroutines: true,
             goodput_guard: true,
             trial: 8,
+            trial_ops: 2_500,
             hold: 128,
             margin: 0.05,
+            no_wait_level: true,
             key_gate: true,
         }
     }
@@ -97,9 +115,20 @@ impl BackoffConfig {
     /// The paper's controller: its retry band [0.1, 0.5] alone moves the
     /// levels, and no key gate.
     pub fn paper() -> BackoffConfig {
-        BackoffConfig { goodput_guard: false, p_high: 0.5, p_low: 0.1, key_gate: false, ..BackoffConfig::default() }
+        BackoffConfig {
+            goodput_guard: false,
+            p_high: 0.5,
+            p_low: 0.1,
+            no_wait_level: false,
+            key_gate: false,
+            ..BackoffConfig::default()
+        }
     }
 }
+
+/// How many times `trial` windows a measurement may stretch to count
+/// `trial_ops` operations.
+pub const MAX_TRIAL_STRETCH: u32 = 32;
 
 /// A level being measured against the one it came from.
 #[derive(Clone, Copy, Debug)]
@@ -136,6 +165,15 @@ pub struct Backoff {
     /// Windows between probes of the level below: from `hold`, doubled
     /// (up to 8×) each time the probe loses.
     probe_every: u32,
+    /// Windows to hold after a lost level up: from `hold`, doubled (up to
+    /// 8×) each time a level up loses again, so that trials of a level that
+    /// keeps losing (a wait over TCP) cost little of the time.
+    hold_every: u32,
+    /// The best goodput measured at the levels this climb passed (since the
+    /// thread last moved down, or last probed the level below): a level up
+    /// is judged against it, not only against the level just below, so
+    /// losses within the margin cannot add up level after level.
+    climb_best: f64,
 }
 
 impl Backoff {
@@ -147,7 +185,7 @@ impl Backoff {
         let halvings = if cfg.throttle_coroutines { usize::BITS - (n - 1).leading_zeros() } else { 0 };
         Backoff {
             level: 0,
-            max_level: cfg.limit_shift + halvings,
+            max_level: u32::from(cfg.no_wait_level) + cfg.limit_shift + halvings,
             n_limit: n,
             window_start: now_ns,
             ops: 0,
@@ -158,17 +196,21 @@ impl Backoff {
             hold: 0,
             probe_in: cfg.hold,
             probe_every: cfg.hold,
+            hold_every: cfg.hold,
+            climb_best: 0.0,
             cfg,
         }
     }
 
-    fn cap_shift(&self) -> u32 {
-        self.level.min(self.cfg.limit_shift)
+    /// The level on the scale that starts at C0 (the paper's), or `None`
+    /// at the level without waits.
+    fn waiting_level(&self) -> Option<u32> {
+        self.level.checked_sub(u32::from(self.cfg.no_wait_level))
     }
 
-    /// The cap now.
+    /// The cap now (0 at the level without waits).
     pub fn cap_ns(&self) -> u64 {
-        self.cfg.base_ns << self.cap_shift()
+        self.waiting_level().map_or(0, |l| self.cfg.base_ns << l.min(self.cfg.limit_shift))
     }
 
     /// C0 now.
@@ -190,7 +232,7 @@ impl Backoff {
 
     /// Coroutines allowed inside an operation at once.
     pub fn n_max(&self) -> usize {
-        let halvings = self.level.saturating_sub(self.cfg.limit_shift);
+        let halvings = self.waiting_level().unwrap_or(0).saturating_sub(self.cfg.limit_shift);
         (self.n_limit >> halvings).max(1)
     }
 
@@ -243,6 +285,12 @@ impl Backoff {
         before != (self.cap_ns(), self.n_max())
     }
 
+    /// Whether `windows` windows with `ops` operations are a measurement.
+    fn measured(&self, windows: u32, ops: u64) -> bool {
+        windows >= self.cfg.trial
+            && (ops >= self.cfg.trial_ops || windows >= self.cfg.trial.saturating_mul(MAX_TRIAL_STRETCH))
+    }
+
     /// One window of the goodput-guarded controller.
     fn guarded(&mut self, ops: u64, p: f64) {
         self.hold = self.hold.saturating_sub(1);
@@ -250,15 +298,21 @@ impl Backoff {
         if let Some(mut t) = self.trial.take() {
             t.windows += 1;
             t.ops += ops;
-            if t.windows < self.cfg.trial {
+            if !self.measured(t.windows, t.ops) {
                 self.trial = Some(t);
                 return;
             }
             let now = t.ops as f64 / f64::from(t.windows);
             let keep = if t.down {
-                now > t.before * (1.0 + self.cfg.margin)
+                let keep = now > t.before * (1.0 + self.cfg.margin);
+                // A climb starts afresh from a level kept down; after a lost
+                // probe, from the two levels just measured (fresh figures,
+                // so a stale best cannot block climbing for good).
+                self.climb_best = if keep { 0.0 } else { now.max(t.before) };
+                keep
             } else {
-                now >= t.before * (1.0 - self.cfg.margin)
+                self.climb_best = self.climb_best.max(t.before);
+                now >= self.climb_best * (1.0 - self.cfg.margin)
             };
             if keep {
                 // The trial's measurement is the new level's baseline.
@@ -271,20 +325,25 @@ impl Backoff {
                 self.probe_every =
                     if keep { self.cfg.hold } else { (self.probe_every * 2).min(self.cfg.hold.saturating_mul(8)) };
                 self.probe_in = self.probe_every;
-            } else if !keep {
-                self.hold = self.cfg.hold;
+            } else if keep {
+                self.hold_every = self.cfg.hold;
+            } else {
+                self.hold = self.hold_every;
+                self.hold_every = (self.hold_every * 2).min(self.cfg.hold.saturating_mul(8));
             }
             return;
         }
         self.level_ops += ops;
         self.level_windows += 1;
-        let baseline = self.level_windows >= self.cfg.trial;
+        let baseline = self.measured(self.level_windows, self.level_ops);
         let rate = self.level_ops as f64 / f64::from(self.level_windows.max(1));
         if p < self.cfg.p_low {
             // Contention is gone: relax without a trial.
             if self.level > 0 {
                 self.enter(self.level - 1);
+                self.climb_best = 0.0;
             }
+            self.hold_every = self.cfg.hold;
             return;
         }
         if !baseline {
@@ -301,6 +360,21 @@ impl Backoff {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// The guarded controller as the models below need it: they count about
+    /// 100 operations per window, so 8 windows are a measurement.
+    fn model_cfg() -> BackoffConfig {
+        BackoffConfig { trial_ops: 800, ..BackoffConfig::default() }
+    }
+
+    /// The cap at rest: none with the level without waits, else C0.
+    fn rest(b: &Backoff) -> u64 {
+        if b.cfg.no_wait_level {
+            0
+        } else {
+            b.cfg.base_ns
+        }
+    }
 
     /// Runs `windows` windows, each with `ops` operations and `retries` retries.
     fn drive(b: &mut Backoff, now: &mut u64, windows: usize, ops: u64, retries: u64) {
@@ -332,27 +406,27 @@ mod tests {
     #[test]
     fn uniform_updates_keep_the_cap_at_the_base() {
         // p = 0.3 and 0.1: inside each controller's band.
-        for (cfg, mid) in [(BackoffConfig::paper(), 30), (BackoffConfig::default(), 10)] {
+        for (cfg, mid) in [(BackoffConfig::paper(), 30), (model_cfg(), 10)] {
             let mut b = Backoff::new(cfg, 16, 0);
             let mut now = 0;
             drive(&mut b, &mut now, 50, 1000, 20); // p = 0.02
-            assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 16));
+            assert_eq!((b.cap_ns(), b.n_max()), (rest(&b), 16));
             // Between the thresholds nothing moves, not even a probe (level 0).
             drive(&mut b, &mut now, 500, 100, mid);
-            assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 16));
+            assert_eq!((b.cap_ns(), b.n_max()), (rest(&b), 16));
         }
     }
 
     #[test]
     fn relaxes_on_time_alone_when_contention_stops() {
-        for cfg in [BackoffConfig::paper(), BackoffConfig::default()] {
+        for cfg in [BackoffConfig::paper(), model_cfg()] {
             let mut b = Backoff::new(cfg, 8, 0);
             let mut now = 0;
-            drive(&mut b, &mut now, 400, 100, 300);
+            drive(&mut b, &mut now, 600, 100, 300);
             assert_eq!((b.cap_ns(), b.n_max()), (b.limit_ns(), 1));
             // No operations and no retries at all: windows still pass, and it relaxes.
             drive(&mut b, &mut now, 40, 0, 0);
-            assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 8));
+            assert_eq!((b.cap_ns(), b.n_max()), (rest(&b), 8));
         }
     }
 
@@ -379,7 +453,7 @@ mod tests {
     #[test]
     fn backing_off_continues_while_it_raises_goodput() {
         // Embedded-like: every level up finishes more operations.
-        let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
+        let mut b = Backoff::new(model_cfg(), 16, 0);
         let mut now = 0;
         contend(&mut b, &mut now, 400, |l| 100.0 * 1.2f64.powi(l as i32));
         let levels = contend(&mut b, &mut now, 2000, |l| 100.0 * 1.2f64.powi(l as i32));
@@ -393,7 +467,7 @@ mod tests {
         let peak = 6;
         let model =
             |l: u32| if l <= peak { 100.0 + 10.0 * f64::from(l) } else { 160.0 * 0.8f64.powi((l - peak) as i32) };
-        let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
+        let mut b = Backoff::new(model_cfg(), 16, 0);
         let mut now = 0;
         let levels = contend(&mut b, &mut now, 3000, model);
         let late = &levels[1000..];
@@ -408,15 +482,61 @@ mod tests {
     }
 
     #[test]
-    fn the_controller_raises_n_max_back_when_backing_off_stops_helping() {
+    fn waiting_at_all_is_a_trial_and_a_losing_one_is_seldom_retried() {
+        // The contended counter over TCP: retries stay high, but any wait
+        // costs 12 % (a retry that sleeps goes out a round later).
+        let model = |l: u32| if l == 0 { 100.0 } else { 88.0 };
+        let mut b = Backoff::new(model_cfg(), 16, 0);
+        let mut now = 0;
+        let levels = contend(&mut b, &mut now, 12_000, model);
+        let late = &levels[2000..];
+        let without = late.iter().filter(|&&l| l == 0).count() as f64 / late.len() as f64;
+        assert!(without > 0.98, "without waits {:.1} % of the time", without * 100.0);
+        assert_eq!((b.cap_ns(), b.n_max()), (0, 16));
+    }
+
+    #[test]
+    fn a_measurement_counts_enough_operations_or_stretches_to_its_bound() {
+        // 28 operations per window (a TCP thread): the level-0 baseline needs
+        // ⌈2500 / 28⌉ = 90 windows before a level up is tried.
         let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
+        let mut now = 0;
+        drive(&mut b, &mut now, 89, 28, 84);
+        assert_eq!(b.level, 0, "judged on too few operations");
+        drive(&mut b, &mut now, 1, 28, 84);
+        assert_eq!(b.level, 1, "the level up is on trial");
+        // 1 operation per window: the measurement ends at its bound.
+        let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
+        drive(&mut b, &mut now, 8 * MAX_TRIAL_STRETCH as usize - 1, 1, 3);
+        assert_eq!(b.level, 0);
+        drive(&mut b, &mut now, 1, 1, 3);
+        assert_eq!(b.level, 1);
+    }
+
+    #[test]
+    fn small_losses_per_level_do_not_add_up() {
+        // Each level up costs 4 %: within the margin of the level below, but
+        // two of them are not within the margin of the start.
+        let model = |l: u32| 1000.0 * 0.96f64.powi(l as i32);
+        let mut b = Backoff::new(BackoffConfig::default(), 16, 0);
+        let mut now = 0;
+        let levels = contend(&mut b, &mut now, 4000, model);
+        let late = &levels[1000..];
+        assert!(late.iter().all(|&l| l <= 2), "climbed to {}", late.iter().max().unwrap());
+        let mean = late.iter().map(|&l| model(l)).sum::<f64>() / late.len() as f64;
+        assert!(mean >= 0.95 * model(0), "goodput {:.1} % of the start", mean / model(0) * 100.0);
+    }
+
+    #[test]
+    fn the_controller_raises_n_max_back_when_backing_off_stops_helping() {
+        let mut b = Backoff::new(model_cfg(), 16, 0);
         let mut now = 0;
         contend(&mut b, &mut now, 200, |l| 100.0 * 1.2f64.powi(l as i32));
         assert_eq!(b.n_max(), 1);
         // Retries stay high, but now every level up costs 20 %: probes of the
         // level below win, one level at a time, back to the bottom.
         let levels = contend(&mut b, &mut now, 6000, |l| 1000.0 * 0.8f64.powi(l as i32));
-        assert_eq!((b.cap_ns(), b.n_max()), (b.cfg.base_ns, 16), "recovered");
+        assert_eq!((b.cap_ns(), b.n_max()), (rest(&b), 16), "recovered");
         let late = &levels[4000..];
         assert!(late.iter().filter(|&&l| l == 0).count() * 10 > late.len() * 9, "stays recovered");
     }
@@ -425,7 +545,7 @@ mod tests {
     fn waits_grow_exponentially_and_are_truncated_by_the_cap() {
         let cfg = BackoffConfig { calibrate_base: true, ..BackoffConfig::default() };
         let mut b = Backoff::new(cfg, 1, 0);
-        b.level = 4;
+        b.level = 5; // C0 · 2^4, above the level without waits
         assert_eq!(b.on_retry(1), 2 * cfg.base_ns);
         assert_eq!(b.on_retry(3), 8 * cfg.base_ns);
         assert_eq!(b.on_retry(9), 16 * cfg.base_ns);

@@ -179,7 +179,7 @@ fn credit_waiters_whose_turn_comes_post_in_the_same_round() {
 #[test]
 fn backoff_waits_yield_to_other_coroutines() {
     let b = backends::embedded(1);
-    let long = BackoffConfig { base_ns: 20_000_000, limit_shift: 0, ..BackoffConfig::default() };
+    let long = BackoffConfig { base_ns: 20_000_000, limit_shift: 0, no_wait_level: false, ..BackoffConfig::default() };
     let cfg = RuntimeConfig {
         smart: SmartConfig { conflict_avoid: Some(long), ..SmartConfig::default() },
         ..RuntimeConfig::default()
