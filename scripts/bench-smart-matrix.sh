@@ -9,6 +9,10 @@
 #
 #   scripts/bench-smart-matrix.sh [ROUNDS] [SECONDS] [BACKENDS]
 #
+# Each round also runs none a second time (none-again): a cell is relative to
+# the mean of the round's two none runs, and a column shows their ratio, the
+# noise of that row on this machine.
+#
 # ROUNDS (default 3), SECONDS per run (default 2), BACKENDS (default
 # "embedded tcp"). Records go to $OUT (default results/smart-matrix), one
 # JSON file per run; the table is printed and written to $OUT/matrix.md.
@@ -21,7 +25,9 @@ out=${OUT:-results/smart-matrix}
 . scripts/lib.sh
 prepare "$out"
 rm -f "$out"/*.json
-settings=(none thd-res-alloc work-req-throt conflict-avoid spec-lookup all)
+# none-again runs none a second time: the baseline is the mean of the two
+# none runs of a round, and their ratio shows the machine's noise per row.
+settings=(none thd-res-alloc work-req-throt conflict-avoid spec-lookup all none-again)
 # name | subcommand and its arguments
 workloads=(
   "read|micro --op read --size 8 --threads 2 --coroutines 32"
@@ -58,7 +64,7 @@ for r in $(seq "$rounds"); do
         # A new table per YCSB run on the shared blade.
         table=()
         [ "${cmd[0]}" = ycsb ] && table=(--table "m$n")
-        "$bin/compute-blade" "${cmd[@]}" "${extra[@]}" "${table[@]}" --smart "$s" --duration "$secs" --warmup 0.5 \
+        "$bin/compute-blade" "${cmd[@]}" "${extra[@]}" "${table[@]}" --smart "${s%-again}" --duration "$secs" --warmup 0.5 \
           --quiet --json "$out/$backend-$name-$s-$r.json" >/dev/null
       done
       stop_blade
@@ -73,24 +79,32 @@ def med(backend, name, s, key):
     return statistics.median(vals)
 def rec(backend, name, s, r):
     return json.load(open(os.path.join(d, f"{backend}-{name}-{s}-{r}.json")))
+def mops(backend, name, s, r):
+    return rec(backend, name, s, r)["throughput_mops"]
 def paired(backend, name, s):
-    # Each round's run against the none run of the same round (they ran back
-    # to back), then the median over rounds: slow drifts of a noisy machine cancel.
-    return statistics.median(rec(backend, name, s, r)["throughput_mops"] / rec(backend, name, "none", r)["throughput_mops"]
+    # Each round's run against the mean of the two none runs of the same
+    # round (all ran back to back), then the median over rounds: slow drifts
+    # of a noisy machine cancel.
+    return statistics.median(mops(backend, name, s, r) / ((mops(backend, name, "none", r) + mops(backend, name, "none-again", r)) / 2)
                              for r in range(1, rounds + 1))
+def noise(backend, name):
+    return statistics.median(mops(backend, name, "none-again", r) / mops(backend, name, "none", r) for r in range(1, rounds + 1))
+techniques = [s for s in settings if s not in ("none", "none-again")]
 worst = []
 for b in backends:
-    print(f"\n**{b}** (throughput relative to none: median over {rounds} rounds of the ratio within a round; "
+    print(f"\n**{b}** (throughput relative to none: median over {rounds} rounds of the ratio, within a round, to the "
+          f"mean of that round's two none runs; the last column is the second none run over the first, the noise; "
           f"median Mop/s and retries/op of none and all)\n")
-    print("| workload | none Mop/s | " + " | ".join(settings[1:]) + " | retries/op none → all |")
-    print("|---|---|" + "---|" * (len(settings) - 1) + "---|")
+    print("| workload | none Mop/s | " + " | ".join(techniques) + " | none again ÷ none | retries/op none → all |")
+    print("|---|---|" + "---|" * len(techniques) + "---|---|")
     for name in names:
         base = med(b, name, "none", "throughput_mops")
         cells = []
-        for s in settings[1:]:
+        for s in techniques:
             ratio = paired(b, name, s)
             worst.append((ratio, b, name, s))
             cells.append(f"{ratio:.2f}×")
+        cells.append(f"{noise(b, name):.2f}×")
         rn, ra = med(b, name, "none", "retries_per_op"), med(b, name, "all", "retries_per_op")
         fewer = f" ({rn / ra:.0f}× fewer)" if ra > 0 and rn > 0 else ""
         print(f"| {name} | {base:.3f} | " + " | ".join(cells) + f" | {rn:.3f} → {ra:.3f}{fewer} |")

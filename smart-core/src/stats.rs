@@ -27,6 +27,9 @@ pub struct VerbStats {
     pub retries: u64,
     /// Nanoseconds of backoff drawn for those retries.
     pub backoff_ns: u64,
+    /// Operations that waited at ConflictAvoid's key gate for another of
+    /// the thread's operations on the same key.
+    pub key_waits: u64,
     /// Operations (ended [`OpGuard`](crate::runtime::OpGuard)s) by their
     /// retries: 0, 1, 2, 3–4, 5–8, 9–16, 17–32, more (the distribution
     /// behind `retries`).
@@ -60,6 +63,7 @@ impl VerbStats {
         self.error_completions += o.error_completions;
         self.retries += o.retries;
         self.backoff_ns += o.backoff_ns;
+        self.key_waits += o.key_waits;
         for (a, b) in self.ops_by_retries.iter_mut().zip(o.ops_by_retries) {
             *a += b;
         }
@@ -79,6 +83,7 @@ impl VerbStats {
             error_completions: self.error_completions - earlier.error_completions,
             retries: self.retries - earlier.retries,
             backoff_ns: self.backoff_ns - earlier.backoff_ns,
+            key_waits: self.key_waits - earlier.key_waits,
             ops_by_retries: std::array::from_fn(|i| self.ops_by_retries[i] - earlier.ops_by_retries[i]),
         }
     }

@@ -85,6 +85,9 @@ impl Future for EnterKey<'_> {
                 Poll::Ready(())
             }
             Entry::Waiting(id) => {
+                if self.id.is_none() {
+                    self.inner.stats.borrow_mut().key_waits += 1;
+                }
                 self.id = Some(id);
                 Poll::Pending
             }

@@ -216,7 +216,7 @@ fn backoff_waits_yield_to_other_coroutines() {
 /// default), siblings on one counter wait for each other, so no CAS fails;
 /// with the paper's controller (no gate) they collide. Either way the
 /// counters are exact.
-fn key_gated_increments(cfg: BackoffConfig) -> (u64, u64, [u64; 4]) {
+fn key_gated_increments(cfg: BackoffConfig) -> (u64, u64, u64, [u64; 4]) {
     let b = backends::embedded(1);
     let rcfg = RuntimeConfig {
         smart: SmartConfig { conflict_avoid: Some(cfg), ..SmartConfig::default() },
@@ -263,20 +263,23 @@ fn key_gated_increments(cfg: BackoffConfig) -> (u64, u64, [u64; 4]) {
         }
         v
     });
-    (rt.ctx().stats().retries, u64::from(inside.get().1), counters)
+    let stats = rt.ctx().stats();
+    (stats.retries, stats.key_waits, u64::from(inside.get().1), counters)
 }
 
 #[test]
 fn the_key_gate_runs_a_threads_operations_on_one_key_one_at_a_time() {
-    let (retries, most, counters) = key_gated_increments(BackoffConfig::default());
+    let (retries, waits, most, counters) = key_gated_increments(BackoffConfig::default());
     assert_eq!(counters, [400; 4]);
     assert_eq!(most, 1, "two coroutines inside an operation on one key");
     assert_eq!(retries, 0, "siblings on one key collided");
+    assert!(waits > 0, "no operation waited at the gate");
     // The paper's controller has no gate: the same run collides, which is
     // what the gate removes (and shows this test can fail).
-    let (retries, most, counters) = key_gated_increments(BackoffConfig::paper());
+    let (retries, waits, most, counters) = key_gated_increments(BackoffConfig::paper());
     assert_eq!(counters, [400; 4]);
     assert!(most > 1 && retries > 0, "without the gate: {most} inside at once, {retries} retries");
+    assert_eq!(waits, 0);
 }
 
 #[test]
