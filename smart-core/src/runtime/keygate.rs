@@ -23,7 +23,8 @@
 //! waiter on release (no barging), and a waiter that is dropped before it
 //! entered gives up its place, or passes the gate on if it had been handed
 //! it. Gates are looked up by a linear scan: there are at most as many as
-//! the thread's coroutines inside operations.
+//! the thread's coroutines inside operations. They live in the thread's
+//! own memory, so a client that dies leaves nothing of them on the blades.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
