@@ -55,13 +55,11 @@ done
 python3 - "$out/rounds.txt" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-for area in ("64KiB", "16MiB"):
-    a = statistics.median(float(r[1]) for r in rows if r[0] == area)
-    b = statistics.median(float(r[2]) for r in rows if r[0] == area)
+medians = {area: [statistics.median(float(r[k]) for r in rows if r[0] == area) for k in (1, 2)]
+           for area in ("64KiB", "16MiB")}
+for area, (a, b) in medians.items():
     print(f"| **median** | {area} | {a:.3f} | {b:.3f} | {1e3/a:.0f} | {1e3/b:.0f} |")
-for area in ("64KiB", "16MiB"):
-    a = statistics.median(float(r[1]) for r in rows if r[0] == area)
-    b = statistics.median(float(r[2]) for r in rows if r[0] == area)
+for area, (a, b) in medians.items():
     print(f"\nthis tree ÷ baseline, {area} area: **{b / a:.2f}×** throughput")
 PY
 

@@ -56,7 +56,7 @@ impl Ctx {
     pub async fn op_on(&self, key: u64) -> OpGuard<'_> {
         let gated = self.0.key_gates.is_some();
         if gated {
-            EnterKey { inner: &self.0, key, id: None, entered: false }.await;
+            EnterKey { inner: &self.0, key, ticket: None, entered: false }.await;
         }
         // From here the guard releases the gate, also if this coroutine is
         // dropped while it waits for a permit.
@@ -71,7 +71,7 @@ impl Ctx {
 struct EnterKey<'a> {
     inner: &'a Inner,
     key: u64,
-    id: Option<u64>,
+    ticket: Option<u64>,
     entered: bool,
 }
 
@@ -79,16 +79,16 @@ impl Future for EnterKey<'_> {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let gates = self.inner.key_gates.as_ref().expect("only awaited with the key gate on");
-        match gates.enter(self.key, self.id, cx.waker()) {
+        match gates.enter(self.key, self.ticket, cx.waker()) {
             Entry::Entered => {
                 self.entered = true;
                 Poll::Ready(())
             }
-            Entry::Waiting(id) => {
-                if self.id.is_none() {
+            Entry::Waiting(t) => {
+                if self.ticket.is_none() {
                     self.inner.stats.borrow_mut().key_waits += 1;
                 }
-                self.id = Some(id);
+                self.ticket = Some(t);
                 Poll::Pending
             }
         }
@@ -97,9 +97,9 @@ impl Future for EnterKey<'_> {
 
 impl Drop for EnterKey<'_> {
     fn drop(&mut self) {
-        if let (Some(id), false) = (self.id, self.entered) {
+        if let (Some(t), false) = (self.ticket, self.entered) {
             if let Some(g) = &self.inner.key_gates {
-                g.abandon(self.key, id);
+                g.abandon(self.key, t);
             }
         }
     }

@@ -19,33 +19,32 @@
 //! backoff handles those. [`BackoffConfig::paper`](crate::smart::BackoffConfig::paper)
 //! turns it off.
 //!
-//! A gate exists while its key is held; it is handed directly to the next
-//! waiter on release (no barging), and a waiter that is dropped before it
-//! entered gives up its place, or passes the gate on if it had been handed
-//! it. Gates are looked up by a linear scan: there are at most as many as
-//! the thread's coroutines inside operations. They live in the thread's
-//! own memory, so a client that dies leaves nothing of them on the blades.
+//! A gate exists while its key is held or waited for. Its waiters queue in
+//! a [`Fifo`] (tickets, as for credits and operation permits): on release
+//! the gate goes to the next ticket (no barging), and a waiter dropped
+//! before it entered gives up its ticket, which passes the turn on. Gates
+//! are looked up by a linear scan: there are at most as many as the
+//! thread's coroutines inside operations. They live in the thread's own
+//! memory, so a client that dies leaves nothing of them on the blades.
 
-use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::cell::RefCell;
 use std::task::Waker;
+
+use super::waiting::Fifo;
 
 /// The gates of one thread.
 #[derive(Debug, Default)]
 pub(super) struct KeyGates {
     gates: RefCell<Vec<Gate>>,
-    /// Waiter queues of closed gates, for reuse (no allocation once warm).
-    spare: RefCell<Vec<VecDeque<(u64, Waker)>>>,
-    next_id: Cell<u64>,
+    /// Queues of closed gates, for reuse (no allocation once warm).
+    spare: RefCell<Vec<Fifo>>,
 }
 
 #[derive(Debug)]
 struct Gate {
     key: u64,
-    /// The waiter the gate was handed to on release, until it polls.
-    granted: Option<u64>,
-    /// Waiters (id, waker), in arrival order.
-    queue: VecDeque<(u64, Waker)>,
+    held: bool,
+    queue: Fifo,
 }
 
 /// What [`KeyGates::enter`] did.
@@ -53,74 +52,65 @@ struct Gate {
 pub(super) enum Entry {
     /// The caller holds the key's gate; it must [`KeyGates::release`] it.
     Entered,
-    /// The caller waits as this id: it is woken when the gate is handed to
-    /// it, and must call `enter` again with the id (or `abandon` it).
+    /// The caller waits with this ticket: it is woken when its turn comes,
+    /// and must call `enter` again with the ticket (or `abandon` it).
     Waiting(u64),
 }
 
 impl KeyGates {
-    /// Enters `key`'s gate, or queues behind its holder. `id` is `None` on
-    /// the first call and the id that call returned afterwards.
-    pub(super) fn enter(&self, key: u64, id: Option<u64>, waker: &Waker) -> Entry {
+    /// Enters `key`'s gate, or queues behind its holder. `ticket` is `None`
+    /// on the first call and the ticket that call returned afterwards.
+    pub(super) fn enter(&self, key: u64, ticket: Option<u64>, waker: &Waker) -> Entry {
         let mut gates = self.gates.borrow_mut();
         let Some(g) = gates.iter_mut().find(|g| g.key == key) else {
-            debug_assert!(id.is_none(), "a waiter's gate is open until it enters or abandons");
+            debug_assert!(ticket.is_none(), "a waiter's gate is open until it enters or abandons");
             let queue = self.spare.borrow_mut().pop().unwrap_or_default();
-            gates.push(Gate { key, granted: None, queue });
+            gates.push(Gate { key, held: true, queue });
             return Entry::Entered;
         };
-        if let Some(id) = id {
-            if g.granted == Some(id) {
-                g.granted = None;
-                return Entry::Entered;
-            }
-            if let Some(w) = g.queue.iter_mut().find(|w| w.0 == id) {
-                if !w.1.will_wake(waker) {
-                    w.1 = waker.clone();
-                }
-            }
-            return Entry::Waiting(id);
+        let free = i64::from(!g.held);
+        if ticket.is_none() && g.queue.newcomer_fits(free, 1, 1) {
+            g.held = true;
+            return Entry::Entered;
         }
-        let id = self.next_id.get();
-        self.next_id.set(id + 1);
-        g.queue.push_back((id, waker.clone()));
-        Entry::Waiting(id)
+        let t = ticket.unwrap_or_else(|| g.queue.ticket());
+        if !g.held && g.queue.is_turn(t) {
+            g.held = true;
+            g.queue.entered_alone(t);
+            return Entry::Entered;
+        }
+        g.queue.wait(t, waker);
+        Entry::Waiting(t)
     }
 
-    /// The holder of `key`'s gate is done: the gate goes to the first
-    /// waiter, or closes.
+    /// The holder of `key`'s gate is done: the next ticket's waiter is
+    /// woken, or the gate closes.
     pub(super) fn release(&self, key: u64) {
+        self.with_gate(key, |g| {
+            g.held = false;
+            g.queue.wake_turn();
+        });
+    }
+
+    /// Ticket `t`'s waiter on `key` is dropped before it entered.
+    pub(super) fn abandon(&self, key: u64, t: u64) {
+        self.with_gate(key, |g| g.queue.abandon(t));
+    }
+
+    /// Runs `f` on `key`'s gate, then closes the gate if nobody holds it or
+    /// waits for it.
+    fn with_gate(&self, key: u64, f: impl FnOnce(&mut Gate)) {
         let mut gates = self.gates.borrow_mut();
         let Some(i) = gates.iter().position(|g| g.key == key) else {
-            debug_assert!(false, "released a key gate that is not held");
+            debug_assert!(false, "a gate is open while held or waited for");
             return;
         };
-        let g = &mut gates[i];
-        debug_assert!(g.granted.is_none(), "the holder entered, so no grant is pending");
-        if let Some((id, waker)) = g.queue.pop_front() {
-            g.granted = Some(id);
-            drop(gates);
-            waker.wake();
-        } else {
+        // (Waking a waiter only marks its task ready: nothing re-enters
+        // the gates meanwhile.)
+        f(&mut gates[i]);
+        if !gates[i].held && gates[i].queue.is_idle() {
             let g = gates.swap_remove(i);
             self.spare.borrow_mut().push(g.queue);
-        }
-    }
-
-    /// Waiter `id` on `key` is dropped before it entered: it leaves the
-    /// queue, or, if the gate had been handed to it, passes it on.
-    pub(super) fn abandon(&self, key: u64, id: u64) {
-        let mut gates = self.gates.borrow_mut();
-        let Some(g) = gates.iter_mut().find(|g| g.key == key) else {
-            debug_assert!(false, "a waiter's gate is open until it enters or abandons");
-            return;
-        };
-        if g.granted == Some(id) {
-            g.granted = None;
-            drop(gates);
-            self.release(key);
-        } else if let Some(i) = g.queue.iter().position(|w| w.0 == id) {
-            g.queue.remove(i);
         }
     }
 
@@ -134,15 +124,13 @@ impl KeyGates {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::runtime::test_waker::Count;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use crate::runtime::test_waker::wakers;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn one_holder_per_key_handed_on_in_arrival_order() {
         let g = KeyGates::default();
-        let counts: Vec<Arc<Count>> = (0..4).map(|_| Arc::new(Count(AtomicUsize::new(0)))).collect();
-        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let (counts, wakers) = wakers(4);
         let woken = |i: usize| counts[i].0.load(Ordering::Relaxed);
         assert_eq!(g.enter(7, None, &wakers[0]), Entry::Entered);
         assert_eq!(g.enter(8, None, &wakers[3]), Entry::Entered, "another key is not held back");
@@ -152,7 +140,7 @@ mod tests {
         assert_eq!(g.enter(7, Some(a), &wakers[1]), Entry::Waiting(a), "not handed to it yet");
         g.release(7);
         assert_eq!((woken(1), woken(2)), (1, 0), "only the first waiter is woken");
-        assert_eq!(g.enter(7, Some(b), &wakers[2]), Entry::Waiting(b), "no barging past the grant");
+        assert_eq!(g.enter(7, Some(b), &wakers[2]), Entry::Waiting(b), "no barging past the turn");
         assert_eq!(g.enter(7, Some(a), &wakers[1]), Entry::Entered);
         g.release(7);
         assert_eq!(woken(2), 1);
@@ -165,13 +153,12 @@ mod tests {
     #[test]
     fn a_dropped_waiter_leaves_or_passes_the_gate_on() {
         let g = KeyGates::default();
-        let counts: Vec<Arc<Count>> = (0..3).map(|_| Arc::new(Count(AtomicUsize::new(0)))).collect();
-        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let (counts, wakers) = wakers(3);
         let woken = |i: usize| counts[i].0.load(Ordering::Relaxed);
         assert_eq!(g.enter(1, None, &wakers[0]), Entry::Entered);
         let Entry::Waiting(a) = g.enter(1, None, &wakers[1]) else { panic!() };
         let Entry::Waiting(b) = g.enter(1, None, &wakers[2]) else { panic!() };
-        // a is handed the gate but dropped before it polls: b gets it.
+        // a is woken for its turn but dropped before it polls: b gets it.
         g.release(1);
         g.abandon(1, a);
         assert_eq!(woken(2), 1);

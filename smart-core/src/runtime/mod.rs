@@ -25,7 +25,7 @@
 //! | `ctx` | [`Ctx`]: the coroutine's handle, single verbs, multi-piece READ/WRITE |
 //! | `heap` | chunk allocation and named roots on a blade |
 //! | `executor` | [`Runtime`]: tasks, the ready set, CQ polling, the techniques' tick |
-//! | `waiting` | first-come-first-served admission (credits, operation permits) |
+//! | `waiting` | first-come-first-served admission (credits, operation permits, key-gate queues) |
 //! | `timer` | sleeping coroutines |
 //! | `conflict` | ConflictAvoid's operation guard ([`OpGuard`]) |
 //! | `keygate` | ConflictAvoid's key gate: a thread's operations on one key, one at a time |
@@ -51,6 +51,13 @@ mod test_waker {
     use std::task::Wake;
 
     pub(super) struct Count(pub(super) AtomicUsize);
+
+    /// `n` counting wakers and their counts.
+    pub(super) fn wakers(n: usize) -> (Vec<Arc<Count>>, Vec<std::task::Waker>) {
+        let counts: Vec<Arc<Count>> = (0..n).map(|_| Arc::new(Count(AtomicUsize::new(0)))).collect();
+        let wakers = counts.iter().map(|c| std::task::Waker::from(c.clone())).collect();
+        (counts, wakers)
+    }
 
     impl Wake for Count {
         fn wake(self: Arc<Self>) {

@@ -1,5 +1,5 @@
 //! First-come-first-served admission to a scarce resource (WorkReqThrot's
-//! credits, ConflictAvoid's operation permits).
+//! credits, ConflictAvoid's operation permits and the queues of its key gates).
 //!
 //! Waiters take tickets and enter in ticket order, so a coroutine that just
 //! finished cannot barge ahead of ones already waiting (which starves them
@@ -67,9 +67,23 @@ impl Fifo {
         }
     }
 
-    /// Ticket `t` (whose turn it was) entered: the next one's turn.
+    /// Ticket `t` (whose turn it was) entered: the next one's turn. Its
+    /// waiter is woken, since what is left may suffice for it too.
     #[inline]
     pub(super) fn entered(&self, t: u64) {
+        self.pass(t);
+        self.wake_turn();
+    }
+
+    /// [`Fifo::entered`] for a resource that one holds at a time (a key
+    /// gate): the next turn is woken only when the holder leaves
+    /// ([`Fifo::wake_turn`]), not to find it held.
+    #[inline]
+    pub(super) fn entered_alone(&self, t: u64) {
+        self.pass(t);
+    }
+
+    fn pass(&self, t: u64) {
         debug_assert!(self.is_turn(t));
         {
             // It may have entered on a poll that its registration did not
@@ -82,7 +96,12 @@ impl Fifo {
         }
         self.serving.set(t + 1);
         self.skip_abandoned();
-        self.wake_turn();
+    }
+
+    /// Whether every ticket issued has entered or been abandoned.
+    #[inline]
+    pub(super) fn is_idle(&self) -> bool {
+        self.next.get() == self.serving.get()
     }
 
     /// Ticket `t` will never enter.
@@ -133,9 +152,8 @@ impl Fifo {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::runtime::test_waker::Count;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use crate::runtime::test_waker::wakers;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn a_newcomer_fits_only_beside_a_full_claim_of_every_ticket_ahead() {
@@ -154,8 +172,7 @@ mod tests {
     #[test]
     fn only_the_turn_is_woken_and_abandoned_tickets_are_skipped() {
         let f = Fifo::default();
-        let counts: Vec<Arc<Count>> = (0..4).map(|_| Arc::new(Count(AtomicUsize::new(0)))).collect();
-        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let (counts, wakers) = wakers(4);
         let woken = |i: usize| counts[i].0.load(Ordering::Relaxed);
         let t: Vec<u64> = (0..4).map(|_| f.ticket()).collect();
         // Ticket 0 holds the turn but the resource is taken: everyone waits.
