@@ -10,6 +10,11 @@
 //! - without a cached address: READ the key's bucket (and the overflow
 //!   chain), then lock in a second round.
 //!
+//! A cached address is a hint (the cache keeps 16-bit fingerprints): a
+//! record read through it that holds another key sends a read item to its
+//! bucket, and aborts a written one (validation); either way the key stops
+//! trusting the cache's prints.
+//!
 //! [`Txn::commit`] then
 //! 1. writes the undo log entry (old images and every replica's address)
 //!    and, in the same round, validates the read items: a 16-byte READ of
@@ -288,7 +293,22 @@ impl Txn {
         self.fenced()?;
         let d = self.d.clone();
         let (ctx, db) = (&d.0.ctx, &*d.0.db);
-        // Addresses from the cache.
+        // Addresses from the cache; where its lookups would miss the CPU's
+        // caches, their lines are fetched while the thread's other
+        // coroutines run.
+        let overlap = {
+            let cache = self.d.0.cache.borrow();
+            let overlap = cache.overlap();
+            if overlap {
+                for it in self.items[self.executed..self.n].iter().filter(|it| it.step == Step::Start) {
+                    cache.prefetch(db.table(it.table), it.key);
+                }
+            }
+            overlap
+        };
+        if overlap {
+            smart_core::runtime::yield_now().await;
+        }
         {
             let cache = self.d.0.cache.borrow();
             let mut st = self.d.0.stats.borrow_mut();
@@ -393,6 +413,20 @@ impl Txn {
         match it.step {
             Step::Fetch | Step::Lock => {
                 let r = layout::decode(bytes, vs).map_err(|_| Abort::Torn)?;
+                if it.cached && (r.state == state::FREE || r.key != it.key || r.table != u64::from(it.table)) {
+                    // The cache's hint named another key's slot: this key
+                    // stops trusting prints. A read item reads its bucket
+                    // instead; a locked one aborts (its lock, held on the
+                    // wrong record, is released with the others).
+                    self.d.0.cache.borrow_mut().stale(t, it.key);
+                    self.d.0.stats.borrow_mut().cache_stale += 1;
+                    it.cached = false;
+                    if it.step == Step::Lock {
+                        return Err(Abort::Validation);
+                    }
+                    it.step = Step::Bucket { at: t.home_bucket(it.key, replicas)[0], home: true };
+                    return Ok(());
+                }
                 let ours = r.state == state::FREE || r.key == it.key;
                 match it.kind {
                     Kind::Read | Kind::Update | Kind::Delete if r.state != state::LIVE || !ours => {
