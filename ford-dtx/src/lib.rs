@@ -8,7 +8,8 @@
 //! | [`layout`] | records, buckets, lock words, the undo log, the catalog and registry, declared once |
 //! | [`db`] | a database's tables over n ≥ k blades with k replicas, its catalog |
 //! | [`registry`] | compute blades' leases, log areas and owner ids |
-//! | [`dtx`] | a compute thread's handle: the address cache, counters |
+//! | [`dtx`] | a compute thread's handle: its view of the address cache, counters |
+//! | `cache` | the address cache: key prints per bucket slot, shared by a process's threads |
 //! | [`txn`] | the protocol: execute, undo log + validation, commit with flushes, unlock |
 //! | `round` | a round trip: one batch per blade, posted together |
 //! | [`recovery`] | rolling dead compute blades' transactions back or forward; the audit |
@@ -49,6 +50,7 @@
 //! reg.close(&*t).unwrap();
 //! ```
 
+mod cache;
 pub mod db;
 pub mod dtx;
 pub mod error;

@@ -156,6 +156,8 @@ pub struct Registration {
     /// commit, because recovery may be repairing them (self-fencing).
     lost: Arc<AtomicBool>,
     heartbeat: Option<JoinHandle<std::result::Result<(), String>>>,
+    /// The address cache's prints, shared by this compute blade's threads.
+    pub(crate) prints: Arc<crate::cache::Prints>,
 }
 
 /// Heartbeat runtimes are small: one 8-byte WRITE at a time.
@@ -215,7 +217,8 @@ impl Registration {
                 Ok(())
             })
             .map_err(|e| DtxError::Config(format!("starting the lease thread: {e}")))?;
-        Ok(Registration { db, info, threads, coroutines, stop, lost, heartbeat: Some(heartbeat) })
+        let prints = Arc::new(crate::cache::Prints::new(&db));
+        Ok(Registration { db, info, threads, coroutines, stop, lost, heartbeat: Some(heartbeat), prints })
     }
 
     /// Whether the lease may have been lost (see [`DtxError::LeaseLost`]).

@@ -352,7 +352,9 @@ pub fn run<W: Workload + Clone + 'static>(
             eprintln!("loaded in {load_s:.1}s");
         }
     }
+    // The record counts the run's transactions alone.
     *counts.lock().expect("not poisoned") = Counts::new(w.types().len());
+    *stats.lock().expect("not poisoned") = DtxStats::default();
     let run = harness::run_bench(&*transport, cfg, &phase(false))?;
     let slot = reg.slot();
     // A run whose coroutines failed may hold locks: leave the slot to

@@ -333,16 +333,18 @@ impl Inner {
     }
 }
 
-/// Hints the CPU to start loading the cache line that holds `bytes[0]`, for
-/// a coroutine that will read it after yielding (a lookup in a large local
-/// table, overlapped with the other coroutines' work). Does nothing for an
-/// empty slice, or on other architectures.
+/// Hints the CPU to start loading the cache line that holds the start of
+/// `value`, for a coroutine that will read it after yielding (a lookup in a
+/// large local table, overlapped with the other coroutines' work). Does
+/// nothing on other architectures.
 #[inline]
-pub fn prefetch_local(bytes: &[u8]) {
+pub fn prefetch_local<T: ?Sized>(value: &T) {
     #[cfg(target_arch = "x86_64")]
-    if !bytes.is_empty() {
-        // SAFETY: the pointer is to a live slice; a prefetch reads nothing
-        // architecturally and never faults.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes.as_ptr().cast()) }
+    // SAFETY: the pointer is to a live value; a prefetch reads nothing
+    // architecturally and never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((value as *const T).cast())
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }

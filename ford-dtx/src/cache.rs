@@ -1,0 +1,364 @@
+//! The address cache: where a compute blade's transactions find their
+//! records without reading buckets.
+//!
+//! FORD keeps, per thread, a map from every row the thread touched to its
+//! address. Here a compute-blade process keeps [`Prints`], shared by its
+//! threads: for each slot of each table's bucket array, a 16-bit print of
+//! the key that holds it (a slot keeps its key for good). A key's home
+//! bucket is computed from the key, so a lookup reads the one cache line of
+//! that bucket's prints (64 bytes a bucket, about 6 bytes a row at half
+//! load) and scans its 22 prints. Threads write prints with relaxed atomic
+//! updates of their lanes; a lost or racing update only costs a miss.
+//!
+//! A print is a hint: another key with the same print may hold the slot
+//! (about one key in 6 000 shares its print with another of its bucket).
+//! The transaction checks the key of every record it reads through the
+//! cache, and a key that was sent to another key's slot is marked stale in
+//! its thread's [`AddrCache`] and never trusts a print again. Two equal
+//! prints in one bucket are not trusted at all. The few keys that prints
+//! cannot serve (those with a print shared in their bucket, and those in
+//! overflow buckets) are kept exactly, per thread, with their mirrors (a
+//! record in a bucket array has its mirrors at the same offset of each
+//! replica's array; an overflow bucket names its own).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use smart_core::GlobalAddr;
+
+use crate::db::{Db, Table};
+use crate::dtx::Loc;
+use crate::layout::{self, SLOTS};
+
+/// One bucket's prints: 4 lanes of 16 bits per word, lanes 0..22 used.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Line([AtomicU64; 8]);
+
+const WORDS: usize = SLOTS.div_ceil(4);
+const _: () = assert!(WORDS <= 8, "a bucket's prints fit one line");
+
+/// Print arrays larger than this (about a core's share of L2) are mostly
+/// out of the CPU's caches: their lookups are worth overlapping.
+const OVERLAP_ABOVE: usize = 2 << 20;
+
+/// The prints of every table of a database, shared by a process's threads
+/// (each table's array is allocated at its first insert).
+#[derive(Debug)]
+pub(crate) struct Prints {
+    tables: Vec<OnceLock<Box<[Line]>>>,
+    bytes: AtomicUsize,
+}
+
+impl Prints {
+    pub(crate) fn new(db: &Db) -> Prints {
+        Prints { tables: db.tables.iter().map(|_| OnceLock::new()).collect(), bytes: AtomicUsize::new(0) }
+    }
+
+    fn table(&self, t: &Table) -> Option<&[Line]> {
+        self.tables.get(t.id as usize)?.get().map(|b| &b[..])
+    }
+
+    fn table_or_new(&self, t: &Table) -> Option<&[Line]> {
+        let cell = self.tables.get(t.id as usize)?;
+        Some(cell.get_or_init(|| {
+            self.bytes.fetch_add(t.buckets as usize * size_of::<Line>(), Ordering::Relaxed);
+            (0..t.buckets).map(|_| Line::default()).collect()
+        }))
+    }
+}
+
+/// A key's home bucket and its nonzero print (from one hash: the bucket
+/// from the hash modulo the buckets, the print from its top bits).
+fn home_and_print(t: &Table, key: u64) -> (u64, u16) {
+    let h = layout::murmur64a(key, layout::HASH_SEED);
+    let p = (h >> 48) as u16;
+    (h % t.buckets, if p == 0 { 1 } else { p })
+}
+
+/// A thread's view of the cache: the shared prints, and its own exact
+/// entries and stale keys.
+#[derive(Debug)]
+pub(crate) struct AddrCache {
+    prints: Arc<Prints>,
+    /// Keys in overflow buckets, and keys whose print is not theirs alone
+    /// in their bucket.
+    exact: FxHashMap<(u32, u64), Loc>,
+    /// Keys whose print matched another key's slot.
+    colliders: FxHashSet<(u32, u64)>,
+}
+
+impl AddrCache {
+    pub(crate) fn new(prints: Arc<Prints>) -> AddrCache {
+        AddrCache { prints, exact: FxHashMap::default(), colliders: FxHashSet::default() }
+    }
+
+    /// `at`'s offset in table `t`'s bucket array, if it lies there.
+    fn in_array(t: &Table, at: GlobalAddr) -> Option<u64> {
+        let off = at.offset().wrapping_sub(t.base[0].offset());
+        (at.blade() == t.base[0].blade() && off < t.buckets * t.bucket_bytes()).then_some(off)
+    }
+
+    /// The slots of bucket `b` of `t` whose print is `p`: how many, and
+    /// the last.
+    fn matches(&self, t: &Table, b: u64, p: u16) -> (usize, usize) {
+        let Some(lines) = self.prints.table(t) else { return (0, 0) };
+        let (mut hits, mut hit) = (0, 0);
+        for (w, word) in lines[b as usize].0[..WORDS].iter().enumerate() {
+            let v = word.load(Ordering::Relaxed);
+            for lane in 0..4 {
+                // Lanes past the last slot stay 0, which no print is.
+                if (v >> (16 * lane)) as u16 == p {
+                    hit = 4 * w + lane;
+                    hits += 1;
+                }
+            }
+        }
+        (hits, hit)
+    }
+
+    /// Where `key` is, if this process has seen it: a hint to check for a
+    /// key found by its print, exact for one of this thread's exact keys.
+    pub(crate) fn get(&self, t: &Table, replicas: usize, key: u64) -> Option<Loc> {
+        let (b, p) = home_and_print(t, key);
+        let (hits, s) = self.matches(t, b, p);
+        if hits == 1 && (self.colliders.is_empty() || !self.colliders.contains(&(t.id, key))) {
+            let off = b * t.bucket_bytes() + layout::slot_offset(t.value_size, s);
+            return Some(std::array::from_fn(|r| if r < replicas { t.base[r].add(off) } else { GlobalAddr::NULL }));
+        }
+        if self.exact.is_empty() {
+            return None;
+        }
+        self.exact.get(&(t.id, key)).copied()
+    }
+
+    /// Whether lookups should be overlapped with other coroutines' work
+    /// ([`prefetch`](Self::prefetch), yield, then [`get`](Self::get)): the
+    /// prints are too large to stay in the CPU's caches.
+    pub(crate) fn overlap(&self) -> bool {
+        self.prints.bytes.load(Ordering::Relaxed) > OVERLAP_ABOVE
+    }
+
+    /// Starts loading the line [`get`](Self::get) will read for `key`.
+    pub(crate) fn prefetch(&self, t: &Table, key: u64) {
+        if let Some(lines) = self.prints.table(t) {
+            smart_core::runtime::prefetch_local(&lines[home_and_print(t, key).0 as usize]);
+        }
+    }
+
+    /// Remembers that `key` lives at `loc` (slots keep their keys for good).
+    pub(crate) fn insert(&mut self, t: &Table, key: u64, loc: Loc) {
+        let Some(off) = Self::in_array(t, loc[0]) else {
+            self.exact.insert((t.id, key), loc);
+            return;
+        };
+        let (b, p) = home_and_print(t, key);
+        let bb = t.bucket_bytes();
+        debug_assert_eq!(off / bb, b, "a key in the array lies in its home bucket");
+        let s = ((off % bb - layout::BUCKET_HEADER) / t.record_bytes() as u64) as usize;
+        let (hits, hit) = self.matches(t, b, p);
+        if (hits > 0 && (hits, hit) != (1, s)) || self.colliders.contains(&(t.id, key)) {
+            // Its print will not serve it: another slot has it too.
+            self.exact.insert((t.id, key), loc);
+        }
+        let Some(lines) = self.prints.table_or_new(t) else { return };
+        let (word, shift) = (&lines[b as usize].0[s / 4], 16 * (s % 4));
+        let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v & !(0xffff << shift) | u64::from(p) << shift)
+        });
+    }
+
+    /// Marks `key` as one whose print led to another key's slot.
+    pub(crate) fn stale(&mut self, t: &Table, key: u64) {
+        self.colliders.insert((t.id, key));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use smart_core::{Runtime, RuntimeConfig, Transport};
+
+    use super::*;
+    use crate::db::{DbSpec, TableSpec};
+    use crate::{Abort, TxnError};
+
+    /// The first `n` pairs of keys of `t` with the same home bucket and the
+    /// same print.
+    fn twins(t: &Table, n: usize) -> Vec<(u64, u64)> {
+        let mut seen = std::collections::HashMap::new();
+        let mut pairs = Vec::new();
+        for k in 1..10_000_000u64 {
+            if let Some(o) = seen.remove(&home_and_print(t, k)) {
+                pairs.push((o, k));
+                if pairs.len() == n {
+                    return pairs;
+                }
+            } else {
+                seen.insert(home_and_print(t, k), k);
+            }
+        }
+        unreachable!("16-bit prints collide long before")
+    }
+
+    /// Two tables (ids 0 and 1) of `buckets` buckets on blades 0 and 1.
+    fn db(buckets: u64) -> Db {
+        let base = [GlobalAddr::new(0, 1 << 20), GlobalAddr::new(1, 1 << 20), GlobalAddr::NULL, GlobalAddr::NULL];
+        let t = |id| Table { id, value_size: 8, buckets, base };
+        Db {
+            name: "t".into(),
+            tables: vec![t(0), t(1)],
+            replicas: 2,
+            blades: 2,
+            registry: GlobalAddr::new(0, 0),
+            max_value: 8,
+        }
+    }
+
+    /// `key`'s slot `s` of its home bucket, on both replicas.
+    fn slot(t: &Table, key: u64, s: usize) -> Loc {
+        let off = home_and_print(t, key).0 * t.bucket_bytes() + layout::slot_offset(t.value_size, s);
+        [t.base[0].add(off), t.base[1].add(off), GlobalAddr::NULL, GlobalAddr::NULL]
+    }
+
+    #[test]
+    fn the_cache_finds_array_slots_by_print_and_overflow_slots_exactly() {
+        let db = db(100);
+        let (t, other) = (&db.tables[1], &db.tables[0]);
+        for s in [0, 3, 4, SLOTS - 1] {
+            let mut c = AddrCache::new(Arc::new(Prints::new(&db)));
+            c.insert(t, 5, slot(t, 5, s));
+            assert_eq!(c.get(t, 2, 5), Some(slot(t, 5, s)), "slot {s}, mirrors at the same offset");
+        }
+        let mut c = AddrCache::new(Arc::new(Prints::new(&db)));
+        assert_eq!(c.get(t, 2, 5), None);
+        c.insert(t, 5, slot(t, 5, 3));
+        assert_eq!(c.get(t, 1, 5).map(|l| l[1]), Some(GlobalAddr::NULL), "one replica");
+        let far = [GlobalAddr::new(0, 1 << 30), GlobalAddr::new(1, 1 << 29), GlobalAddr::NULL, GlobalAddr::NULL];
+        c.insert(t, 6, far);
+        assert_eq!(c.get(t, 2, 6), Some(far), "overflow slots keep their own mirrors");
+        assert_eq!(c.get(other, 2, 5), None, "tables apart");
+        c.stale(other, 5);
+        assert!(c.get(t, 2, 5).is_some());
+        c.stale(t, 5);
+        assert_eq!(c.get(t, 2, 5), None, "a stale key trusts no print");
+    }
+
+    #[test]
+    fn threads_share_prints_but_not_their_stale_keys() {
+        let db = db(100);
+        let t = &db.tables[0];
+        let prints = Arc::new(Prints::new(&db));
+        let (mut a, mut b) = (AddrCache::new(prints.clone()), AddrCache::new(prints));
+        a.insert(t, 5, slot(t, 5, 2));
+        assert_eq!(b.get(t, 2, 5), Some(slot(t, 5, 2)));
+        b.stale(t, 5);
+        assert_eq!(b.get(t, 2, 5), None);
+        assert_eq!(a.get(t, 2, 5), Some(slot(t, 5, 2)));
+        // Neighbouring lanes of one word are set independently.
+        let keys: Vec<u64> = (6..).filter(|&k| home_and_print(t, k).0 == home_and_print(t, 5).0).take(4).collect();
+        for (s, &k) in keys.iter().enumerate() {
+            b.insert(t, k, slot(t, k, 4 + s));
+        }
+        for (s, &k) in keys.iter().enumerate() {
+            assert_eq!(a.get(t, 2, k), Some(slot(t, k, 4 + s)));
+        }
+    }
+
+    #[test]
+    fn equal_prints_in_a_bucket_are_not_trusted() {
+        let db = db(7);
+        let t = &db.tables[0];
+        let (a, b) = twins(t, 1)[0];
+        let mut c = AddrCache::new(Arc::new(Prints::new(&db)));
+        c.insert(t, a, slot(t, a, 0));
+        // `b` shares the hint: a stale address, for the fetch to catch.
+        assert_eq!(c.get(t, 2, b), Some(slot(t, a, 0)));
+        c.insert(t, b, slot(t, b, 4));
+        assert_eq!(c.get(t, 2, b), Some(slot(t, b, 4)), "found where its print is not alone: kept exactly");
+        let d = AddrCache::new(c.prints.clone());
+        assert_eq!(d.get(t, 2, a), None, "two slots match: neither is trusted");
+        assert_eq!(d.get(t, 2, b), None);
+        // A thread that meets `a` again keeps it exactly too.
+        c.insert(t, a, slot(t, a, 0));
+        assert_eq!((c.get(t, 2, a), c.get(t, 2, b)), (Some(slot(t, a, 0)), Some(slot(t, b, 4))));
+    }
+
+    fn open(rows: u64) -> (Arc<dyn Transport>, Runtime, Arc<Db>, crate::Registration) {
+        let t: Arc<dyn Transport> = smart_testkit::backends::embedded(1).transport;
+        let mut rt = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
+        let spec = DbSpec {
+            name: "hints".into(),
+            tables: vec![TableSpec { name: "t".into(), value_size: 8, rows }],
+            replicas: 1,
+        };
+        let ctx = rt.ctx();
+        let db = Arc::new(rt.block_on(async move { Db::create(&ctx, &spec).await }).unwrap().0);
+        let reg = crate::Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+        (t, rt, db, reg)
+    }
+
+    fn abort_of(r: Result<(), TxnError>) -> Abort {
+        match r {
+            Err(TxnError::Abort(a)) => a,
+            other => panic!("expected an abort, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_hint_naming_another_keys_slot_is_caught_by_the_fetch() {
+        let (t, mut rt, db, reg) = open(44);
+        let pairs = twins(db.table(0), 2);
+        let dtx = reg.open_thread(rt.ctx());
+        rt.block_on(async move {
+            let mut tx = dtx.txn(0);
+            for &(_, b) in &pairs {
+                tx.begin();
+                let i = tx.insert(0, b);
+                tx.execute().await.unwrap();
+                tx.write(i, &b.to_le_bytes());
+                tx.commit().await.unwrap();
+            }
+            let ((a, b), (c, d)) = (pairs[0], pairs[1]);
+            // `b`'s slot carries `a`'s print: updating `a` locks `b`'s
+            // record, sees `b` and aborts, releasing that lock.
+            tx.begin();
+            tx.update(0, a);
+            assert_eq!(abort_of(tx.execute().await), Abort::Validation);
+            assert_eq!(dtx.stats().cache_stale, 1);
+            tx.begin();
+            let i = tx.update(0, b);
+            tx.execute().await.expect("b's lock was released");
+            tx.write(i, &2u64.to_le_bytes());
+            tx.commit().await.unwrap();
+            // `a` no longer trusts prints: the truth, from its bucket.
+            tx.begin();
+            tx.update(0, a);
+            assert_eq!(abort_of(tx.execute().await), Abort::NotFound);
+            // Reading `c` goes to `d`'s slot, sees `d`, reads the bucket.
+            tx.begin();
+            tx.read(0, c);
+            assert_eq!(abort_of(tx.execute().await), Abort::NotFound);
+            assert_eq!(dtx.stats().cache_stale, 2);
+            for k in [a, c] {
+                tx.begin();
+                let i = tx.insert(0, k);
+                tx.execute().await.unwrap();
+                tx.write(i, &k.to_le_bytes());
+                tx.commit().await.unwrap();
+            }
+            for _ in 0..2 {
+                tx.begin();
+                let items = [a, b, c, d].map(|k| tx.read(0, k));
+                tx.execute().await.unwrap();
+                let got = items.map(|i| u64::from_le_bytes(tx.value(i).try_into().unwrap()));
+                assert_eq!(got, [a, 2, c, d]);
+                tx.commit().await.unwrap();
+            }
+            assert_eq!(dtx.stats().cache_stale, 2);
+        });
+        reg.close(&*t).unwrap();
+    }
+}
