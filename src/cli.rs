@@ -213,6 +213,10 @@ pub struct MicroArgs {
     /// idle.
     #[arg(long)]
     pub phase_ms: Option<u64>,
+    /// Time one batch in N (drawn at random) for the latency percentiles;
+    /// every batch is counted. 1 times every batch.
+    #[arg(long, default_value_t = 8)]
+    pub latency_every: u32,
 }
 
 /// `ycsb --app`.

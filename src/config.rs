@@ -419,7 +419,18 @@ fn micro(a: &MicroArgs, run: &RunConfig) -> Result<MicroConfig> {
     if a.phase_ms == Some(0) || (a.phase_ms.is_some() && a.contended) {
         bail!("--phase-ms must be at least 1, and applies to uncontended runs only");
     }
-    Ok(MicroConfig { op, size, batch: a.batch, contended: a.contended, area: a.area, phase_ms: a.phase_ms })
+    if a.latency_every == 0 || a.latency_every > 1 << 20 {
+        bail!("--latency-every must be 1 to {}", 1 << 20);
+    }
+    Ok(MicroConfig {
+        op,
+        size,
+        batch: a.batch,
+        contended: a.contended,
+        area: a.area,
+        phase_ms: a.phase_ms,
+        latency_every: a.latency_every,
+    })
 }
 
 fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {

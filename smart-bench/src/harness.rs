@@ -382,14 +382,31 @@ impl Worker {
         self.record_at(start, self.clock.raw(), n);
     }
 
+    /// Counts `n` operations without a latency sample, for a loop that
+    /// times only some of its operations (chosen independently of how long
+    /// they take), as [`Worker::record`] counts them otherwise.
+    #[inline]
+    pub fn count(&self, n: u64) {
+        if self.observe() == MEASURE {
+            let mut r = self.rec.borrow_mut();
+            r.ops += n;
+            self.publish(&r, n);
+        }
+    }
+
     #[inline]
     fn record_at(&self, start: Stamp, end: u64, n: u64) {
         let ns = self.clock.delta_as_nanos(start.0, end);
         let mut r = self.rec.borrow_mut();
         r.ops += n;
         r.hist.record(ns);
-        // The per-second lines read this; publishing every 16 operations
-        // keeps them current and the store off most operations.
+        self.publish(&r, n);
+    }
+
+    /// The per-second lines read this; publishing every 16 operations keeps
+    /// them current and the store off most operations.
+    #[inline]
+    fn publish(&self, r: &ThreadRec, n: u64) {
         if r.ops % 16 < n {
             let p = &self.progress[self.ctx.thread()];
             p.ops.store(r.ops, Ordering::Relaxed);

@@ -318,7 +318,15 @@ fn contended_cas_counter_is_exact_under_every_toggle_and_policy() {
                 progress: false,
                 ..RunConfig::default()
             };
-            let m = MicroConfig { op: Opcode::Cas, size: 8, batch: 1, contended: true, area: 4096, phase_ms: None };
+            let m = MicroConfig {
+                op: Opcode::Cas,
+                size: 8,
+                batch: 1,
+                contended: true,
+                area: 4096,
+                phase_ms: None,
+                latency_every: 1,
+            };
             let r = micro::run(&*b.transport, &cfg, &m).unwrap();
             let s = format!("{s} {policy:?}");
             assert_eq!(r.run.errors, 0, "{} {s}: {:?}", b.name, r.run.first_error);
