@@ -14,8 +14,10 @@
 # noise of that row on this machine.
 #
 # ROUNDS (default 3), SECONDS per run (default 2), BACKENDS (default
-# "embedded tcp"). Records go to $OUT (default results/smart-matrix), one
-# JSON file per run; the table is printed and written to $OUT/matrix.md.
+# "embedded tcp"). ONLY=read,ycsb-a (workload names, comma-separated) runs
+# those rows alone, e.g. to rerun a doubtful row with more rounds. Records
+# go to $OUT (default results/smart-matrix), one JSON file per run; the
+# table is printed and written to $OUT/matrix.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -41,6 +43,14 @@ workloads=(
   "bt-c|ycsb --app sherman --workload c --keys 50000 --threads 2 --coroutines 16"
   "bt-e|ycsb --app sherman --workload e --keys 50000 --threads 2 --coroutines 16"
 )
+if [ -n "${ONLY:-}" ]; then
+  chosen=()
+  for w in "${workloads[@]}"; do
+    [[ ",$ONLY," == *",${w%%|*},"* ]] && chosen+=("$w")
+  done
+  [ ${#chosen[@]} -gt 0 ] || { echo "ONLY=$ONLY names no workload of this script" >&2; exit 2; }
+  workloads=("${chosen[@]}")
+fi
 total=$(( rounds * ${#workloads[@]} * $(wc -w <<<"$backends") * ${#settings[@]} ))
 n=0
 for r in $(seq "$rounds"); do
