@@ -47,7 +47,9 @@ const OVERLAP_ABOVE: usize = 2 << 20;
 /// (each table's array is allocated at its first insert).
 #[derive(Debug)]
 pub(crate) struct Prints {
-    tables: Vec<OnceLock<Box<[Line]>>>,
+    /// Per table: its lines, or `None` if there was no memory for them (its
+    /// keys then stay uncached).
+    tables: Vec<OnceLock<Option<Box<[Line]>>>>,
     bytes: AtomicUsize,
 }
 
@@ -57,15 +59,20 @@ impl Prints {
     }
 
     fn table(&self, t: &Table) -> Option<&[Line]> {
-        self.tables.get(t.id as usize)?.get().map(|b| &b[..])
+        self.tables.get(t.id as usize)?.get()?.as_deref()
     }
 
     fn table_or_new(&self, t: &Table) -> Option<&[Line]> {
         let cell = self.tables.get(t.id as usize)?;
-        Some(cell.get_or_init(|| {
-            self.bytes.fetch_add(t.buckets as usize * size_of::<Line>(), Ordering::Relaxed);
-            (0..t.buckets).map(|_| Line::default()).collect()
-        }))
+        cell.get_or_init(|| {
+            let n = usize::try_from(t.buckets).ok()?;
+            let mut lines = Vec::new();
+            lines.try_reserve_exact(n).ok()?;
+            lines.resize_with(n, Line::default);
+            self.bytes.fetch_add(n * size_of::<Line>(), Ordering::Relaxed);
+            Some(lines.into_boxed_slice())
+        })
+        .as_deref()
     }
 }
 

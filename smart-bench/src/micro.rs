@@ -210,10 +210,11 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                 return cas_increments(&w, counter, done).await;
             }
             let mut done = done;
-            // Each operation starts where the last one was recorded, unless
-            // the coroutine waited in between (one clock read per operation).
+            // A timed batch starts where the last one was recorded (one
+            // clock read serves both) or, after untimed ones or a wait, at a
+            // fresh clock read; `untimed` batches go before the next timed
+            // one (see `MicroConfig::latency_every`).
             let mut t0 = w.now();
-            // Batches to go before the next timed one.
             let mut untimed = 0u32;
             while w.running() {
                 if let Some(ms) = m.phase_ms {
@@ -261,7 +262,9 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                 }
                 if untimed == 0 {
                     let t = w.lap(t0, m.batch as u64);
-                    untimed = pick(rng.next_u64(), u64::from(2 * m.latency_every - 1)) as u32;
+                    if m.latency_every > 1 {
+                        untimed = pick(rng.next_u64(), u64::from(2 * m.latency_every - 1)) as u32;
+                    }
                     t0 = t;
                 } else {
                     w.count(m.batch as u64);
