@@ -45,6 +45,18 @@ impl SpecCache {
     }
 }
 
+/// What [`RaceHt::spec_update`] did.
+#[derive(Debug)]
+pub(crate) enum SpecUpdate {
+    /// Nothing known about the key: nothing posted.
+    NotTried,
+    /// The new block is written, but the remembered slot no longer names
+    /// the key's block: the normal path must run (without writing again).
+    Missed,
+    /// The slot at `slot_at` went from `old` to the new block.
+    Done { slot_at: GlobalAddr, old: Slot },
+}
+
 impl RaceHt {
     /// The speculative search path (Smart's `spec-lookup`): if this thread
     /// knows where `key` was last found, one doorbell READs that slot word
@@ -58,14 +70,7 @@ impl RaceHt {
     /// Otherwise the normal path runs.
     pub(crate) async fn speculate(&mut self, h: u64, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         let Some(spec) = &self.spec else { return Ok(false) };
-        let cached = spec.borrow().lookup(h);
-        let live = cached.filter(|(at, _)| {
-            let d = self.dir.borrow();
-            let (_, base) = d.entries[layout::suffix(h, d.depth) as usize];
-            at.blade() == base.blade()
-                && (base.offset()..base.offset() + layout::bucket_bytes(d.groups)).contains(&at.offset())
-        });
-        let Some((at, s)) = live else {
+        let Some((at, s)) = self.spec_entry(h) else {
             // Nothing known about the key: the normal path, counted as a
             // miss (so the hit rate is over every lookup, as sherman-bt's).
             spec.borrow_mut().misses += 1;
@@ -92,6 +97,57 @@ impl RaceHt {
             c.forget(h);
         }
         Ok(hit)
+    }
+
+    /// Where this thread last found the key with hash `h`, if that slot
+    /// lies in the subtable the directory (checked in this operation's
+    /// epoch) names for it.
+    fn spec_entry(&self, h: u64) -> Option<(GlobalAddr, Slot)> {
+        let cached = self.spec.as_ref()?.borrow().lookup(h);
+        cached.filter(|(at, _)| {
+            let d = self.dir.borrow();
+            let (_, base) = d.entries[layout::suffix(h, d.depth) as usize];
+            at.blade() == base.blade()
+                && (base.offset()..base.offset() + layout::bucket_bytes(d.groups)).contains(&at.offset())
+        })
+    }
+
+    /// The speculative update path (with `spec-lookup`): if this thread
+    /// knows where `key` was last found, one doorbell WRITEs the new block
+    /// `new` (encoded in `block`) and READs the block the remembered slot
+    /// word names; if that block is `key`'s, a CAS from the remembered word
+    /// to `new` replaces it: two round trips instead of three (bucket READ,
+    /// key check, CAS). Why a CAS that succeeds is a correct update: the
+    /// slot lies in the key's subtable as of this operation's epoch (a split
+    /// freezes the slots it moves, so a CAS on a moved slot fails); the
+    /// block named by the remembered word was read in this operation and
+    /// held `key`, and it is not reused before the operation ends, so at the
+    /// CAS the slot named a block of `key`: the slot the normal path would
+    /// CAS too.
+    pub(crate) async fn spec_update(
+        &mut self,
+        h: u64,
+        key: &[u8],
+        new: (GlobalAddr, Slot),
+        block: &[u8],
+    ) -> Result<SpecUpdate> {
+        let (at, s) = match self.spec_entry(h) {
+            Some((at, s)) if s.addr().blade() == new.0.blade() => (at, s),
+            _ => return Ok(SpecUpdate::NotTried),
+        };
+        let mut b = self.ctx.batch();
+        b.write(new.0, block);
+        let rb = b.read(s.addr(), s.block_len());
+        let done = b.post().await?;
+        let ours = matches!(layout::decode_block(done.bytes(rb)), Some((k, _)) if k == key);
+        drop(done);
+        if ours && self.ctx.cas(at, s.0, new.1 .0).await? == s.0 {
+            return Ok(SpecUpdate::Done { slot_at: at, old: s });
+        }
+        if let Some(spec) = &self.spec {
+            spec.borrow_mut().forget(h);
+        }
+        Ok(SpecUpdate::Missed)
     }
 
     /// Records where the key with hash `h` is now (or that it is gone).

@@ -4,6 +4,7 @@
 
 use crate::directory::{Place, Wait};
 use crate::layout::{self, SLOTS};
+use crate::spec::SpecUpdate;
 use crate::{RaceError, RaceHt, Result};
 
 /// What [`RaceHt::put`] does with a present or absent key.
@@ -90,6 +91,22 @@ impl RaceHt {
         let mut block = std::mem::take(&mut self.block);
         let mut written = false;
         let mut wait = Wait::default();
+        if mode != Mode::Insert && at.blade() == p.base.blade() && self.spec.is_some() {
+            match self.spec_update(p.h1, key, (at, new), &block).await {
+                Ok(SpecUpdate::NotTried) => {}
+                Ok(SpecUpdate::Missed) => written = true,
+                Ok(SpecUpdate::Done { slot_at, old }) => {
+                    self.retire(old);
+                    self.remember(p.h1, Some((slot_at, new)));
+                    self.block = block;
+                    return Ok(true);
+                }
+                Err(e) => {
+                    self.block = block;
+                    return Err(e);
+                }
+            }
+        }
         let result = loop {
             if at.blade() != p.base.blade() {
                 // A split moved the key's subtable to another blade: the

@@ -153,3 +153,63 @@ fn a_dropped_table_gives_its_memory_back_and_its_clients_a_clean_error() {
         assert_eq!(ht.keys().await.unwrap().len(), 3000);
     });
 }
+
+#[test]
+fn speculative_updates_take_two_doorbells_and_fall_back_when_stale() {
+    let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
+    let smart = SmartConfig { spec_lookup: true, ..SmartConfig::default() };
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let mut ht = RaceHt::create(&ctx, "specup", small()).await.unwrap();
+        let mut out = Vec::new();
+        let keys: Vec<[u8; 8]> = (0..50u64).map(u64::to_le_bytes).collect();
+        for (i, k) in keys.iter().enumerate() {
+            ht.insert(k, &value(i as u64, 0)).await.unwrap();
+            assert!(ht.get(k, &mut out).await.unwrap()); // remembered
+        }
+        let (h0, m0) = ht.spec_stats();
+        let before = ctx.stats();
+        for (i, k) in keys.iter().enumerate() {
+            assert!(ht.update(k, &value(i as u64, 1)).await.unwrap());
+        }
+        let d = ctx.stats().since(&before);
+        // [WRITE new block, READ the remembered block] and a CAS: two
+        // doorbells, where the normal path takes three (buckets and the
+        // block WRITE, the key check, the CAS).
+        assert_eq!((d.doorbells, d.reads, d.writes, d.cas), (100, 50, 50, 50), "{d:?}");
+        assert_eq!(d.retries, 0);
+        for (i, k) in keys.iter().enumerate() {
+            assert!(ht.get(k, &mut out).await.unwrap());
+            assert_eq!(out, value(i as u64, 1));
+        }
+        assert_eq!(ht.spec_stats(), (h0 + 50, m0), "lookups of the updated slots hit");
+        // Another handle changes key 0 and deletes key 1: the remembered
+        // words are stale, the CAS (or the key check) fails, and the normal
+        // path decides.
+        let mut other = RaceHt::open(&ctx, "specup").await.unwrap();
+        other.update(&keys[0], &value(0, 7)).await.unwrap();
+        assert!(other.delete(&keys[1]).await.unwrap());
+        let before = ctx.stats();
+        assert!(ht.update(&keys[0], &value(0, 8)).await.unwrap());
+        assert!(!ht.update(&keys[1], &value(1, 8)).await.unwrap(), "a deleted key is not updated");
+        assert!(ctx.stats().since(&before).doorbells > 4, "both fell back to the normal path");
+        assert!(other.get(&keys[0], &mut out).await.unwrap());
+        assert_eq!(out, value(0, 8));
+        assert!(!other.get(&keys[1], &mut out).await.unwrap());
+        // A block reused for another key fails the key check: key 2's
+        // remembered block is retired by an update through the other handle
+        // and may be reused; the update still lands on key 2 alone.
+        other.update(&keys[2], &value(2, 7)).await.unwrap();
+        for k in 50..80u64 {
+            other.insert(&k.to_le_bytes(), &value(k, 0)).await.unwrap();
+        }
+        assert!(ht.update(&keys[2], &value(2, 9)).await.unwrap());
+        assert!(other.get(&keys[2], &mut out).await.unwrap());
+        assert_eq!(out, value(2, 9));
+        for k in 50..80u64 {
+            assert!(other.get(&k.to_le_bytes(), &mut out).await.unwrap());
+            assert_eq!(out, value(k, 0), "key {k} untouched");
+        }
+    });
+}
