@@ -168,3 +168,38 @@ impl RaceHt {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use smart_core::smart::SmartConfig;
+    use smart_core::{EmbeddedTransport, Runtime, RuntimeConfig};
+
+    use crate::{RaceConfig, RaceHt};
+
+    #[test]
+    fn a_speculative_update_never_replaces_another_keys_block() {
+        let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
+        let smart = SmartConfig { spec_lookup: true, ..SmartConfig::default() };
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            // One subtable: both keys' slots lie where the directory names.
+            let mut ht = RaceHt::create(&ctx, "wrong", RaceConfig { depth: 0, groups: 16 }).await.unwrap();
+            let mut out = Vec::new();
+            ht.insert(b"a", b"1").await.unwrap();
+            ht.insert(b"b", b"2").await.unwrap();
+            assert!(ht.get(b"b", &mut out).await.unwrap());
+            // The entry for `a` names `b`'s slot and word (as a reused
+            // block or a hash collision could): the key check must refuse.
+            let (ha, hb) = (ht.place(b"a").h1, ht.place(b"b").h1);
+            let spec = ht.spec.clone().unwrap();
+            let (at, s) = spec.borrow().lookup(hb).unwrap();
+            spec.borrow_mut().put(ha, at, s);
+            assert!(ht.update(b"a", b"3").await.unwrap());
+            for (k, v) in [(&b"a"[..], &b"3"[..]), (b"b", b"2")] {
+                assert!(ht.get(k, &mut out).await.unwrap(), "{k:?} is there");
+                assert_eq!(out, v);
+            }
+        });
+    }
+}
