@@ -169,7 +169,11 @@
 //! search then takes one doorbell, READ that slot word + READ its block, and
 //! is accepted only if the slot still holds the cached word (a frozen slot
 //! never does) and the block decodes to the key. Otherwise the normal
-//! two-RTT path runs and refreshes the cache.
+//! two-RTT path runs and refreshes the cache. An update or upsert of a
+//! cached key takes two doorbells instead of three: [WRITE its new block,
+//! READ the block the cached word names], then, if that block is the key's,
+//! a CAS from the cached word (a stale word fails the CAS and the normal
+//! path runs).
 
 pub mod layout;
 
