@@ -171,9 +171,9 @@
 //! never does) and the block decodes to the key. Otherwise the normal
 //! two-RTT path runs and refreshes the cache. An update or upsert of a
 //! cached key takes two doorbells instead of three: [WRITE its new block,
-//! READ the block the cached word names], then, if that block is the key's,
-//! a CAS from the cached word (a stale word fails the CAS and the normal
-//! path runs).
+//! READ the slot word, READ the block the cached word names], then, if the
+//! slot still holds that word and the block is the key's, a CAS from the
+//! cached word (otherwise, or if the CAS fails, the normal path runs).
 
 pub mod layout;
 

@@ -114,16 +114,19 @@ impl RaceHt {
 
     /// The speculative update path (with `spec-lookup`): if this thread
     /// knows where `key` was last found, one doorbell WRITEs the new block
-    /// `new` (encoded in `block`) and READs the block the remembered slot
-    /// word names; if that block is `key`'s, a CAS from the remembered word
-    /// to `new` replaces it: two round trips instead of three (bucket READ,
+    /// `new` (encoded in `block`), READs the remembered slot's word and READs
+    /// the block the remembered word names; if the slot still holds that
+    /// word and the block is `key`'s, a CAS from the remembered word to
+    /// `new` replaces it: two round trips instead of three (bucket READ,
     /// key check, CAS). Why a CAS that succeeds is a correct update: the
     /// slot lies in the key's subtable as of this operation's epoch (a split
     /// freezes the slots it moves, so a CAS on a moved slot fails); the
-    /// block named by the remembered word was read in this operation and
-    /// held `key`, and it is not reused before the operation ends, so at the
-    /// CAS the slot named a block of `key`: the slot the normal path would
-    /// CAS too.
+    /// READs execute in order (one QP), so the block was read after the slot
+    /// named it in this operation, while it was live: it held `key`, and it
+    /// is not reused before the operation ends (a block retired before this
+    /// operation began could be, which is why the word is read again rather
+    /// than trusted from the cache). So at the CAS the slot named a block of
+    /// `key`: the slot the normal path would CAS too.
     pub(crate) async fn spec_update(
         &mut self,
         h: u64,
@@ -137,9 +140,11 @@ impl RaceHt {
         };
         let mut b = self.ctx.batch();
         b.write(new.0, block);
+        let rs = b.read(at, 8);
         let rb = b.read(s.addr(), s.block_len());
         let done = b.post().await?;
-        let ours = matches!(layout::decode_block(done.bytes(rb)), Some((k, _)) if k == key);
+        let word = u64::from_le_bytes(done.bytes(rs).try_into().expect("8 bytes"));
+        let ours = word == s.0 && matches!(layout::decode_block(done.bytes(rb)), Some((k, _)) if k == key);
         drop(done);
         if ours && self.ctx.cas(at, s.0, new.1 .0).await? == s.0 {
             return Ok(SpecUpdate::Done { slot_at: at, old: s });
