@@ -1,6 +1,7 @@
 //! Speculative search (Smart's `spec-lookup`): a per-thread cache of where
 //! keys were last found, so a lookup takes one doorbell when it hits.
 
+use smart_core::runtime::{Batch, Done, ReadRef};
 use smart_core::GlobalAddr;
 
 use crate::layout::{self, Slot};
@@ -57,6 +58,22 @@ pub(crate) enum SpecUpdate {
     Done { slot_at: GlobalAddr, old: Slot },
 }
 
+/// Adds the READs of the remembered slot at `at` and of the block its word
+/// `s` names (in this order: one QP executes them in order).
+fn read_remembered(b: &mut Batch<'_>, at: GlobalAddr, s: Slot) -> (ReadRef, ReadRef) {
+    (b.read(at, 8), b.read(s.addr(), s.block_len()))
+}
+
+/// The value of `key` if those READs show the slot still holding `s` and
+/// the block decoding to `key`.
+fn still_named<'d>(done: &'d Done<'_>, (rs, rb): (ReadRef, ReadRef), s: Slot, key: &[u8]) -> Option<&'d [u8]> {
+    let word = u64::from_le_bytes(done.bytes(rs).try_into().expect("8 bytes"));
+    match layout::decode_block(done.bytes(rb)) {
+        Some((k, v)) if word == s.0 && k == key => Some(v),
+        _ => None,
+    }
+}
+
 impl RaceHt {
     /// The speculative search path (Smart's `spec-lookup`): if this thread
     /// knows where `key` was last found, one doorbell READs that slot word
@@ -77,17 +94,15 @@ impl RaceHt {
             return Ok(false);
         };
         let mut b = self.ctx.batch();
-        let rs = b.read(at, 8);
-        let rb = b.read(s.addr(), s.block_len());
+        let reads = read_remembered(&mut b, at, s);
         let done = b.post().await?;
-        let word = u64::from_le_bytes(done.bytes(rs).try_into().expect("8 bytes"));
-        let hit = match layout::decode_block(done.bytes(rb)) {
-            Some((k, v)) if word == s.0 && k == key => {
+        let hit = match still_named(&done, reads, s, key) {
+            Some(v) => {
                 out.clear();
                 out.extend_from_slice(v);
                 true
             }
-            _ => false,
+            None => false,
         };
         let mut c = spec.borrow_mut();
         if hit {
@@ -114,19 +129,16 @@ impl RaceHt {
 
     /// The speculative update path (with `spec-lookup`): if this thread
     /// knows where `key` was last found, one doorbell WRITEs the new block
-    /// `new` (encoded in `block`), READs the remembered slot's word and READs
-    /// the block the remembered word names; if the slot still holds that
-    /// word and the block is `key`'s, a CAS from the remembered word to
-    /// `new` replaces it: two round trips instead of three (bucket READ,
-    /// key check, CAS). Why a CAS that succeeds is a correct update: the
-    /// slot lies in the key's subtable as of this operation's epoch (a split
-    /// freezes the slots it moves, so a CAS on a moved slot fails); the
-    /// READs execute in order (one QP), so the block was read after the slot
-    /// named it in this operation, while it was live: it held `key`, and it
-    /// is not reused before the operation ends (a block retired before this
-    /// operation began could be, which is why the word is read again rather
-    /// than trusted from the cache). So at the CAS the slot named a block of
-    /// `key`: the slot the normal path would CAS too.
+    /// `new` (encoded in `block`) and makes [`RaceHt::speculate`]'s two
+    /// READs; if they show the slot still naming a block of `key`, a CAS
+    /// from the remembered word to `new` replaces it: two round trips
+    /// instead of three (bucket READ, key check, CAS). A CAS that succeeds
+    /// is the normal path's update, for `speculate`'s reasons: the slot is
+    /// in the key's subtable as of this operation's epoch (a split freezes
+    /// the slots it moves, so a CAS on a moved slot fails), and the block
+    /// was read while the slot named it, so it is not reused before the CAS
+    /// (a block retired before this operation began could be: the word is
+    /// read again rather than trusted from the cache).
     pub(crate) async fn spec_update(
         &mut self,
         h: u64,
@@ -140,11 +152,9 @@ impl RaceHt {
         };
         let mut b = self.ctx.batch();
         b.write(new.0, block);
-        let rs = b.read(at, 8);
-        let rb = b.read(s.addr(), s.block_len());
+        let reads = read_remembered(&mut b, at, s);
         let done = b.post().await?;
-        let word = u64::from_le_bytes(done.bytes(rs).try_into().expect("8 bytes"));
-        let ours = word == s.0 && matches!(layout::decode_block(done.bytes(rb)), Some((k, _)) if k == key);
+        let ours = still_named(&done, reads, s, key).is_some();
         drop(done);
         if ours && self.ctx.cas(at, s.0, new.1 .0).await? == s.0 {
             return Ok(SpecUpdate::Done { slot_at: at, old: s });

@@ -28,11 +28,16 @@ fn a_second_client_opens_the_same_table() {
     });
 }
 
+/// A runtime on `t` with speculative search (and updates) on.
+fn speculating(t: &EmbeddedTransport) -> Runtime {
+    let smart = SmartConfig { spec_lookup: true, ..SmartConfig::default() };
+    Runtime::new(t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap()
+}
+
 #[test]
 fn speculative_lookups_hit_with_one_doorbell() {
     let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
-    let smart = SmartConfig { spec_lookup: true, ..SmartConfig::default() };
-    let mut rt = Runtime::new(&t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap();
+    let mut rt = speculating(&t);
     let ctx = rt.ctx();
     rt.block_on(async move {
         let mut ht = RaceHt::create(&ctx, "spec", small()).await.unwrap();
@@ -157,8 +162,7 @@ fn a_dropped_table_gives_its_memory_back_and_its_clients_a_clean_error() {
 #[test]
 fn speculative_updates_take_two_doorbells_and_fall_back_when_stale() {
     let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
-    let smart = SmartConfig { spec_lookup: true, ..SmartConfig::default() };
-    let mut rt = Runtime::new(&t, 0, RuntimeConfig { smart, ..RuntimeConfig::default() }).unwrap();
+    let mut rt = speculating(&t);
     let ctx = rt.ctx();
     rt.block_on(async move {
         let mut ht = RaceHt::create(&ctx, "specup", small()).await.unwrap();
