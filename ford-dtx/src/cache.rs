@@ -76,10 +76,10 @@ impl Prints {
     }
 }
 
-/// A key's home bucket and its nonzero print (from one hash: the bucket
-/// from the hash modulo the buckets, the print from its top bits).
-fn home_and_print(t: &Table, key: u64) -> (u64, u16) {
-    let h = layout::murmur64a(key, layout::HASH_SEED);
+/// The home bucket and the nonzero print of a key with hash `h`
+/// ([`layout::key_hash`]): the bucket from the hash modulo the buckets, the
+/// print from its top bits.
+fn home_and_print(t: &Table, h: u64) -> (u64, u16) {
     let p = (h >> 48) as u16;
     (h % t.buckets, if p == 0 { 1 } else { p })
 }
@@ -125,10 +125,11 @@ impl AddrCache {
         (hits, hit)
     }
 
-    /// Where `key` is, if this process has seen it: a hint to check for a
-    /// key found by its print, exact for one of this thread's exact keys.
-    pub(crate) fn get(&self, t: &Table, replicas: usize, key: u64) -> Option<Loc> {
-        let (b, p) = home_and_print(t, key);
+    /// Where `key` (of hash `h`) is, if this process has seen it: a hint to
+    /// check for a key found by its print, exact for one of this thread's
+    /// exact keys.
+    pub(crate) fn get(&self, t: &Table, replicas: usize, key: u64, h: u64) -> Option<Loc> {
+        let (b, p) = home_and_print(t, h);
         let (hits, s) = self.matches(t, b, p);
         if hits == 1 && (self.colliders.is_empty() || !self.colliders.contains(&(t.id, key))) {
             let off = b * t.bucket_bytes() + layout::slot_offset(t.value_size, s);
@@ -147,20 +148,22 @@ impl AddrCache {
         self.prints.bytes.load(Ordering::Relaxed) > OVERLAP_ABOVE
     }
 
-    /// Starts loading the line [`get`](Self::get) will read for `key`.
-    pub(crate) fn prefetch(&self, t: &Table, key: u64) {
+    /// Starts loading the line [`get`](Self::get) will read for a key of
+    /// hash `h`.
+    pub(crate) fn prefetch(&self, t: &Table, h: u64) {
         if let Some(lines) = self.prints.table(t) {
-            smart_core::runtime::prefetch_local(&lines[home_and_print(t, key).0 as usize]);
+            smart_core::runtime::prefetch_local(&lines[home_and_print(t, h).0 as usize]);
         }
     }
 
-    /// Remembers that `key` lives at `loc` (slots keep their keys for good).
-    pub(crate) fn insert(&mut self, t: &Table, key: u64, loc: Loc) {
+    /// Remembers that `key` (of hash `h`) lives at `loc` (slots keep their
+    /// keys for good).
+    pub(crate) fn insert(&mut self, t: &Table, key: u64, h: u64, loc: Loc) {
         let Some(off) = Self::in_array(t, loc[0]) else {
             self.exact.insert((t.id, key), loc);
             return;
         };
-        let (b, p) = home_and_print(t, key);
+        let (b, p) = home_and_print(t, h);
         let bb = t.bucket_bytes();
         debug_assert_eq!(off / bb, b, "a key in the array lies in its home bucket");
         let s = ((off % bb - layout::BUCKET_HEADER) / t.record_bytes() as u64) as usize;
@@ -192,19 +195,23 @@ mod tests {
     use crate::db::{DbSpec, TableSpec};
     use crate::{Abort, TxnError};
 
+    fn kh(key: u64) -> u64 {
+        layout::key_hash(key)
+    }
+
     /// The first `n` pairs of keys of `t` with the same home bucket and the
     /// same print.
     fn twins(t: &Table, n: usize) -> Vec<(u64, u64)> {
         let mut seen = std::collections::HashMap::new();
         let mut pairs = Vec::new();
         for k in 1..10_000_000u64 {
-            if let Some(o) = seen.remove(&home_and_print(t, k)) {
+            if let Some(o) = seen.remove(&home_and_print(t, kh(k))) {
                 pairs.push((o, k));
                 if pairs.len() == n {
                     return pairs;
                 }
             } else {
-                seen.insert(home_and_print(t, k), k);
+                seen.insert(home_and_print(t, kh(k)), k);
             }
         }
         unreachable!("16-bit prints collide long before")
@@ -226,7 +233,7 @@ mod tests {
 
     /// `key`'s slot `s` of its home bucket, on both replicas.
     fn slot(t: &Table, key: u64, s: usize) -> Loc {
-        let off = home_and_print(t, key).0 * t.bucket_bytes() + layout::slot_offset(t.value_size, s);
+        let off = home_and_print(t, kh(key)).0 * t.bucket_bytes() + layout::slot_offset(t.value_size, s);
         [t.base[0].add(off), t.base[1].add(off), GlobalAddr::NULL, GlobalAddr::NULL]
     }
 
@@ -236,21 +243,21 @@ mod tests {
         let (t, other) = (&db.tables[1], &db.tables[0]);
         for s in [0, 3, 4, SLOTS - 1] {
             let mut c = AddrCache::new(Arc::new(Prints::new(&db)));
-            c.insert(t, 5, slot(t, 5, s));
-            assert_eq!(c.get(t, 2, 5), Some(slot(t, 5, s)), "slot {s}, mirrors at the same offset");
+            c.insert(t, 5, kh(5), slot(t, 5, s));
+            assert_eq!(c.get(t, 2, 5, kh(5)), Some(slot(t, 5, s)), "slot {s}, mirrors at the same offset");
         }
         let mut c = AddrCache::new(Arc::new(Prints::new(&db)));
-        assert_eq!(c.get(t, 2, 5), None);
-        c.insert(t, 5, slot(t, 5, 3));
-        assert_eq!(c.get(t, 1, 5).map(|l| l[1]), Some(GlobalAddr::NULL), "one replica");
+        assert_eq!(c.get(t, 2, 5, kh(5)), None);
+        c.insert(t, 5, kh(5), slot(t, 5, 3));
+        assert_eq!(c.get(t, 1, 5, kh(5)).map(|l| l[1]), Some(GlobalAddr::NULL), "one replica");
         let far = [GlobalAddr::new(0, 1 << 30), GlobalAddr::new(1, 1 << 29), GlobalAddr::NULL, GlobalAddr::NULL];
-        c.insert(t, 6, far);
-        assert_eq!(c.get(t, 2, 6), Some(far), "overflow slots keep their own mirrors");
-        assert_eq!(c.get(other, 2, 5), None, "tables apart");
+        c.insert(t, 6, kh(6), far);
+        assert_eq!(c.get(t, 2, 6, kh(6)), Some(far), "overflow slots keep their own mirrors");
+        assert_eq!(c.get(other, 2, 5, kh(5)), None, "tables apart");
         c.stale(other, 5);
-        assert!(c.get(t, 2, 5).is_some());
+        assert!(c.get(t, 2, 5, kh(5)).is_some());
         c.stale(t, 5);
-        assert_eq!(c.get(t, 2, 5), None, "a stale key trusts no print");
+        assert_eq!(c.get(t, 2, 5, kh(5)), None, "a stale key trusts no print");
     }
 
     #[test]
@@ -259,18 +266,19 @@ mod tests {
         let t = &db.tables[0];
         let prints = Arc::new(Prints::new(&db));
         let (mut a, mut b) = (AddrCache::new(prints.clone()), AddrCache::new(prints));
-        a.insert(t, 5, slot(t, 5, 2));
-        assert_eq!(b.get(t, 2, 5), Some(slot(t, 5, 2)));
+        a.insert(t, 5, kh(5), slot(t, 5, 2));
+        assert_eq!(b.get(t, 2, 5, kh(5)), Some(slot(t, 5, 2)));
         b.stale(t, 5);
-        assert_eq!(b.get(t, 2, 5), None);
-        assert_eq!(a.get(t, 2, 5), Some(slot(t, 5, 2)));
+        assert_eq!(b.get(t, 2, 5, kh(5)), None);
+        assert_eq!(a.get(t, 2, 5, kh(5)), Some(slot(t, 5, 2)));
         // Neighbouring lanes of one word are set independently.
-        let keys: Vec<u64> = (6..).filter(|&k| home_and_print(t, k).0 == home_and_print(t, 5).0).take(4).collect();
+        let keys: Vec<u64> =
+            (6..).filter(|&k| home_and_print(t, kh(k)).0 == home_and_print(t, kh(5)).0).take(4).collect();
         for (s, &k) in keys.iter().enumerate() {
-            b.insert(t, k, slot(t, k, 4 + s));
+            b.insert(t, k, kh(k), slot(t, k, 4 + s));
         }
         for (s, &k) in keys.iter().enumerate() {
-            assert_eq!(a.get(t, 2, k), Some(slot(t, k, 4 + s)));
+            assert_eq!(a.get(t, 2, k, kh(k)), Some(slot(t, k, 4 + s)));
         }
     }
 
@@ -280,17 +288,17 @@ mod tests {
         let t = &db.tables[0];
         let (a, b) = twins(t, 1)[0];
         let mut c = AddrCache::new(Arc::new(Prints::new(&db)));
-        c.insert(t, a, slot(t, a, 0));
+        c.insert(t, a, kh(a), slot(t, a, 0));
         // `b` shares the hint: a stale address, for the fetch to catch.
-        assert_eq!(c.get(t, 2, b), Some(slot(t, a, 0)));
-        c.insert(t, b, slot(t, b, 4));
-        assert_eq!(c.get(t, 2, b), Some(slot(t, b, 4)), "found where its print is not alone: kept exactly");
+        assert_eq!(c.get(t, 2, b, kh(b)), Some(slot(t, a, 0)));
+        c.insert(t, b, kh(b), slot(t, b, 4));
+        assert_eq!(c.get(t, 2, b, kh(b)), Some(slot(t, b, 4)), "found where its print is not alone: kept exactly");
         let d = AddrCache::new(c.prints.clone());
-        assert_eq!(d.get(t, 2, a), None, "two slots match: neither is trusted");
-        assert_eq!(d.get(t, 2, b), None);
+        assert_eq!(d.get(t, 2, a, kh(a)), None, "two slots match: neither is trusted");
+        assert_eq!(d.get(t, 2, b, kh(b)), None);
         // A thread that meets `a` again keeps it exactly too.
-        c.insert(t, a, slot(t, a, 0));
-        assert_eq!((c.get(t, 2, a), c.get(t, 2, b)), (Some(slot(t, a, 0)), Some(slot(t, b, 4))));
+        c.insert(t, a, kh(a), slot(t, a, 0));
+        assert_eq!((c.get(t, 2, a, kh(a)), c.get(t, 2, b, kh(b))), (Some(slot(t, a, 0)), Some(slot(t, b, 4))));
     }
 
     fn open(rows: u64) -> (Arc<dyn Transport>, Runtime, Arc<Db>, crate::Registration) {

@@ -61,10 +61,10 @@ impl Table {
         layout::bucket_bytes(self.value_size)
     }
 
-    /// The first bucket of `key`'s chain on every replica.
-    pub fn home_bucket(&self, key: u64, replicas: usize) -> [GlobalAddr; MAX_REPLICAS] {
-        let b = layout::murmur64a(key, layout::HASH_SEED) % self.buckets;
-        std::array::from_fn(|r| if r < replicas { self.base[r].add(b * self.bucket_bytes()) } else { GlobalAddr::NULL })
+    /// The first bucket, on the primary, of the chain of a key with hash
+    /// `hash` ([`layout::key_hash`]); the backups' are at the same offset.
+    pub fn home_bucket(&self, hash: u64) -> GlobalAddr {
+        self.base[0].add(hash % self.buckets * self.bucket_bytes())
     }
 }
 

@@ -88,6 +88,12 @@ pub const fn slot_offset(value_size: usize, i: usize) -> u64 {
     BUCKET_HEADER + (i * record_bytes(value_size)) as u64
 }
 
+/// A key's hash: its home bucket is the hash modulo the table's buckets
+/// (the same on every replica).
+pub fn key_hash(key: u64) -> u64 {
+    murmur64a(key, HASH_SEED)
+}
+
 /// MurmurHash64A (Appleby) of an 8-byte key.
 pub fn murmur64a(key: u64, seed: u64) -> u64 {
     const M: u64 = 0xc6a4_a793_5bd1_e995;

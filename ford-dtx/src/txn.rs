@@ -91,6 +91,8 @@ struct Posted {
 struct Item {
     table: u32,
     key: u64,
+    /// [`layout::key_hash`] of the key (its home bucket, its cache print).
+    hash: u64,
     kind: Kind,
     step: Step,
     loc: Loc,
@@ -181,6 +183,7 @@ impl Txn {
             self.items.push(Item {
                 table,
                 key,
+                hash: layout::key_hash(key),
                 kind,
                 step: Step::Start,
                 loc: [GlobalAddr::NULL; MAX_REPLICAS],
@@ -195,7 +198,7 @@ impl Txn {
             });
         } else {
             let it = &mut self.items[self.n];
-            (it.table, it.key, it.kind, it.step) = (table, key, kind, Step::Start);
+            (it.table, it.key, it.hash, it.kind, it.step) = (table, key, layout::key_hash(key), kind, Step::Start);
             (it.cached, it.version, it.state, it.locked, it.written, it.posted) = (false, 0, 0, false, false, None);
             it.value.clear();
             it.new.clear();
@@ -301,7 +304,7 @@ impl Txn {
             let overlap = cache.overlap();
             if overlap {
                 for it in self.items[self.executed..self.n].iter().filter(|it| it.step == Step::Start) {
-                    cache.prefetch(db.table(it.table), it.key);
+                    cache.prefetch(db.table(it.table), it.hash);
                 }
             }
             overlap
@@ -316,7 +319,7 @@ impl Txn {
                 if it.step != Step::Start {
                     continue;
                 }
-                match cache.get(db.table(it.table), db.replicas, it.key) {
+                match cache.get(db.table(it.table), db.replicas, it.key, it.hash) {
                     Some(loc) => {
                         st.cache_hits += 1;
                         it.loc = loc;
@@ -325,8 +328,7 @@ impl Txn {
                     }
                     None => {
                         st.cache_misses += 1;
-                        let t = db.table(it.table);
-                        it.step = Step::Bucket { at: t.home_bucket(it.key, db.replicas)[0], home: true };
+                        it.step = Step::Bucket { at: db.table(it.table).home_bucket(it.hash), home: true };
                     }
                 }
             }
@@ -424,7 +426,7 @@ impl Txn {
                     if it.step == Step::Lock {
                         return Err(Abort::Validation);
                     }
-                    it.step = Step::Bucket { at: t.home_bucket(it.key, replicas)[0], home: true };
+                    it.step = Step::Bucket { at: t.home_bucket(it.hash), home: true };
                     return Ok(());
                 }
                 let ours = r.state == state::FREE || r.key == it.key;
@@ -481,7 +483,7 @@ impl Txn {
                     let loc = slot_loc(at.add(off), off, &mirrors, replicas);
                     it.loc = loc;
                     // A slot keeps its key for good: cache it.
-                    self.d.0.cache.borrow_mut().insert(t, it.key, loc);
+                    self.d.0.cache.borrow_mut().insert(t, it.key, it.hash, loc);
                     match it.kind {
                         Kind::Read if r.state == state::LIVE => {
                             it.version = r.version;
@@ -582,7 +584,7 @@ impl Txn {
         // Inserted keys are in their slots for good now.
         let mut cache = self.d.0.cache.borrow_mut();
         for it in self.items[..self.n].iter().filter(|it| it.kind == Kind::Insert && !it.cached) {
-            cache.insert(self.d.0.db.table(it.table), it.key, it.loc);
+            cache.insert(self.d.0.db.table(it.table), it.key, it.hash, it.loc);
         }
         Ok(())
     }

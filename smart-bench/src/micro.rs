@@ -261,11 +261,10 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                     done.n += m.batch as u64;
                 }
                 if untimed == 0 {
-                    let t = w.lap(t0, m.batch as u64);
+                    t0 = w.lap(t0, m.batch as u64);
                     if m.latency_every > 1 {
                         untimed = pick(rng.next_u64(), u64::from(2 * m.latency_every - 1)) as u32;
                     }
-                    t0 = t;
                 } else {
                     w.count(m.batch as u64);
                     untimed -= 1;
