@@ -133,7 +133,7 @@ impl AddrCache {
         let (hits, s) = self.matches(t, b, p);
         if hits == 1 && (self.colliders.is_empty() || !self.colliders.contains(&(t.id, key))) {
             let off = b * t.bucket_bytes() + layout::slot_offset(t.value_size, s);
-            return Some(std::array::from_fn(|r| if r < replicas { t.base[r].add(off) } else { GlobalAddr::NULL }));
+            return Some(t.array_mirrors(t.base[0].add(off), replicas));
         }
         if self.exact.is_empty() {
             return None;
@@ -164,9 +164,8 @@ impl AddrCache {
             return;
         };
         let (b, p) = home_and_print(t, h);
-        let bb = t.bucket_bytes();
-        debug_assert_eq!(off / bb, b, "a key in the array lies in its home bucket");
-        let s = ((off % bb - layout::BUCKET_HEADER) / t.record_bytes() as u64) as usize;
+        debug_assert_eq!(off / t.bucket_bytes(), b, "a key in the array lies in its home bucket");
+        let s = t.slot_of(loc[0]);
         let (hits, hit) = self.matches(t, b, p);
         if (hits > 0 && (hits, hit) != (1, s)) || self.colliders.contains(&(t.id, key)) {
             // Its print will not serve it: another slot has it too.
@@ -176,6 +175,50 @@ impl AddrCache {
         let (word, shift) = (&lines[b as usize].0[s / 4], 16 * (s % 4));
         let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
             Some(v & !(0xffff << shift) | u64::from(p) << shift)
+        });
+    }
+
+    /// For a key of hash `h` that [`get`](Self::get) did not find: the
+    /// first slot of its home bucket whose print is unknown, if no known
+    /// print of that bucket is the key's. Slots keep their keys for good and
+    /// the free slots of a chain are its tail, so the key is in its chain
+    /// only if that slot is taken: a READ of that one record tells a
+    /// missing key (a free slot) from a present one (FORD reads the whole
+    /// bucket). `None` if the key's print is known there (a shared print or
+    /// a stale key: the bucket is read) or every slot's print is known (the
+    /// chain may go on).
+    pub(crate) fn first_unknown(&self, t: &Table, h: u64) -> Option<usize> {
+        let (b, p) = home_and_print(t, h);
+        let Some(lines) = self.prints.table(t) else { return Some(0) };
+        let mut first = None;
+        for (w, word) in lines[b as usize].0[..WORDS].iter().enumerate() {
+            let v = word.load(Ordering::Relaxed);
+            for lane in 0..4 {
+                let q = (v >> (16 * lane)) as u16;
+                if q == p {
+                    return None;
+                }
+                if q == 0 && first.is_none() && 4 * w + lane < SLOTS {
+                    first = Some(4 * w + lane);
+                }
+            }
+        }
+        first
+    }
+
+    /// Records that slot `s` of table `t`'s bucket `b` (in the array) holds
+    /// `key`, seen in passing while reading that bucket for another key, if
+    /// its print is not known yet.
+    pub(crate) fn learn(&self, t: &Table, b: u64, s: usize, key: u64) {
+        let Some(lines) = self.prints.table_or_new(t) else { return };
+        let (word, shift) = (&lines[b as usize].0[s / 4], 16 * (s % 4));
+        if (word.load(Ordering::Relaxed) >> shift) as u16 != 0 {
+            return;
+        }
+        let (hb, p) = home_and_print(t, layout::key_hash(key));
+        debug_assert_eq!(hb, b, "a key in the array lies in its home bucket");
+        let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            ((v >> shift) as u16 == 0).then_some(v | u64::from(p) << shift)
         });
     }
 
@@ -283,6 +326,30 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_goes_to_the_first_unknown_slot_only_past_other_keys_prints() {
+        let db = db(7);
+        let t = &db.tables[0];
+        let mut c = AddrCache::new(Arc::new(Prints::new(&db)));
+        let home = home_and_print(t, kh(1)).0;
+        let keys: Vec<u64> = (2..).filter(|&k| home_and_print(t, kh(k)).0 == home).take(SLOTS + 1).collect();
+        let (probe, rest) = keys.split_last().unwrap();
+        assert_eq!(c.first_unknown(t, kh(1)), Some(0), "no prints yet: slot 0");
+        // Slots learned out of order: the first unknown one counts.
+        c.learn(t, home, 1, rest[1]);
+        assert_eq!(c.first_unknown(t, kh(1)), Some(0));
+        c.insert(t, rest[0], kh(rest[0]), slot(t, rest[0], 0));
+        assert_eq!(c.first_unknown(t, kh(1)), Some(2));
+        assert_eq!(c.first_unknown(t, kh(rest[1])), None, "a key whose print is known is not probed for");
+        for (s, &k) in rest.iter().enumerate().skip(2) {
+            c.learn(t, home, s, k);
+        }
+        assert_eq!(c.first_unknown(t, kh(*probe)), None, "every slot known: the chain may go on");
+        // Learning never overwrites a print.
+        c.learn(t, home, 0, *probe);
+        assert_eq!(c.get(t, 2, rest[0], kh(rest[0])), Some(slot(t, rest[0], 0)));
+    }
+
+    #[test]
     fn equal_prints_in_a_bucket_are_not_trusted() {
         let db = db(7);
         let t = &db.tables[0];
@@ -296,6 +363,7 @@ mod tests {
         let d = AddrCache::new(c.prints.clone());
         assert_eq!(d.get(t, 2, a, kh(a)), None, "two slots match: neither is trusted");
         assert_eq!(d.get(t, 2, b, kh(b)), None);
+        assert_eq!((d.first_unknown(t, kh(a)), d.first_unknown(t, kh(b))), (None, None), "nor probed past");
         // A thread that meets `a` again keeps it exactly too.
         c.insert(t, a, kh(a), slot(t, a, 0));
         assert_eq!((c.get(t, 2, a, kh(a)), c.get(t, 2, b, kh(b))), (Some(slot(t, a, 0)), Some(slot(t, b, 4))));
@@ -320,6 +388,77 @@ mod tests {
             Err(TxnError::Abort(a)) => a,
             other => panic!("expected an abort, got {other:?}"),
         }
+    }
+
+    async fn put(d: &crate::Dtx, k: u64) {
+        let mut tx = d.txn(0);
+        tx.begin();
+        let i = tx.insert(0, k);
+        tx.execute().await.unwrap();
+        tx.write(i, &k.to_le_bytes());
+        tx.commit().await.unwrap();
+    }
+
+    async fn get(d: &crate::Dtx, k: u64) -> Option<u64> {
+        let mut tx = d.txn(0);
+        tx.begin();
+        let i = tx.read(0, k);
+        match tx.execute().await {
+            Ok(()) => {
+                tx.commit().await.unwrap();
+                Some(u64::from_le_bytes(tx.value(i).try_into().unwrap()))
+            }
+            Err(TxnError::Abort(Abort::NotFound)) => None,
+            Err(e) => panic!("read of {k}: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_missing_key_costs_one_slot_and_keys_the_cache_never_saw_are_found() {
+        let (t, mut rt, db, reg) = open(200);
+        let other = crate::Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+        let (dtx, dtx2) = (reg.open_thread(rt.ctx()), other.open_thread(rt.ctx()));
+        let ctx = rt.ctx();
+        let (rb, bb) = (db.table(0).record_bytes() as u64, db.table(0).bucket_bytes());
+        let (t2, db2) = (t.clone(), db.clone());
+        rt.block_on(async move {
+            // This compute blade inserts, so its prints know every slot.
+            for k in 0..100 {
+                put(&dtx, k).await;
+            }
+            let missing = async |dtx: &crate::Dtx| {
+                let (s, read) = (dtx.stats(), ctx.stats().bytes_read);
+                for k in 1000..1100 {
+                    assert_eq!(get(dtx, k).await, None, "key {k}");
+                }
+                let now = dtx.stats();
+                assert_eq!((now.slot_probes - s.slot_probes, now.slot_probes_taken - s.slot_probes_taken), (100, 0));
+                assert_eq!(ctx.stats().bytes_read - read, 100 * rb, "a record per missing key, not a bucket ({bb} B)");
+            };
+            missing(&dtx).await;
+            // Another compute blade adds keys behind those slots: this one's
+            // probes meet them (in reverse order, a later key's probe meets
+            // an earlier one), and its bucket reads find them.
+            for k in 100..160 {
+                put(&dtx2, k).await;
+            }
+            for k in (0..160).rev() {
+                assert_eq!(get(&dtx, k).await, Some(k), "key {k}");
+            }
+            assert!(dtx.stats().slot_probes_taken > 0);
+            // Those bucket reads learned the slots they passed.
+            missing(&dtx).await;
+            // A compute blade that never saw a slot finds every key.
+            let fresh = crate::Registration::register(t2.clone(), db2, 1, 1, Duration::from_secs(30)).unwrap();
+            let dtx3 = fresh.open_thread(ctx.clone());
+            for k in (0..160).rev() {
+                assert_eq!(get(&dtx3, k).await, Some(k), "key {k}");
+            }
+            assert_eq!(get(&dtx3, 5000).await, None);
+            fresh.close(&*t2).unwrap();
+        });
+        other.close(&*t).unwrap();
+        reg.close(&*t).unwrap();
     }
 
     #[test]

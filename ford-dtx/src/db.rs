@@ -66,6 +66,25 @@ impl Table {
     pub fn home_bucket(&self, hash: u64) -> GlobalAddr {
         self.base[0].add(hash % self.buckets * self.bucket_bytes())
     }
+
+    /// The index of the bucket of the primary's array that holds `at`.
+    pub fn bucket_of(&self, at: GlobalAddr) -> u64 {
+        (at.offset() - self.base[0].offset()) / self.bucket_bytes()
+    }
+
+    /// Which slot of its bucket the record at `at`, in the primary's
+    /// array, is.
+    pub fn slot_of(&self, at: GlobalAddr) -> usize {
+        let in_bucket = (at.offset() - self.base[0].offset()) % self.bucket_bytes();
+        ((in_bucket - layout::BUCKET_HEADER) / self.record_bytes() as u64) as usize
+    }
+
+    /// `at`, an address in the primary's bucket array, on each of the first
+    /// `replicas` replicas (each replica's array has the same layout).
+    pub fn array_mirrors(&self, at: GlobalAddr, replicas: usize) -> [GlobalAddr; MAX_REPLICAS] {
+        let off = at.offset() - self.base[0].offset();
+        std::array::from_fn(|r| if r < replicas { self.base[r].add(off) } else { GlobalAddr::NULL })
+    }
 }
 
 /// An open database: what every compute thread needs to find its rows

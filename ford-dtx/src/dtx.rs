@@ -28,6 +28,12 @@ pub struct DtxStats {
     /// keys): the item's bucket was read instead, or, for a locked item, the
     /// transaction aborted (counted as a validation abort).
     pub cache_stale: u64,
+    /// Misses that READ one slot instead of the bucket: the first slot of
+    /// the key's bucket whose key the cache did not know (free: the key is
+    /// missing).
+    pub slot_probes: u64,
+    /// Probes that found another key's slot and read the bucket after all.
+    pub slot_probes_taken: u64,
     /// Overflow buckets this thread added.
     pub chains_extended: u64,
 }
@@ -38,6 +44,8 @@ impl DtxStats {
         self.cache_hits += o.cache_hits;
         self.cache_misses += o.cache_misses;
         self.cache_stale += o.cache_stale;
+        self.slot_probes += o.slot_probes;
+        self.slot_probes_taken += o.slot_probes_taken;
         self.chains_extended += o.chains_extended;
     }
 }

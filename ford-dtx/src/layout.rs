@@ -29,12 +29,17 @@
 //! from then on it holds that key for good, LIVE or DELETED (FORD's
 //! invisible bit). Inserts take the first slot of the key's chain that is
 //! free or holds the key, so the free slots of a chain are always its tail.
+//! Recovery keeps this: an insert it rolls back leaves its slot DELETED
+//! under the key, not FREE (another insert may have taken the next slot
+//! meanwhile, and a free slot ends every search).
 //!
-//! **Versions.** A record's version is its number of committed writes: the
-//! committing transaction holds the lock and writes read version + 1. So a
-//! record never shows the same version twice, whichever compute blade wrote
-//! it (FORD drew versions from a per-process counter, which two compute
-//! blades could repeat).
+//! **Versions.** A record's version counts its writes: the committing
+//! transaction holds the lock and writes read version + 1, and recovery,
+//! restoring an old image, writes the old version + 2 (past the version the
+//! dead transaction may have written). So a record never shows the same
+//! version twice, whichever compute blade wrote it (FORD drew versions from
+//! a per-process counter, which two compute blades could repeat), and a
+//! validation never mistakes a rolled-back write for a committed one.
 
 use smart_core::GlobalAddr;
 
@@ -71,6 +76,13 @@ pub mod state {
 /// Value capacity of a record for `value_size` bytes.
 pub const fn value_cap(value_size: usize) -> usize {
     value_size.next_multiple_of(8)
+}
+
+/// The version recovery gives a restored old image of version `old`: past
+/// `old + 1`, which the dead transaction may have written (a reader that
+/// saw that write then fails validation, even after a later commit).
+pub const fn recovery_version(old: u64) -> u64 {
+    old + 2
 }
 
 /// Bytes of a record for `value_size`-byte values.
@@ -267,19 +279,21 @@ pub fn header_of(bucket: &[u8]) -> (u64, [u64; MAX_REPLICAS]) {
 /// Each coroutine owns a ring of [`ENTRIES`](log::ENTRIES) entries; the
 /// transaction with sequence `s` writes entry `s mod ENTRIES` in one WRITE
 /// once every item it writes is locked and validated, and waits for it
-/// before it writes any record: the entry being durable is the commit
-/// point. An entry holds each written item's new image and addresses, so
-/// recovery rolls a logged transaction forward; a transaction with no
-/// durable entry wrote nothing, so recovery rolls it back by releasing its
-/// locks. An entry is dead once its transaction's record WRITEs are
-/// flushed, before the next transaction of the coroutine starts, so the
-/// ring never wraps over a live entry.
+/// before it writes any record. An entry holds each written item's old
+/// image (state, version, value) and every replica's address: an undo log.
+/// While a transaction's primaries all still hold its locks it has not
+/// returned, and recovery restores the old images; once it released a lock,
+/// every record WRITE was flushed, so it committed, and recovery releases
+/// the rest. A restored image takes a version two past the old one (see
+/// [`crate::layout::recovery_version`]). An entry is dead once its
+/// transaction released its locks, before the next transaction of the
+/// coroutine starts, so the ring never wraps over a live entry.
 ///
 /// ```text
 /// entry   @0 magic u64   @8 registration nonce u64   @16 seq u64
 ///         @24 lock word u64   @32 items u32 | bytes u32   @40 crc32 u32 | 0
 ///         @48 0 u64 × 2, then items
-/// item    @0 table u32 | state u32   @8 key u64   @16 new version u64
+/// item    @0 table u32 | old state u32   @8 key u64   @16 old version u64
 ///         @24 value size u64   @32 addresses u64 × 4 (replica 0 = primary)
 ///         @64 value [value cap]
 /// ```

@@ -10,7 +10,8 @@
 //!    for each, reads the primaries' lock words of its items:
 //!    - all still held by it: the transaction was not acknowledged (it
 //!      returns only after releasing its locks) and may have written some
-//!      records: every replica gets the old image back, then the locks go;
+//!      records: every replica gets the old image back (with a new version;
+//!      an inserted key stays in its slot, DELETED), then the locks go;
 //!    - some released: it had flushed every record on every replica before
 //!      releasing any lock, so it committed: the rest are released;
 //!    - none: nothing to do;
@@ -180,28 +181,29 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo) -> Result<Recovered> {
 }
 
 /// Writes an item's old image to every replica (the primary keeping the
-/// dead transaction's lock word, released after).
+/// dead transaction's lock word, released after), at
+/// [`layout::recovery_version`] of its old version. The old image of an
+/// insert (a free slot) is restored as the key DELETED: once the dead
+/// transaction wrote the key there, another insert into the chain may have
+/// taken the next slot, and a free slot before it would end every search
+/// short of it (a slot keeps its key for good).
 async fn restore(ctx: &Ctx, db: &Db, it: &EntryItem, lw: u64) -> Result<()> {
     let t = db.table(it.table);
     let mut rec = vec![0u8; t.record_bytes()];
+    let old_state = if it.old_state == state::FREE { state::DELETED } else { it.old_state };
     for r in (0..db.replicas).rev() {
         let lock = if r == 0 { lw } else { 0 };
-        if it.old_state == state::FREE {
-            rec.fill(0);
-            rec[40..48].copy_from_slice(&lock.to_le_bytes());
-        } else {
-            layout::encode(
-                &mut rec,
-                t.value_size,
-                u64::from(it.table),
-                it.key,
-                it.loc[0],
-                it.old_version,
-                lock,
-                it.old_state,
-                &it.value,
-            );
-        }
+        layout::encode(
+            &mut rec,
+            t.value_size,
+            u64::from(it.table),
+            it.key,
+            it.loc[0],
+            layout::recovery_version(it.old_version),
+            lock,
+            old_state,
+            &it.value,
+        );
         ctx.write_all(it.loc[r], &rec).await?;
     }
     Ok(())

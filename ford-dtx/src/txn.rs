@@ -8,7 +8,9 @@
 //! - a written item with a cached address: [CAS lock, READ record] (1 RTT),
 //!   aborting if the lock is held;
 //! - without a cached address: READ the key's bucket (and the overflow
-//!   chain), then lock in a second round.
+//!   chain), then lock in a second round; where the cache knows the keys
+//!   of the bucket's first slots and none is this key, READ only the next
+//!   slot instead: a free one proves the key missing.
 //!
 //! A cached address is a hint (the cache keeps 16-bit fingerprints): a
 //! record read through it that holds another key sends a read item to its
@@ -22,7 +24,9 @@
 //!    version, which let two transactions that each read what the other
 //!    writes both commit: write skew). A transaction of one read item needs
 //!    no validation: its READ is self-verifying (the record's CRC), so it
-//!    saw one committed state;
+//!    saw one state, and it aborts ([`Abort::Locked`]) if that record's
+//!    lock was held: the holder's write is committed only once the lock is
+//!    released (recovery rolls back a dead holder whose locks all remain);
 //! 2. commits: on every replica, [WRITE record with version + 1, ...,
 //!    READ 8 bytes] in one doorbell per blade; the trailing READ flushes
 //!    the WRITEs before it on that QP (on persistent memory, to the
@@ -73,6 +77,10 @@ enum Step {
     Lock,
     /// READ this bucket of the chain (`home`: of the bucket array).
     Bucket { at: GlobalAddr, home: bool },
+    /// READ the slot at `at` of the home bucket, the first whose key the
+    /// cache does not know (see [`crate::cache`]): free, the key is missing;
+    /// the key's, found; another key's, READ the bucket.
+    Probe { at: GlobalAddr },
     /// The chain is full: add an overflow bucket after `last`.
     Extend { last: GlobalAddr },
     /// Fetched (and locked if written).
@@ -100,6 +108,9 @@ struct Item {
     version: u64,
     state: u8,
     locked: bool,
+    /// A read item whose record's lock was held (by another transaction)
+    /// when it was read.
+    held: bool,
     value: Vec<u8>,
     new: Vec<u8>,
     written: bool,
@@ -191,6 +202,7 @@ impl Txn {
                 version: 0,
                 state: 0,
                 locked: false,
+                held: false,
                 value: Vec::new(),
                 new: Vec::new(),
                 written: false,
@@ -200,6 +212,7 @@ impl Txn {
             let it = &mut self.items[self.n];
             (it.table, it.key, it.hash, it.kind, it.step) = (table, key, layout::key_hash(key), kind, Step::Start);
             (it.cached, it.version, it.state, it.locked, it.written, it.posted) = (false, 0, 0, false, false, None);
+            it.held = false;
             it.value.clear();
             it.new.clear();
         }
@@ -328,7 +341,17 @@ impl Txn {
                     }
                     None => {
                         st.cache_misses += 1;
-                        it.step = Step::Bucket { at: db.table(it.table).home_bucket(it.hash), home: true };
+                        let t = db.table(it.table);
+                        let home = t.home_bucket(it.hash);
+                        it.step = match cache.first_unknown(t, it.hash) {
+                            // An insert reads the bucket for a free slot
+                            // its other inserts did not claim.
+                            Some(s) if it.kind != Kind::Insert => {
+                                st.slot_probes += 1;
+                                Step::Probe { at: home.add(layout::slot_offset(t.value_size, s)) }
+                            }
+                            _ => Step::Bucket { at: home, home: true },
+                        };
                     }
                 }
             }
@@ -350,6 +373,10 @@ impl Txn {
                     Step::Fetch => {
                         let (batch, b) = round.batch(it.loc[0].blade(), 1, t.record_bytes())?;
                         Some(Posted { batch, read: b.read(it.loc[0], t.record_bytes()), cas: None })
+                    }
+                    Step::Probe { at } => {
+                        let (batch, b) = round.batch(at.blade(), 1, t.record_bytes())?;
+                        Some(Posted { batch, read: b.read(at, t.record_bytes()), cas: None })
                     }
                     Step::Lock => {
                         let lw = self.owner.lock_word(self.seq);
@@ -441,15 +468,37 @@ impl Txn {
                 }
                 it.version = r.version;
                 it.state = r.state;
+                it.held = r.lock & layout::LOCKED != 0;
                 it.value.clear();
                 it.value.extend_from_slice(r.value);
                 it.step = Step::Done;
             }
+            Step::Probe { at } => {
+                let (key, table) = layout::key_of(bytes);
+                let ours = key == it.key && table == u64::from(it.table);
+                // A free slot is all zero, and key 0 is a key too: the
+                // state tells them apart, after the CRC.
+                if ours || key == 0 {
+                    let r = layout::decode(bytes, vs).map_err(|_| Abort::Torn)?;
+                    if r.state == state::FREE {
+                        // The chain's free tail starts before any slot of
+                        // this key.
+                        return Err(Abort::NotFound);
+                    }
+                    if ours {
+                        return Self::found(&self.d, t, it, t.array_mirrors(at, replicas), &r);
+                    }
+                }
+                // Another key's slot (the cache did not know it yet): the
+                // bucket is read.
+                self.d.0.cache.borrow().learn(t, t.bucket_of(at), t.slot_of(at), key);
+                self.d.0.stats.borrow_mut().slot_probes_taken += 1;
+                it.step = Step::Bucket { at: t.home_bucket(it.hash), home: true };
+            }
             Step::Bucket { at, home } => {
                 let (next, mirrors) = layout::header_of(bytes);
                 let mirrors: Loc = if home {
-                    let off = at.offset() - t.base[0].offset();
-                    std::array::from_fn(|r| if r < replicas { t.base[r].add(off) } else { GlobalAddr::NULL })
+                    t.array_mirrors(at, replicas)
                 } else {
                     std::array::from_fn(|r| GlobalAddr::from_raw(mirrors[r]))
                 };
@@ -467,6 +516,11 @@ impl Txn {
                     // this key, and a free one, are checked in full.
                     let (key, table) = layout::key_of(rec);
                     if (key != it.key || table != u64::from(it.table)) && key != 0 {
+                        if home {
+                            // Its print, so that the probes of missing keys
+                            // of this bucket can pass it.
+                            self.d.0.cache.borrow().learn(t, t.bucket_of(at), s, key);
+                        }
                         continue;
                     }
                     let r = layout::decode(rec, vs).map_err(|_| Abort::Torn)?;
@@ -481,22 +535,7 @@ impl Txn {
                         continue;
                     }
                     let loc = slot_loc(at.add(off), off, &mirrors, replicas);
-                    it.loc = loc;
-                    // A slot keeps its key for good: cache it.
-                    self.d.0.cache.borrow_mut().insert(t, it.key, it.hash, loc);
-                    match it.kind {
-                        Kind::Read if r.state == state::LIVE => {
-                            it.version = r.version;
-                            it.state = r.state;
-                            it.value.clear();
-                            it.value.extend_from_slice(r.value);
-                            it.step = Step::Done;
-                        }
-                        Kind::Read => return Err(Abort::NotFound),
-                        Kind::Insert if r.state == state::LIVE => return Err(Abort::Exists),
-                        _ => it.step = Step::Lock,
-                    }
-                    return Ok(());
+                    return Self::found(&self.d, t, it, loc, &r);
                 }
                 match (free, it.kind) {
                     (Some(off), Kind::Insert) => {
@@ -510,6 +549,28 @@ impl Txn {
                 }
             }
             Step::Start | Step::Extend { .. } | Step::Done => unreachable!("settled only after a fetch"),
+        }
+        Ok(())
+    }
+
+    /// Item `it` is at `loc`, whose record `r` holds its key (read through
+    /// its bucket or a probe): caches the address and takes the record.
+    fn found(d: &Dtx, t: &Table, it: &mut Item, loc: Loc, r: &layout::Record<'_>) -> Result<(), Abort> {
+        it.loc = loc;
+        // A slot keeps its key for good: cache it.
+        d.0.cache.borrow_mut().insert(t, it.key, it.hash, loc);
+        match it.kind {
+            Kind::Read if r.state == state::LIVE => {
+                it.version = r.version;
+                it.state = r.state;
+                it.held = r.lock & layout::LOCKED != 0;
+                it.value.clear();
+                it.value.extend_from_slice(r.value);
+                it.step = Step::Done;
+            }
+            Kind::Read => return Err(Abort::NotFound),
+            Kind::Insert if r.state == state::LIVE => return Err(Abort::Exists),
+            _ => it.step = Step::Lock,
         }
         Ok(())
     }
@@ -560,8 +621,11 @@ impl Txn {
             panic!("item ({}, {}) is written without a value: call write()", it.table, it.key);
         }
         if writes == 0 && !validate {
-            // One read item: its READ verified itself.
-            return Ok(());
+            // One read item: its READ verified itself, unless the record
+            // was locked: its holder may be committing a write that
+            // recovery rolls back if its compute blade dies before it
+            // releases the lock, so what was read is not known committed.
+            return if self.n == 1 && self.items[0].held { Err(TxnError::Abort(Abort::Locked)) } else { Ok(()) };
         }
         if writes > 0 {
             // Before the commit point: a fenced transaction writes nothing

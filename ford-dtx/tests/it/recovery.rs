@@ -15,7 +15,7 @@ use smart_core::Transport;
 use smart_testkit::backends;
 use smart_testkit::die::Die;
 
-use crate::{insert_rows, open, spec, u};
+use crate::{abort_of, insert_rows, open, spec, u};
 
 const ACCOUNTS: u64 = 8;
 const START: u64 = 1_000;
@@ -42,7 +42,7 @@ fn a_transaction_killed_anywhere_is_rolled_back_or_forward() {
             let (from, to) = ((round as u64) % ACCOUNTS, (round as u64 * 3 + 1) % ACCOUNTS);
             let (from, to) = if from == to { (from, (to + 1) % ACCOUNTS) } else { (from, to) };
             // Also an insert into the second table, so that roll-back of an
-            // insert (a free slot again) is exercised.
+            // insert (its key DELETED in its slot) is exercised.
             let body = async move {
                 let mut tx = dtx.txn(0);
                 tx.begin();
@@ -107,6 +107,200 @@ fn a_transaction_killed_anywhere_is_rolled_back_or_forward() {
         // Deaths before, inside and after the commit all happened.
         assert!(back > 0 && completed > 0 && none > 0, "{}: back {back} forward {forward} none {none}", b.name);
     }
+}
+
+/// Reads `key` of `table` in a one-item transaction: its value, or `None`
+/// if it is not there.
+async fn get(dtx: &ford_dtx::Dtx, table: u32, key: u64) -> Option<u64> {
+    let mut tx = dtx.txn(0);
+    tx.begin();
+    let i = tx.read(table, key);
+    match tx.execute().await {
+        Ok(()) => {
+            tx.commit().await.unwrap();
+            Some(u(tx.value(i)))
+        }
+        Err(ford_dtx::TxnError::Abort(ford_dtx::Abort::NotFound)) => None,
+        Err(e) => panic!("read of ({table}, {key}): {e}"),
+    }
+}
+
+#[test]
+fn an_insert_rolled_back_keeps_its_slot_ahead_of_later_keys() {
+    // A dies inserting K, at each await point in turn; then B inserts J,
+    // whose home bucket is K's. Where A's WRITE of K landed before it died,
+    // B skips K's slot and takes the next one, and recovery rolls A back
+    // (its lock is still held). Restoring K's slot as FREE would put a free
+    // slot, which ends every search, in front of J: J would be lost, and
+    // could be inserted twice.
+    for b in [backends::embedded(3), backends::tcp(2)] {
+        let t: Arc<dyn Transport> = b.transport.clone();
+        let (mut rt, db, reg) = open(&t, &spec("gap", &[8, 8], 64, 2), 1, 1);
+        reg.close(&*t).unwrap();
+        // Pairs of keys with one home bucket.
+        let mut first_of = std::collections::HashMap::new();
+        let mut pairs = Vec::new();
+        for k in 1u64.. {
+            if pairs.len() == 12 {
+                break;
+            }
+            let home = db.table(1).home_bucket(ford_dtx::layout::key_hash(k)).raw();
+            match first_of.remove(&home) {
+                Some(k0) => pairs.push((k0, k)),
+                None => {
+                    first_of.insert(home, k);
+                }
+            }
+        }
+        let mut gaps = 0;
+        for (round, &(k, j)) in pairs.iter().enumerate() {
+            let polls = round + 1;
+            let reg_a = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+            let dtx = reg_a.open_thread(rt.ctx());
+            let a = rt.block_on(Die::after(polls, async move {
+                let mut tx = dtx.txn(0);
+                tx.begin();
+                let i = tx.insert(1, k);
+                tx.execute().await?;
+                tx.write(i, &1u64.to_le_bytes());
+                tx.commit().await
+            }));
+            let a_done = matches!(a, Some(Ok(())));
+            let slot = reg_a.slot();
+            drop(reg_a); // dead
+            let reg_b = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+            let dtx = reg_b.open_thread(rt.ctx());
+            let b_out = rt.block_on(async move {
+                // Let A's WRs posted before its death land.
+                for _ in 0..50 {
+                    smart_core::runtime::yield_now().await;
+                }
+                let mut tx = dtx.txn(0);
+                tx.begin();
+                let i = tx.insert(1, j);
+                tx.execute().await?;
+                tx.write(i, &2u64.to_le_bytes());
+                tx.commit().await
+            });
+            let b_done = match b_out {
+                Ok(()) => true,
+                // B chose the slot A locked.
+                Err(ford_dtx::TxnError::Abort(ford_dtx::Abort::Locked)) => false,
+                Err(e) => panic!("{} round {round}: B's insert: {e}", b.name),
+            };
+            reg_b.close(&*t).unwrap();
+            let reg_c = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+            let dtx = reg_c.open_thread(rt.ctx());
+            let ctx = rt.ctx();
+            let d = db.clone();
+            let (rec, got_j, got_k, again, rows, rep) = rt.block_on(async move {
+                let rec = recover(&ctx, &d, Which::Slot(slot)).await.unwrap();
+                let (got_j, got_k) = (get(&dtx, 1, j).await, get(&dtx, 1, k).await);
+                // K inserted again where it is absent.
+                let mut tx = dtx.txn(0);
+                tx.begin();
+                let i = tx.insert(1, k);
+                let again = match tx.execute().await {
+                    Ok(()) => {
+                        tx.write(i, &3u64.to_le_bytes());
+                        tx.commit().await.unwrap();
+                        true
+                    }
+                    Err(ford_dtx::TxnError::Abort(ford_dtx::Abort::Exists)) => false,
+                    Err(e) => panic!("re-insert of {k}: {e}"),
+                };
+                let mut rows = Vec::new();
+                let rep = audit(&ctx, &d, |t, key, v| rows.push((t, key, u(v)))).await.unwrap();
+                (rec, got_j, got_k, again, rows, rep)
+            });
+            reg_c.close(&*t).unwrap();
+            let at = format!("{} round {round} (polls {polls}, A done {a_done}, B done {b_done}, {rec:?})", b.name);
+            assert_eq!(rep.violations(), 0, "{at}: {rep:?}");
+            assert_eq!(rec.len(), 1, "{at}");
+            if b_done {
+                assert_eq!(got_j, Some(2), "{at}: B's committed insert was lost");
+            } else {
+                assert_eq!(got_j, None, "{at}");
+            }
+            if a_done {
+                assert_eq!(got_k, Some(1), "{at}: A's committed insert was lost");
+            }
+            if rec[0].rolled_back == 1 {
+                assert_eq!(got_k, None, "{at}: rolled back, yet K is there");
+            }
+            assert_eq!(again, got_k.is_none(), "{at}");
+            for key in [j, k] {
+                let n = rows.iter().filter(|(t, r, _)| *t == 1 && *r == key).count();
+                assert_eq!(n, usize::from(key == k || b_done), "{at}: key {key} found {n} times: {rows:?}");
+            }
+            gaps += usize::from(rec[0].rolled_back == 1 && b_done);
+        }
+        // The case in question happened: A's K landed, B's J went after it,
+        // and A was rolled back.
+        assert!(gaps > 0, "{}: no round rolled back A after B's insert", b.name);
+    }
+}
+
+#[test]
+fn a_read_of_a_rolled_back_write_fails_validation() {
+    // R reads X and Y while X may hold the WRITE of A, whose compute blade
+    // then dies holding its lock (A dies at each await point in turn).
+    // Recovery rolls A back and W commits a new value of X; then R commits.
+    // A's write and W's are each one write past the image recovery restored,
+    // so if recovery gave that image its old version back, R, having read
+    // A's write, would validate against W's version and commit a read of a
+    // write that never happened. R must abort in every round.
+    let b = backends::embedded(3);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, reg) = open(&t, &spec("aba", &[8], 16, 2), 1, 2);
+    let dtx = reg.open_thread(rt.ctx());
+    rt.block_on({
+        let dtx = dtx.clone();
+        async move { insert_rows(&dtx, 0..2, |_| START).await }
+    });
+    let mut dirty = 0;
+    for polls in 1..=10 {
+        let reg_a = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+        let da = reg_a.open_thread(rt.ctx());
+        rt.block_on(Die::after(polls, async move {
+            let mut tx = da.txn(0);
+            tx.begin();
+            let x = tx.update(0, 0);
+            tx.execute().await?;
+            tx.write(x, &99u64.to_le_bytes());
+            tx.commit().await
+        }));
+        let slot = reg_a.slot();
+        drop(reg_a); // dead
+        let mut r = dtx.txn(0);
+        let (seen, mut r) = rt.block_on(async move {
+            // Let A's WRs posted before its death land.
+            for _ in 0..50 {
+                smart_core::runtime::yield_now().await;
+            }
+            r.begin();
+            let x = r.read(0, 0);
+            r.read(0, 1);
+            r.execute().await.unwrap();
+            (u(r.value(x)), r)
+        });
+        let (ctx, d, dw) = (rt.ctx(), db.clone(), dtx.clone());
+        let (rec, verdict) = rt.block_on(async move {
+            let rec = recover(&ctx, &d, Which::Slot(slot)).await.unwrap();
+            let mut w = dw.txn(1);
+            w.begin();
+            let x = w.update(0, 0);
+            w.execute().await.unwrap();
+            w.write(x, &50u64.to_le_bytes());
+            w.commit().await.unwrap();
+            (rec, r.commit().await)
+        });
+        let at = format!("polls {polls}: R read {seen}, {rec:?}");
+        assert_eq!(abort_of(verdict), ford_dtx::Abort::Validation, "{at}");
+        dirty += usize::from(seen == 99 && rec[0].rolled_back == 1);
+    }
+    assert!(dirty > 0, "no round had R read A's write before A was rolled back");
+    reg.close(&*t).unwrap();
 }
 
 #[test]
