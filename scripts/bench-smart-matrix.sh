@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The technique matrix: each Smart technique alone and all together against
 # none, for micro READ, contended CAS, YCSB a/b/c/update-only over race-ht
-# and YCSB a/c/e over sherman-bt, on the embedded backend and over loopback TCP. Within a round the
-# settings of one cell run back to back, in an order that rotates from round
-# to round; each cell reports the median over
-# ROUNDS of the ratio to the none run of the same round (all measured in
-# this run).
+# and YCSB a/c/e over sherman-bt, on the embedded backend and over loopback
+# TCP.
 #
 #   scripts/bench-smart-matrix.sh [ROUNDS] [SECONDS] [BACKENDS]
 #
-# Each round also runs none a second time (none-again): a cell is relative to
-# the mean of the round's two none runs, and a column shows their ratio, the
-# noise of that row on this machine.
+# Within a round, a cell's runs go none, T1, none, T2, ..., T5, none: every
+# technique run sits between two none runs, and its ratio is to the mean of
+# those two, so a drift of the machine's speed within the round (seconds
+# long on a shared 2-core host) cancels. The techniques' order rotates from
+# round to round; a cell reports the median over ROUNDS of its ratios. The
+# "none ÷ none" column is the median over rounds of the last none run over
+# the first, the noise of that row on this machine.
 #
 # ROUNDS (default 3), SECONDS per run (default 2), BACKENDS (default
 # "embedded tcp"). ONLY=read,ycsb-a (workload names, comma-separated) runs
@@ -26,10 +27,8 @@ backends=${3:-embedded tcp}
 out=${OUT:-results/smart-matrix}
 . scripts/lib.sh
 prepare "$out"
-rm -f "$out"/*.json
-# none-again runs none a second time: the baseline is the mean of the two
-# none runs of a round, and their ratio shows the machine's noise per row.
-settings=(none thd-res-alloc work-req-throt conflict-avoid spec-lookup all none-again)
+rm -f "$out"/*.json "$out"/*-order-*.txt
+techniques=(thd-res-alloc work-req-throt conflict-avoid spec-lookup all)
 # name | subcommand and its arguments
 workloads=(
   "read|micro --op read --size 8 --threads 2 --coroutines 32"
@@ -51,7 +50,7 @@ if [ -n "${ONLY:-}" ]; then
   [ ${#chosen[@]} -gt 0 ] || { echo "ONLY=$ONLY names no workload of this script" >&2; exit 2; }
   workloads=("${chosen[@]}")
 fi
-total=$(( rounds * ${#workloads[@]} * $(wc -w <<<"$backends") * ${#settings[@]} ))
+total=$(( rounds * ${#workloads[@]} * $(wc -w <<<"$backends") * (2 * ${#techniques[@]} + 1) ))
 n=0
 for r in $(seq "$rounds"); do
   for backend in $backends; do
@@ -65,59 +64,68 @@ for r in $(seq "$rounds"); do
       name=${w%%|*}
       # shellcheck disable=SC2206
       cmd=(${w#*|})
-      # The order of the settings rotates from round to round, so that no
-      # setting always runs first on a fresh blade.
-      k=$(( (r - 1) % ${#settings[@]} ))
-      for s in "${settings[@]:k}" "${settings[@]:0:k}"; do
+      # The techniques' order rotates from round to round; none runs
+      # before, between and after them (none-0 ... none-5).
+      k=$(( (r - 1) % ${#techniques[@]} ))
+      order=("${techniques[@]:k}" "${techniques[@]:0:k}")
+      echo "${order[*]}" >"$out/$backend-$name-order-$r.txt"
+      runs=(none-0)
+      for i in "${!order[@]}"; do
+        runs+=("${order[$i]}" "none-$((i + 1))")
+      done
+      for s in "${runs[@]}"; do
         n=$((n + 1))
         echo "[$n/$total] round $r: $backend $name --smart $s" >&2
         # A new table per YCSB run on the shared blade.
         table=()
         [ "${cmd[0]}" = ycsb ] && table=(--table "m$n")
-        "$bin/compute-blade" "${cmd[@]}" "${extra[@]}" "${table[@]}" --smart "${s%-again}" --duration "$secs" --warmup 0.5 \
+        "$bin/compute-blade" "${cmd[@]}" "${extra[@]}" "${table[@]}" --smart "${s%-[0-9]}" --duration "$secs" --warmup 0.5 \
           --quiet --json "$out/$backend-$name-$s-$r.json" >/dev/null
       done
       stop_blade
     done
   done
 done
-python3 - "$out" "$rounds" "$backends" "${settings[*]}" "$(printf '%s\n' "${workloads[@]%%|*}")" <<'PY' | tee "$out/matrix.md"
+python3 - "$out" "$rounds" "$backends" "${techniques[*]}" "$(printf '%s\n' "${workloads[@]%%|*}")" <<'PY' | tee "$out/matrix.md"
 import json, os, statistics, sys
-d, rounds, backends, settings, names = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5].split()
-def med(backend, name, s, key):
-    vals = [json.load(open(os.path.join(d, f"{backend}-{name}-{s}-{r}.json")))[key] for r in range(1, rounds + 1)]
-    return statistics.median(vals)
+d, rounds, backends, techniques, names = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5].split()
+med = statistics.median
 def rec(backend, name, s, r):
     return json.load(open(os.path.join(d, f"{backend}-{name}-{s}-{r}.json")))
 def mops(backend, name, s, r):
     return rec(backend, name, s, r)["throughput_mops"]
+def order(backend, name, r):
+    return open(os.path.join(d, f"{backend}-{name}-order-{r}.txt")).read().split()
 def paired(backend, name, s):
-    # Each round's run against the mean of the two none runs of the same
-    # round (all ran back to back), then the median over rounds: slow drifts
-    # of a noisy machine cancel.
-    return statistics.median(mops(backend, name, s, r) / ((mops(backend, name, "none", r) + mops(backend, name, "none-again", r)) / 2)
-                             for r in range(1, rounds + 1))
+    # Each run against the mean of the none runs just before and after it,
+    # then the median over rounds.
+    ratios = []
+    for r in range(1, rounds + 1):
+        p = order(backend, name, r).index(s)
+        ratios.append(mops(backend, name, s, r) / ((mops(backend, name, f"none-{p}", r) + mops(backend, name, f"none-{p + 1}", r)) / 2))
+    return med(ratios)
+last = f"none-{len(techniques)}"
 def noise(backend, name):
-    return statistics.median(mops(backend, name, "none-again", r) / mops(backend, name, "none", r) for r in range(1, rounds + 1))
-techniques = [s for s in settings if s not in ("none", "none-again")]
+    return med(mops(backend, name, last, r) / mops(backend, name, "none-0", r) for r in range(1, rounds + 1))
 worst = []
 for b in backends:
-    print(f"\n**{b}** (throughput relative to none: median over {rounds} rounds of the ratio, within a round, to the "
-          f"mean of that round's two none runs; the last column is the second none run over the first, the noise; "
-          f"median Mop/s and retries/op of none and all)\n")
-    print("| workload | none Mop/s | " + " | ".join(techniques) + " | none again ÷ none | retries/op none → all |")
+    print(f"\n**{b}** (throughput relative to none: median over {rounds} rounds of a run's ratio to the mean of the "
+          f"none runs just before and after it; \"none ÷ none\" is the round's last none run over its first, the "
+          f"noise; median Mop/s of all none runs; median retries/op of the first none run and of all)\n")
+    print("| workload | none Mop/s | " + " | ".join(techniques) + " | none ÷ none | retries/op none → all |")
     print("|---|---|" + "---|" * len(techniques) + "---|---|")
     for name in names:
-        base = med(b, name, "none", "throughput_mops")
+        base = med(mops(b, name, f"none-{i}", r) for r in range(1, rounds + 1) for i in range(len(techniques) + 1))
         cells = []
         for s in techniques:
             ratio = paired(b, name, s)
             worst.append((ratio, b, name, s))
             cells.append(f"{ratio:.2f}×")
         cells.append(f"{noise(b, name):.2f}×")
-        rn, ra = med(b, name, "none", "retries_per_op"), med(b, name, "all", "retries_per_op")
+        rn = med(rec(b, name, "none-0", r)["retries_per_op"] for r in range(1, rounds + 1))
+        ra = med(rec(b, name, "all", r)["retries_per_op"] for r in range(1, rounds + 1))
         fewer = f" ({rn / ra:.0f}× fewer)" if ra > 0 and rn > 0 else ""
         print(f"| {name} | {base:.3f} | " + " | ".join(cells) + f" | {rn:.3f} → {ra:.3f}{fewer} |")
 w = min(worst)
-print(f"\nLowest cell: {w[0]:.2f}× ({w[1]}, {w[2]}, --smart {w[3]}).")
+print(f"\nLowest cell: {w[0]:.3f}× ({w[1]}, {w[2]}, --smart {w[3]}); cells below 0.95×: {sum(x[0] < 0.95 for x in worst)} of {len(worst)}.")
 PY
