@@ -39,6 +39,26 @@ struct Line([AtomicU64; 8]);
 const WORDS: usize = SLOTS.div_ceil(4);
 const _: () = assert!(WORDS <= 8, "a bucket's prints fit one line");
 
+/// What one pass over a bucket's prints found for a print.
+struct Scan {
+    /// Slots with the print, and the last of them.
+    hits: usize,
+    hit: usize,
+    /// The first slot whose print is unknown (0 when the table has none).
+    unknown: Option<usize>,
+}
+
+/// Where a lookup sends a key (see [`AddrCache::lookup`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lookup {
+    /// At this address.
+    At(Loc),
+    /// To this slot of its home bucket.
+    Probe(usize),
+    /// To its bucket.
+    Bucket,
+}
+
 /// Print arrays larger than this (about a core's share of L2) are mostly
 /// out of the CPU's caches: their lookups are worth overlapping.
 const OVERLAP_ABOVE: usize = 2 << 20;
@@ -84,6 +104,19 @@ fn home_and_print(t: &Table, h: u64) -> (u64, u16) {
     (h % t.buckets, if p == 0 { 1 } else { p })
 }
 
+/// Sets the print of slot `s` of bucket `b` to `print()` if it is unknown
+/// (a slot keeps its key for good, so a known print never changes; `print`
+/// is not called then).
+fn set_print(lines: &[Line], b: u64, s: usize, print: impl FnOnce() -> u16) {
+    let (word, shift) = (&lines[b as usize].0[s / 4], 16 * (s % 4));
+    if (word.load(Ordering::Relaxed) >> shift) as u16 != 0 {
+        return;
+    }
+    let p = u64::from(print());
+    let _ = word
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| ((v >> shift) as u16 == 0).then_some(v | p << shift));
+}
+
 /// A thread's view of the cache: the shared prints, and its own exact
 /// entries and stale keys.
 #[derive(Debug)]
@@ -107,48 +140,66 @@ impl AddrCache {
         (at.blade() == t.base[0].blade() && off < t.buckets * t.bucket_bytes()).then_some(off)
     }
 
-    /// The slots of bucket `b` of `t` whose print is `p`: how many, and
-    /// the last.
-    fn matches(&self, t: &Table, b: u64, p: u16) -> (usize, usize) {
-        let Some(lines) = self.prints.table(t) else { return (0, 0) };
-        let (mut hits, mut hit) = (0, 0);
+    /// One pass over bucket `b` of `t`'s prints, for print `p`.
+    fn scan(&self, t: &Table, b: u64, p: u16) -> Scan {
+        let mut scan = Scan { hits: 0, hit: 0, unknown: None };
+        let Some(lines) = self.prints.table(t) else {
+            scan.unknown = Some(0);
+            return scan;
+        };
         for (w, word) in lines[b as usize].0[..WORDS].iter().enumerate() {
             let v = word.load(Ordering::Relaxed);
             for lane in 0..4 {
                 // Lanes past the last slot stay 0, which no print is.
-                if (v >> (16 * lane)) as u16 == p {
-                    hit = 4 * w + lane;
-                    hits += 1;
+                let q = (v >> (16 * lane)) as u16;
+                if q == p {
+                    scan.hit = 4 * w + lane;
+                    scan.hits += 1;
+                } else if q == 0 && scan.unknown.is_none() && 4 * w + lane < SLOTS {
+                    scan.unknown = Some(4 * w + lane);
                 }
             }
         }
-        (hits, hit)
+        scan
     }
 
-    /// Where `key` (of hash `h`) is, if this process has seen it: a hint to
-    /// check for a key found by its print, exact for one of this thread's
-    /// exact keys.
-    pub(crate) fn get(&self, t: &Table, replicas: usize, key: u64, h: u64) -> Option<Loc> {
+    /// Where the transaction finds `key` (of hash `h`):
+    /// - [`Lookup::At`]: a hint to check for a key found by its print,
+    ///   exact for one of this thread's exact keys;
+    /// - [`Lookup::Probe`]: this process has not seen the key, and no known
+    ///   print of its home bucket is its: the first slot whose print is
+    ///   unknown. Slots keep their keys for good and the free slots of a
+    ///   chain are its tail, so the key is in its chain only if that slot is
+    ///   taken: a READ of that one record tells a missing key (a free slot)
+    ///   from a present one (FORD reads the whole bucket);
+    /// - [`Lookup::Bucket`]: otherwise (a print shared in the bucket, a
+    ///   stale key, or every slot's print known: the chain may go on).
+    pub(crate) fn lookup(&self, t: &Table, replicas: usize, key: u64, h: u64) -> Lookup {
         let (b, p) = home_and_print(t, h);
-        let (hits, s) = self.matches(t, b, p);
-        if hits == 1 && (self.colliders.is_empty() || !self.colliders.contains(&(t.id, key))) {
-            let off = b * t.bucket_bytes() + layout::slot_offset(t.value_size, s);
-            return Some(t.array_mirrors(t.base[0].add(off), replicas));
+        let scan = self.scan(t, b, p);
+        if scan.hits == 1 && (self.colliders.is_empty() || !self.colliders.contains(&(t.id, key))) {
+            let off = b * t.bucket_bytes() + layout::slot_offset(t.value_size, scan.hit);
+            return Lookup::At(t.array_mirrors(t.base[0].add(off), replicas));
         }
-        if self.exact.is_empty() {
-            return None;
+        if !self.exact.is_empty() {
+            if let Some(loc) = self.exact.get(&(t.id, key)) {
+                return Lookup::At(*loc);
+            }
         }
-        self.exact.get(&(t.id, key)).copied()
+        match scan.unknown {
+            Some(s) if scan.hits == 0 => Lookup::Probe(s),
+            _ => Lookup::Bucket,
+        }
     }
 
     /// Whether lookups should be overlapped with other coroutines' work
-    /// ([`prefetch`](Self::prefetch), yield, then [`get`](Self::get)): the
+    /// ([`prefetch`](Self::prefetch), yield, then [`lookup`](Self::lookup)): the
     /// prints are too large to stay in the CPU's caches.
     pub(crate) fn overlap(&self) -> bool {
         self.prints.bytes.load(Ordering::Relaxed) > OVERLAP_ABOVE
     }
 
-    /// Starts loading the line [`get`](Self::get) will read for a key of
+    /// Starts loading the line [`lookup`](Self::lookup) will read for a key of
     /// hash `h`.
     pub(crate) fn prefetch(&self, t: &Table, h: u64) {
         if let Some(lines) = self.prints.table(t) {
@@ -166,60 +217,27 @@ impl AddrCache {
         let (b, p) = home_and_print(t, h);
         debug_assert_eq!(off / t.bucket_bytes(), b, "a key in the array lies in its home bucket");
         let s = t.slot_of(loc[0]);
-        let (hits, hit) = self.matches(t, b, p);
+        let Scan { hits, hit, .. } = self.scan(t, b, p);
         if (hits > 0 && (hits, hit) != (1, s)) || self.colliders.contains(&(t.id, key)) {
             // Its print will not serve it: another slot has it too.
             self.exact.insert((t.id, key), loc);
         }
-        let Some(lines) = self.prints.table_or_new(t) else { return };
-        let (word, shift) = (&lines[b as usize].0[s / 4], 16 * (s % 4));
-        let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            Some(v & !(0xffff << shift) | u64::from(p) << shift)
-        });
-    }
-
-    /// For a key of hash `h` that [`get`](Self::get) did not find: the
-    /// first slot of its home bucket whose print is unknown, if no known
-    /// print of that bucket is the key's. Slots keep their keys for good and
-    /// the free slots of a chain are its tail, so the key is in its chain
-    /// only if that slot is taken: a READ of that one record tells a
-    /// missing key (a free slot) from a present one (FORD reads the whole
-    /// bucket). `None` if the key's print is known there (a shared print or
-    /// a stale key: the bucket is read) or every slot's print is known (the
-    /// chain may go on).
-    pub(crate) fn first_unknown(&self, t: &Table, h: u64) -> Option<usize> {
-        let (b, p) = home_and_print(t, h);
-        let Some(lines) = self.prints.table(t) else { return Some(0) };
-        let mut first = None;
-        for (w, word) in lines[b as usize].0[..WORDS].iter().enumerate() {
-            let v = word.load(Ordering::Relaxed);
-            for lane in 0..4 {
-                let q = (v >> (16 * lane)) as u16;
-                if q == p {
-                    return None;
-                }
-                if q == 0 && first.is_none() && 4 * w + lane < SLOTS {
-                    first = Some(4 * w + lane);
-                }
-            }
+        if let Some(lines) = self.prints.table_or_new(t) {
+            set_print(lines, b, s, || p);
         }
-        first
     }
 
     /// Records that slot `s` of table `t`'s bucket `b` (in the array) holds
     /// `key`, seen in passing while reading that bucket for another key, if
     /// its print is not known yet.
     pub(crate) fn learn(&self, t: &Table, b: u64, s: usize, key: u64) {
-        let Some(lines) = self.prints.table_or_new(t) else { return };
-        let (word, shift) = (&lines[b as usize].0[s / 4], 16 * (s % 4));
-        if (word.load(Ordering::Relaxed) >> shift) as u16 != 0 {
-            return;
+        if let Some(lines) = self.prints.table_or_new(t) {
+            set_print(lines, b, s, || {
+                let (hb, p) = home_and_print(t, layout::key_hash(key));
+                debug_assert_eq!(hb, b, "a key in the array lies in its home bucket");
+                p
+            });
         }
-        let (hb, p) = home_and_print(t, layout::key_hash(key));
-        debug_assert_eq!(hb, b, "a key in the array lies in its home bucket");
-        let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            ((v >> shift) as u16 == 0).then_some(v | u64::from(p) << shift)
-        });
     }
 
     /// Marks `key` as one whose print led to another key's slot.
@@ -240,6 +258,23 @@ mod tests {
 
     fn kh(key: u64) -> u64 {
         layout::key_hash(key)
+    }
+
+    /// The lookups' two questions, apart.
+    impl AddrCache {
+        fn get(&self, t: &Table, replicas: usize, key: u64, h: u64) -> Option<Loc> {
+            match self.lookup(t, replicas, key, h) {
+                Lookup::At(loc) => Some(loc),
+                _ => None,
+            }
+        }
+
+        fn first_unknown(&self, t: &Table, h: u64) -> Option<usize> {
+            match self.lookup(t, 1, u64::MAX, h) {
+                Lookup::Probe(s) => Some(s),
+                _ => None,
+            }
+        }
     }
 
     /// The first `n` pairs of keys of `t` with the same home bucket and the

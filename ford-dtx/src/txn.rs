@@ -48,6 +48,7 @@
 use smart_core::runtime::{AtomicRef, ReadRef};
 use smart_core::GlobalAddr;
 
+use crate::cache::Lookup;
 use crate::db::{extend_chain, Table};
 use crate::dtx::{Dtx, Loc};
 use crate::error::{Abort, DtxError, TxnError};
@@ -115,6 +116,18 @@ struct Item {
     new: Vec<u8>,
     written: bool,
     posted: Option<Posted>,
+}
+
+impl Item {
+    /// Takes the fetched record `r` of this item's key: done.
+    fn take(&mut self, r: &layout::Record<'_>) {
+        self.version = r.version;
+        self.state = r.state;
+        self.held = r.lock & layout::LOCKED != 0;
+        self.value.clear();
+        self.value.extend_from_slice(r.value);
+        self.step = Step::Done;
+    }
 }
 
 /// A handle on item of a transaction, from the call that declared it.
@@ -332,28 +345,30 @@ impl Txn {
                 if it.step != Step::Start {
                     continue;
                 }
-                match cache.get(db.table(it.table), db.replicas, it.key, it.hash) {
-                    Some(loc) => {
+                let t = db.table(it.table);
+                it.step = match cache.lookup(t, db.replicas, it.key, it.hash) {
+                    Lookup::At(loc) => {
                         st.cache_hits += 1;
                         it.loc = loc;
                         it.cached = true;
-                        it.step = if it.kind == Kind::Read { Step::Fetch } else { Step::Lock };
+                        if it.kind == Kind::Read {
+                            Step::Fetch
+                        } else {
+                            Step::Lock
+                        }
                     }
-                    None => {
+                    // An insert reads the bucket for a free slot its other
+                    // inserts did not claim.
+                    Lookup::Probe(s) if it.kind != Kind::Insert => {
                         st.cache_misses += 1;
-                        let t = db.table(it.table);
-                        let home = t.home_bucket(it.hash);
-                        it.step = match cache.first_unknown(t, it.hash) {
-                            // An insert reads the bucket for a free slot
-                            // its other inserts did not claim.
-                            Some(s) if it.kind != Kind::Insert => {
-                                st.slot_probes += 1;
-                                Step::Probe { at: home.add(layout::slot_offset(t.value_size, s)) }
-                            }
-                            _ => Step::Bucket { at: home, home: true },
-                        };
+                        st.slot_probes += 1;
+                        Step::Probe { at: t.home_bucket(it.hash).add(layout::slot_offset(t.value_size, s)) }
                     }
-                }
+                    _ => {
+                        st.cache_misses += 1;
+                        Step::Bucket { at: t.home_bucket(it.hash), home: true }
+                    }
+                };
             }
         }
         loop {
@@ -466,12 +481,7 @@ impl Txn {
                     Kind::Insert if !ours => return Err(Abort::Validation),
                     _ => {}
                 }
-                it.version = r.version;
-                it.state = r.state;
-                it.held = r.lock & layout::LOCKED != 0;
-                it.value.clear();
-                it.value.extend_from_slice(r.value);
-                it.step = Step::Done;
+                it.take(&r);
             }
             Step::Probe { at } => {
                 let (key, table) = layout::key_of(bytes);
@@ -560,14 +570,7 @@ impl Txn {
         // A slot keeps its key for good: cache it.
         d.0.cache.borrow_mut().insert(t, it.key, it.hash, loc);
         match it.kind {
-            Kind::Read if r.state == state::LIVE => {
-                it.version = r.version;
-                it.state = r.state;
-                it.held = r.lock & layout::LOCKED != 0;
-                it.value.clear();
-                it.value.extend_from_slice(r.value);
-                it.step = Step::Done;
-            }
+            Kind::Read if r.state == state::LIVE => it.take(r),
             Kind::Read => return Err(Abort::NotFound),
             Kind::Insert if r.state == state::LIVE => return Err(Abort::Exists),
             _ => it.step = Step::Lock,

@@ -2,15 +2,14 @@
 //! fails on the defective behaviour.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ford_dtx::layout::{self, log, Owner};
 use ford_dtx::recovery::{audit, recover, Which};
-use ford_dtx::{Abort, Registration};
+use ford_dtx::Abort;
 use smart_core::{Runtime, RuntimeConfig, Transport};
 use smart_testkit::backends;
 
-use crate::{abort_of, insert_rows, open, spec, u};
+use crate::{abort_of, insert_rows, join, open, spec, u};
 
 #[test]
 fn an_abort_releases_only_the_locks_it_acquired() {
@@ -131,7 +130,7 @@ fn versions_are_unique_across_compute_blades() {
     let b = backends::embedded(2);
     let t: Arc<dyn Transport> = b.transport.clone();
     let (mut rt, db, reg1) = open(&t, &spec("ver", &[8], 8, 2), 1, 1);
-    let reg2 = Registration::register(t.clone(), db, 1, 1, Duration::from_secs(30)).unwrap();
+    let reg2 = join(&t, &db);
     assert_ne!(reg1.slot(), reg2.slot());
     let (d1, d2) = (reg1.open_thread(rt.ctx()), reg2.open_thread(rt.ctx()));
     rt.block_on(async move {
@@ -164,7 +163,7 @@ fn a_single_read_of_a_locked_record_aborts() {
     let b = backends::embedded(2);
     let t: Arc<dyn Transport> = b.transport.clone();
     let (mut rt, db, reg) = open(&t, &spec("held", &[8], 64, 2), 1, 2);
-    let other = Registration::register(t.clone(), db, 1, 1, Duration::from_secs(30)).unwrap();
+    let other = join(&t, &db);
     let (dtx, dtx2) = (reg.open_thread(rt.ctx()), other.open_thread(rt.ctx()));
     rt.block_on(async move {
         insert_rows(&dtx, 0..2, |k| k + 10).await;

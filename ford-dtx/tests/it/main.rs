@@ -39,8 +39,41 @@ fn open(t: &Arc<dyn Transport>, s: &DbSpec, threads: usize, coroutines: usize) -
     (rt, db, reg)
 }
 
+/// Another compute blade on `db`: one thread × one coroutine, a 30 s lease.
+fn join(t: &Arc<dyn Transport>, db: &Arc<Db>) -> Registration {
+    Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap()
+}
+
+/// Inserts `key` into `table` with the 8-byte `value`, in one transaction
+/// of coroutine 0.
+async fn insert_one(dtx: &ford_dtx::Dtx, table: u32, key: u64, value: u64) -> Result<(), TxnError> {
+    let mut tx = dtx.txn(0);
+    tx.begin();
+    let i = tx.insert(table, key);
+    tx.execute().await?;
+    tx.write(i, &value.to_le_bytes());
+    tx.commit().await
+}
+
+/// Reads `key` of `table` in a one-item transaction: its value, or `None`
+/// if it is not there.
+async fn read_one(dtx: &ford_dtx::Dtx, table: u32, key: u64) -> Option<u64> {
+    let mut tx = dtx.txn(0);
+    tx.begin();
+    let i = tx.read(table, key);
+    match tx.execute().await {
+        Ok(()) => {
+            tx.commit().await.unwrap();
+            Some(u(tx.value(i)))
+        }
+        Err(TxnError::Abort(ford_dtx::Abort::NotFound)) => None,
+        Err(e) => panic!("read of ({table}, {key}): {e}"),
+    }
+}
+
 /// Inserts each key of `keys` into table 0 (8-byte values) with value
-/// `value(key)`, one transaction each, with coroutine 0's transaction.
+/// `value(key)`, one transaction each, with coroutine 0's transaction (one
+/// `Txn`, so the transactions take successive sequence numbers).
 async fn insert_rows(dtx: &ford_dtx::Dtx, keys: std::ops::Range<u64>, value: impl Fn(u64) -> u64) {
     let mut tx = dtx.txn(0);
     for k in keys {

@@ -15,7 +15,7 @@ use smart_core::Transport;
 use smart_testkit::backends;
 use smart_testkit::die::Die;
 
-use crate::{abort_of, insert_rows, open, spec, u};
+use crate::{abort_of, insert_one, insert_rows, join, open, read_one, spec, u};
 
 const ACCOUNTS: u64 = 8;
 const START: u64 = 1_000;
@@ -37,7 +37,7 @@ fn a_transaction_killed_anywhere_is_rolled_back_or_forward() {
             // accounts; the last 8 rounds run to their end (a loaded
             // machine may need more polls per round trip).
             let polls = if round < 48 { 1 + round % 12 } else { usize::MAX };
-            let reg = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+            let reg = join(&t, &db);
             let dtx = reg.open_thread(rt.ctx());
             let (from, to) = ((round as u64) % ACCOUNTS, (round as u64 * 3 + 1) % ACCOUNTS);
             let (from, to) = if from == to { (from, (to + 1) % ACCOUNTS) } else { (from, to) };
@@ -109,22 +109,6 @@ fn a_transaction_killed_anywhere_is_rolled_back_or_forward() {
     }
 }
 
-/// Reads `key` of `table` in a one-item transaction: its value, or `None`
-/// if it is not there.
-async fn get(dtx: &ford_dtx::Dtx, table: u32, key: u64) -> Option<u64> {
-    let mut tx = dtx.txn(0);
-    tx.begin();
-    let i = tx.read(table, key);
-    match tx.execute().await {
-        Ok(()) => {
-            tx.commit().await.unwrap();
-            Some(u(tx.value(i)))
-        }
-        Err(ford_dtx::TxnError::Abort(ford_dtx::Abort::NotFound)) => None,
-        Err(e) => panic!("read of ({table}, {key}): {e}"),
-    }
-}
-
 #[test]
 fn an_insert_rolled_back_keeps_its_slot_ahead_of_later_keys() {
     // A dies inserting K, at each await point in turn; then B inserts J,
@@ -155,32 +139,20 @@ fn an_insert_rolled_back_keeps_its_slot_ahead_of_later_keys() {
         let mut gaps = 0;
         for (round, &(k, j)) in pairs.iter().enumerate() {
             let polls = round + 1;
-            let reg_a = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+            let reg_a = join(&t, &db);
             let dtx = reg_a.open_thread(rt.ctx());
-            let a = rt.block_on(Die::after(polls, async move {
-                let mut tx = dtx.txn(0);
-                tx.begin();
-                let i = tx.insert(1, k);
-                tx.execute().await?;
-                tx.write(i, &1u64.to_le_bytes());
-                tx.commit().await
-            }));
+            let a = rt.block_on(Die::after(polls, async move { insert_one(&dtx, 1, k, 1).await }));
             let a_done = matches!(a, Some(Ok(())));
             let slot = reg_a.slot();
             drop(reg_a); // dead
-            let reg_b = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+            let reg_b = join(&t, &db);
             let dtx = reg_b.open_thread(rt.ctx());
             let b_out = rt.block_on(async move {
                 // Let A's WRs posted before its death land.
                 for _ in 0..50 {
                     smart_core::runtime::yield_now().await;
                 }
-                let mut tx = dtx.txn(0);
-                tx.begin();
-                let i = tx.insert(1, j);
-                tx.execute().await?;
-                tx.write(i, &2u64.to_le_bytes());
-                tx.commit().await
+                insert_one(&dtx, 1, j, 2).await
             });
             let b_done = match b_out {
                 Ok(()) => true,
@@ -189,23 +161,16 @@ fn an_insert_rolled_back_keeps_its_slot_ahead_of_later_keys() {
                 Err(e) => panic!("{} round {round}: B's insert: {e}", b.name),
             };
             reg_b.close(&*t).unwrap();
-            let reg_c = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+            let reg_c = join(&t, &db);
             let dtx = reg_c.open_thread(rt.ctx());
             let ctx = rt.ctx();
             let d = db.clone();
             let (rec, got_j, got_k, again, rows, rep) = rt.block_on(async move {
                 let rec = recover(&ctx, &d, Which::Slot(slot)).await.unwrap();
-                let (got_j, got_k) = (get(&dtx, 1, j).await, get(&dtx, 1, k).await);
+                let (got_j, got_k) = (read_one(&dtx, 1, j).await, read_one(&dtx, 1, k).await);
                 // K inserted again where it is absent.
-                let mut tx = dtx.txn(0);
-                tx.begin();
-                let i = tx.insert(1, k);
-                let again = match tx.execute().await {
-                    Ok(()) => {
-                        tx.write(i, &3u64.to_le_bytes());
-                        tx.commit().await.unwrap();
-                        true
-                    }
+                let again = match insert_one(&dtx, 1, k, 3).await {
+                    Ok(()) => true,
                     Err(ford_dtx::TxnError::Abort(ford_dtx::Abort::Exists)) => false,
                     Err(e) => panic!("re-insert of {k}: {e}"),
                 };
@@ -260,7 +225,7 @@ fn a_read_of_a_rolled_back_write_fails_validation() {
     });
     let mut dirty = 0;
     for polls in 1..=10 {
-        let reg_a = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+        let reg_a = join(&t, &db);
         let da = reg_a.open_thread(rt.ctx());
         rt.block_on(Die::after(polls, async move {
             let mut tx = da.txn(0);
