@@ -357,16 +357,18 @@ impl Txn {
                             Step::Lock
                         }
                     }
-                    // An insert reads the bucket for a free slot its other
-                    // inserts did not claim.
-                    Lookup::Probe(s) if it.kind != Kind::Insert => {
+                    miss => {
                         st.cache_misses += 1;
-                        st.slot_probes += 1;
-                        Step::Probe { at: t.home_bucket(it.hash).add(layout::slot_offset(t.value_size, s)) }
-                    }
-                    _ => {
-                        st.cache_misses += 1;
-                        Step::Bucket { at: t.home_bucket(it.hash), home: true }
+                        let home = t.home_bucket(it.hash);
+                        match miss {
+                            // An insert reads the bucket for a free slot its
+                            // other inserts did not claim.
+                            Lookup::Probe(s) if it.kind != Kind::Insert => {
+                                st.slot_probes += 1;
+                                Step::Probe { at: home.add(layout::slot_offset(t.value_size, s)) }
+                            }
+                            _ => Step::Bucket { at: home, home: true },
+                        }
                     }
                 };
             }

@@ -1,7 +1,7 @@
 //! Speculative search (Smart's `spec-lookup`): a per-thread cache of where
 //! keys were last found, so a lookup takes one doorbell when it hits.
 
-use smart_core::runtime::{Batch, Done, ReadRef};
+use smart_core::runtime::{Batch, Done, OpGuard, ReadRef};
 use smart_core::GlobalAddr;
 
 use crate::layout::{self, Slot};
@@ -54,8 +54,9 @@ pub(crate) enum SpecUpdate {
     /// The new block is written, but the remembered slot no longer names
     /// the key's block: the normal path must run (without writing again).
     Missed,
-    /// The slot at `slot_at` went from `old` to the new block.
-    Done { slot_at: GlobalAddr, old: Slot },
+    /// The remembered slot went from `old` to the new block (and is
+    /// remembered so).
+    Done { old: Slot },
 }
 
 /// Adds the READs of the remembered slot at `at` and of the block its word
@@ -145,6 +146,7 @@ impl RaceHt {
         key: &[u8],
         new: (GlobalAddr, Slot),
         block: &[u8],
+        op: &mut OpGuard<'_>,
     ) -> Result<SpecUpdate> {
         let (at, s) = match self.spec_entry(h) {
             Some((at, s)) if s.addr().blade() == new.0.blade() => (at, s),
@@ -156,11 +158,12 @@ impl RaceHt {
         let done = b.post().await?;
         let ours = still_named(&done, reads, s, key).is_some();
         drop(done);
-        if ours && self.ctx.cas(at, s.0, new.1 .0).await? == s.0 {
-            return Ok(SpecUpdate::Done { slot_at: at, old: s });
+        if !ours {
+            self.remember(h, None);
+            return Ok(SpecUpdate::Missed);
         }
-        if let Some(spec) = &self.spec {
-            spec.borrow_mut().forget(h);
+        if self.commit_update(op, h, at, s, new.1).await? {
+            return Ok(SpecUpdate::Done { old: s });
         }
         Ok(SpecUpdate::Missed)
     }

@@ -2,8 +2,11 @@
 //! bucket READs, then CAS it in) and delete; duplicate removal after an
 //! insert.
 
+use smart_core::runtime::OpGuard;
+use smart_core::GlobalAddr;
+
 use crate::directory::{Place, Wait};
-use crate::layout::{self, SLOTS};
+use crate::layout::{self, Slot, SLOTS};
 use crate::spec::SpecUpdate;
 use crate::{RaceError, RaceHt, Result};
 
@@ -92,12 +95,11 @@ impl RaceHt {
         let mut written = false;
         let mut wait = Wait::default();
         if mode != Mode::Insert && at.blade() == p.base.blade() && self.spec.is_some() {
-            match self.spec_update(p.h1, key, (at, new), &block).await {
+            match self.spec_update(p.h1, key, (at, new), &block, &mut op).await {
                 Ok(SpecUpdate::NotTried) => {}
                 Ok(SpecUpdate::Missed) => written = true,
-                Ok(SpecUpdate::Done { slot_at, old }) => {
+                Ok(SpecUpdate::Done { old }) => {
                     self.retire(old);
-                    self.remember(p.h1, Some((slot_at, new)));
                     self.block = block;
                     return Ok(true);
                 }
@@ -130,9 +132,8 @@ impl RaceHt {
                     self.retire(new);
                     break false;
                 }
-                if ctx.cas(slot_at, old.0, new.0).await? == old.0 {
+                if self.commit_update(&mut op, p.h1, slot_at, old, new).await? {
                     self.retire(old);
-                    self.remember(p.h1, Some((slot_at, new)));
                     break true;
                 }
                 op.retry().await;
@@ -159,7 +160,7 @@ impl RaceHt {
                 p = self.place(key);
                 continue;
             };
-            if ctx.cas(slot_at, 0, new.0).await? != 0 {
+            if op.commit(ctx.cas(slot_at, 0, new.0)).await? != 0 {
                 op.retry().await;
                 continue;
             }
@@ -169,6 +170,28 @@ impl RaceHt {
         };
         self.block = block;
         Ok(result)
+    }
+
+    /// CASes the key's slot at `at` from `old` to `new` as `op`'s commit;
+    /// returns whether it did. The new word is remembered for speculative
+    /// lookups before the CAS is posted, for the key's next operation on this
+    /// thread, which may start as soon as it is (see `OpGuard::commit`); a
+    /// speculative lookup checks what it finds, and a CAS that fails forgets
+    /// the key again.
+    pub(crate) async fn commit_update(
+        &self,
+        op: &mut OpGuard<'_>,
+        h: u64,
+        at: GlobalAddr,
+        old: Slot,
+        new: Slot,
+    ) -> Result<bool> {
+        self.remember(h, Some((at, new)));
+        let won = op.commit(self.ctx.cas(at, old.0, new.0)).await? == old.0;
+        if !won {
+            self.remember(h, None);
+        }
+        Ok(won)
     }
 
     /// After an insert's CAS: re-read the key's buckets and empty every
@@ -228,9 +251,9 @@ impl RaceHt {
             let Some(&(slot_at, old)) = m.first() else {
                 return Ok(false);
             };
-            if ctx.cas(slot_at, old.0, 0).await? == old.0 {
+            self.remember(p.h1, None);
+            if op.commit(ctx.cas(slot_at, old.0, 0)).await? == old.0 {
                 self.retire(old);
-                self.remember(p.h1, None);
                 return Ok(true);
             }
             op.retry().await;

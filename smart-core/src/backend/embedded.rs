@@ -10,7 +10,10 @@
 //! executes the staged batches in posting order. Like an RNIC working on
 //! several WRs at once, the memory latencies of the batches the thread's
 //! coroutines posted in one round then overlap instead of adding up (the
-//! blades of a large run live in DRAM, not in the caches). With no
+//! blades of a large run live in DRAM, not in the caches). When 8 or more
+//! batches were staged since the last poll, the newest 2 wait for the next
+//! one (a batch waits at most once): their prefetches were issued just
+//! before the poll and would not have landed. With no
 //! contention this path takes no lock, allocates nothing once warm and
 //! makes no syscall.
 //!
@@ -155,9 +158,16 @@ impl Transport for EmbeddedTransport {
             order: Vec::new(),
             staged: Vec::with_capacity(local_bytes / 64),
             staged_wrs: Vec::with_capacity(local_bytes / 64),
+            carried: 0,
         }))
     }
 }
+
+/// Staged batches new since the last poll from which a poll leaves the
+/// newest [`HOLD`] for the next one.
+const HOLD_FROM: usize = 8;
+/// See [`HOLD_FROM`].
+const HOLD: usize = 2;
 
 /// A send queue and its execution state (one RC QP to one blade).
 #[derive(Debug)]
@@ -205,6 +215,8 @@ struct EmbeddedEndpoint {
     staged: Vec<(u16, u64, u16)>,
     /// Their WRs, in the same order.
     staged_wrs: Vec<WorkRequest>,
+    /// Staged batches the last poll left for this one.
+    carried: usize,
 }
 
 impl Qp {
@@ -389,14 +401,21 @@ impl Endpoint for EmbeddedEndpoint {
         let before = out.len();
         if !self.staged.is_empty() {
             let SoftPort { local, qps, .. } = &mut self.port;
+            // The newest batches of a full round wait for the next poll, so
+            // that the lines their doorbells prefetched arrive meanwhile; a
+            // batch waits at most once.
+            let fresh = self.staged.len() - self.carried;
+            let hold = if fresh >= HOLD_FROM { HOLD } else { 0 };
+            let run = self.staged.len() - hold;
             let mut first = 0;
-            out.extend(self.staged.iter().map(|&(qp, wr_id, n)| {
+            out.extend(self.staged[..run].iter().map(|&(qp, wr_id, n)| {
                 let wrs = &self.staged_wrs[first..first + n as usize];
                 first += n as usize;
                 qps[qp as usize].with(|q| q.run_now(wr_id, wrs, local))
             }));
-            self.staged.clear();
-            self.staged_wrs.clear();
+            self.staged.drain(..run);
+            self.staged_wrs.drain(..first);
+            self.carried = hold;
         }
         if self.chaos.is_none() && !self.port.uses_inbox {
             // Every QP is the thread's own and, without chaos, only ever

@@ -40,7 +40,7 @@ impl Ctx {
     /// ```
     pub async fn op(&self) -> OpGuard<'_> {
         EnterOp { inner: &self.0, ticket: None, entered: false }.await;
-        OpGuard { ctx: self, attempts: 0, key: None, entered: true }
+        OpGuard { ctx: self, attempts: 0, gate: None, holds_gate: false, entered: true }
     }
 
     /// [`Ctx::op`] for an operation whose conflicts are on one key, named
@@ -49,7 +49,8 @@ impl Ctx {
     /// ConflictAvoid's key gate on, the thread's operations on the same key
     /// first wait for each other, in arrival order, instead of colliding
     /// (see the `keygate` module); then the operation enters as with
-    /// [`Ctx::op`]. The gate is held until the guard drops.
+    /// [`Ctx::op`]. The gate is held until the guard drops, or until the
+    /// attempt's commit is posted ([`OpGuard::commit`]).
     ///
     /// A coroutine must not start an operation while it holds another
     /// (that could wait for itself).
@@ -60,7 +61,8 @@ impl Ctx {
         }
         // From here the guard releases the gate, also if this coroutine is
         // dropped while it waits for a permit.
-        let mut guard = OpGuard { ctx: self, attempts: 0, key: gated.then_some(key), entered: false };
+        let gate = gated.then_some(key);
+        let mut guard = OpGuard { ctx: self, attempts: 0, gate, holds_gate: gated, entered: false };
         EnterOp { inner: &self.0, ticket: None, entered: false }.await;
         guard.entered = true;
         guard
@@ -153,15 +155,22 @@ impl Drop for EnterOp<'_> {
 pub struct OpGuard<'a> {
     ctx: &'a Ctx,
     attempts: u32,
-    /// The key whose gate it holds.
-    key: Option<u64>,
+    /// The operation's key, with the key gate on.
+    gate: Option<u64>,
+    /// Whether it holds that key's gate (from entry until the commit is
+    /// posted, and again after a failed commit's retry).
+    holds_gate: bool,
     /// Whether it holds an operation permit (it does once returned).
     entered: bool,
 }
 
 impl fmt::Debug for OpGuard<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpGuard").field("attempts", &self.attempts).field("key", &self.key).finish()
+        f.debug_struct("OpGuard")
+            .field("attempts", &self.attempts)
+            .field("gate", &self.gate)
+            .field("holds_gate", &self.holds_gate)
+            .finish()
     }
 }
 
@@ -182,11 +191,74 @@ impl OpGuard<'_> {
                 Sleep::new(inner, wait).await;
             }
         }
+        if let (Some(key), false) = (self.gate, self.holds_gate) {
+            // The commit failed after it passed the gate on: queue at the
+            // gate again, behind the operations that entered meanwhile.
+            // Gates come before permits (as in `Ctx::op_on`), so the permit
+            // is given up while waiting: nobody waits for a gate while
+            // holding a permit, and nothing waits in a cycle.
+            self.leave();
+            EnterKey { inner, key, ticket: None, entered: false }.await;
+            self.holds_gate = true;
+            EnterOp { inner, ticket: None, entered: false }.await;
+            self.entered = true;
+        }
+    }
+
+    /// Gives up the operation permit.
+    fn leave(&mut self) {
+        let inner = &*self.ctx.0;
+        if std::mem::take(&mut self.entered) {
+            inner.in_op.set(inner.in_op.get() - 1);
+            // A permit freed: the waiter whose turn it is may enter.
+            inner.op_fifo.wake_turn();
+        }
     }
 
     /// Retries reported so far.
     pub fn retries(&self) -> u32 {
         self.attempts
+    }
+
+    /// Awaits `fut`, the attempt's commit (e.g. the CAS that publishes an
+    /// update), and passes the key's gate on (see [`Ctx::op_on`]) as soon
+    /// as `fut` has rung its doorbell, not when it completes. The next
+    /// waiter's verbs then go out behind the commit, and a QP executes its
+    /// WRs in order, so they see its outcome: it spends no extra round trip
+    /// waiting for the completion, and does not collide with the commit if
+    /// it succeeds. If it fails, [`OpGuard::retry`] queues at the gate
+    /// again. Without a gate this is just `fut.await`.
+    ///
+    /// `fut` must post at most one batch, the commit's, and only its own.
+    pub async fn commit<F: Future>(&mut self, fut: F) -> F::Output {
+        PassOnPost { guard: self, fut: std::pin::pin!(fut) }.await
+    }
+}
+
+/// The future of [`OpGuard::commit`].
+struct PassOnPost<'g, 'a, F> {
+    guard: &'g mut OpGuard<'a>,
+    fut: Pin<&'g mut F>,
+}
+
+impl<F: Future> Future for PassOnPost<'_, '_, F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        let (Some(key), true) = (this.guard.gate, this.guard.holds_gate) else {
+            return this.fut.as_mut().poll(cx);
+        };
+        let inner = &*this.guard.ctx.0;
+        // Only this coroutine runs during the poll: a doorbell rung meanwhile is its own.
+        let rung = inner.stats.borrow().doorbells;
+        let r = this.fut.as_mut().poll(cx);
+        if inner.stats.borrow().doorbells != rung {
+            this.guard.holds_gate = false;
+            if let Some(g) = &inner.key_gates {
+                g.release(key);
+            }
+        }
+        r
     }
 }
 
@@ -198,11 +270,9 @@ impl Drop for OpGuard<'_> {
                 b.on_op();
             }
             inner.stats.borrow_mut().ops_by_retries[crate::stats::retry_bucket(self.attempts)] += 1;
-            inner.in_op.set(inner.in_op.get() - 1);
-            // A permit freed: the waiter whose turn it is may enter.
-            inner.op_fifo.wake_turn();
+            self.leave();
         }
-        if let (Some(key), Some(g)) = (self.key, &inner.key_gates) {
+        if let (Some(key), true, Some(g)) = (self.gate, self.holds_gate, &inner.key_gates) {
             g.release(key);
         }
     }

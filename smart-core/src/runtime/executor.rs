@@ -316,13 +316,20 @@ impl Runtime {
 impl Inner {
     /// Advances the tuner and the backoff controller.
     fn tick(&self, now: u64) {
+        let mut limit_moved = false;
         if let Some(t) = self.tuner.borrow_mut().as_mut() {
             if let Some(limit) = t.tick(now, self.completed_wrs.get()) {
-                self.credits.as_ref().expect("credits exist with a tuner").set_limit(limit);
+                let credits = self.credits.as_ref().expect("credits exist with a tuner");
+                limit_moved = limit != credits.limit();
+                credits.set_limit(limit);
                 self.credit_fifo.wake_turn();
             }
         }
         if let Some(b) = self.backoff.borrow_mut().as_mut() {
+            if limit_moved {
+                // Goodput measured under the old limit says nothing of the levels now.
+                b.restart_measurement();
+            }
             if self.rtt_ns.get() > 0 {
                 b.calibrate(self.rtt_ns.get());
             }

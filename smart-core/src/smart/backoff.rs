@@ -25,6 +25,14 @@
 //! operations: the thread recovers when backing off stops helping even if
 //! retries stay high. [`BackoffConfig::paper`] turns the guard off.
 //!
+//! Both this controller and WorkReqThrot's tuner judge by throughput, so
+//! each would take the other's moves for its own effect. When the tuner sets
+//! a new credit limit, this controller abandons a trial in progress (not
+//! counting it as lost) and measures afresh ([`Backoff::restart_measurement`]).
+//! Before, contended CAS with all techniques sometimes settled at retry rates
+//! ten times those of ConflictAvoid alone: level-up trials refused because
+//! the tuner was measuring small limits at the same time, then held off.
+//!
 //! The controller is driven by time (the executor ticks it), not only by
 //! retries, so a window without retries relaxes the cap even when no
 //! coroutine retries any more. The original only adapted on retries, so the
@@ -249,6 +257,21 @@ impl Backoff {
         exp.min(self.cap_ns())
     }
 
+    /// The thread's throughput changed for another reason (WorkReqThrot set
+    /// a new credit limit): the goodput figures measured so far no longer
+    /// describe the levels. A trial in progress is abandoned (back to the
+    /// level it came from, not counted as lost), and the current level and
+    /// the climb are measured afresh. Without this, a level judged while the
+    /// tuner was measuring other limits could be refused for the tuner's
+    /// doing, and then held off for hundreds of windows.
+    pub fn restart_measurement(&mut self) {
+        match self.trial.take() {
+            Some(t) => self.enter(t.from),
+            None => self.enter(self.level),
+        }
+        self.climb_best = 0.0;
+    }
+
     /// Moves to `level`, starting its goodput measurement afresh.
     fn enter(&mut self, level: u32) {
         self.level = level;
@@ -401,6 +424,25 @@ mod tests {
         assert_eq!(b.n_max(), 4, "pinned and still retrying → n_max halves");
         drive(&mut b, &mut now, 10, 100, 300);
         assert_eq!(b.n_max(), 1, "... down to 1");
+    }
+
+    #[test]
+    fn a_new_credit_limit_abandons_a_trial_without_counting_it_lost() {
+        let mut b = Backoff::new(model_cfg(), 16, 0);
+        let mut now = 0;
+        // p = 1: level 0 is measured, then a trial of level 1 starts.
+        drive(&mut b, &mut now, 8, 100, 100);
+        assert_eq!((b.level, b.trial.is_some()), (1, true), "a trial of level 1 runs");
+        b.restart_measurement();
+        assert_eq!((b.level, b.trial.is_some()), (0, false), "the trial is abandoned");
+        // Measured afresh, level 1 is tried again at once: no hold.
+        drive(&mut b, &mut now, 8, 100, 100);
+        assert_eq!((b.level, b.trial.is_some()), (1, true), "tried again without a hold");
+        // Whereas a trial that loses is held off.
+        drive(&mut b, &mut now, 10, 80, 80);
+        assert_eq!((b.level, b.trial.is_some()), (0, false), "a losing trial goes back");
+        drive(&mut b, &mut now, 8, 100, 100);
+        assert_eq!((b.level, b.trial.is_some()), (0, false), "held off after a loss");
     }
 
     #[test]

@@ -215,8 +215,10 @@ fn backoff_waits_yield_to_other_coroutines() {
 /// the counter as the operation's key: with the key gate (ConflictAvoid's
 /// default), siblings on one counter wait for each other, so no CAS fails;
 /// with the paper's controller (no gate) they collide. Either way the
-/// counters are exact.
-fn key_gated_increments(cfg: BackoffConfig) -> (u64, u64, u64, [u64; 4]) {
+/// counters are exact. With `commit`, the CAS goes through
+/// [`OpGuard::commit`](smart_core::runtime::OpGuard::commit), which passes
+/// the gate on once the CAS is posted.
+fn key_gated_increments(cfg: BackoffConfig, commit: bool) -> (u64, u64, u64, [u64; 4]) {
     let b = backends::embedded(1);
     let rcfg = RuntimeConfig {
         smart: SmartConfig { conflict_avoid: Some(cfg), ..SmartConfig::default() },
@@ -240,7 +242,8 @@ fn key_gated_increments(cfg: BackoffConfig) -> (u64, u64, u64, [u64; 4]) {
                 }
                 let mut seen = ctx.read_u64(at).await.unwrap();
                 loop {
-                    let old = ctx.cas(at, seen, seen + 1).await.unwrap();
+                    let cas = ctx.cas(at, seen, seen + 1);
+                    let old = if commit { op.commit(cas).await } else { cas.await }.unwrap();
                     if old == seen {
                         break;
                     }
@@ -269,17 +272,74 @@ fn key_gated_increments(cfg: BackoffConfig) -> (u64, u64, u64, [u64; 4]) {
 
 #[test]
 fn the_key_gate_runs_a_threads_operations_on_one_key_one_at_a_time() {
-    let (retries, waits, most, counters) = key_gated_increments(BackoffConfig::default());
+    let (retries, waits, most, counters) = key_gated_increments(BackoffConfig::default(), false);
     assert_eq!(counters, [400; 4]);
     assert_eq!(most, 1, "two coroutines inside an operation on one key");
     assert_eq!(retries, 0, "siblings on one key collided");
     assert!(waits > 0, "no operation waited at the gate");
     // The paper's controller has no gate: the same run collides, which is
     // what the gate removes (and shows this test can fail).
-    let (retries, waits, most, counters) = key_gated_increments(BackoffConfig::paper());
+    let (retries, waits, most, counters) = key_gated_increments(BackoffConfig::paper(), false);
     assert_eq!(counters, [400; 4]);
     assert!(most > 1 && retries > 0, "without the gate: {most} inside at once, {retries} retries");
     assert_eq!(waits, 0);
+}
+
+/// With the CAS as the operation's commit, the next sibling on the key
+/// enters as soon as the CAS is posted (so two are inside at once), yet its
+/// READ goes out behind the CAS on the QP and sees its result: still no
+/// CAS fails.
+#[test]
+fn a_committed_cas_passes_the_key_gate_on_when_posted_and_siblings_still_never_collide() {
+    let (retries, waits, most, counters) = key_gated_increments(BackoffConfig::default(), true);
+    assert_eq!(counters, [400; 4]);
+    assert!(most > 1, "the gate was not passed on before the CAS completed");
+    assert_eq!(retries, 0, "a sibling read before the CAS it waited for");
+    assert!(waits > 0, "no operation waited at the gate");
+}
+
+/// A commit that fails after passing the gate on queues at the gate again,
+/// behind the sibling that entered meanwhile.
+#[test]
+fn a_failed_commit_queues_at_the_key_gate_again() {
+    let b = backends::embedded(1);
+    let rcfg = RuntimeConfig {
+        smart: SmartConfig { conflict_avoid: Some(BackoffConfig::default()), ..SmartConfig::default() },
+        ..RuntimeConfig::default()
+    };
+    let mut rt = Runtime::new(&*b.transport, 0, rcfg).unwrap();
+    let ctx = rt.ctx();
+    let at = rt.block_on(async move { ctx.alloc(0, 8, 8).await.unwrap() });
+    let order = Rc::new(std::cell::RefCell::new(Vec::new()));
+    let (ctx, o) = (rt.ctx(), order.clone());
+    rt.spawn(async move {
+        let mut op = ctx.op_on(1).await;
+        o.borrow_mut().push("A in");
+        // Expects a value the word does not hold: the commit fails.
+        assert_eq!(op.commit(ctx.cas(at, 99, 100)).await.unwrap(), 0);
+        o.borrow_mut().push("A failed");
+        op.retry().await;
+        o.borrow_mut().push("A back");
+    });
+    let (ctx, o) = (rt.ctx(), order.clone());
+    rt.spawn(async move {
+        let op = ctx.op_on(1).await;
+        o.borrow_mut().push("B in");
+        // Holds the gate until A has seen its failure, and a while longer.
+        for _ in 0..10_000 {
+            if o.borrow().contains(&"A failed") {
+                break;
+            }
+            smart_core::runtime::yield_now().await;
+        }
+        for _ in 0..5 {
+            smart_core::runtime::yield_now().await;
+        }
+        o.borrow_mut().push("B out");
+        drop(op);
+    });
+    rt.run();
+    assert_eq!(*order.borrow(), ["A in", "B in", "A failed", "B out", "A back"]);
 }
 
 #[test]
