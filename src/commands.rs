@@ -176,6 +176,15 @@ fn audit_line(a: &Audited) {
         line += &format!(" | balances {b} cents, initial + ledgers {e} cents ({n} ledger transactions)");
     }
     println!("{line}");
+    for h in &d.held {
+        let owner = h
+            .owner
+            .map_or("not a lock word".to_string(), |(b, t, c)| format!("compute blade {b} thread {t} coroutine {c}"));
+        println!(
+            "audit: lock held on table {} key {} (state {}): word {:#x}, {owner}",
+            h.table, h.key, h.state, h.word
+        );
+    }
 }
 
 fn dtx_on<W: Workload + Clone + 'static>(

@@ -287,6 +287,27 @@ pub struct AuditReport {
     pub replica_mismatches: u64,
     /// Records that fail their CRC.
     pub torn: u64,
+    /// The first [`HELD_SHOWN`] locks held, to say whose they are.
+    pub held: Vec<HeldLock>,
+}
+
+/// How many held locks an [`AuditReport`] names.
+pub const HELD_SHOWN: usize = 8;
+
+/// A lock that a quiescent database still holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HeldLock {
+    /// Table.
+    pub table: u32,
+    /// The slot's key (0 in a free slot).
+    pub key: u64,
+    /// The slot's state (see [`layout::state`]).
+    pub state: u8,
+    /// The lock word.
+    pub word: u64,
+    /// Its owner: registry slot, thread, coroutine (none if the word is
+    /// not a lock word).
+    pub owner: Option<(u16, u16, u16)>,
 }
 
 impl AuditReport {
@@ -308,8 +329,19 @@ pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) ->
         scan(ctx, t, db.replicas, |_, recs| {
             let rb = t.record_bytes();
             let p = recs[0];
-            if u64::from_le_bytes(p[40..48].try_into().expect("8 bytes")) != 0 {
+            let word = u64::from_le_bytes(p[40..48].try_into().expect("8 bytes"));
+            if word != 0 {
                 rep.locks_held += 1;
+                if rep.held.len() < HELD_SHOWN {
+                    let (key, _) = layout::key_of(p);
+                    rep.held.push(HeldLock {
+                        table: t.id,
+                        key,
+                        state: layout::decode(p, t.value_size).map_or(u8::MAX, |r| r.state),
+                        word,
+                        owner: Owner::of(word).map(|o| (o.blade, o.thread, o.coroutine)),
+                    });
+                }
             }
             for r in recs.iter().take(db.replicas).skip(1) {
                 if r[..40] != p[..40] || r[48..rb] != p[48..rb] {

@@ -32,7 +32,8 @@
 //!    the WRITEs before it on that QP (on persistent memory, to the
 //!    persistence domain), and every QP that carried a commit WRITE gets
 //!    one (FORD flushed only the last item's QP);
-//! 3. releases its locks with a WRITE each, and returns once they landed.
+//! 3. releases its locks with a CAS each (its lock word → 0, not a WRITE
+//!    of 0: see the private `release`), and returns once they landed.
 //!
 //! An abort releases exactly the locks its CASes acquired (FORD added items
 //! to the locked set before the CAS returned, so an abort could release
@@ -580,21 +581,47 @@ impl Txn {
         Ok(())
     }
 
-    /// Releases every lock this transaction acquired (and only those).
+    /// Releases every lock this transaction acquired (and only those), each
+    /// with a CAS from this transaction's lock word to 0.
+    ///
+    /// Not a WRITE of 0 (as FORD does): an RNIC's atomics are atomic only
+    /// with respect to other atomics, and some execute a CAS as read,
+    /// compare, write back under a lock that WRITEs do not take, even when
+    /// the compare fails (Soft-RoCE's rxe in Linux 6.1 does). A WRITE of 0
+    /// that lands during another transaction's failing CAS on the same word
+    /// is then overwritten with the old lock word, and the lock stays held
+    /// for good. A CAS also never clears a lock that is no longer ours.
+    ///
+    /// # Errors
+    /// [`DtxError::LeaseLost`] or [`DtxError::Corrupt`] if a lock word no
+    /// longer held this transaction's word; verb errors.
     async fn release(&mut self) -> Result<(), TxnError> {
         let ctx = self.d.0.ctx.clone();
-        let zero = [0u8; 8];
+        let lw = self.owner.lock_word(self.seq);
         let mut round = Round::new(&ctx);
-        for it in &self.items[..self.n] {
+        let mut cases = [None; 4 * log::MAX_WRITES];
+        for (i, it) in self.items[..self.n].iter().enumerate() {
             if it.locked {
-                round.batch(it.loc[0].blade(), 1, 8)?.1.write(it.loc[0].add(layout::LOCK), &zero);
+                let (batch, b) = round.batch(it.loc[0].blade(), 1, 8)?;
+                cases[i] = Some((batch, b.cas(it.loc[0].add(layout::LOCK), lw, 0)));
             }
         }
-        if !round.is_empty() {
-            round.post().await?;
-        }
+        let done = if round.is_empty() { None } else { Some(round.post().await?) };
         for it in &mut self.items[..self.n] {
             it.locked = false;
+        }
+        let Some(done) = done else { return Ok(()) };
+        for (i, c) in cases.iter().enumerate() {
+            let Some((batch, cas)) = c else { continue };
+            let old = done[*batch].as_ref().expect("posted").old(*cas);
+            if old != lw {
+                self.fenced()?;
+                let it = &self.items[i];
+                return Err(TxnError::Dtx(DtxError::Corrupt(format!(
+                    "the lock of ({}, {}) held {old:#x} at release, not this transaction's {lw:#x}",
+                    it.table, it.key
+                ))));
+            }
         }
         Ok(())
     }

@@ -19,8 +19,9 @@
 //!   (the page split meanwhile) and drops the stale cache entry.
 //! * **Writes** (insert, update, upsert, delete): lock the leaf with HOCL
 //!   ([`lock`]) and read it in one doorbell [CAS, READ]; modify; write the
-//!   page and release the lock in one doorbell [WRITE page, WRITE 0]
-//!   (Sherman's command combination), or hand the lock to a local waiter.
+//!   page and release the lock in one doorbell [WRITE page, CAS tag → 0]
+//!   (Sherman's command combination; Sherman releases with a WRITE of 0,
+//!   see [`lock`] for why a CAS), or hand the lock to a local waiter.
 //!   A page is never modified by a client that does not hold its lock, and
 //!   a client never holds two locks.
 //! * **Splits**: a full leaf is sorted and its upper half moved to a new

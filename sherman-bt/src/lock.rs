@@ -1,6 +1,10 @@
 //! HOCL, Sherman's hierarchical on-chip lock: a global lock word per page
-//! hash on the page's blade (CAS 0 → tag to acquire, WRITE 0 to release,
-//! the release riding in the doorbell that writes the page back), and a
+//! hash on the page's blade (CAS 0 → tag to acquire, CAS tag → 0 to
+//! release, the release riding in the doorbell that writes the page back;
+//! Sherman releases with a WRITE of 0, but an RNIC's atomics are atomic
+//! only with respect to other atomics: Soft-RoCE in Linux 6.1 writes a
+//! failing CAS's word back, which would undo a WRITE that landed
+//! meanwhile and leave the lock held until its lease ran out), and a
 //! local lock per lock word on the compute side, so that coroutines of one
 //! thread wanting the same lock queue locally instead of spinning on the
 //! blade. A holder with local waiters hands the global lock straight to the
@@ -49,6 +53,9 @@ struct Queue {
     serving: u64,
     /// Whether the ticket being served holds the global lock (handed over).
     global: bool,
+    /// The global word's value while this thread holds it: the tag of the
+    /// acquisition that took it on the blade.
+    tag: u64,
     handovers: u32,
     wakers: VecDeque<(u64, Waker)>,
     abandoned: Vec<u64>,
@@ -86,10 +93,12 @@ impl LocalLocks {
         q.next - 1
     }
 
-    /// Decides the release of lock `id`: `true` if the global word must be
-    /// released (no local waiter, or too many hand-overs in a row).
-    fn plan_release(&mut self, id: u64) -> bool {
+    /// Decides the release of lock `id`, whose global word holds `tag`:
+    /// `true` if the global word must be released (no local waiter, or too
+    /// many hand-overs in a row).
+    fn plan_release(&mut self, id: u64, tag: u64) -> bool {
         let q = self.queues.get_mut(&id).expect("a held lock has a queue");
+        q.tag = tag;
         q.handovers += 1;
         let waiters = q.next > q.serving + 1 + q.abandoned.len() as u64;
         if waiters && q.handovers < MAX_HANDOVERS {
@@ -120,8 +129,8 @@ impl LocalLocks {
     }
 }
 
-/// Waits for a ticket's turn in a local queue; yields whether the global
-/// lock came with it (handed over).
+/// Waits for a ticket's turn in a local queue; yields the global word's tag
+/// if the global lock came with it (handed over).
 struct Turn<'a> {
     local: &'a RefCell<Local>,
     id: u64,
@@ -130,12 +139,12 @@ struct Turn<'a> {
 }
 
 impl Future for Turn<'_> {
-    type Output = bool;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+    type Output = Option<u64>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<u64>> {
         let mut l = self.local.borrow_mut();
         let q = l.locks.queues.get_mut(&self.id).expect("a waited lock has a queue");
         if q.serving == self.ticket {
-            let g = q.global;
+            let g = q.global.then_some(q.tag);
             drop(l);
             self.done = true;
             return Poll::Ready(g);
@@ -177,6 +186,8 @@ impl Drop for Turn<'_> {
 pub(crate) struct Held {
     pub(crate) page: GlobalAddr,
     word: GlobalAddr,
+    /// The global word's value: the tag of the acquisition that took it.
+    tag: u64,
     /// The page's sequence number as read under the lock.
     pub(crate) seq: u32,
 }
@@ -207,8 +218,8 @@ impl ShermanBt {
         let id = word.raw();
         let ticket = self.local.borrow_mut().locks.ticket(id);
         let handed = Turn { local: &self.local, id, ticket, done: false }.await;
-        let mut held = Held { page: at, word, seq: 0 };
-        if handed {
+        let mut held = Held { page: at, word, tag: handed.unwrap_or(0), seq: 0 };
+        if handed.is_some() {
             self.local.borrow_mut().stats.handovers += 1;
             if let Err(e) = self.read_locked(at).await {
                 self.release(held, false).await?;
@@ -218,6 +229,7 @@ impl ShermanBt {
             return Ok(held);
         }
         let tag = self.next_tag();
+        held.tag = tag;
         match self.acquire(at, word, tag, op).await {
             Ok(()) => {
                 held.seq = self.page.view().seq();
@@ -299,7 +311,7 @@ impl ShermanBt {
     }
 
     /// Releases a lock, first writing `self.page` back (sealed with the
-    /// next sequence number) when `write`: one doorbell [WRITE page, WRITE
+    /// next sequence number) when `write`: one doorbell [WRITE page, CAS
     /// unlock], or the page alone when the lock goes to a local waiter.
     pub(crate) async fn unlock(&mut self, h: Held, write: bool) -> Result<()> {
         if write {
@@ -315,14 +327,16 @@ impl ShermanBt {
 
     async fn release(&mut self, h: Held, write: bool) -> Result<()> {
         let id = h.word.raw();
-        let remote = self.local.borrow_mut().locks.plan_release(id);
+        let remote = self.local.borrow_mut().locks.plan_release(id, h.tag);
         let result = async {
             let mut b = self.ctx.batch();
             if write {
                 b.write(h.page, &self.page.0[..]);
             }
             if remote {
-                b.write(h.word, &[0; 8]);
+                // After the page WRITE on the same QP: the next holder
+                // reads the page as written.
+                b.cas(h.word, h.tag, 0);
             }
             if !b.is_empty() {
                 b.post().await?;
@@ -332,7 +346,7 @@ impl ShermanBt {
         .await;
         let orphaned = self.local.borrow_mut().locks.finish_release(id);
         if orphaned {
-            self.ctx.write(h.word, &[0; 8]).await?;
+            self.ctx.cas(h.word, h.tag, 0).await?;
         }
         result
     }
@@ -354,7 +368,7 @@ mod tests {
         }
         let mut remote = Vec::new();
         for _ in 0..11 {
-            remote.push(l.plan_release(id));
+            remote.push(l.plan_release(id, 7));
             assert!(!l.finish_release(id));
         }
         // Hand-overs 1..7 keep the word; the 8th releases it; then the count
@@ -369,7 +383,7 @@ mod tests {
         let mut l = LocalLocks::default();
         l.ticket(1);
         l.ticket(1);
-        assert!(!l.plan_release(1), "one waiter: hand over");
+        assert!(!l.plan_release(1, 7), "one waiter: hand over");
         // The waiter gives up before its turn.
         l.queues.get_mut(&1).unwrap().abandoned.push(1);
         assert!(l.finish_release(1), "nobody to take the global lock");

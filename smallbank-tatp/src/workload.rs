@@ -229,21 +229,15 @@ impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
                 let mut row = (wk.thread() * wk.coroutines() + wk.coroutine()) as u64;
                 while row < w.rows() && wk.running() {
                     let t = wk.now();
-                    let mut tries = 0;
-                    loop {
-                        match w.load(&mut tx, row).await {
-                            Ok(()) => break,
-                            // Two loaders chose the same free slot: again.
-                            Err(TxnError::Abort(a)) if a.is_conflict() && tries < 10_000 => tries += 1,
-                            Err(e) => return Err(e),
-                        }
-                    }
+                    until_no_conflict(async || w.load(&mut tx, row).await).await?;
                     wk.record(t, 1);
                     row += total;
                 }
                 return Ok(());
             }
-            w.prepare(&mut tx, me).await?;
+            // Coroutines that insert their ledger rows into one bucket at
+            // once choose the same free slot: again.
+            until_no_conflict(async || w.prepare(&mut tx, me).await).await?;
             let mut rng = SmallRng::seed_from_u64(wk.seed());
             let ctx = st.dtx.ctx().clone();
             while wk.running() {
@@ -291,6 +285,18 @@ impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
     fn close_thread(&self, st: ThreadState) {
         self.counts.lock().expect("not poisoned").merge(&st.counts.borrow());
         self.stats.lock().expect("not poisoned").merge(&st.dtx.stats());
+    }
+}
+
+/// Runs `f` again while it aborts on a conflict (two inserts that chose
+/// the same free slot), up to 10 000 times.
+async fn until_no_conflict(mut f: impl AsyncFnMut() -> Result<(), TxnError>) -> Result<(), TxnError> {
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Err(TxnError::Abort(a)) if a.is_conflict() && tries < 10_000 => tries += 1,
+            r => return r,
+        }
     }
 }
 

@@ -41,6 +41,13 @@ pub(crate) trait LinePacer {
     /// Whether a READ should copy its lines from the highest address down
     /// (an RNIC does not promise address order for READs).
     fn reverse_read(&mut self) -> bool;
+    /// Whether CAS and FAA run as read, pause, write back under a lock
+    /// that only atomics take, the write back even when a CAS's compare
+    /// fails: atomic with respect to each other but not to WRITEs, as
+    /// Soft-RoCE's in Linux 6.1.
+    fn write_back_atomics(&self) -> bool {
+        false
+    }
 }
 
 /// No pauses: the fast path.
@@ -385,6 +392,33 @@ impl Region {
     pub fn faa(&self, off: u64, add: u64) -> Result<u64, WcStatus> {
         self.check_atomic(off)?;
         Ok(self.word(off).fetch_add(add, Ordering::AcqRel))
+    }
+
+    /// A CAS (`cas`: compare `compare_add`, swap `swap`) or FAA (add
+    /// `compare_add`) executed as read, pause, write back under a lock that
+    /// only these take, the write back unconditional: atomic with respect
+    /// to other such atomics, not to WRITEs (see
+    /// [`LinePacer::write_back_atomics`]). Returns the old value.
+    pub(crate) fn write_back_atomic(
+        &self,
+        off: u64,
+        cas: bool,
+        compare_add: u64,
+        swap: u64,
+        pacer: &mut impl LinePacer,
+    ) -> Result<u64, WcStatus> {
+        static ATOMICS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        self.check_atomic(off)?;
+        let _g = ATOMICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let old = self.word(off).load(Ordering::Acquire);
+        pacer.between_lines();
+        let new = match cas {
+            true if old == compare_add => swap,
+            true => old,
+            false => old.wrapping_add(compare_add),
+        };
+        self.word(off).store(new, Ordering::Release);
+        Ok(old)
     }
 
     /// Atomic load of the aligned word at `off` (local access by the blade).

@@ -56,6 +56,18 @@ pub fn chaos_sized(blades: usize, bytes: u64, seed: u64) -> Backend {
     Backend { name: "embedded+chaos", transport: Arc::new(t), _blades: vec![] }
 }
 
+/// `blades` embedded blades in chaos mode whose CAS and FAA write back
+/// unconditionally, not atomically with respect to WRITEs (see
+/// [`ChaosConfig::write_back_atomics`]: Soft-RoCE in Linux 6.1), seeded.
+///
+/// # Panics
+/// If the blades cannot be mapped.
+pub fn chaos_write_back(blades: usize, seed: u64) -> Backend {
+    let cfg = ChaosConfig { write_back_atomics: true, ..ChaosConfig::new(seed) };
+    let t = EmbeddedTransport::new(blades, DEFAULT_BLADE_BYTES).unwrap().with_chaos(cfg);
+    Backend { name: "embedded+chaos+write-back-atomics", transport: Arc::new(t), _blades: vec![] }
+}
+
 /// `blades` memory-blade servers of 8 MiB on loopback TCP (in this
 /// process, on threads), and a TCP transport to them.
 pub fn tcp(blades: usize) -> Backend {

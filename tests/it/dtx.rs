@@ -84,6 +84,19 @@ fn smallbank_and_tatp_run_audit_and_record_on_embedded_blades() {
 }
 
 #[test]
+fn coroutines_whose_ledger_rows_race_for_one_slot_all_start() {
+    // 32 coroutines insert their ledger rows at once, into a table sized
+    // for 32 rows: two of them choose one free slot, and the loser retries
+    // (it used to end its coroutine with "aborted: locked").
+    let run = ["--threads", "2", "--coroutines", "16", "--duration", "0.3", "--warmup", "0", "--quiet"];
+    let args = ["smallbank", "--accounts", "500", "--hot", "20", "--audit"];
+    let r = run_json("sb-ledgers.json", &[&args[..], &run[..]].concat());
+    assert_eq!(r["errors"], 0);
+    assert_eq!(r["audit"]["db"]["live"][2], 32, "one ledger row per coroutine");
+    assert_eq!(r["audit"]["balances"], r["audit"]["expected"]);
+}
+
+#[test]
 fn bad_transaction_arguments_fail_with_a_message() {
     for (args, says) in [
         (

@@ -239,3 +239,29 @@ fn per_key_histories_are_linearizable_during_splits() {
     let (shape, _) = checked_keys(&t, "lin");
     assert!(shape.pages_per_level[0] >= 20, "the leaves split: {shape:?}");
 }
+
+/// Where an RNIC writes a failing CAS's word back, not atomically with a
+/// WRITE (Soft-RoCE in Linux 6.1; `ChaosConfig::write_back_atomics`), an
+/// unlock by WRITE of 0 that lands during a waiter's CAS is undone and the
+/// lock stays held until its lease runs out. Unlocks are CASes: no lock is
+/// ever taken over from a live holder.
+#[test]
+fn no_release_is_lost_where_failing_cases_write_back() {
+    let cfg = ChaosConfig { write_back_atomics: true, ..ChaosConfig::new(61) };
+    let t = EmbeddedTransport::new(2, 64 << 20).unwrap().with_chaos(cfg);
+    let per = 150u64;
+    let (_, stats) = run_tree(&t, 3, 8, "none", "wb", |w, mut tree| {
+        let me = (w.thread() * 8 + w.coroutine()) as u64;
+        async move {
+            for i in 0..per {
+                let k = i * 24 + me;
+                assert!(tree.insert_u64(k, value(k, 0)).await?, "key {k} was new");
+            }
+            Ok(())
+        }
+    });
+    let (_, keys) = checked_keys(&t, "wb");
+    assert_eq!(keys, (0..24 * per).collect::<Vec<_>>(), "every key once");
+    assert!(stats.lock_retries > 0, "writers met on locks: {stats:?}");
+    assert_eq!(stats.lock_steals, 0, "a live holder's lock was taken over after its lease: {stats:?}");
+}

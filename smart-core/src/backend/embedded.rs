@@ -56,12 +56,18 @@ pub struct ChaosConfig {
     pub yield_prob: f64,
     /// Probability that a QP's pending batches are left for a later poll.
     pub delay_prob: f64,
+    /// CAS and FAA as some RNICs execute them: read, pause, write back,
+    /// under a lock that WRITEs do not take, the write back even when a
+    /// CAS's compare fails (Soft-RoCE's rxe in Linux 6.1). Atomics stay
+    /// atomic with respect to each other, but a WRITE to the word that
+    /// lands meanwhile is lost. Off by default.
+    pub write_back_atomics: bool,
 }
 
 impl ChaosConfig {
     /// Defaults that tear often yet keep tests fast.
     pub fn new(seed: u64) -> Self {
-        ChaosConfig { seed, max_line_pause: 200, yield_prob: 0.05, delay_prob: 0.3 }
+        ChaosConfig { seed, max_line_pause: 200, yield_prob: 0.05, delay_prob: 0.3, write_back_atomics: false }
     }
 }
 
@@ -200,6 +206,10 @@ impl LinePacer for Chaos {
 
     fn reverse_read(&mut self) -> bool {
         self.rng.random_bool(0.5)
+    }
+
+    fn write_back_atomics(&self) -> bool {
+        self.cfg.write_back_atomics
     }
 }
 
@@ -351,7 +361,9 @@ fn execute(
             if wr.len != 8 {
                 return Err(WcStatus::RemoteInvalidRequest);
             }
-            let old = if wr.op == Opcode::Cas {
+            let old = if pacer.write_back_atomics() {
+                region.write_back_atomic(off, wr.op == Opcode::Cas, wr.compare_add, wr.swap, pacer)?
+            } else if wr.op == Opcode::Cas {
                 region.cas(off, wr.compare_add, wr.swap)?
             } else {
                 region.faa(off, wr.compare_add)?
