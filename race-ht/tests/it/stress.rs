@@ -99,9 +99,10 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
 #[test]
 fn racing_inserts_of_one_key_leave_one_slot() {
     // Under chaos, and over a real memory-blade server on loopback TCP.
-    // 128 MiB blades: the blade's heap ended at 41-63 MiB in runs with and
-    // without the commit-posted key gate (1.3-2 MiB for each of the run's
-    // 32 table handles, for 40 keys), so a 64 MiB blade sometimes ran out.
+    // 128 MiB blades: each of the 32 coroutines opens its own table
+    // handle, and each handle's reclaimer takes fresh memory in spans of
+    // 1 MiB (`smart_core::reclaim::SPAN`), one or two per handle here: the
+    // blade's heap ended at 41-63 MiB, and a 64 MiB blade sometimes ran out.
     for b in [backends::chaos_sized(1, 128 << 20, 9), backends::tcp_sized(1, 128 << 20)] {
         racing_inserts(&*b.transport);
     }
@@ -135,6 +136,8 @@ fn racing_inserts(t: &dyn Transport) {
                 let ok = ht.insert(&k.to_le_bytes(), &value(k, me)).await.map_err(wrap)?;
                 wins.fetch_add(u64::from(ok), std::sync::atomic::Ordering::Relaxed);
             }
+            // What is left of the handle's spans goes back to the blade.
+            ht.close().await.map_err(wrap)?;
             Ok(())
         }
     })
