@@ -165,6 +165,8 @@ impl RaceHt {
         if self.commit_update(op, h, at, s, new.1).await? {
             return Ok(SpecUpdate::Done { old: s });
         }
+        // Another update won the slot: where the key is now is not known.
+        self.remember(h, None);
         Ok(SpecUpdate::Missed)
     }
 

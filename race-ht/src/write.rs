@@ -173,11 +173,16 @@ impl RaceHt {
     }
 
     /// CASes the key's slot at `at` from `old` to `new` as `op`'s commit;
-    /// returns whether it did. The new word is remembered for speculative
-    /// lookups before the CAS is posted, for the key's next operation on this
-    /// thread, which may start as soon as it is (see `OpGuard::commit`); a
-    /// speculative lookup checks what it finds, and a CAS that fails forgets
-    /// the key again.
+    /// returns whether it did, and remembers the new word for speculative
+    /// lookups if so.
+    ///
+    /// Where `op` holds the key's gate, the key's next operation on this
+    /// thread may start as soon as the CAS is posted (see
+    /// `OpGuard::commit`), so the new word is remembered before: a
+    /// speculative lookup checks what it finds, and a CAS that fails
+    /// forgets the key again. Without the gate, siblings race for the key
+    /// anyway, and a word remembered before its CAS won would send them to
+    /// blocks that never become the key's: it is remembered after.
     pub(crate) async fn commit_update(
         &self,
         op: &mut OpGuard<'_>,
@@ -186,9 +191,14 @@ impl RaceHt {
         old: Slot,
         new: Slot,
     ) -> Result<bool> {
-        self.remember(h, Some((at, new)));
+        let early = op.gated();
+        if early {
+            self.remember(h, Some((at, new)));
+        }
         let won = op.commit(self.ctx.cas(at, old.0, new.0)).await? == old.0;
-        if !won {
+        if won && !early {
+            self.remember(h, Some((at, new)));
+        } else if !won && early {
             self.remember(h, None);
         }
         Ok(won)

@@ -220,6 +220,14 @@ impl OpGuard<'_> {
         self.attempts
     }
 
+    /// Whether this operation holds its key's gate, so that its
+    /// [`commit`](OpGuard::commit) passes the gate on as soon as it is
+    /// posted: the key's next operation on this thread may then start
+    /// before the commit completes. Without the key gate, `false`.
+    pub fn gated(&self) -> bool {
+        self.holds_gate
+    }
+
     /// Awaits `fut`, the attempt's commit (e.g. the CAS that publishes an
     /// update), and passes the key's gate on (see [`Ctx::op_on`]) as soon
     /// as `fut` has rung its doorbell, not when it completes. The next
