@@ -177,9 +177,9 @@ fn audit_line(a: &Audited) {
     }
     println!("{line}");
     for h in &d.held {
-        let owner = h
-            .owner
-            .map_or("not a lock word".to_string(), |(b, t, c)| format!("compute blade {b} thread {t} coroutine {c}"));
+        let owner = h.owner.map_or("not a lock word".to_string(), |o| {
+            format!("compute blade {} thread {} coroutine {}", o.blade, o.thread, o.coroutine)
+        });
         println!(
             "audit: lock held on table {} key {} (state {}): word {:#x}, {owner}",
             h.table, h.key, h.state, h.word

@@ -123,7 +123,7 @@ pub fn murmur64a(key: u64, seed: u64) -> u64 {
 }
 
 /// The owner fields of a lock word: whose transaction holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Owner {
     /// The compute blade's registry slot (1-based).
     pub blade: u16,

@@ -305,9 +305,8 @@ pub struct HeldLock {
     pub state: u8,
     /// The lock word.
     pub word: u64,
-    /// Its owner: registry slot, thread, coroutine (none if the word is
-    /// not a lock word).
-    pub owner: Option<(u16, u16, u16)>,
+    /// Its owner (none if the word is not a lock word).
+    pub owner: Option<Owner>,
 }
 
 impl AuditReport {
@@ -330,17 +329,13 @@ pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) ->
             let rb = t.record_bytes();
             let p = recs[0];
             let word = u64::from_le_bytes(p[40..48].try_into().expect("8 bytes"));
+            let rec = layout::decode(p, t.value_size);
             if word != 0 {
                 rep.locks_held += 1;
                 if rep.held.len() < HELD_SHOWN {
                     let (key, _) = layout::key_of(p);
-                    rep.held.push(HeldLock {
-                        table: t.id,
-                        key,
-                        state: layout::decode(p, t.value_size).map_or(u8::MAX, |r| r.state),
-                        word,
-                        owner: Owner::of(word).map(|o| (o.blade, o.thread, o.coroutine)),
-                    });
+                    let state = rec.as_ref().map_or(u8::MAX, |r| r.state);
+                    rep.held.push(HeldLock { table: t.id, key, state, word, owner: Owner::of(word) });
                 }
             }
             for r in recs.iter().take(db.replicas).skip(1) {
@@ -348,7 +343,7 @@ pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) ->
                     rep.replica_mismatches += 1;
                 }
             }
-            match layout::decode(p, t.value_size) {
+            match rec {
                 Ok(rec) if rec.state == state::LIVE => {
                     rep.live[t.id as usize] += 1;
                     row(t.id, rec.key, rec.value);

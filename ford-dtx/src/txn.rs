@@ -606,11 +606,14 @@ impl Txn {
                 cases[i] = Some((batch, b.cas(it.loc[0].add(layout::LOCK), lw, 0)));
             }
         }
-        let done = if round.is_empty() { None } else { Some(round.post().await?) };
+        if round.is_empty() {
+            // Nothing locked.
+            return Ok(());
+        }
+        let done = round.post().await?;
         for it in &mut self.items[..self.n] {
             it.locked = false;
         }
-        let Some(done) = done else { return Ok(()) };
         for (i, c) in cases.iter().enumerate() {
             let Some((batch, cas)) = c else { continue };
             let old = done[*batch].as_ref().expect("posted").old(*cas);

@@ -196,10 +196,10 @@ impl RaceHt {
             self.remember(h, Some((at, new)));
         }
         let won = op.commit(self.ctx.cas(at, old.0, new.0)).await? == old.0;
-        if won && !early {
-            self.remember(h, Some((at, new)));
-        } else if !won && early {
-            self.remember(h, None);
+        match (early, won) {
+            (false, true) => self.remember(h, Some((at, new))),
+            (true, false) => self.remember(h, None),
+            _ => {}
         }
         Ok(won)
     }

@@ -52,20 +52,24 @@ pub fn chaos(blades: usize, seed: u64) -> Backend {
 /// # Panics
 /// If the blades cannot be mapped.
 pub fn chaos_sized(blades: usize, bytes: u64, seed: u64) -> Backend {
-    let t = EmbeddedTransport::new(blades, bytes).unwrap().with_chaos(ChaosConfig::new(seed));
-    Backend { name: "embedded+chaos", transport: Arc::new(t), _blades: vec![] }
+    chaos_with(blades, bytes, ChaosConfig::new(seed))
 }
 
-/// `blades` embedded blades in chaos mode whose CAS and FAA write back
-/// unconditionally, not atomically with respect to WRITEs (see
-/// [`ChaosConfig::write_back_atomics`]: Soft-RoCE in Linux 6.1), seeded.
+/// `blades` embedded blades of `bytes` each in chaos mode whose CAS and
+/// FAA write back unconditionally, not atomically with respect to WRITEs
+/// (see [`ChaosConfig::write_back_atomics`]: Soft-RoCE in Linux 6.1),
+/// seeded.
 ///
 /// # Panics
 /// If the blades cannot be mapped.
-pub fn chaos_write_back(blades: usize, seed: u64) -> Backend {
-    let cfg = ChaosConfig { write_back_atomics: true, ..ChaosConfig::new(seed) };
-    let t = EmbeddedTransport::new(blades, DEFAULT_BLADE_BYTES).unwrap().with_chaos(cfg);
-    Backend { name: "embedded+chaos+write-back-atomics", transport: Arc::new(t), _blades: vec![] }
+pub fn chaos_write_back(blades: usize, bytes: u64, seed: u64) -> Backend {
+    chaos_with(blades, bytes, ChaosConfig { write_back_atomics: true, ..ChaosConfig::new(seed) })
+}
+
+fn chaos_with(blades: usize, bytes: u64, cfg: ChaosConfig) -> Backend {
+    let name = if cfg.write_back_atomics { "embedded+chaos+write-back-atomics" } else { "embedded+chaos" };
+    let t = EmbeddedTransport::new(blades, bytes).unwrap().with_chaos(cfg);
+    Backend { name, transport: Arc::new(t), _blades: vec![] }
 }
 
 /// `blades` memory-blade servers of 8 MiB on loopback TCP (in this

@@ -86,7 +86,7 @@ fn committed_histories_are_serializable_under_chaos() {
 /// by a WRITE of 0 during another's failing CAS would stay held.
 #[test]
 fn no_lock_is_left_held_where_failing_cases_write_back() {
-    serializable_run(backends::chaos_write_back(2, 22));
+    serializable_run(backends::chaos_write_back(2, 8 << 20, 22));
 }
 
 /// Runs contended transactions on `b`; checks serializability, no lost

@@ -247,10 +247,10 @@ fn per_key_histories_are_linearizable_during_splits() {
 /// ever taken over from a live holder.
 #[test]
 fn no_release_is_lost_where_failing_cases_write_back() {
-    let cfg = ChaosConfig { write_back_atomics: true, ..ChaosConfig::new(61) };
-    let t = EmbeddedTransport::new(2, 64 << 20).unwrap().with_chaos(cfg);
+    let b = smart_testkit::backends::chaos_write_back(2, 64 << 20, 61);
+    let t = &*b.transport;
     let per = 150u64;
-    let (_, stats) = run_tree(&t, 3, 8, "none", "wb", |w, mut tree| {
+    let (_, stats) = run_tree(t, 3, 8, "none", "wb", |w, mut tree| {
         let me = (w.thread() * 8 + w.coroutine()) as u64;
         async move {
             for i in 0..per {
@@ -260,7 +260,7 @@ fn no_release_is_lost_where_failing_cases_write_back() {
             Ok(())
         }
     });
-    let (_, keys) = checked_keys(&t, "wb");
+    let (_, keys) = checked_keys(t, "wb");
     assert_eq!(keys, (0..24 * per).collect::<Vec<_>>(), "every key once");
     assert!(stats.lock_retries > 0, "writers met on locks: {stats:?}");
     assert_eq!(stats.lock_steals, 0, "a live holder's lock was taken over after its lease: {stats:?}");
