@@ -39,6 +39,28 @@ struct Line([AtomicU64; 8]);
 const WORDS: usize = SLOTS.div_ceil(4);
 const _: () = assert!(WORDS <= 8, "a bucket's prints fit one line");
 
+/// Lane 0 of each of a word's four 16-bit lanes.
+const LANES: u64 = 0x0001_0001_0001_0001;
+
+/// Per word of a line: the top bits of its lanes that are slots.
+const USED: [u64; WORDS] = {
+    let mut used = [0; WORDS];
+    let mut s = 0;
+    while s < SLOTS {
+        used[s / 4] |= 0x8000 << (16 * (s % 4));
+        s += 1;
+    }
+    used
+};
+
+/// The top bit of every 16-bit lane of `x` that is zero, and no other bit
+/// (exact: adding 0x7fff to a lane's low 15 bits carries into its top bit
+/// unless they are all zero, and never into the next lane).
+fn zero_lanes(x: u64) -> u64 {
+    const LOW: u64 = 0x7fff_7fff_7fff_7fff;
+    !(((x & LOW) + LOW) | x | LOW)
+}
+
 /// What one pass over a bucket's prints found for a print.
 struct Scan {
     /// Slots with the print, and the last of them.
@@ -140,24 +162,26 @@ impl AddrCache {
         (at.blade() == t.base[0].blade() && off < t.buckets * t.bucket_bytes()).then_some(off)
     }
 
-    /// One pass over bucket `b` of `t`'s prints, for print `p`.
+    /// One pass over bucket `b` of `t`'s prints, for print `p`: each word's
+    /// four lanes are compared at once (see [`zero_lanes`]).
     fn scan(&self, t: &Table, b: u64, p: u16) -> Scan {
         let mut scan = Scan { hits: 0, hit: 0, unknown: None };
         let Some(lines) = self.prints.table(t) else {
             scan.unknown = Some(0);
             return scan;
         };
+        let wanted = u64::from(p) * LANES;
         for (w, word) in lines[b as usize].0[..WORDS].iter().enumerate() {
             let v = word.load(Ordering::Relaxed);
-            for lane in 0..4 {
-                // Lanes past the last slot stay 0, which no print is.
-                let q = (v >> (16 * lane)) as u16;
-                if q == p {
-                    scan.hit = 4 * w + lane;
-                    scan.hits += 1;
-                } else if q == 0 && scan.unknown.is_none() && 4 * w + lane < SLOTS {
-                    scan.unknown = Some(4 * w + lane);
-                }
+            // Lanes past the last slot stay 0, which no print is.
+            let hits = zero_lanes(v ^ wanted);
+            if hits != 0 {
+                scan.hits += hits.count_ones() as usize;
+                scan.hit = 4 * w + (63 - hits.leading_zeros() as usize) / 16;
+            }
+            let unknown = zero_lanes(v) & USED[w];
+            if unknown != 0 && scan.unknown.is_none() {
+                scan.unknown = Some(4 * w + unknown.trailing_zeros() as usize / 16);
             }
         }
         scan
@@ -313,6 +337,36 @@ mod tests {
     fn slot(t: &Table, key: u64, s: usize) -> Loc {
         let off = home_and_print(t, kh(key)).0 * t.bucket_bytes() + layout::slot_offset(t.value_size, s);
         [t.base[0].add(off), t.base[1].add(off), GlobalAddr::NULL, GlobalAddr::NULL]
+    }
+
+    #[test]
+    fn a_scan_finds_what_a_lane_by_lane_pass_finds() {
+        use rand::{Rng, SeedableRng};
+        let db = db(1);
+        let t = &db.tables[0];
+        let c = AddrCache::new(Arc::new(Prints::new(&db)));
+        let lines = c.prints.table_or_new(t).unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        for _ in 0..20_000 {
+            // Lanes from a few prints (0: unknown), so that hits, repeats
+            // and unknown slots are common; prints with the top bit set too.
+            let p: u16 = [1, 0x7fff, 0x8000, 0xffff, 0x1234][rng.random_range(0..5)];
+            let mut lanes = [0u16; 4 * WORDS];
+            for l in lanes.iter_mut().take(SLOTS) {
+                *l = [0, p, p ^ 1, p ^ 0x8000, p.wrapping_add(1)][rng.random_range(0..5)];
+            }
+            for (w, word) in lines[0].0[..WORDS].iter().enumerate() {
+                let v = (0..4).fold(0u64, |v, l| v | u64::from(lanes[4 * w + l]) << (16 * l));
+                word.store(v, Ordering::Relaxed);
+            }
+            let got = c.scan(t, 0, p);
+            let hits: Vec<usize> = (0..SLOTS).filter(|&s| lanes[s] == p).collect();
+            assert_eq!(got.hits, hits.len(), "{lanes:x?} for {p:#x}");
+            if let Some(&last) = hits.last() {
+                assert_eq!(got.hit, last, "{lanes:x?} for {p:#x}");
+            }
+            assert_eq!(got.unknown, (0..SLOTS).find(|&s| lanes[s] == 0), "{lanes:x?}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //!             @16 key u64             @24 home u64 (the primary copy's GlobalAddr)
 //!             @32 version u64         @40 lock u64
 //!             @48 value [value cap]   (value size rounded up to 8)
-//!             @48+cap trailer u64: state u8 | 0 u8 | 0 u16 | crc32 u32
+//!             @48+cap trailer u64: state u8 | 0 u8 | 0 u16 | crc32c u32
 //!             64 B with 8-byte values (SmallBank), 96 B with 40-byte (TATP)
 //! bucket      next u64 (the primary's overflow bucket, 0 = none)
 //!             | mirror u64 × 3 (this overflow bucket on replicas 1..3)
@@ -41,6 +41,7 @@
 //! a per-process counter, which two compute blades could repeat), and a
 //! validation never mistakes a rolled-back write for a committed one.
 
+use smart_core::crc::crc32c_append;
 use smart_core::GlobalAddr;
 
 /// Most replicas of a table (primary included).
@@ -190,12 +191,11 @@ pub struct Record<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Torn;
 
+/// CRC-32C of a record's bytes but its lock word and its CRC.
 fn crc(rec: &[u8], cap: usize) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&rec[..40]);
-    h.update(&rec[RECORD_HEADER..RECORD_HEADER + cap]);
-    h.update(&rec[RECORD_HEADER + cap..RECORD_HEADER + cap + 1]);
-    h.finalize()
+    let c = crc32c_append(0, &rec[..40]);
+    let c = crc32c_append(c, &rec[RECORD_HEADER..RECORD_HEADER + cap]);
+    crc32c_append(c, &rec[RECORD_HEADER + cap..RECORD_HEADER + cap + 1])
 }
 
 /// A record's key and table words, unverified (each is read whole).
@@ -291,7 +291,7 @@ pub fn header_of(bucket: &[u8]) -> (u64, [u64; MAX_REPLICAS]) {
 ///
 /// ```text
 /// entry   @0 magic u64   @8 registration nonce u64   @16 seq u64
-///         @24 lock word u64   @32 items u32 | bytes u32   @40 crc32 u32 | 0
+///         @24 lock word u64   @32 items u32 | bytes u32   @40 crc32c u32 | 0
 ///         @48 0 u64 × 2, then items
 /// item    @0 table u32 | old state u32   @8 key u64   @16 old version u64
 ///         @24 value size u64   @32 addresses u64 × 4 (replica 0 = primary)
@@ -314,13 +314,11 @@ pub mod log {
         HEADER + MAX_WRITES * (ITEM_HEADER + super::value_cap(max_value))
     }
 
-    /// The CRC of an entry of `bytes` bytes (the CRC field counts as 0).
+    /// The CRC-32C of an entry of `bytes` bytes (the CRC field counts as 0).
     pub fn crc(entry: &[u8]) -> u32 {
-        let mut h = crc32fast::Hasher::new();
-        h.update(&entry[..40]);
-        h.update(&[0; 8]);
-        h.update(&entry[48..]);
-        h.finalize()
+        let c = super::crc32c_append(0, &entry[..40]);
+        let c = super::crc32c_append(c, &[0; 8]);
+        super::crc32c_append(c, &entry[48..])
     }
 }
 

@@ -59,13 +59,27 @@ impl<'a> Round<'a> {
 
     pub(crate) async fn post(&mut self) -> Result<Landed<'a>, TxnError> {
         let mut done: Landed<'a> = std::array::from_fn(|_| None);
-        if self.n == 1 {
-            // The common case: one doorbell, awaited directly.
-            let b = self.batches[0].as_mut().expect("one batch");
-            done[0] = Some(b.post().await?);
-            return Ok(done);
+        // The futures and results of `post_all` are arrays of its `N`: the
+        // smallest that holds the round.
+        match self.n {
+            1 => {
+                // The common case: one doorbell, awaited directly.
+                let b = self.batches[0].as_mut().expect("one batch");
+                done[0] = Some(b.post().await?);
+                return Ok(done);
+            }
+            2 => Self::land(post_all(first::<2>(&mut self.batches)).await, &mut done)?,
+            3 | 4 => Self::land(post_all(first::<4>(&mut self.batches)).await, &mut done)?,
+            _ => Self::land(post_all(&mut self.batches).await, &mut done)?,
         }
-        let out = post_all(&mut self.batches).await;
+        Ok(done)
+    }
+
+    /// Moves `post_all`'s results into `done`; the first error, if any.
+    fn land<const N: usize>(
+        out: [Option<smart_core::Result<Done<'a>>>; N],
+        done: &mut Landed<'a>,
+    ) -> Result<(), TxnError> {
         let mut first_err = None;
         for (d, o) in done.iter_mut().zip(out) {
             match o {
@@ -76,9 +90,14 @@ impl<'a> Round<'a> {
         }
         match first_err {
             Some(e) => Err(e.into()),
-            None => Ok(done),
+            None => Ok(()),
         }
     }
+}
+
+/// The first `N` batches of a round, as an array.
+fn first<'r, 'a, const N: usize>(batches: &'r mut [Option<Batch<'a>>; ROUND]) -> &'r mut [Option<Batch<'a>>; N] {
+    (&mut batches[..N]).try_into().expect("N <= ROUND")
 }
 
 pub(crate) fn too_large(what: &str) -> TxnError {

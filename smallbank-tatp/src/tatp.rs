@@ -30,7 +30,9 @@
 
 use ford_dtx::{Abort, Txn, TxnError};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
+
+use smart_bench::below;
 
 use crate::workload::{pick, Draw, Workload};
 
@@ -122,7 +124,7 @@ impl Tatp {
     /// A subscriber id by NURand(A, 1, S).
     pub fn subscriber(&self, rng: &mut impl Rng) -> u64 {
         let s = self.subscribers;
-        ((rng.random_range(0..=self.nurand_a()) | rng.random_range(1..=s)) % s) + 1
+        ((below(rng.next_u64(), self.nurand_a() + 1) | (1 + below(rng.next_u64(), s))) % s) + 1
     }
 
     /// Subscriber `s`'s rows (the same for every loader: seeded by `s`).
@@ -206,8 +208,8 @@ impl Workload for Tatp {
         let ty = pick(&MIX, rng);
         Draw {
             ty,
-            keys: [self.subscriber(rng), rng.random_range(1..=4), 8 * rng.random_range(0..3)],
-            salt: rng.random(),
+            keys: [self.subscriber(rng), 1 + below(rng.next_u64(), 4), 8 * below(rng.next_u64(), 3)],
+            salt: rng.next_u64(),
         }
     }
 

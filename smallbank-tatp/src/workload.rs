@@ -12,7 +12,8 @@ use ford_dtx::db::{Db, DbSpec, TableSpec};
 use ford_dtx::recovery::{self, AuditReport, Recovered, Which};
 use ford_dtx::{Abort, Dtx, DtxError, DtxStats, Registration, Txn, TxnError};
 use rand::rngs::SmallRng;
-use rand::SeedableRng;
+use rand::{RngCore, SeedableRng};
+use smart_bench::below;
 use smart_bench::harness::{self, Bench, RunConfig, RunReport, Worker};
 use smart_core::{Ctx, Runtime, Transport};
 
@@ -29,7 +30,7 @@ pub struct Draw {
 
 /// A transaction type drawn from a mix of percentages (summing to 100).
 pub fn pick(mix: &[u32], rng: &mut SmallRng) -> usize {
-    let mut p = rand::Rng::random_range(rng, 0..100);
+    let mut p = below(rng.next_u64(), 100) as u32;
     let mut ty = 0;
     while p >= mix[ty] {
         p -= mix[ty];

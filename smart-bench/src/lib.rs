@@ -21,3 +21,11 @@ pub mod record;
 pub mod size;
 
 pub use harness::{run, run_bench, Bench, RunConfig, RunReport, Worker};
+
+/// A number in `0..n` from 64 random bits (multiply-shift: one multiply,
+/// no division or rejection loop; its bias, below n / 2^64, is nil for the
+/// workloads' ranges). Per-operation draws use it instead of `random_range`.
+#[inline]
+pub fn below(r: u64, n: u64) -> u64 {
+    ((u128::from(r) * u128::from(n)) >> 64) as u64
+}

@@ -31,6 +31,7 @@ use smart_core::runtime::{Runtime, MAX_BATCH};
 use smart_core::verbs::Opcode;
 use smart_core::{Error, GlobalAddr, Result};
 
+use crate::below;
 use crate::harness::{self, RunConfig, RunReport, Tally};
 
 /// What to measure.
@@ -68,7 +69,7 @@ pub fn active_threads(seed: u64, phase: u64, threads: usize) -> usize {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^= x >> 31;
-    lo + pick(x, (threads - lo + 1) as u64) as usize
+    lo + below(x, (threads - lo + 1) as u64) as usize
 }
 
 /// The report of a micro run.
@@ -83,13 +84,6 @@ pub struct MicroReport {
     pub counter: u64,
     /// Counter mismatches (must be 0).
     pub violations: u64,
-}
-
-/// A number in `0..n` from 64 random bits (multiply-shift: one multiply,
-/// no division or rejection loop; its bias, below n / 2^64, is nil here).
-#[inline]
-fn pick(r: u64, n: u64) -> u64 {
-    ((u128::from(r) * u128::from(n)) >> 64) as u64
 }
 
 /// The contended CAS-increment loop: read the counter, CAS old → old+1, and
@@ -235,14 +229,14 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                 // A batch is one doorbell to one QP, so all its WRs go to one
                 // blade; the blade is drawn per batch.
                 let mut r = rng.next_u64();
-                let area = areas[pick(r, areas.len() as u64) as usize];
+                let area = areas[below(r, areas.len() as u64) as usize];
                 for i in 0..m.batch {
                     // The blade is drawn from the high half of the first
                     // draw, the first place from its low half (rotated up).
                     if i > 0 {
                         r = rng.next_u64();
                     }
-                    let at = if m.contended { counter } else { area.add(pick(r.rotate_left(32), slots) * stride) };
+                    let at = if m.contended { counter } else { area.add(below(r.rotate_left(32), slots) * stride) };
                     match m.op {
                         Opcode::Read => {
                             b.read(at, size as usize);
@@ -263,7 +257,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                 if untimed == 0 {
                     t0 = w.lap(t0, m.batch as u64);
                     if m.latency_every > 1 {
-                        untimed = pick(rng.next_u64(), u64::from(2 * m.latency_every - 1)) as u32;
+                        untimed = below(rng.next_u64(), u64::from(2 * m.latency_every - 1)) as u32;
                     }
                 } else {
                     w.count(m.batch as u64);
@@ -376,15 +370,15 @@ mod tests {
     }
 
     #[test]
-    fn pick_stays_in_range_and_spreads() {
+    fn below_stays_in_range_and_spreads() {
         let mut seen = [0u32; 5];
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..10_000 {
             x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            seen[pick(x, 5) as usize] += 1;
+            seen[below(x, 5) as usize] += 1;
         }
         assert!(seen.iter().all(|&n| n > 1500), "{seen:?}");
-        assert_eq!(pick(u64::MAX, 7), 6);
-        assert_eq!(pick(0, 7), 0);
+        assert_eq!(below(u64::MAX, 7), 6);
+        assert_eq!(below(0, 7), 0);
     }
 }

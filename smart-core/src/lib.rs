@@ -43,6 +43,7 @@ pub mod addr;
 pub mod backend;
 pub mod barrier;
 pub mod blade;
+pub mod crc;
 mod error;
 pub mod index;
 pub mod layout;
