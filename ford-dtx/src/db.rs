@@ -128,6 +128,12 @@ impl Db {
         let Some(at) = ctx.root(0, &root_name(name)).await? else { return Ok(None) };
         let mut c = vec![0u8; catalog::BYTES];
         ctx.read(at, &mut c).await?;
+        if word(&c, 0) == catalog::MAGIC_V1 {
+            return Err(DtxError::Config(format!(
+                "database {name} was made by an older version (records with CRC-32, now CRC-32C): \
+                 restart its memory blades without their backing files to make it anew"
+            )));
+        }
         if word(&c, 0) != catalog::MAGIC {
             return Err(DtxError::Corrupt(format!("root ford:{name} at {at} holds no catalog")));
         }

@@ -306,8 +306,8 @@ pub mod log {
     pub const ITEM_HEADER: usize = 64;
     /// Most written items per transaction.
     pub const MAX_WRITES: usize = 12;
-    /// "FORDLOG1".
-    pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDLOG1");
+    /// "FORDLOG2" (version 2: CRC-32C; version 1 had CRC-32).
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDLOG2");
 
     /// Bytes of an entry with room for [`MAX_WRITES`] values of `max_value`.
     pub const fn entry_bytes(max_value: usize) -> usize {
@@ -325,15 +325,18 @@ pub mod log {
 /// The catalog: a named root per database on blade 0.
 ///
 /// ```text
-/// @0 magic "FORDCAT1"  @8 tables u64  @16 replicas u64  @24 blades u64
+/// @0 magic "FORDCAT2"  @8 tables u64  @16 replicas u64  @24 blades u64
 /// @32 registry GlobalAddr u64  @40 registry slots u64  @48 log bytes per coroutine u64
 /// @56 largest value u64
 /// @64 per table, 64 B: id u64 | value size u64 | buckets u64 | 0 u64
 ///                      | base GlobalAddr u64 × 4 (per replica)
 /// ```
 pub mod catalog {
-    /// "FORDCAT1".
-    pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDCAT1");
+    /// "FORDCAT2": records and log entries with CRC-32C.
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDCAT2");
+    /// "FORDCAT1": a database of records with CRC-32 (before CRC-32C),
+    /// which this version refuses to open.
+    pub const MAGIC_V1: u64 = u64::from_le_bytes(*b"FORDCAT1");
     /// Bytes of the catalog's header.
     pub const HEADER: usize = 64;
     /// Bytes per table entry.
