@@ -18,14 +18,25 @@ pub(crate) struct Round<'a> {
     bytes: [usize; ROUND],
     pub(crate) batches: [Option<Batch<'a>>; ROUND],
     pub(crate) n: usize,
+    /// The completed batches, by index, once posted (kept here rather than
+    /// returned: moving the array through a `Result` copied it twice per
+    /// round).
+    done: Landed<'a>,
 }
 
 /// The completed batches of a round, by index.
-pub(crate) type Landed<'a> = [Option<Done<'a>>; ROUND];
+type Landed<'a> = [Option<Done<'a>>; ROUND];
 
 impl<'a> Round<'a> {
     pub(crate) fn new(ctx: &'a Ctx) -> Self {
-        Round { ctx, blades: [0; ROUND], bytes: [0; ROUND], batches: std::array::from_fn(|_| None), n: 0 }
+        Round {
+            ctx,
+            blades: [0; ROUND],
+            bytes: [0; ROUND],
+            batches: std::array::from_fn(|_| None),
+            n: 0,
+            done: std::array::from_fn(|_| None),
+        }
     }
 
     /// The batch to `blade` with room for `wrs` more WRs of `bytes` local
@@ -57,8 +68,10 @@ impl<'a> Round<'a> {
         self.n == 0
     }
 
-    pub(crate) async fn post(&mut self) -> Result<Landed<'a>, TxnError> {
-        let mut done: Landed<'a> = std::array::from_fn(|_| None);
+    /// Posts the round and waits for all of it; then [`Round::landed`]
+    /// gives each batch's completion.
+    pub(crate) async fn post(&mut self) -> Result<(), TxnError> {
+        let done = &mut self.done;
         // The futures and results of `post_all` are arrays of its `N`: the
         // smallest that holds the round.
         match self.n {
@@ -66,13 +79,17 @@ impl<'a> Round<'a> {
                 // The common case: one doorbell, awaited directly.
                 let b = self.batches[0].as_mut().expect("one batch");
                 done[0] = Some(b.post().await?);
-                return Ok(done);
+                Ok(())
             }
-            2 => Self::land(post_all(first::<2>(&mut self.batches)).await, &mut done)?,
-            3 | 4 => Self::land(post_all(first::<4>(&mut self.batches)).await, &mut done)?,
-            _ => Self::land(post_all(&mut self.batches).await, &mut done)?,
+            2 => Self::land(post_all(first::<2>(&mut self.batches)).await, done),
+            3 | 4 => Self::land(post_all(first::<4>(&mut self.batches)).await, done),
+            _ => Self::land(post_all(&mut self.batches).await, done),
         }
-        Ok(done)
+    }
+
+    /// The completion of batch `i` of the posted round.
+    pub(crate) fn landed(&self, i: usize) -> &Done<'a> {
+        self.done[i].as_ref().expect("posted")
     }
 
     /// Moves `post_all`'s results into `done`; the first error, if any.

@@ -412,13 +412,13 @@ impl Txn {
             if round.is_empty() {
                 return Ok(());
             }
-            let done = round.post().await?;
+            round.post().await?;
             // Every lock acquired is recorded before any abort is decided,
             // so that the abort releases exactly those.
             let mut abort = None;
             for it in &mut self.items[self.executed..self.n] {
                 if let Some(Posted { batch, cas: Some(cas), .. }) = it.posted {
-                    let d = done[batch].as_ref().expect("posted");
+                    let d = round.landed(batch);
                     it.locked = d.old(cas) == 0;
                     if !it.locked {
                         abort = Some(Abort::Locked);
@@ -430,7 +430,7 @@ impl Txn {
             }
             for i in self.executed..self.n {
                 let Some(p) = self.items[i].posted.take() else { continue };
-                let bytes = done[p.batch].as_ref().expect("posted").bytes(p.read);
+                let bytes = round.landed(p.batch).bytes(p.read);
                 let t = db.table(self.items[i].table);
                 if let Err(a) = self.settle(i, t, db.replicas, bytes) {
                     abort = abort.or(Some(a));
@@ -610,13 +610,13 @@ impl Txn {
             // Nothing locked.
             return Ok(());
         }
-        let done = round.post().await?;
+        round.post().await?;
         for it in &mut self.items[..self.n] {
             it.locked = false;
         }
         for (i, c) in cases.iter().enumerate() {
             let Some((batch, cas)) = c else { continue };
-            let old = done[*batch].as_ref().expect("posted").old(*cas);
+            let old = round.landed(*batch).old(*cas);
             if old != lw {
                 self.fenced()?;
                 let it = &self.items[i];
@@ -711,10 +711,10 @@ impl Txn {
         if round.is_empty() {
             return Ok(());
         }
-        let done = round.post().await?;
+        round.post().await?;
         for (i, c) in checks.iter().enumerate() {
             if let Some((batch, r)) = c {
-                let b = done[*batch].as_ref().expect("posted").bytes(*r);
+                let b = round.landed(*batch).bytes(*r);
                 let version = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
                 let lock = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
                 if version != self.items[i].version || lock & layout::LOCKED != 0 {
@@ -763,8 +763,10 @@ impl Txn {
 
     /// Round 2: every replica's new record, and a flush READ per blade.
     async fn write_records(&mut self) -> Result<(), TxnError> {
-        let ctx = self.d.0.ctx.clone();
-        let db = self.d.0.db.clone();
+        // One Rc clone (no atomic, as an Arc<Db> clone would be) holds the
+        // context and the database while `self` is borrowed.
+        let d = self.d.clone();
+        let (ctx, db) = (&d.0.ctx, &*d.0.db);
         let lw = self.owner.lock_word(self.seq);
         let rb_max = layout::record_bytes(db.max_value);
         self.images.resize(self.n * MAX_REPLICAS * rb_max, 0);
@@ -793,7 +795,7 @@ impl Txn {
                 );
             }
         }
-        let mut round = Round::new(&ctx);
+        let mut round = Round::new(ctx);
         let mut last = [GlobalAddr::NULL; ROUND];
         for (i, it) in self.items[..self.n].iter().enumerate() {
             if it.kind == Kind::Read {
