@@ -4,7 +4,9 @@
 # processes), 2 threads x 8 coroutines, 2 replicas; plus, on embedded, the
 # verbs/s of `compute-blade micro` (8-byte READs, same threads and
 # coroutines) for the framework-efficiency ratio: the transactions' verbs/s
-# over micro's. All numbers come from this one run: each cell is the median
+# over micro's, micro measured in every round just before the embedded
+# runs, the cell the median of the per-round ratios (a busy machine slows
+# both alike). All numbers come from this one run: each cell is the median
 # over ROUNDS, and all/none the median of the per-round ratios (the two
 # settings run back to back, in alternating order, on fresh blades).
 #
@@ -24,11 +26,14 @@ prepare "$out"
 trap kill_blades EXIT
 rm -f "$out"/*.json
 common=(--threads 2 --coroutines 8 --duration "$secs" --warmup 1 --quiet)
-"$bin/compute-blade" micro --op read --size 8 "${common[@]}" --json "$out/micro-embedded.json" >/dev/null
 for r in $(seq "$rounds"); do
   order=(all none)
   [ $((r % 2)) = 0 ] && order=(none all)
   for backend in $backends; do
+    if [ "$backend" = embedded ]; then
+      echo "round $r: micro" >&2
+      "$bin/compute-blade" micro --op read --size 8 "${common[@]}" --json "$out/micro-embedded-$r.json" >/dev/null
+    fi
     for w in smallbank tatp; do
       for s in "${order[@]}"; do
         extra=()
@@ -47,9 +52,12 @@ python3 - "$out" "$rounds" $backends <<'PY' | tee "$out/dtx.md"
 import json, os, statistics, sys
 out, rounds, backends = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 med = statistics.median
-micro = json.load(open(os.path.join(out, "micro-embedded.json")))
-micro_vps = micro["verbs"]["wrs"] / micro["duration_s"]
-print(f"micro READ 8 B, embedded, 2 x 8: {micro_vps / 1e6:.2f} M verbs/s; medians of {rounds} rounds\n")
+vps_of = lambda r: r["verbs"]["wrs"] / r["duration_s"]
+micro = [vps_of(json.load(open(os.path.join(out, f"micro-embedded-{r}.json")))) if "embedded" in backends else None
+         for r in range(1, rounds + 1)]
+if "embedded" in backends:
+    print(f"micro READ 8 B, embedded, 2 x 8: {med(micro) / 1e6:.2f} M verbs/s "
+          f"({', '.join(f'{m / 1e6:.2f}' for m in micro)} by round); medians of {rounds} rounds\n")
 print("| backend | workload | smart | committed txn/s | all/none | attempted txn/s | abort rate | p50 us | p99 us | verbs/attempted | verbs/committed | verbs/s vs micro |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 load = lambda b, w, s, r: json.load(open(os.path.join(out, f"{b}-{w}-{s}-{r}.json")))
@@ -60,8 +68,7 @@ for b in backends:
         for s in ["all", "none"]:
             rs = [load(b, w, s, r) for r in range(1, rounds + 1)]
             m = lambda f: med(f(r) for r in rs)
-            vps = m(lambda r: r["verbs"]["wrs"] / r["duration_s"])
-            eff = f"{vps / micro_vps:.2f}" if b == "embedded" else "-"
+            eff = f"{med(vps_of(r) / micro[i] for i, r in enumerate(rs)):.2f}" if b == "embedded" else "-"
             rat = f"{ratio:.2f}" if s == "all" else ""
             print(f"| {b} | {w} | {s} | {m(lambda r: r['committed_per_s']):,.0f} | {rat} | {m(lambda r: r['attempted_per_s']):,.0f} "
                   f"| {m(lambda r: r['abort_rate']):.3f} | {m(lambda r: r['latency_us']['p50']):.1f} | {m(lambda r: r['latency_us']['p99']):.1f} "
