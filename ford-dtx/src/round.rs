@@ -117,6 +117,8 @@ fn first<'r, 'a, const N: usize>(batches: &'r mut [Option<Batch<'a>>; ROUND]) ->
     (&mut batches[..N]).try_into().expect("N <= ROUND")
 }
 
+#[cold]
+#[inline(never)]
 pub(crate) fn too_large(what: &str) -> TxnError {
     TxnError::Dtx(DtxError::Config(format!("transaction too large: more {what} than one round trip carries")))
 }

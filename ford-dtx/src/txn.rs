@@ -169,6 +169,17 @@ impl std::fmt::Debug for Txn {
     }
 }
 
+/// The error of a release that found another lock word than ours (kept out
+/// of the release's code: it is never taken in a sound run).
+#[cold]
+#[inline(never)]
+fn lock_not_ours(it: &Item, old: u64, lw: u64) -> TxnError {
+    TxnError::Dtx(DtxError::Corrupt(format!(
+        "the lock of ({}, {}) held {old:#x} at release, not this transaction's {lw:#x}",
+        it.table, it.key
+    )))
+}
+
 /// The mirrors of a slot at `at` in a bucket whose mirrors are `bucket`.
 fn slot_loc(at: GlobalAddr, bucket_off: u64, mirrors: &Loc, replicas: usize) -> Loc {
     std::array::from_fn(|r| match r {
@@ -379,7 +390,11 @@ impl Txn {
             for i in self.executed..self.n {
                 if let Step::Extend { last } = self.items[i].step {
                     let t = db.table(self.items[i].table);
-                    let at = extend_chain(ctx, t, db.replicas, last).await?;
+                    // Rare (an insert into a full chain): its future is
+                    // boxed so that its code stays out of every fetch's.
+                    let ext: std::pin::Pin<Box<dyn std::future::Future<Output = _> + '_>> =
+                        Box::pin(extend_chain(ctx, t, db.replicas, last));
+                    let at = ext.await?;
                     self.d.0.stats.borrow_mut().chains_extended += 1;
                     self.items[i].step = Step::Bucket { at, home: false };
                 }
@@ -619,11 +634,7 @@ impl Txn {
             let old = round.landed(*batch).old(*cas);
             if old != lw {
                 self.fenced()?;
-                let it = &self.items[i];
-                return Err(TxnError::Dtx(DtxError::Corrupt(format!(
-                    "the lock of ({}, {}) held {old:#x} at release, not this transaction's {lw:#x}",
-                    it.table, it.key
-                ))));
+                return Err(lock_not_ours(&self.items[i], old, lw));
             }
         }
         Ok(())

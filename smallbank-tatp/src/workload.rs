@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -226,19 +227,27 @@ impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
         async move {
             let mut tx = st.dtx.txn(wk.coroutine());
             let me = ledger_key(slot, wk.thread(), wk.coroutine());
+            // The load and the preparation run once: their futures are boxed
+            // (type-erased) so that their code stays out of the transaction
+            // loop's, which is all the instruction cache should hold.
             if load {
-                let mut row = (wk.thread() * wk.coroutines() + wk.coroutine()) as u64;
-                while row < w.rows() && wk.running() {
-                    let t = wk.now();
-                    until_no_conflict(async || w.load(&mut tx, row).await).await?;
-                    wk.record(t, 1);
-                    row += total;
-                }
-                return Ok(());
+                let rows: Pin<Box<dyn Future<Output = _> + '_>> = Box::pin(async {
+                    let mut row = (wk.thread() * wk.coroutines() + wk.coroutine()) as u64;
+                    while row < w.rows() && wk.running() {
+                        let t = wk.now();
+                        until_no_conflict(async || w.load(&mut tx, row).await).await?;
+                        wk.record(t, 1);
+                        row += total;
+                    }
+                    Ok(())
+                });
+                return rows.await;
             }
             // Coroutines that insert their ledger rows into one bucket at
             // once choose the same free slot: again.
-            until_no_conflict(async || w.prepare(&mut tx, me).await).await?;
+            let prepare: Pin<Box<dyn Future<Output = _> + '_>> =
+                Box::pin(until_no_conflict(async || w.prepare(&mut tx, me).await));
+            prepare.await?;
             let mut rng = SmallRng::seed_from_u64(wk.seed());
             let ctx = st.dtx.ctx().clone();
             while wk.running() {
