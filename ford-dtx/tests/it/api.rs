@@ -119,3 +119,22 @@ fn any_number_of_blades_at_least_the_replicas() {
     let e = rt.block_on(async move { ford_dtx::db::Db::create(&ctx, &s).await }).unwrap_err();
     assert!(e.to_string().contains("3 replicas over 2 memory blades"), "{e}");
 }
+
+#[test]
+fn a_database_made_with_crc32_records_is_refused_with_a_message() {
+    let b = backends::embedded(2);
+    let mut rt = smart_core::Runtime::new(&*b.transport, 0, smart_core::RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let s = spec("v1", &[8], 8, 2);
+    let e = rt
+        .block_on(async move {
+            ford_dtx::db::Db::create(&ctx, &s).await.unwrap();
+            assert!(ford_dtx::db::Db::open(&ctx, "v1").await.unwrap().is_some(), "this version opens its own");
+            // The catalog of a database made before records carried CRC-32C.
+            let at = ctx.root(0, "ford:v1").await.unwrap().unwrap();
+            ctx.write(at, b"FORDCAT1").await.unwrap();
+            ford_dtx::db::Db::open(&ctx, "v1").await
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("made by an older version"), "{e}");
+}
