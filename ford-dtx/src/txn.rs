@@ -629,7 +629,7 @@ impl Txn {
         for it in &mut self.items[..self.n] {
             it.locked = false;
         }
-        for (i, c) in cases.iter().enumerate() {
+        for (i, c) in cases[..self.n].iter().enumerate() {
             let Some((batch, cas)) = c else { continue };
             let old = round.landed(*batch).old(*cas);
             if old != lw {
@@ -723,7 +723,7 @@ impl Txn {
             return Ok(());
         }
         round.post().await?;
-        for (i, c) in checks.iter().enumerate() {
+        for (i, c) in checks[..self.n].iter().enumerate() {
             if let Some((batch, r)) = c {
                 let b = round.landed(*batch).bytes(*r);
                 let version = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));

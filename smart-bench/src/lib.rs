@@ -29,3 +29,21 @@ pub use harness::{run, run_bench, Bench, RunConfig, RunReport, Worker};
 pub fn below(r: u64, n: u64) -> u64 {
     ((u128::from(r) * u128::from(n)) >> 64) as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::below;
+
+    #[test]
+    fn below_stays_in_range_and_spreads() {
+        let mut seen = [0u32; 5];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..10_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            seen[below(x, 5) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 1500), "{seen:?}");
+        assert_eq!(below(u64::MAX, 7), 6);
+        assert_eq!(below(0, 7), 0);
+    }
+}

@@ -4,7 +4,9 @@
 //! Records are short (tens of bytes) and checked on every READ, so the call
 //! itself must be cheap: on x86-64 with SSE 4.2 this is one `crc32`
 //! instruction per 8 bytes, inlined into one loop; elsewhere it is the
-//! `crc32c` crate (which has its own hardware paths).
+//! `crc32c` crate (which has its own hardware paths). ford-dtx's records
+//! and log entries use it; race-ht's KV blocks still carry CRC-32
+//! (crc32fast), as their table format was fixed before this module.
 
 /// The CRC-32C of `data`, continuing the CRC `crc` of the bytes before it
 /// (0 to start): `crc32c_append(crc32c_append(0, a), b)` is the CRC of `a`
