@@ -386,6 +386,11 @@ impl Txn {
             }
         }
         loop {
+            // Done when no item needs another round trip (checked before a
+            // round is built: most fetches settle in one).
+            if self.items[self.executed..self.n].iter().all(|it| matches!(it.step, Step::Start | Step::Done)) {
+                return Ok(());
+            }
             // Chains to extend first (rare: only inserts into full chains).
             for i in self.executed..self.n {
                 if let Step::Extend { last } = self.items[i].step {
@@ -424,9 +429,7 @@ impl Txn {
                     Step::Start | Step::Extend { .. } | Step::Done => None,
                 };
             }
-            if round.is_empty() {
-                return Ok(());
-            }
+            debug_assert!(!round.is_empty(), "an item needed a round trip");
             round.post().await?;
             // Every lock acquired is recorded before any abort is decided,
             // so that the abort releases exactly those.
@@ -611,6 +614,10 @@ impl Txn {
     /// [`DtxError::LeaseLost`] or [`DtxError::Corrupt`] if a lock word no
     /// longer held this transaction's word; verb errors.
     async fn release(&mut self) -> Result<(), TxnError> {
+        if !self.items[..self.n].iter().any(|it| it.locked) {
+            // Nothing locked (every abort of a read, e.g. a key not found).
+            return Ok(());
+        }
         let ctx = self.d.0.ctx.clone();
         let lw = self.owner.lock_word(self.seq);
         let mut round = Round::new(&ctx);
@@ -620,10 +627,6 @@ impl Txn {
                 let (batch, b) = round.batch(it.loc[0].blade(), 1, 8)?;
                 cases[i] = Some((batch, b.cas(it.loc[0].add(layout::LOCK), lw, 0)));
             }
-        }
-        if round.is_empty() {
-            // Nothing locked.
-            return Ok(());
         }
         round.post().await?;
         for it in &mut self.items[..self.n] {
