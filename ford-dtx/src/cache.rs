@@ -21,20 +21,16 @@
 //! record in a bucket array has its mirrors at the same offset of each
 //! replica's array; an overflow bucket names its own).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use rustc_hash::{FxHashMap, FxHashSet};
+use smart_core::lines::{HugeLines, Line};
 use smart_core::GlobalAddr;
 
 use crate::db::{Db, Table};
 use crate::dtx::Loc;
 use crate::layout::{self, SLOTS};
-
-/// One bucket's prints: 4 lanes of 16 bits per word, lanes 0..22 used.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-struct Line([AtomicU64; 8]);
 
 const WORDS: usize = SLOTS.div_ceil(4);
 const _: () = assert!(WORDS <= 8, "a bucket's prints fit one line");
@@ -61,13 +57,11 @@ fn zero_lanes(x: u64) -> u64 {
     !(((x & LOW) + LOW) | x | LOW)
 }
 
-/// What one pass over a bucket's prints found for a print.
+/// What one pass over a bucket's prints found for a print: the slots with
+/// it, and the last of them.
 struct Scan {
-    /// Slots with the print, and the last of them.
     hits: usize,
     hit: usize,
-    /// The first slot whose print is unknown (0 when the table has none).
-    unknown: Option<usize>,
 }
 
 /// Where a lookup sends a key (see [`AddrCache::lookup`]).
@@ -86,35 +80,55 @@ pub(crate) enum Lookup {
 const OVERLAP_ABOVE: usize = 2 << 20;
 
 /// The prints of every table of a database, shared by a process's threads
-/// (each table's array is allocated at its first insert).
+/// (allocated at the first insert into any table).
 #[derive(Debug)]
 pub(crate) struct Prints {
-    /// Per table: its lines, or `None` if there was no memory for them (its
-    /// keys then stay uncached).
-    tables: Vec<OnceLock<Option<Box<[Line]>>>>,
+    /// A line of prints per bucket of every table, the tables' one after
+    /// the other (4 lanes of 16 bits per word, lanes 0..22 used), or `None`
+    /// if there was no memory for them (keys then stay uncached). One array
+    /// on huge pages: lookups land anywhere in megabytes of lines, and a
+    /// TLB miss per lookup (4 KiB pages) would stall them.
+    lines: OnceLock<Option<HugeLines>>,
+    /// Per table: its first line, and its lines (its buckets).
+    spans: Vec<(usize, usize)>,
+    /// Bytes of the lines once allocated.
     bytes: AtomicUsize,
 }
 
 impl Prints {
     pub(crate) fn new(db: &Db) -> Prints {
-        Prints { tables: db.tables.iter().map(|_| OnceLock::new()).collect(), bytes: AtomicUsize::new(0) }
+        let mut next = 0usize;
+        let spans = db
+            .tables
+            .iter()
+            .map(|t| {
+                // A table too large to index locally gets no lines.
+                let n = usize::try_from(t.buckets).unwrap_or(0);
+                let span = (next, n);
+                next = next.saturating_add(n);
+                span
+            })
+            .collect();
+        Prints { lines: OnceLock::new(), spans, bytes: AtomicUsize::new(0) }
+    }
+
+    fn span<'l>(&self, lines: &'l HugeLines, t: &Table) -> Option<&'l [Line]> {
+        let &(first, n) = self.spans.get(t.id as usize)?;
+        lines.get(first..first + n).filter(|l| !l.is_empty())
     }
 
     fn table(&self, t: &Table) -> Option<&[Line]> {
-        self.tables.get(t.id as usize)?.get()?.as_deref()
+        self.span(self.lines.get()?.as_ref()?, t)
     }
 
     fn table_or_new(&self, t: &Table) -> Option<&[Line]> {
-        let cell = self.tables.get(t.id as usize)?;
-        cell.get_or_init(|| {
-            let n = usize::try_from(t.buckets).ok()?;
-            let mut lines = Vec::new();
-            lines.try_reserve_exact(n).ok()?;
-            lines.resize_with(n, Line::default);
-            self.bytes.fetch_add(n * size_of::<Line>(), Ordering::Relaxed);
-            Some(lines.into_boxed_slice())
-        })
-        .as_deref()
+        let lines = self.lines.get_or_init(|| {
+            let total = self.spans.last().map_or(0, |&(first, n)| first.saturating_add(n));
+            let lines = HugeLines::new(total).ok()?;
+            self.bytes.store(lines.len() * size_of::<Line>(), Ordering::Relaxed);
+            Some(lines)
+        });
+        self.span(lines.as_ref()?, t)
     }
 }
 
@@ -165,26 +179,33 @@ impl AddrCache {
     /// One pass over bucket `b` of `t`'s prints, for print `p`: each word's
     /// four lanes are compared at once (see [`zero_lanes`]).
     fn scan(&self, t: &Table, b: u64, p: u16) -> Scan {
-        let mut scan = Scan { hits: 0, hit: 0, unknown: None };
+        let mut scan = Scan { hits: 0, hit: 0 };
         let Some(lines) = self.prints.table(t) else {
-            scan.unknown = Some(0);
             return scan;
         };
         let wanted = u64::from(p) * LANES;
         for (w, word) in lines[b as usize].0[..WORDS].iter().enumerate() {
-            let v = word.load(Ordering::Relaxed);
             // Lanes past the last slot stay 0, which no print is.
-            let hits = zero_lanes(v ^ wanted);
+            let hits = zero_lanes(word.load(Ordering::Relaxed) ^ wanted);
             if hits != 0 {
                 scan.hits += hits.count_ones() as usize;
                 scan.hit = 4 * w + (63 - hits.leading_zeros() as usize) / 16;
             }
-            let unknown = zero_lanes(v) & USED[w];
-            if unknown != 0 && scan.unknown.is_none() {
-                scan.unknown = Some(4 * w + unknown.trailing_zeros() as usize / 16);
-            }
         }
         scan
+    }
+
+    /// The first slot of bucket `b` of `t` whose print is unknown (0 when
+    /// the table has no prints), if any: asked only when no print matched,
+    /// so not on the usual hit.
+    fn unknown_slot(&self, t: &Table, b: u64) -> Option<usize> {
+        let Some(lines) = self.prints.table(t) else {
+            return Some(0);
+        };
+        lines[b as usize].0[..WORDS].iter().zip(USED).enumerate().find_map(|(w, (word, used))| {
+            let unknown = zero_lanes(word.load(Ordering::Relaxed)) & used;
+            (unknown != 0).then(|| 4 * w + unknown.trailing_zeros() as usize / 16)
+        })
     }
 
     /// Where the transaction finds `key` (of hash `h`):
@@ -210,7 +231,7 @@ impl AddrCache {
                 return Lookup::At(*loc);
             }
         }
-        match scan.unknown {
+        match self.unknown_slot(t, b) {
             Some(s) if scan.hits == 0 => Lookup::Probe(s),
             _ => Lookup::Bucket,
         }
@@ -241,7 +262,7 @@ impl AddrCache {
         let (b, p) = home_and_print(t, h);
         debug_assert_eq!(off / t.bucket_bytes(), b, "a key in the array lies in its home bucket");
         let s = t.slot_of(loc[0]);
-        let Scan { hits, hit, .. } = self.scan(t, b, p);
+        let Scan { hits, hit } = self.scan(t, b, p);
         if (hits > 0 && (hits, hit) != (1, s)) || self.colliders.contains(&(t.id, key)) {
             // Its print will not serve it: another slot has it too.
             self.exact.insert((t.id, key), loc);
@@ -365,7 +386,7 @@ mod tests {
             if let Some(&last) = hits.last() {
                 assert_eq!(got.hit, last, "{lanes:x?} for {p:#x}");
             }
-            assert_eq!(got.unknown, (0..SLOTS).find(|&s| lanes[s] == 0), "{lanes:x?}");
+            assert_eq!(c.unknown_slot(t, 0), (0..SLOTS).find(|&s| lanes[s] == 0), "{lanes:x?}");
         }
     }
 

@@ -41,7 +41,7 @@
 //! a per-process counter, which two compute blades could repeat), and a
 //! validation never mistakes a rolled-back write for a committed one.
 
-use smart_core::crc::crc32c_append;
+use smart_core::crc::crc32c_spans;
 use smart_core::GlobalAddr;
 
 /// Most replicas of a table (primary included).
@@ -193,9 +193,7 @@ pub struct Torn;
 
 /// CRC-32C of a record's bytes but its lock word and its CRC.
 fn crc(rec: &[u8], cap: usize) -> u32 {
-    let c = crc32c_append(0, &rec[..40]);
-    let c = crc32c_append(c, &rec[RECORD_HEADER..RECORD_HEADER + cap]);
-    crc32c_append(c, &rec[RECORD_HEADER + cap..RECORD_HEADER + cap + 1])
+    crc32c_spans(&[&rec[..40], &rec[RECORD_HEADER..RECORD_HEADER + cap + 1]])
 }
 
 /// A record's key and table words, unverified (each is read whole).
@@ -316,9 +314,7 @@ pub mod log {
 
     /// The CRC-32C of an entry of `bytes` bytes (the CRC field counts as 0).
     pub fn crc(entry: &[u8]) -> u32 {
-        let c = super::crc32c_append(0, &entry[..40]);
-        let c = super::crc32c_append(c, &[0; 8]);
-        super::crc32c_append(c, &entry[48..])
+        super::crc32c_spans(&[&entry[..40], &[0; 8], &entry[48..]])
     }
 }
 
