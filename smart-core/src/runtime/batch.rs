@@ -115,43 +115,56 @@ impl<'a> Batch<'a> {
         swap: u64,
         payload: &'a [u8],
     ) -> u32 {
-        if self.error.is_some() {
-            return 0;
-        }
-        if let Some(b) = self.blade {
-            if b != remote.blade() {
-                self.error = Some(Error::BatchSpansBlades(b, remote.blade()));
-                return 0;
-            }
-        }
-        let Some(info) = self.ctx.0.blades.get(remote.blade() as usize) else {
-            self.error = Some(Error::NoSuchBlade(remote.blade(), self.ctx.0.blades.len()));
-            return 0;
-        };
         let off = self.bytes;
         let end = u64::from(off) + u64::from(len).next_multiple_of(8);
-        if self.n == MAX_BATCH {
-            self.error = Some(Error::BatchTooLarge {
-                what: format!("more than {MAX_BATCH} WRs"),
-                knob: "slots (MAX_BATCH is fixed)",
-            });
+        let n = self.n;
+        let blade = remote.blade();
+        let inner = &self.ctx.0;
+        // Every refusal is recorded out of line: the usual push stays small
+        // enough to inline where a WR is added.
+        if self.error.is_some()
+            || n >= MAX_BATCH
+            || end > inner.cfg.slot_bytes as u64
+            || self.blade.is_some_and(|b| b != blade)
+            || blade as usize >= inner.blades.len()
+        {
+            self.refuse(remote, end);
             return 0;
         }
-        if end > self.ctx.0.cfg.slot_bytes as u64 {
-            self.error = Some(Error::BatchTooLarge {
-                what: format!("{end} local bytes, a slot holds {}", self.ctx.0.cfg.slot_bytes),
-                knob: "slot_bytes",
-            });
-            return 0;
-        }
-        self.blade = Some(remote.blade());
-        let rkey = info.rkey;
+        self.blade = Some(blade);
+        let rkey = inner.blades[blade as usize].rkey;
         let st = &mut **self.staging;
-        st.wrs[self.n] = WorkRequest { op, local_off: off, len, remote, rkey, compare_add, swap };
-        st.payloads[self.n] = (payload.as_ptr(), payload.len());
-        self.n += 1;
+        st.wrs[n] = WorkRequest { op, local_off: off, len, remote, rkey, compare_add, swap };
+        if op == Opcode::Write {
+            // Only a WRITE's entry is ever read (by the post).
+            st.payloads[n] = (payload.as_ptr(), payload.len());
+        }
+        self.n = n + 1;
         self.bytes = end as u32;
         off
+    }
+
+    /// Records why a WR to `remote` ending at local byte `end` cannot join
+    /// the batch (the first reason only; the post reports it).
+    #[cold]
+    #[inline(never)]
+    fn refuse(&mut self, remote: GlobalAddr, end: u64) {
+        if self.error.is_some() {
+            return;
+        }
+        self.error = Some(match self.blade {
+            Some(b) if b != remote.blade() => Error::BatchSpansBlades(b, remote.blade()),
+            _ if self.ctx.0.blades.get(remote.blade() as usize).is_none() => {
+                Error::NoSuchBlade(remote.blade(), self.ctx.0.blades.len())
+            }
+            _ if self.n == MAX_BATCH => {
+                Error::BatchTooLarge { what: format!("more than {MAX_BATCH} WRs"), knob: "slots (MAX_BATCH is fixed)" }
+            }
+            _ => Error::BatchTooLarge {
+                what: format!("{end} local bytes, a slot holds {}", self.ctx.0.cfg.slot_bytes),
+                knob: "slot_bytes",
+            },
+        });
     }
 
     /// Adds a READ of `len` bytes at `addr`.
@@ -212,6 +225,7 @@ impl<'a> Batch<'a> {
 }
 
 impl Drop for Batch<'_> {
+    #[inline]
     fn drop(&mut self) {
         // SAFETY: `staging` is taken once, here, and never used after.
         let st = unsafe { ManuallyDrop::take(&mut self.staging) };
@@ -237,7 +251,10 @@ impl fmt::Debug for Post<'_, '_> {
 impl<'a> Future for Post<'_, 'a> {
     type Output = Result<Done<'a>>;
 
-    #[inline]
+    // Always inlined into the awaiting future: it is only a branch to the
+    // out-of-line post or the short completion check, polled twice per
+    // batch.
+    #[inline(always)]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.slot {
             // Posted already: wait for the completion (the small, hot half).
@@ -404,12 +421,26 @@ impl<'a, const N: usize> Future for PostAll<'_, 'a, N> {
 }
 
 impl Drop for Post<'_, '_> {
+    #[inline]
     fn drop(&mut self) {
+        // A post awaited to its end holds neither (the usual drop).
+        if self.credit_ticket.is_some() || self.slot.is_some() {
+            self.cancel();
+        }
+    }
+}
+
+impl Post<'_, '_> {
+    /// A post dropped while waiting: gives up its place for credits, and
+    /// its slot.
+    #[cold]
+    #[inline(never)]
+    fn cancel(&mut self) {
         let inner = &self.batch.ctx.0;
-        if let Some(t) = self.credit_ticket {
+        if let Some(t) = self.credit_ticket.take() {
             inner.credit_fifo.abandon(t);
         }
-        if let Some(slot) = self.slot {
+        if let Some(slot) = self.slot.take() {
             // The backend may still write into the slot: it stays Orphaned
             // until the completion arrives (or is freed now if it came).
             inner.slots.borrow_mut().abandon(slot);
@@ -457,6 +488,7 @@ impl Done<'_> {
 }
 
 impl Drop for Done<'_> {
+    #[inline]
     fn drop(&mut self) {
         // Held → Free.
         self.ctx.0.slots.borrow_mut().release(self.slot);
