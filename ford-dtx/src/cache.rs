@@ -21,11 +21,10 @@
 //! record in a bucket array has its mirrors at the same offset of each
 //! replica's array; an overflow bucket names its own).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use smart_core::lines::{HugeLines, Line};
 use smart_core::GlobalAddr;
 
 use crate::db::{Db, Table};
@@ -57,6 +56,11 @@ fn zero_lanes(x: u64) -> u64 {
     !(((x & LOW) + LOW) | x | LOW)
 }
 
+/// One bucket's prints: 4 lanes of 16 bits per word, lanes 0..22 used.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Line([AtomicU64; 8]);
+
 /// What one pass over a bucket's prints found for a print: the slots with
 /// it, and the last of them.
 struct Scan {
@@ -80,55 +84,35 @@ pub(crate) enum Lookup {
 const OVERLAP_ABOVE: usize = 2 << 20;
 
 /// The prints of every table of a database, shared by a process's threads
-/// (allocated at the first insert into any table).
+/// (each table's array is allocated at its first insert).
 #[derive(Debug)]
 pub(crate) struct Prints {
-    /// A line of prints per bucket of every table, the tables' one after
-    /// the other (4 lanes of 16 bits per word, lanes 0..22 used), or `None`
-    /// if there was no memory for them (keys then stay uncached). One array
-    /// on huge pages: lookups land anywhere in megabytes of lines, and a
-    /// TLB miss per lookup (4 KiB pages) would stall them.
-    lines: OnceLock<Option<HugeLines>>,
-    /// Per table: its first line, and its lines (its buckets).
-    spans: Vec<(usize, usize)>,
-    /// Bytes of the lines once allocated.
+    /// Per table: its lines, or `None` if there was no memory for them (its
+    /// keys then stay uncached).
+    tables: Vec<OnceLock<Option<Box<[Line]>>>>,
     bytes: AtomicUsize,
 }
 
 impl Prints {
     pub(crate) fn new(db: &Db) -> Prints {
-        let mut next = 0usize;
-        let spans = db
-            .tables
-            .iter()
-            .map(|t| {
-                // A table too large to index locally gets no lines.
-                let n = usize::try_from(t.buckets).unwrap_or(0);
-                let span = (next, n);
-                next = next.saturating_add(n);
-                span
-            })
-            .collect();
-        Prints { lines: OnceLock::new(), spans, bytes: AtomicUsize::new(0) }
-    }
-
-    fn span<'l>(&self, lines: &'l HugeLines, t: &Table) -> Option<&'l [Line]> {
-        let &(first, n) = self.spans.get(t.id as usize)?;
-        lines.get(first..first + n).filter(|l| !l.is_empty())
+        Prints { tables: db.tables.iter().map(|_| OnceLock::new()).collect(), bytes: AtomicUsize::new(0) }
     }
 
     fn table(&self, t: &Table) -> Option<&[Line]> {
-        self.span(self.lines.get()?.as_ref()?, t)
+        self.tables.get(t.id as usize)?.get()?.as_deref()
     }
 
     fn table_or_new(&self, t: &Table) -> Option<&[Line]> {
-        let lines = self.lines.get_or_init(|| {
-            let total = self.spans.last().map_or(0, |&(first, n)| first.saturating_add(n));
-            let lines = HugeLines::new(total).ok()?;
-            self.bytes.store(lines.len() * size_of::<Line>(), Ordering::Relaxed);
-            Some(lines)
-        });
-        self.span(lines.as_ref()?, t)
+        let cell = self.tables.get(t.id as usize)?;
+        cell.get_or_init(|| {
+            let n = usize::try_from(t.buckets).ok()?;
+            let mut lines = Vec::new();
+            lines.try_reserve_exact(n).ok()?;
+            lines.resize_with(n, Line::default);
+            self.bytes.fetch_add(n * size_of::<Line>(), Ordering::Relaxed);
+            Some(lines.into_boxed_slice())
+        })
+        .as_deref()
     }
 }
 

@@ -47,7 +47,6 @@ pub mod crc;
 mod error;
 pub mod index;
 pub mod layout;
-pub mod lines;
 mod primitive;
 pub mod reclaim;
 pub mod region;
