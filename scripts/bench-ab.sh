@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# This tree against a baseline commit on any `compute-blade` run: the two
+# binaries alternate for ROUNDS rounds (so both see the same machine, whose
+# speed drifts by tens of percent between hours here), and the script
+# prints each round, the medians and the median of the per-round ratios.
+# What it compares: committed transactions per second for smallbank and
+# tatp, operations per second otherwise; and verbs per second.
+#
+# Usage: scripts/bench-ab.sh BASE_REV ROUNDS -- COMPUTE_BLADE_ARGS...
+#   e.g. scripts/bench-ab.sh HEAD~1 6 -- tatp --threads 1 --coroutines 8 --duration 3 --warmup 1
+# Builds the baseline in a git worktree under target/ab-base. Each run gets
+# `--quiet --json FILE` added; results in $OUT (default results/ab).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 3 ] || [ "$3" != "--" ]; then
+  echo "usage: scripts/bench-ab.sh BASE_REV ROUNDS -- COMPUTE_BLADE_ARGS..." >&2
+  exit 2
+fi
+base_rev=$1
+rounds=$2
+shift 3
+case $rounds in
+  '' | *[!0-9]* | 0) echo "ROUNDS must be a positive number, not '$rounds'" >&2; exit 2 ;;
+esac
+out=${OUT:-results/ab}
+mkdir -p "$out"
+rm -f "$out"/run-*.json
+
+cargo build --release --quiet --bin compute-blade
+new=target/release/compute-blade
+wt=target/ab-base
+if [ ! -d "$wt" ]; then
+  git worktree add --detach "$wt" "$base_rev" >/dev/null
+fi
+git -C "$wt" checkout --quiet --detach "$base_rev"
+(cd "$wt" && CARGO_TARGET_DIR=target cargo build --release --quiet --bin compute-blade)
+old=$wt/target/release/compute-blade
+
+for r in $(seq "$rounds"); do
+  for v in base tree; do
+    bin=$new
+    [ "$v" = base ] && bin=$old
+    "$bin" "$@" --quiet --json "$out/run-$v-$r.json" >/dev/null
+    echo "round $r: $v done" >&2
+  done
+done
+
+python3 - "$out" "$rounds" "$base_rev" <<'PY'
+import json, statistics, sys
+out, rounds, base = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def load(v, r):
+    t = json.load(open(f"{out}/run-{v}-{r}.json"))
+    rate = t["committed_per_s"] if "committed_per_s" in t else t["throughput_mops"] * 1e6
+    return rate, t["verbs"]["wrs"] / t["duration_s"]
+rows = [(load("base", r), load("tree", r)) for r in range(1, rounds + 1)]
+what = "committed txn/s" if "committed_per_s" in json.load(open(f"{out}/run-base-1.json")) else "op/s"
+print(f"| round | base {what} | tree {what} | ratio | base verbs/s | tree verbs/s |")
+print("|---|---|---|---|---|---|")
+for r, ((a, va), (b, vb)) in enumerate(rows, 1):
+    print(f"| {r} | {a:,.0f} | {b:,.0f} | {b / a:.3f} | {va:,.0f} | {vb:,.0f} |")
+med = lambda xs: statistics.median(xs)
+print(f"| **median** | {med(a for (a, _), _ in rows):,.0f} | {med(b for _, (b, _) in rows):,.0f} | "
+      f"**{med(b / a for (a, _), (b, _) in rows):.3f}** | {med(va for (_, va), _ in rows):,.0f} | "
+      f"{med(vb for _, (_, vb) in rows):,.0f} |")
+faster = sum(b > a for (a, _), (b, _) in rows)
+print(f"\nthis tree ÷ {base}: median of {rounds} per-round ratios; faster in {faster} of {rounds} rounds")
+PY
