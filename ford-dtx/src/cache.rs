@@ -31,6 +31,11 @@ use crate::db::{Db, Table};
 use crate::dtx::Loc;
 use crate::layout::{self, SLOTS};
 
+/// One bucket's prints: 4 lanes of 16 bits per word, lanes 0..22 used.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Line([AtomicU64; 8]);
+
 const WORDS: usize = SLOTS.div_ceil(4);
 const _: () = assert!(WORDS <= 8, "a bucket's prints fit one line");
 
@@ -55,11 +60,6 @@ fn zero_lanes(x: u64) -> u64 {
     const LOW: u64 = 0x7fff_7fff_7fff_7fff;
     !(((x & LOW) + LOW) | x | LOW)
 }
-
-/// One bucket's prints: 4 lanes of 16 bits per word, lanes 0..22 used.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-struct Line([AtomicU64; 8]);
 
 /// What one pass over a bucket's prints found for a print: the slots with
 /// it, and the last of them.
