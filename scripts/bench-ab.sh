@@ -26,15 +26,10 @@ out=${OUT:-results/ab}
 mkdir -p "$out"
 rm -f "$out"/run-*.json
 
-cargo build --release --quiet --bin compute-blade
-new=target/release/compute-blade
-wt=target/ab-base
-if [ ! -d "$wt" ]; then
-  git worktree add --detach "$wt" "$base_rev" >/dev/null
-fi
-git -C "$wt" checkout --quiet --detach "$base_rev"
-(cd "$wt" && CARGO_TARGET_DIR=target cargo build --release --quiet --bin compute-blade)
-old=$wt/target/release/compute-blade
+. scripts/lib.sh
+build_base "$base_rev" target/ab-base compute-blade
+old=$base/compute-blade
+new=$new/compute-blade
 
 for r in $(seq "$rounds"); do
   for v in base tree; do

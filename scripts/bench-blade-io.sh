@@ -11,11 +11,9 @@ base_rev=${1:-44c237c}
 secs=${2:-2}
 out=${OUT:-results/blade-io}
 mkdir -p "$out"
-cargo build --release --quiet --bin compute-blade --bin memory-blade
+. scripts/lib.sh
+build_base "$base_rev" target/hotpath-base compute-blade memory-blade
 wt=target/hotpath-base
-[ -d "$wt" ] || git worktree add --detach "$wt" "$base_rev" >/dev/null
-git -C "$wt" checkout --quiet --detach "$base_rev"
-(cd "$wt" && CARGO_TARGET_DIR=target cargo build --release --quiet --bin compute-blade --bin memory-blade)
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }

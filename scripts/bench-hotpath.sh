@@ -26,15 +26,10 @@ out=${OUT:-results/hotpath}
 mkdir -p "$out"
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 
-cargo build --release --quiet --bin compute-blade
-new=target/release/compute-blade
-wt=target/hotpath-base
-if [ ! -d "$wt" ]; then
-  git worktree add --detach "$wt" "$base_rev" >/dev/null
-fi
-git -C "$wt" checkout --quiet --detach "$base_rev"
-(cd "$wt" && CARGO_TARGET_DIR=target cargo build --release --quiet --bin compute-blade)
-old=$wt/target/release/compute-blade
+. scripts/lib.sh
+build_base "$base_rev" target/hotpath-base compute-blade
+old=$base/compute-blade
+new=$new/compute-blade
 
 # Two areas, alternated within each round: 64 KiB, whose lines stay cached,
 # so the run measures the runtime's path and not memory latency (blade

@@ -86,3 +86,18 @@ kill_blades() {
   done
   kill_blade
 }
+
+# build_base REV WORKTREE BINS...: builds this tree's BINS (cargo --bin
+# names) and REV's in a git worktree at WORKTREE (made on first use, moved to
+# REV each time); sets $new and $base, the two target/release directories.
+build_base() {
+  local rev=$1 wt=$2 bins=()
+  shift 2
+  for b in "$@"; do bins+=(--bin "$b"); done
+  cargo build --release --quiet "${bins[@]}"
+  [ -d "$wt" ] || git worktree add --detach "$wt" "$rev" >/dev/null
+  git -C "$wt" checkout --quiet --detach "$rev"
+  (cd "$wt" && CARGO_TARGET_DIR=target cargo build --release --quiet "${bins[@]}")
+  new=target/release
+  base=$wt/target/release
+}
