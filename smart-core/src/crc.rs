@@ -5,25 +5,13 @@
 //! itself must be cheap: on x86-64 with SSE 4.2 this is one `crc32`
 //! instruction per 8 bytes, inlined into one loop; elsewhere it is the
 //! `crc32c` crate (which has its own hardware paths). ford-dtx's records
-//! and log entries use it; race-ht's KV blocks still carry CRC-32
-//! (crc32fast), as their table format was fixed before this module.
+//! and log entries use it; race-ht's KV blocks keep CRC-32 (crc32fast):
+//! their table format was fixed before this module, and switching them
+//! measured no faster.
 
-/// The CRC-32C of `data`, continuing the CRC `crc` of the bytes before it
-/// (0 to start): `crc32c_append(crc32c_append(0, a), b)` is the CRC of `a`
-/// followed by `b`.
-#[inline]
-pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("sse4.2") {
-        // SAFETY: the CPU has SSE 4.2, checked just above.
-        return unsafe { sse42(crc, data) };
-    }
-    crc32c::crc32c_append(crc, data)
-}
-
-/// The CRC-32C of the concatenation of `spans`: the same as chaining
-/// [`crc32c_append`] over them, in one call (a record checked in parts, e.g.
-/// around a word the CRC leaves out, costs one feature test and one call).
+/// The CRC-32C of the concatenation of `spans`, in one call (a record is
+/// checked in parts, around the words its CRC leaves out; one span for
+/// contiguous bytes).
 #[inline]
 pub fn crc32c_spans(spans: &[&[u8]]) -> u32 {
     #[cfg(target_arch = "x86_64")]
@@ -49,7 +37,8 @@ unsafe fn sse42_spans(spans: &[&[u8]]) -> u32 {
     c
 }
 
-/// [`crc32c_append`] with the `crc32` instruction.
+/// The CRC-32C of `data` continuing the CRC `crc` of the bytes before it,
+/// with the `crc32` instruction.
 ///
 /// # Safety
 /// The CPU must have SSE 4.2.
@@ -80,16 +69,16 @@ mod tests {
     #[test]
     fn the_check_value_and_the_portable_crate_agree() {
         // The standard check value of CRC-32C ("123456789").
-        assert_eq!(crc32c_append(0, b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c_spans(&[b"123456789"]), 0xe306_9283);
         let data: Vec<u8> = (0..300u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         for len in 0..data.len() {
             for start in [0, 1, 5] {
                 let d = &data[start.min(len)..len];
-                assert_eq!(crc32c_append(0, d), crc32c::crc32c(d), "{} bytes from {start}", d.len());
+                assert_eq!(crc32c_spans(&[d]), crc32c::crc32c(d), "{} bytes from {start}", d.len());
                 let (a, b) = d.split_at(d.len() / 3);
-                assert_eq!(crc32c_append(crc32c_append(0, a), b), crc32c::crc32c(d), "in two spans");
+                assert_eq!(crc32c_spans(&[a, b]), crc32c::crc32c(d), "in two spans");
                 let (b, c) = b.split_at(b.len() / 2);
-                assert_eq!(crc32c_spans(&[a, b, c]), crc32c::crc32c(d), "in three spans at once");
+                assert_eq!(crc32c_spans(&[a, b, c]), crc32c::crc32c(d), "in three spans");
             }
         }
     }
