@@ -215,9 +215,10 @@ impl AddrCache {
                 return Lookup::At(*loc);
             }
         }
-        match self.unknown_slot(t, b) {
-            Some(s) if scan.hits == 0 => Lookup::Probe(s),
-            _ => Lookup::Bucket,
+        // The first unknown slot is looked for only when no print matched.
+        match (scan.hits == 0).then(|| self.unknown_slot(t, b)).flatten() {
+            Some(s) => Lookup::Probe(s),
+            None => Lookup::Bucket,
         }
     }
 
