@@ -79,10 +79,8 @@ pub fn ring_bytes(db: &Db) -> u64 {
 /// A fresh nonce: non-zero, bit 63 clear.
 fn nonce() -> u64 {
     let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let mut z = t ^ u64::from(std::process::id()).rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    ((z ^ (z >> 31)) & !registry::RECOVERING).max(1)
+    let z = smart_core::hash::mix64(t ^ u64::from(std::process::id()).rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15);
+    (z & !registry::RECOVERING).max(1)
 }
 
 /// Claims a free registry slot for a compute blade of `threads` ×

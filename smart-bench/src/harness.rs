@@ -187,10 +187,9 @@ impl Drop for Tally<'_> {
 
 /// splitmix64 of the run's seed, thread and coroutine.
 fn mix(seed: u64, thread: u64, coroutine: u64) -> u64 {
-    let mut z = seed ^ thread.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ coroutine.wrapping_mul(0xd1b5_4a32_d192_ed03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    smart_core::hash::mix64(
+        seed ^ thread.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ coroutine.wrapping_mul(0xd1b5_4a32_d192_ed03),
+    )
 }
 
 /// A worker thread's arrival at the start barrier and at the end, counted

@@ -64,11 +64,8 @@ pub struct MicroConfig {
 /// seed `seed` (see [`MicroConfig::phase_ms`]): the same for every thread.
 pub fn active_threads(seed: u64, phase: u64, threads: usize) -> usize {
     let lo = (threads * 3).div_ceil(8).max(1);
-    let mut x = seed ^ phase.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    // splitmix64's finaliser: every phase an independent-looking draw.
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^= x >> 31;
+    // Every phase an independent-looking draw.
+    let x = smart_core::hash::mix64(seed ^ phase.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     lo + below(x, (threads - lo + 1) as u64) as usize
 }
 

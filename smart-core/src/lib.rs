@@ -45,6 +45,7 @@ pub mod barrier;
 pub mod blade;
 pub mod crc;
 mod error;
+pub mod hash;
 pub mod index;
 pub mod layout;
 mod primitive;

@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use smart_core::blade::{BladeHandle, BladeServer};
+use smart_core::hash::mix64;
 use smart_core::region::Region;
 use smart_core::{ChaosConfig, EmbeddedTransport, TcpTransport, Transport};
 
@@ -42,28 +43,50 @@ pub fn embedded_sized(blades: usize, bytes: u64) -> Backend {
     Backend { name: "embedded", transport: Arc::new(EmbeddedTransport::new(blades, bytes).unwrap()), _blades: vec![] }
 }
 
-/// `blades` embedded blades of 8 MiB in chaos mode, seeded.
+/// The chaos seed a test asked for, or, with `SMART_CHAOS_SEED=S` in the
+/// environment, one mixed from it and `S` (so a soak run, e.g.
+/// `scripts/soak.sh`, sends every chaos test down new delays, reorders and
+/// tears each round). Printed to stderr, which the test harness shows when
+/// the test fails: the pair reproduces the failure.
+///
+/// # Panics
+/// If `SMART_CHAOS_SEED` is set but is not a number.
+pub fn chaos_seed(seed: u64) -> u64 {
+    match std::env::var("SMART_CHAOS_SEED") {
+        Ok(s) => {
+            let s: u64 = s.trim().parse().expect("SMART_CHAOS_SEED is a number");
+            let mixed = mix64(seed ^ mix64(s));
+            eprintln!("chaos seed {mixed} (the test's {seed}, SMART_CHAOS_SEED={s})");
+            mixed
+        }
+        Err(_) => seed,
+    }
+}
+
+/// `blades` embedded blades of 8 MiB in chaos mode, seeded (see
+/// [`chaos_seed`]).
 pub fn chaos(blades: usize, seed: u64) -> Backend {
     chaos_sized(blades, DEFAULT_BLADE_BYTES, seed)
 }
 
-/// `blades` embedded blades of `bytes` each in chaos mode, seeded.
+/// `blades` embedded blades of `bytes` each in chaos mode, seeded (see
+/// [`chaos_seed`]).
 ///
 /// # Panics
 /// If the blades cannot be mapped.
 pub fn chaos_sized(blades: usize, bytes: u64, seed: u64) -> Backend {
-    chaos_with(blades, bytes, ChaosConfig::new(seed))
+    chaos_with(blades, bytes, ChaosConfig::new(chaos_seed(seed)))
 }
 
 /// `blades` embedded blades of `bytes` each in chaos mode whose CAS and
 /// FAA write back unconditionally, not atomically with respect to WRITEs
 /// (see [`ChaosConfig::write_back_atomics`]: Soft-RoCE in Linux 6.1),
-/// seeded.
+/// seeded (see [`chaos_seed`]).
 ///
 /// # Panics
 /// If the blades cannot be mapped.
 pub fn chaos_write_back(blades: usize, bytes: u64, seed: u64) -> Backend {
-    chaos_with(blades, bytes, ChaosConfig { write_back_atomics: true, ..ChaosConfig::new(seed) })
+    chaos_with(blades, bytes, ChaosConfig { write_back_atomics: true, ..ChaosConfig::new(chaos_seed(seed)) })
 }
 
 fn chaos_with(blades: usize, bytes: u64, cfg: ChaosConfig) -> Backend {

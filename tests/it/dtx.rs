@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use smallbank_tatp::{smallbank, tatp};
 
-use crate::cli::{compute, kill9, record, spawn_compute, tmp, Blade, COMPUTE};
+use crate::cli::{compute, kill9, kill_point, record, spawn_compute, tmp, Blade, COMPUTE};
 
 fn ok(out: &std::process::Output) {
     assert!(
@@ -157,8 +157,8 @@ fn compute_blades_killed_at_random_points_lose_nothing_after_recovery() {
     let mut rolled = 0;
     for i in 0..8u64 {
         let (mut child, slot, _rest) = start_smallbank(&blades, &["--lease", "30"]);
-        // A random moment of the run: 50 to 750 ms in.
-        let ms = 50 + (i * 2_654_435_761 + 97) % 700;
+        // A moment of the run 50 to 750 ms in, elsewhere on every run.
+        let ms = kill_point(i, 50, 700);
         std::thread::sleep(Duration::from_millis(ms));
         kill9(&mut child);
         let slot_arg = slot.to_string();

@@ -21,7 +21,9 @@ fn a_one_group_table_grows_under_chaos_while_operations_continue() {
     // every fifth one, and meanwhile updates and reads 32 shared keys.
     // Every read must find its key (unless deleted) with its latest value;
     // at the end every surviving key is present once, in the right subtable.
-    let t = EmbeddedTransport::new(2, 64 << 20).unwrap().with_chaos(ChaosConfig::new(23));
+    let t = EmbeddedTransport::new(2, 64 << 20)
+        .unwrap()
+        .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(23)));
     let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     let before = setup.block_on(async move {
@@ -137,7 +139,11 @@ fn a_client_with_a_stale_directory_still_finds_every_key() {
     // thread) then grows it to thousands of keys. A, its cache many splits
     // and doublings old, must find every key, update and insert, and must
     // have re-read its directory to do so.
-    let t: Arc<dyn Transport> = Arc::new(EmbeddedTransport::new(2, 64 << 20).unwrap().with_chaos(ChaosConfig::new(3)));
+    let t: Arc<dyn Transport> = Arc::new(
+        EmbeddedTransport::new(2, 64 << 20)
+            .unwrap()
+            .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(3))),
+    );
     let mut a = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
     let ctx_a = a.ctx();
     let mut stale = a.block_on(async move { RaceHt::create(&ctx_a, "grow", tiny()).await.unwrap() });

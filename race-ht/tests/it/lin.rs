@@ -21,7 +21,9 @@ fn per_key_histories_under_chaos_are_linearizable() {
     // inserts fresh keys into the one-group table, so the subtables of the
     // 4 keys split under the readers and writers. Each key's recorded
     // history must be linearizable.
-    let t = EmbeddedTransport::new(1, 32 << 20).unwrap().with_chaos(ChaosConfig::new(17));
+    let t = EmbeddedTransport::new(1, 32 << 20)
+        .unwrap()
+        .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(17)));
     let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     setup.block_on(async move {

@@ -20,7 +20,9 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
     // must all be present at the end. Keys 64..128 are inserted, updated
     // and deleted concurrently. Every value read must carry its own key,
     // and no key may end up in two slots.
-    let t = EmbeddedTransport::new(2, 64 << 20).unwrap().with_chaos(ChaosConfig::new(5));
+    let t = EmbeddedTransport::new(2, 64 << 20)
+        .unwrap()
+        .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(5)));
     let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     setup.block_on(async move {

@@ -14,7 +14,9 @@ use smart_testkit::lin::{linearizable, Event};
 use crate::{checked_keys, holds_key, on_tree, run_tree, value};
 
 fn chaos(blades: usize, seed: u64) -> EmbeddedTransport {
-    EmbeddedTransport::new(blades, 64 << 20).unwrap().with_chaos(ChaosConfig::new(seed))
+    EmbeddedTransport::new(blades, 64 << 20)
+        .unwrap()
+        .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(seed)))
 }
 
 /// Sherman's issue #26: concurrent inserts into a small tree tripped its
