@@ -17,12 +17,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-20}
 minutes=${2:-60}
+for n in "$rounds" "$minutes"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "usage: scripts/soak.sh [ROUNDS] [MINUTES] (positive whole numbers)" >&2; exit 2; }
+done
 out=${OUT:-results/soak}
 mkdir -p "$out"
 tests=(-p smart-core -p race-ht -p ford-dtx -p sherman-bt --test it)
 echo "building the tests" >&2
-cargo test --release --no-run -q "${tests[@]}" 2>/dev/null
-cargo test --release --no-run -q -p smallbank-tatp --test workloads 2>/dev/null
+cargo test --release --no-run -q "${tests[@]}"
+cargo test --release --no-run -q -p smallbank-tatp --test workloads
 end=$(($(date +%s) + minutes * 60))
 passed=0
 for r in $(seq "$rounds"); do
@@ -41,8 +44,9 @@ for r in $(seq "$rounds"); do
   else
     echo "round $r: SMART_CHAOS_SEED=$seed FAILED; output in $log" >&2
     grep -E "^test .* FAILED|panicked at|^---- " "$log" | head -20 >&2 || true
-    echo "reproduce: SMART_CHAOS_SEED=$seed cargo test --release -p CRATE --test it -- TEST_NAME" >&2
+    echo "reproduce a failing test above: SMART_CHAOS_SEED=$seed cargo test --release -p CRATE --test it -- TEST" >&2
+    echo "(smallbank-tatp's tests are in --test workloads)" >&2
     exit 1
   fi
 done
-echo "$passed rounds passed" >&2
+echo "$passed round(s) passed" >&2
