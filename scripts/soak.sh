@@ -43,7 +43,7 @@ for r in $(seq "$rounds"); do
     rm -f "$log"
   else
     echo "round $r: SMART_CHAOS_SEED=$seed FAILED; output in $log" >&2
-    grep -E "^test .* FAILED|panicked at|^---- " "$log" | head -20 >&2 || true
+    grep -E -- "--- FAILED|panicked at|^---- " "$log" | head -20 >&2 || true
     echo "reproduce a failing test above: SMART_CHAOS_SEED=$seed cargo test --release -p CRATE --test it -- TEST" >&2
     echo "(smallbank-tatp's tests are in --test workloads)" >&2
     exit 1
