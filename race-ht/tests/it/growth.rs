@@ -9,7 +9,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use smart_bench::harness::{self as driver, RunConfig};
 use smart_core::smart::SmartConfig;
-use smart_core::{ChaosConfig, EmbeddedTransport, Runtime, RuntimeConfig, Transport};
+use smart_core::{Runtime, RuntimeConfig, Transport};
+use smart_testkit::backends;
 
 use crate::{race_ht_scan, tiny, value, wrap};
 
@@ -21,10 +22,9 @@ fn a_one_group_table_grows_under_chaos_while_operations_continue() {
     // every fifth one, and meanwhile updates and reads 32 shared keys.
     // Every read must find its key (unless deleted) with its latest value;
     // at the end every surviving key is present once, in the right subtable.
-    let t = EmbeddedTransport::new(2, 64 << 20)
-        .unwrap()
-        .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(23)));
-    let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let chaos = backends::chaos_sized(2, 64 << 20, 23);
+    let t = &*chaos.transport;
+    let mut setup = Runtime::new(t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     let before = setup.block_on(async move {
         let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
@@ -43,7 +43,7 @@ fn a_one_group_table_grows_under_chaos_while_operations_continue() {
         progress: false,
         ..RunConfig::default()
     };
-    let r = driver::run(&t, &cfg, |w| {
+    let r = driver::run(t, &cfg, |w| {
         let bad = bad.clone();
         async move {
             let mut ht = RaceHt::open(w.ctx(), "stress").await.map_err(wrap)?;
@@ -109,7 +109,7 @@ fn a_one_group_table_grows_under_chaos_while_operations_continue() {
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
     let bad = bad.lock().unwrap();
     assert!(bad.is_empty(), "{} violations, first: {:?}", bad.len(), bad.first());
-    let mut check = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let mut check = Runtime::new(t, 0, RuntimeConfig::default()).unwrap();
     let ctx = check.ctx();
     check.block_on(async move {
         let keys = race_ht_scan(&ctx).await;
@@ -139,11 +139,7 @@ fn a_client_with_a_stale_directory_still_finds_every_key() {
     // thread) then grows it to thousands of keys. A, its cache many splits
     // and doublings old, must find every key, update and insert, and must
     // have re-read its directory to do so.
-    let t: Arc<dyn Transport> = Arc::new(
-        EmbeddedTransport::new(2, 64 << 20)
-            .unwrap()
-            .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(3))),
-    );
+    let t: Arc<dyn Transport> = backends::chaos_sized(2, 64 << 20, 3).transport;
     let mut a = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
     let ctx_a = a.ctx();
     let mut stale = a.block_on(async move { RaceHt::create(&ctx_a, "grow", tiny()).await.unwrap() });

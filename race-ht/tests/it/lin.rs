@@ -8,7 +8,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use smart_bench::harness::{self as driver, RunConfig};
 use smart_core::smart::SmartConfig;
-use smart_core::{ChaosConfig, EmbeddedTransport, Runtime, RuntimeConfig};
+use smart_core::{Runtime, RuntimeConfig};
+use smart_testkit::backends;
 use smart_testkit::lin::{linearizable, Event};
 
 use crate::{tiny, value, wrap};
@@ -21,10 +22,9 @@ fn per_key_histories_under_chaos_are_linearizable() {
     // inserts fresh keys into the one-group table, so the subtables of the
     // 4 keys split under the readers and writers. Each key's recorded
     // history must be linearizable.
-    let t = EmbeddedTransport::new(1, 32 << 20)
-        .unwrap()
-        .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(17)));
-    let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let chaos = backends::chaos_sized(1, 32 << 20, 17);
+    let t = &*chaos.transport;
+    let mut setup = Runtime::new(t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     setup.block_on(async move {
         let mut ht = RaceHt::create(&ctx, "lin", tiny()).await.unwrap();
@@ -45,7 +45,7 @@ fn per_key_histories_under_chaos_are_linearizable() {
             ..RunConfig::default()
         };
         history.lock().unwrap().clear();
-        let r = driver::run(&t, &cfg, |w| {
+        let r = driver::run(t, &cfg, |w| {
             let history = history.clone();
             async move {
                 let mut ht = RaceHt::open(w.ctx(), "lin").await.map_err(wrap)?;
@@ -98,7 +98,7 @@ fn per_key_histories_under_chaos_are_linearizable() {
         // Remember each key's final value for the next round.
         let mut last = LAST.lock().unwrap();
         for k in 0..4u64 {
-            let mut check = Runtime::new(&t, 9, RuntimeConfig::default()).unwrap();
+            let mut check = Runtime::new(t, 9, RuntimeConfig::default()).unwrap();
             let ctx = check.ctx();
             last[k as usize] = check.block_on(async move {
                 let mut ht = RaceHt::open(&ctx, "lin").await.unwrap();

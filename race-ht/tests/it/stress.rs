@@ -9,7 +9,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use smart_bench::harness::{self as driver, RunConfig};
 use smart_core::smart::SmartConfig;
-use smart_core::{ChaosConfig, EmbeddedTransport, Runtime, RuntimeConfig, Transport};
+use smart_core::{Runtime, RuntimeConfig, Transport};
 use smart_testkit::backends;
 
 use crate::{race_ht_scan, tiny, value, wrap};
@@ -20,10 +20,9 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
     // must all be present at the end. Keys 64..128 are inserted, updated
     // and deleted concurrently. Every value read must carry its own key,
     // and no key may end up in two slots.
-    let t = EmbeddedTransport::new(2, 64 << 20)
-        .unwrap()
-        .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(5)));
-    let mut setup = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let chaos = backends::chaos_sized(2, 64 << 20, 5);
+    let t = &*chaos.transport;
+    let mut setup = Runtime::new(t, 0, RuntimeConfig::default()).unwrap();
     let ctx = setup.ctx();
     setup.block_on(async move {
         let mut ht = RaceHt::create(&ctx, "stress", tiny()).await.unwrap();
@@ -43,7 +42,7 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
             progress: false,
             ..RunConfig::default()
         };
-        let r = driver::run(&t, &cfg, |w| {
+        let r = driver::run(t, &cfg, |w| {
             let (bad, done) = (bad.clone(), done.clone());
             async move {
                 let mut ht = RaceHt::open(w.ctx(), "stress").await.map_err(wrap)?;
@@ -80,7 +79,7 @@ fn concurrent_mixed_operations_under_chaos_keep_the_invariants() {
     assert!(bad.is_empty(), "{} violations, first: {:?}", bad.len(), bad.first());
     // Afterwards: all stable keys present with their own key inside, and no
     // key in two slots (scan every bucket of every subtable).
-    let mut check = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let mut check = Runtime::new(t, 0, RuntimeConfig::default()).unwrap();
     let ctx = check.ctx();
     check.block_on(async move {
         let mut ht = RaceHt::open(&ctx, "stress").await.unwrap();

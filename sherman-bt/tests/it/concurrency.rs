@@ -8,15 +8,15 @@ use std::sync::{Arc, Mutex};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sherman_bt::ShermanStats;
-use smart_core::{ChaosConfig, EmbeddedTransport, IndexStats};
+use smart_core::IndexStats;
+use smart_testkit::backends::{self, Backend};
 use smart_testkit::lin::{linearizable, Event};
 
 use crate::{checked_keys, holds_key, on_tree, run_tree, value};
 
-fn chaos(blades: usize, seed: u64) -> EmbeddedTransport {
-    EmbeddedTransport::new(blades, 64 << 20)
-        .unwrap()
-        .with_chaos(ChaosConfig::new(smart_testkit::backends::chaos_seed(seed)))
+/// `blades` chaos blades of 64 MiB (see `smart_testkit::backends::chaos_seed`).
+fn chaos(blades: usize, seed: u64) -> Backend {
+    backends::chaos_sized(blades, 64 << 20, seed)
 }
 
 /// Sherman's issue #26: concurrent inserts into a small tree tripped its
@@ -30,9 +30,10 @@ fn sherman_26_concurrent_growth_from_an_empty_tree() {
     let mut total = ShermanStats::default();
     for (round, name) in NAMES.into_iter().enumerate() {
         let smart = if round % 2 == 0 { "none" } else { "conflict-avoid,spec-lookup" };
-        let t = chaos(2, 26 + round as u64);
+        let backend = chaos(2, 26 + round as u64);
+        let t = &*backend.transport;
         let per = if round == 0 { 250u64 } else { 60 };
-        let (_, stats) = run_tree(&t, 3, 8, smart, name, |w, mut tree| {
+        let (_, stats) = run_tree(t, 3, 8, smart, name, |w, mut tree| {
             let me = (w.thread() * 8 + w.coroutine()) as u64;
             async move {
                 let mut rng = SmallRng::seed_from_u64(me + round as u64 * 100);
@@ -48,7 +49,7 @@ fn sherman_26_concurrent_growth_from_an_empty_tree() {
                 Ok(())
             }
         });
-        let (shape, keys) = checked_keys(&t, name);
+        let (shape, keys) = checked_keys(t, name);
         assert_eq!(keys, (0..24 * per).collect::<Vec<_>>(), "{name}: every key once");
         assert_eq!(shape.unlinked, 0, "{name}: {shape:?}");
         assert!(shape.depth >= 2, "{name}: {shape:?}");
@@ -65,14 +66,15 @@ fn sherman_26_concurrent_growth_from_an_empty_tree() {
 /// update them and inserters split their leaves.
 #[test]
 fn sherman_27_lookups_never_miss_a_present_key_during_updates() {
-    let t = chaos(2, 27);
-    on_tree(&t, 0, "none", "upd", |mut tree| async move {
+    let backend = chaos(2, 27);
+    let t = &*backend.transport;
+    on_tree(t, 0, "none", "upd", |mut tree| async move {
         for k in 0..600u64 {
             tree.insert_u64(k * 4, value(k * 4, 0)).await.unwrap();
         }
     });
     let reads = Arc::new(AtomicU64::new(0));
-    run_tree(&t, 3, 6, "spec-lookup", "upd", |w, mut tree| {
+    run_tree(t, 3, 6, "spec-lookup", "upd", |w, mut tree| {
         let me = (w.thread() * 6 + w.coroutine()) as u64;
         let reads = reads.clone();
         async move {
@@ -97,7 +99,7 @@ fn sherman_27_lookups_never_miss_a_present_key_during_updates() {
         }
     });
     assert_eq!(reads.load(Ordering::Relaxed), 6 * 400);
-    let (shape, keys) = checked_keys(&t, "upd");
+    let (shape, keys) = checked_keys(t, "upd");
     assert!((0..600u64).all(|k| keys.binary_search(&(k * 4)).is_ok()), "{shape:?}");
 }
 
@@ -108,15 +110,16 @@ fn sherman_27_lookups_never_miss_a_present_key_during_updates() {
 /// count or at the end of the tree.
 #[test]
 fn sherman_18_scans_never_miss_a_key_present_for_the_whole_scan() {
-    let t = chaos(2, 18);
+    let backend = chaos(2, 18);
+    let t = &*backend.transport;
     let n = 2000u64;
-    on_tree(&t, 0, "none", "scan", move |mut tree| async move {
+    on_tree(t, 0, "none", "scan", move |mut tree| async move {
         for k in 0..n {
             tree.insert_u64(2 * k, value(2 * k, 0)).await.unwrap();
         }
     });
     let scans = Arc::new(AtomicU64::new(0));
-    run_tree(&t, 3, 6, "none", "scan", |w, mut tree| {
+    run_tree(t, 3, 6, "none", "scan", |w, mut tree| {
         let me = (w.thread() * 6 + w.coroutine()) as u64;
         let scans = scans.clone();
         async move {
@@ -145,7 +148,7 @@ fn sherman_18_scans_never_miss_a_key_present_for_the_whole_scan() {
         }
     });
     assert_eq!(scans.load(Ordering::Relaxed), 9 * 150);
-    let (shape, _) = checked_keys(&t, "scan");
+    let (shape, _) = checked_keys(t, "scan");
     assert_eq!(shape.unlinked, 0);
 }
 
@@ -154,13 +157,14 @@ fn sherman_18_scans_never_miss_a_key_present_for_the_whole_scan() {
 /// counter shows it) and never return a value of another key or a mix.
 #[test]
 fn torn_page_reads_are_caught_and_read_again() {
-    let t = chaos(1, 99);
-    on_tree(&t, 0, "none", "torn", |mut tree| async move {
+    let backend = chaos(1, 99);
+    let t = &*backend.transport;
+    on_tree(t, 0, "none", "torn", |mut tree| async move {
         for k in 0..40u64 {
             tree.insert_u64(k, value(k, 0)).await.unwrap();
         }
     });
-    let (_, s) = run_tree(&t, 2, 8, "none", "torn", |w, mut tree| {
+    let (_, s) = run_tree(t, 2, 8, "none", "torn", |w, mut tree| {
         let me = (w.thread() * 8 + w.coroutine()) as u64;
         async move {
             let mut rng = SmallRng::seed_from_u64(me + 7);
@@ -183,8 +187,9 @@ fn torn_page_reads_are_caught_and_read_again() {
 /// speculative lookup off and on.
 #[test]
 fn per_key_histories_are_linearizable_during_splits() {
-    let t = chaos(2, 31);
-    on_tree(&t, 0, "none", "lin", |mut tree| async move {
+    let backend = chaos(2, 31);
+    let t = &*backend.transport;
+    on_tree(t, 0, "none", "lin", |mut tree| async move {
         for k in 0..6u64 {
             tree.insert_u64(k * 1_000_000, 0).await.unwrap();
         }
@@ -193,7 +198,7 @@ fn per_key_histories_are_linearizable_during_splits() {
     let mut last = [0u64; 6];
     for (round, smart) in ["none", "spec-lookup,conflict-avoid"].into_iter().enumerate() {
         let history: Arc<Mutex<Vec<(u64, Event)>>> = Arc::default();
-        run_tree(&t, 2, 4, smart, "lin", |w, mut tree| {
+        run_tree(t, 2, 4, smart, "lin", |w, mut tree| {
             let me = (w.thread() * 4 + w.coroutine() + 1) as u64;
             let history = history.clone();
             async move {
@@ -233,12 +238,12 @@ fn per_key_histories_are_linearizable_during_splits() {
             }
         }
         for (k, l) in last.iter_mut().enumerate() {
-            *l = on_tree(&t, 9, "none", "lin", move |mut tree| async move {
+            *l = on_tree(t, 9, "none", "lin", move |mut tree| async move {
                 tree.get_u64(k as u64 * 1_000_000).await.unwrap().unwrap()
             });
         }
     }
-    let (shape, _) = checked_keys(&t, "lin");
+    let (shape, _) = checked_keys(t, "lin");
     assert!(shape.pages_per_level[0] >= 20, "the leaves split: {shape:?}");
 }
 
