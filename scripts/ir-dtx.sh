@@ -10,7 +10,8 @@
 #
 # Usage: scripts/ir-dtx.sh [tatp|smallbank] [EXTRA_ARGS...]
 #   defaults: tatp --subscribers 10000 / smallbank --accounts 100000,
-#   1 thread x 8 coroutines, 3 s.
+#   1 thread x 8 coroutines, 3 s. One transaction type alone:
+#   e.g. scripts/ir-dtx.sh tatp --mix update_location=100.
 # Output: total instructions, attempts, instructions per attempt; the
 # callgrind file in $OUT (default results/ir-dtx) for callgrind_annotate.
 set -euo pipefail

@@ -310,6 +310,12 @@ pub struct SmallbankArgs {
     /// Hot accounts, drawn with probability 90%.
     #[arg(long, default_value_t = 4_000)]
     pub hot: u64,
+    /// Transaction mix: a percentage per type in report order
+    /// (amalgamate, balance, deposit_checking, send_payment,
+    /// transact_savings, write_check), or TYPE=PCT pairs with the others at
+    /// 0; summing to 100 (default: SmallBank's 15,15,15,25,15,15).
+    #[arg(long)]
+    pub mix: Option<String>,
     /// Name of the database on the blades.
     #[arg(long, default_value = "smallbank")]
     pub db: String,
@@ -327,6 +333,13 @@ pub struct TatpArgs {
     /// Subscribers.
     #[arg(long, default_value_t = 100_000)]
     pub subscribers: u64,
+    /// Transaction mix: a percentage per type in report order
+    /// (get_subscriber_data, get_new_destination, get_access_data,
+    /// update_subscriber_data, update_location, insert_call_forwarding,
+    /// delete_call_forwarding), or TYPE=PCT pairs with the others at 0;
+    /// summing to 100 (default: TATP's 35,10,35,2,14,2,2).
+    #[arg(long)]
+    pub mix: Option<String>,
     /// Name of the database on the blades.
     #[arg(long, default_value = "tatp")]
     pub db: String,

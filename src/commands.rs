@@ -258,6 +258,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
         "conflict_abort_rate": rate(conflicts),
         "not_found": not_found,
         "user_aborts": c.aborts_of(Abort::User),
+        "mix": w.types().iter().zip(w.mix()).map(|(t, p)| ((*t).to_string(), json!(p))).collect::<serde_json::Map<_, _>>(),
         "aborts_by_type": by_type,
         "verbs_per_attempted": per(wrs, attempted),
         "verbs_per_committed": per(wrs, committed),

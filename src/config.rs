@@ -221,6 +221,7 @@ impl Config {
                     accounts: a.accounts,
                     hot: a.hot,
                     ledger: a.dtx.audit || a.dtx.audit_only,
+                    mix: mix(a.mix.as_deref(), &smallbank_tatp::smallbank::TYPES, smallbank_tatp::smallbank::MIX)?,
                 });
                 dtx_config(&a.common, &a.dtx, &a.db, w)
             }
@@ -228,11 +229,12 @@ impl Config {
                 if a.subscribers == 0 || a.subscribers > 1 << 40 {
                     bail!("--subscribers must be 1 to 2^40");
                 }
+                let mix = mix(a.mix.as_deref(), &smallbank_tatp::tatp::TYPES, smallbank_tatp::tatp::MIX)?;
                 dtx_config(
                     &a.common,
                     &a.dtx,
                     &a.db,
-                    DtxWorkload::Tatp(smallbank_tatp::Tatp { subscribers: a.subscribers }),
+                    DtxWorkload::Tatp(smallbank_tatp::Tatp { subscribers: a.subscribers, mix }),
                 )
             }
             Cmd::Recover(a) => recover_config(a),
@@ -493,6 +495,13 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
     };
     let distribution = if a.uniform { "uniform".to_string() } else { format!("zipf-{}", a.zipf) };
     Ok(YcsbJob { app, y, distribution })
+}
+
+/// `--mix` of a workload with `types` (its default mix when absent).
+fn mix<const N: usize>(spec: Option<&str>, types: &[&str; N], default: [u32; N]) -> Result<[u32; N]> {
+    let Some(spec) = spec else { return Ok(default) };
+    let mix = smallbank_tatp::parse_mix(spec, types).map_err(|e| anyhow::anyhow!("--mix {spec:?}: {e}"))?;
+    Ok(mix.try_into().expect("one percentage per type"))
 }
 
 fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Result<Config> {

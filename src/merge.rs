@@ -18,8 +18,9 @@ use serde_json::{json, Map, Value};
 use smart_bench::latency::{Latency, LatencyHistogram};
 
 /// Fields every part must agree on: a merge of different experiments is
-/// refused.
-const SAME: [&str; 9] = ["bench", "app", "workload", "transport", "blades", "smart", "qp_policy", "cq", "coroutines"];
+/// refused (`mix`: the transaction mix of `smallbank` and `tatp`).
+const SAME: [&str; 10] =
+    ["bench", "app", "workload", "transport", "blades", "smart", "qp_policy", "cq", "coroutines", "mix"];
 
 /// Per-operation fields, weighted by each part's `ops`.
 const PER_OP: [&str; 5] =
@@ -213,6 +214,13 @@ mod tests {
         b["workload"] = json!("c");
         let e = merge(&[("a".into(), a.clone()), ("b".into(), b)]).unwrap_err().to_string();
         assert!(e.contains("workload"), "{e}");
+        // Transaction runs of two mixes.
+        let (mut x, mut y) = (part(10, 1.0, &[5], 0.0), part(10, 1.0, &[5], 0.0));
+        x["mix"] = json!({"balance": 100, "send_payment": 0});
+        y["mix"] = json!({"balance": 0, "send_payment": 100});
+        let e = merge(&[("x".into(), x.clone()), ("y".into(), y)]).unwrap_err().to_string();
+        assert!(e.contains("mix is"), "{e}");
+        assert_eq!(merge(&[("x".into(), x.clone()), ("x2".into(), x)]).unwrap()["mix"]["balance"], 100);
         let mut c = part(10, 1.0, &[5], 0.0);
         c.as_object_mut().unwrap().remove("latency_hist");
         let e = merge(&[("a".into(), a), ("c".into(), c)]).unwrap_err().to_string();

@@ -14,4 +14,4 @@ pub mod workload;
 
 pub use smallbank::SmallBank;
 pub use tatp::Tatp;
-pub use workload::{audit, run, Audited, Counts, DtxConfig, DtxReport, Workload, WorkloadError};
+pub use workload::{audit, parse_mix, run, Audited, Counts, DtxConfig, DtxReport, Workload, WorkloadError};

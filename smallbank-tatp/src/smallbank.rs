@@ -40,7 +40,8 @@ pub const START_CENTS: i64 = 1_000_000;
 /// Transaction types, in report order.
 pub const TYPES: [&str; 6] =
     ["amalgamate", "balance", "deposit_checking", "send_payment", "transact_savings", "write_check"];
-/// Their shares of the mix, in percent.
+/// Their shares of the benchmark's mix, in percent (the default of
+/// [`SmallBank::mix`]).
 pub const MIX: [u32; 6] = [15, 15, 15, 25, 15, 15];
 
 /// The SmallBank workload.
@@ -52,6 +53,9 @@ pub struct SmallBank {
     pub hot: u64,
     /// Keep the ledger (for the audit).
     pub ledger: bool,
+    /// Percent of each transaction type drawn, in [`TYPES`] order (summing
+    /// to 100; [`MIX`] is the benchmark's).
+    pub mix: [u32; 6],
 }
 
 /// Balance in cents.
@@ -105,12 +109,16 @@ impl Workload for SmallBank {
         &TYPES
     }
 
+    fn mix(&self) -> &[u32] {
+        &self.mix
+    }
+
     fn rows(&self) -> u64 {
         self.accounts
     }
 
     fn draw(&self, rng: &mut rand::rngs::SmallRng) -> Draw {
-        let ty = pick(&MIX, rng);
+        let ty = pick(&self.mix, rng);
         let a = self.account(rng);
         let mut b = self.account(rng);
         while b == a && self.accounts > 1 {

@@ -57,7 +57,8 @@ pub const TYPES: [&str; 7] = [
     "insert_call_forwarding",
     "delete_call_forwarding",
 ];
-/// Their shares of the mix, in percent.
+/// Their shares of the benchmark's mix, in percent (the default of
+/// [`Tatp::mix`]).
 pub const MIX: [u32; 7] = [35, 10, 35, 2, 14, 2, 2];
 
 const SUB_NBR_TAG: u64 = 1 << 48;
@@ -87,6 +88,9 @@ pub fn cf_key(s: u64, sf_type: u64, start: u64) -> u64 {
 pub struct Tatp {
     /// Subscribers (ids 1..=S).
     pub subscribers: u64,
+    /// Percent of each transaction type drawn, in [`TYPES`] order (summing
+    /// to 100; [`MIX`] is the benchmark's).
+    pub mix: [u32; 7],
 }
 
 /// One subscriber's rows as loaded: access-info types, facility types
@@ -112,6 +116,11 @@ fn types(rng: &mut SmallRng) -> Vec<u64> {
 }
 
 impl Tatp {
+    /// TATP over `subscribers` subscribers with the benchmark's mix.
+    pub fn new(subscribers: u64) -> Tatp {
+        Tatp { subscribers, mix: MIX }
+    }
+
     /// NURand's A for this many subscribers.
     pub fn nurand_a(&self) -> u64 {
         match self.subscribers {
@@ -200,12 +209,16 @@ impl Workload for Tatp {
         &TYPES
     }
 
+    fn mix(&self) -> &[u32] {
+        &self.mix
+    }
+
     fn rows(&self) -> u64 {
         self.subscribers
     }
 
     fn draw(&self, rng: &mut SmallRng) -> Draw {
-        let ty = pick(&MIX, rng);
+        let ty = pick(&self.mix, rng);
         Draw {
             ty,
             keys: [self.subscriber(rng), 1 + below(rng.next_u64(), 4), 8 * below(rng.next_u64(), 3)],

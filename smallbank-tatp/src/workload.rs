@@ -29,6 +29,56 @@ pub struct Draw {
     pub salt: u64,
 }
 
+/// A transaction mix from the command line: `spec` is either one
+/// percentage per type of `types`, in their order (`35,10,35,2,14,2,2`), or
+/// `TYPE=PCT` pairs, the types not named getting 0
+/// (`get_subscriber_data=100`). The percentages must sum to 100.
+///
+/// # Errors
+/// A message naming what is wrong (an unknown or repeated type, a count
+/// that is not the number of types, a bad number, a sum other than 100).
+pub fn parse_mix(spec: &str, types: &[&str]) -> Result<Vec<u32>, String> {
+    let pct = |s: &str| -> Result<u32, String> {
+        s.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|p| *p <= 100)
+            .ok_or_else(|| format!("{s:?} is not a percentage (0 to 100)"))
+    };
+    let parts: Vec<&str> = spec.split(',').collect();
+    let mix = if spec.contains('=') {
+        let mut mix = vec![None; types.len()];
+        for part in parts {
+            let (name, p) =
+                part.split_once('=').ok_or_else(|| format!("{part:?}: use TYPE=PCT for every type named"))?;
+            let name = name.trim();
+            let i = types
+                .iter()
+                .position(|t| *t == name)
+                .ok_or_else(|| format!("no transaction type {name:?} (the types: {})", types.join(", ")))?;
+            if mix[i].replace(pct(p)?).is_some() {
+                return Err(format!("{name} is named twice"));
+            }
+        }
+        mix.into_iter().map(|p| p.unwrap_or(0)).collect()
+    } else {
+        if parts.len() != types.len() {
+            return Err(format!(
+                "{} percentages for {} transaction types ({}); or name them, TYPE=PCT",
+                parts.len(),
+                types.len(),
+                types.join(", ")
+            ));
+        }
+        parts.into_iter().map(pct).collect::<Result<Vec<u32>, String>>()?
+    };
+    let sum: u32 = mix.iter().sum();
+    if sum != 100 {
+        return Err(format!("the percentages sum to {sum}, not 100"));
+    }
+    Ok(mix)
+}
+
 /// A transaction type drawn from a mix of percentages (summing to 100).
 pub fn pick(mix: &[u32], rng: &mut SmallRng) -> usize {
     let mut p = below(rng.next_u64(), 100) as u32;
@@ -51,6 +101,8 @@ pub trait Workload: Sync {
     fn tables(&self) -> Vec<(String, usize, u64)>;
     /// Transaction types, by [`Draw::ty`].
     fn types(&self) -> &'static [&'static str];
+    /// The percentage of each type that [`Workload::draw`] draws.
+    fn mix(&self) -> &[u32];
     /// Units the load inserts (accounts, subscribers).
     fn rows(&self) -> u64;
     /// Draws the next transaction.

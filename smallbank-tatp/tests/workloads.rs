@@ -10,7 +10,7 @@ use std::time::Duration;
 use ford_dtx::{Abort, Registration, TxnError};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use smallbank_tatp::smallbank::{cents, CHECKING, MIX, SAVINGS, START_CENTS};
+use smallbank_tatp::smallbank::{self, cents, CHECKING, MIX, SAVINGS, START_CENTS};
 use smallbank_tatp::tatp::{self, Tatp};
 use smallbank_tatp::{DtxConfig, SmallBank, Workload};
 use smart_bench::harness::RunConfig;
@@ -36,7 +36,7 @@ fn dtx(name: &str) -> DtxConfig {
 fn a_sequential_smallbank_run_equals_the_model() {
     let b = backends::embedded(2);
     let t: Arc<dyn Transport> = b.transport.clone();
-    let w = SmallBank { accounts: 40, hot: 4, ledger: true };
+    let w = SmallBank { accounts: 40, hot: 4, ledger: true, mix: MIX };
     let d = dtx("model");
     let (db, existed, _) = smallbank_tatp::workload::open(&*t, &cfg(1, 1, 1.0), &w, &d).unwrap();
     assert!(!existed);
@@ -114,7 +114,7 @@ fn concurrent_smallbank_on_chaos_conserves_money() {
     let b = backends::chaos_sized(3, 32 << 20, 9);
     let t: Arc<dyn Transport> = b.transport.clone();
     for retry in [false, true] {
-        let w = SmallBank { accounts: 300, hot: 8, ledger: true };
+        let w = SmallBank { accounts: 300, hot: 8, ledger: true, mix: MIX };
         let d = DtxConfig { retry_aborts: retry, ..dtx(&format!("chaos-{retry}")) };
         let rep = smallbank_tatp::run(t.clone(), &cfg(2, 4, 0.7), &w, &d).unwrap();
         assert!(rep.run.first_error.is_none(), "{:?}", rep.run.first_error);
@@ -134,7 +134,7 @@ fn concurrent_smallbank_on_chaos_conserves_money() {
 fn tatp_runs_with_inserts_and_deletes_and_keeps_replicas_equal() {
     let b = backends::chaos_sized(2, 32 << 20, 4);
     let t: Arc<dyn Transport> = b.transport.clone();
-    let w = Tatp { subscribers: 400 };
+    let w = Tatp::new(400);
     let rep = smallbank_tatp::run(t.clone(), &cfg(2, 4, 0.7), &w, &dtx("tatp")).unwrap();
     assert!(rep.run.first_error.is_none(), "{:?}", rep.run.first_error);
     let c = &rep.counts;
@@ -151,7 +151,7 @@ fn the_generators_draw_what_the_benchmarks_specify() {
     assert_eq!(MIX.iter().sum::<u32>(), 100);
     assert_eq!(tatp::MIX.iter().sum::<u32>(), 100);
     // NURand ids are in range and skewed.
-    let w = Tatp { subscribers: 100_000 };
+    let w = Tatp::new(100_000);
     assert_eq!(w.nurand_a(), 65_535);
     let mut rng = SmallRng::seed_from_u64(1);
     let mut counts = vec![0u32; 100_001];
@@ -183,7 +183,45 @@ fn the_generators_draw_what_the_benchmarks_specify() {
         }
     }
     // SmallBank: 90% of draws hit the hot set.
-    let sb = SmallBank { accounts: 100_000, hot: 4_000, ledger: false };
+    let sb = SmallBank { accounts: 100_000, hot: 4_000, ledger: false, mix: MIX };
     let hot = (0..10_000).filter(|_| sb.draw(&mut rng).keys[0] < 4_000).count();
     assert!((8_900..9_300).contains(&hot), "{hot}");
+}
+
+#[test]
+fn a_mix_is_given_per_type_in_order_or_by_name_and_sums_to_100() {
+    use smallbank_tatp::parse_mix;
+    let sb = &smallbank::TYPES;
+    assert_eq!(parse_mix("15,15,15,25,15,15", sb).unwrap(), MIX);
+    assert_eq!(parse_mix(" 0, 100,0,0,0 ,0", sb).unwrap(), [0, 100, 0, 0, 0, 0]);
+    assert_eq!(parse_mix("balance=60, send_payment=40", sb).unwrap(), [0, 60, 0, 40, 0, 0]);
+    assert_eq!(parse_mix("get_subscriber_data=100", &tatp::TYPES).unwrap(), [100, 0, 0, 0, 0, 0, 0]);
+    for (spec, says) in [
+        ("15,15,15,25,15", "5 percentages for 6 transaction types"),
+        ("15,15,15,25,15,16", "sum to 101, not 100"),
+        ("balance=50", "sum to 50, not 100"),
+        ("balance=50,balance=50", "balance is named twice"),
+        ("balance=50,deposit=50", "no transaction type \"deposit\" (the types: amalgamate, balance"),
+        ("balance=50,50", "use TYPE=PCT"),
+        ("15,15,15,25,15,x", "\"x\" is not a percentage"),
+        ("balance=101", "not a percentage (0 to 100)"),
+        ("", "1 percentages for 6"),
+    ] {
+        let e = parse_mix(spec, sb).unwrap_err();
+        assert!(e.contains(says), "{spec:?}: {e}");
+    }
+}
+
+#[test]
+fn the_generators_draw_the_mix_they_are_given() {
+    let mut rng = SmallRng::seed_from_u64(3);
+    let only = Tatp { mix: [0, 0, 0, 0, 100, 0, 0], ..Tatp::new(1000) };
+    assert!((0..10_000).all(|_| only.draw(&mut rng).ty == 4));
+    let sb = SmallBank { accounts: 1000, hot: 10, ledger: false, mix: [0, 60, 0, 40, 0, 0] };
+    let mut n = [0u32; 6];
+    for _ in 0..100_000 {
+        n[sb.draw(&mut rng).ty] += 1;
+    }
+    assert_eq!((n[0], n[2], n[4], n[5]), (0, 0, 0, 0), "{n:?}");
+    assert!((59_000..61_000).contains(&n[1]) && (39_000..41_000).contains(&n[3]), "{n:?}");
 }

@@ -84,6 +84,27 @@ fn smallbank_and_tatp_run_audit_and_record_on_embedded_blades() {
 }
 
 #[test]
+fn a_mix_of_one_transaction_type_runs_only_that_type_and_is_recorded() {
+    let run = ["--threads", "1", "--coroutines", "4", "--duration", "0.5", "--warmup", "0", "--quiet"];
+    let args = ["tatp", "--subscribers", "2000", "--audit", "--mix", "update_location=100"];
+    let r = run_json("tatp-mix.json", &[&args[..], &run[..]].concat());
+    check_record(&r, &tatp::TYPES);
+    assert_eq!(r["mix"]["update_location"], 100, "{r}");
+    assert_eq!(r["mix"]["get_subscriber_data"], 0, "{r}");
+    for t in tatp::TYPES {
+        let attempted = r["aborts_by_type"][t]["attempted"].as_u64().unwrap();
+        assert_eq!(attempted > 0, t == "update_location", "{t}: {attempted} attempts");
+    }
+    assert_eq!(r["audit"]["db"]["replica_mismatches"], 0);
+    // The default mix is recorded too.
+    let args = ["smallbank", "--accounts", "2000", "--hot", "50", "--audit"];
+    let r = run_json("sb-mix.json", &[&args[..], &run[..]].concat());
+    let recorded: Vec<u64> = smallbank::TYPES.iter().map(|t| r["mix"][*t].as_u64().unwrap()).collect();
+    assert_eq!(recorded, smallbank::MIX.map(u64::from));
+    assert_eq!(r["audit"]["balances"], r["audit"]["expected"]);
+}
+
+#[test]
 fn coroutines_whose_ledger_rows_race_for_one_slot_all_start() {
     // 32 coroutines insert their ledger rows at once, into a table sized
     // for 32 rows: two of them choose one free slot, and the loser retries
@@ -107,6 +128,9 @@ fn bad_transaction_arguments_fail_with_a_message() {
         (&["smallbank", "--lease", "0"][..], "--lease"),
         (&["tatp", "--replicas", "5"][..], "--replicas must be 1 to 4"),
         (&["tatp", "--subscribers", "0"][..], "--subscribers"),
+        (&["tatp", "--mix", "50,50"][..], "--mix \"50,50\": 2 percentages for 7 transaction types"),
+        (&["smallbank", "--mix", "balance=90,amalgamate=20"][..], "sum to 110, not 100"),
+        (&["smallbank", "--mix", "audit=100"][..], "no transaction type \"audit\""),
         (&["smallbank", "--audit", "--audit-only"][..], "cannot be used with"),
         (&["recover", "--slot", "0"][..], "numbered from 1"),
     ] {
