@@ -14,6 +14,8 @@
 #   e.g. scripts/ir-dtx.sh tatp --mix update_location=100.
 # Output: total instructions, attempts, instructions per attempt; the
 # callgrind file in $OUT (default results/ir-dtx) for callgrind_annotate.
+# BRANCHES=1 also simulates branch prediction (callgrind --branch-sim=yes)
+# and prints mispredicted branches per attempt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workload=${1:-tatp}
@@ -31,7 +33,9 @@ mkdir -p "$out"
 cargo build --release --quiet --bin compute-blade
 file="$out/callgrind.$workload"
 rm -f "$file" "$out/stderr"
-valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+sim=()
+[ "${BRANCHES:-0}" = 1 ] && sim=(--branch-sim=yes)
+valgrind --tool=callgrind --instr-atstart=no "${sim[@]}" --callgrind-out-file="$file" \
   target/release/compute-blade "$workload" "${size[@]}" --threads 1 --coroutines 8 --duration 3 \
   --warmup 0 --lease 600 "$@" >/dev/null 2>"$out/stderr" &
 pid=$!
@@ -53,10 +57,13 @@ python3 - "$file" <<'PY'
 import re, sys
 # Sum the call counts of every call to a function whose name holds
 # "Workload>::draw", and read the total instruction count.
-names, calls, target, total = {}, 0, None, 0
+names, calls, target, total, events, sums = {}, 0, None, 0, [], []
 for line in open(sys.argv[1]):
+    if line.startswith("events:"):
+        events = line.split()[1:]
     if line.startswith("summary:") or line.startswith("totals:"):
-        total = int(line.split()[1])
+        sums = [int(x) for x in line.split()[1:]]
+        total = sums[0]
     m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line)
     if m:
         if m.group(3):
@@ -69,4 +76,10 @@ for line in open(sys.argv[1]):
 if not calls:
     sys.exit("no calls of the workload's draw were counted")
 print(f"instructions {total:,}  attempts {calls:,}  per attempt {total / calls:,.0f}")
+ev = dict(zip(events, sums))
+if "Bcm" in ev:
+    # Conditional and indirect branches, and those the simulated
+    # predictor missed, per attempt.
+    b, m = ev["Bc"] + ev.get("Bi", 0), ev["Bcm"] + ev.get("Bim", 0)
+    print(f"branches per attempt {b / calls:,.0f}  mispredicted {m / calls:,.1f} ({100 * m / max(b, 1):.2f}%)")
 PY

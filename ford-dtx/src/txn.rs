@@ -46,11 +46,11 @@
 //! had flushed every WRITE: recovery releases the rest. Locks without a log
 //! entry belong to transactions that wrote nothing: recovery releases them.
 
-use smart_core::runtime::{AtomicRef, ReadRef};
+use smart_core::runtime::{AtomicRef, Batch, ReadRef};
 use smart_core::GlobalAddr;
 
 use crate::cache::Lookup;
-use crate::db::{extend_chain, Table};
+use crate::db::{extend_chain, Db, Table};
 use crate::dtx::{Dtx, Loc};
 use crate::error::{Abort, DtxError, TxnError};
 use crate::layout::{self, log, state, Owner, MAX_REPLICAS};
@@ -119,7 +119,45 @@ struct Item {
     posted: Option<Posted>,
 }
 
+impl Step {
+    /// Whether this step is a round trip.
+    #[inline]
+    fn trip(self) -> bool {
+        matches!(self, Step::Fetch | Step::Probe { .. } | Step::Lock | Step::Bucket { .. })
+    }
+}
+
 impl Item {
+    /// The batch this item's next step posts to: its blade, WRs and local
+    /// bytes (`None`: no round trip).
+    fn trip(&self, db: &Db) -> Option<(u16, usize, usize)> {
+        let t = db.table(self.table);
+        match self.step {
+            Step::Fetch => Some((self.loc[0].blade(), 1, t.record_bytes())),
+            Step::Probe { at } => Some((at.blade(), 1, t.record_bytes())),
+            Step::Lock => Some((self.loc[0].blade(), 2, 8 + t.record_bytes())),
+            Step::Bucket { at, .. } => Some((at.blade(), 1, t.bucket_bytes() as usize)),
+            Step::Start | Step::Extend { .. } | Step::Done => None,
+        }
+    }
+
+    /// Adds this item's WRs for its next step (one with a
+    /// [`trip`](Self::trip)) to `b`: the READ, and the lock's CAS (to
+    /// `lw`) if it locks.
+    #[inline]
+    fn push<'a>(&self, b: &mut Batch<'a>, t: &Table, lw: u64) -> (ReadRef, Option<AtomicRef>) {
+        match self.step {
+            Step::Fetch => (b.read(self.loc[0], t.record_bytes()), None),
+            Step::Probe { at } => (b.read(at, t.record_bytes()), None),
+            Step::Lock => {
+                let cas = b.cas(self.loc[0].add(layout::LOCK), 0, lw);
+                (b.read(self.loc[0], t.record_bytes()), Some(cas))
+            }
+            Step::Bucket { at, .. } => (b.read(at, t.bucket_bytes() as usize), None),
+            Step::Start | Step::Extend { .. } | Step::Done => unreachable!("pushed only with a trip"),
+        }
+    }
+
     /// Takes the fetched record `r` of this item's key: done.
     fn take(&mut self, r: &layout::Record<'_>) {
         self.version = r.version;
@@ -386,10 +424,30 @@ impl Txn {
             }
         }
         loop {
-            // Done when no item needs another round trip (checked before a
-            // round is built: most fetches settle in one).
-            if self.items[self.executed..self.n].iter().all(|it| matches!(it.step, Step::Start | Step::Done)) {
-                return Ok(());
+            let lw = self.owner.lock_word(self.seq);
+            let mut pending =
+                (self.executed..self.n).filter(|&i| !matches!(self.items[i].step, Step::Start | Step::Done));
+            let one = match (pending.next(), pending.next()) {
+                // Done: no item needs another round trip.
+                (None, _) => return Ok(()),
+                (Some(i), None) if self.items[i].step.trip() => Some(i),
+                _ => None,
+            };
+            if let Some(i) = one {
+                // One item needs a round trip (most fetches): its batch is
+                // posted alone, without a round's arrays.
+                let t = db.table(self.items[i].table);
+                let mut b = ctx.batch();
+                let (read, cas) = self.items[i].push(&mut b, t, lw);
+                let done = b.post().await?;
+                if let Some(cas) = cas {
+                    self.items[i].locked = done.old(cas) == 0;
+                    if !self.items[i].locked {
+                        return Err(TxnError::Abort(Abort::Locked));
+                    }
+                }
+                self.settle(i, t, db.replicas, done.bytes(read)).map_err(TxnError::Abort)?;
+                continue;
             }
             // Chains to extend first (rare: only inserts into full chains).
             for i in self.executed..self.n {
@@ -406,27 +464,13 @@ impl Txn {
             }
             let mut round = Round::new(ctx);
             for it in &mut self.items[self.executed..self.n] {
-                let t = db.table(it.table);
-                it.posted = match it.step {
-                    Step::Fetch => {
-                        let (batch, b) = round.batch(it.loc[0].blade(), 1, t.record_bytes())?;
-                        Some(Posted { batch, read: b.read(it.loc[0], t.record_bytes()), cas: None })
+                it.posted = match it.trip(db) {
+                    Some((blade, wrs, bytes)) => {
+                        let (batch, b) = round.batch(blade, wrs, bytes)?;
+                        let (read, cas) = it.push(b, db.table(it.table), lw);
+                        Some(Posted { batch, read, cas })
                     }
-                    Step::Probe { at } => {
-                        let (batch, b) = round.batch(at.blade(), 1, t.record_bytes())?;
-                        Some(Posted { batch, read: b.read(at, t.record_bytes()), cas: None })
-                    }
-                    Step::Lock => {
-                        let lw = self.owner.lock_word(self.seq);
-                        let (batch, b) = round.batch(it.loc[0].blade(), 2, 8 + t.record_bytes())?;
-                        let cas = b.cas(it.loc[0].add(layout::LOCK), 0, lw);
-                        Some(Posted { batch, read: b.read(it.loc[0], t.record_bytes()), cas: Some(cas) })
-                    }
-                    Step::Bucket { at, .. } => {
-                        let (batch, b) = round.batch(at.blade(), 1, t.bucket_bytes() as usize)?;
-                        Some(Posted { batch, read: b.read(at, t.bucket_bytes() as usize), cas: None })
-                    }
-                    Step::Start | Step::Extend { .. } | Step::Done => None,
+                    None => None,
                 };
             }
             debug_assert!(!round.is_empty(), "an item needed a round trip");
