@@ -128,9 +128,9 @@ impl Step {
 }
 
 impl Item {
-    /// The batch this item's next step posts to: its blade, WRs and local
-    /// bytes (`None`: no round trip).
-    fn trip(&self, db: &Db) -> Option<(u16, usize, usize)> {
+    /// The room this item's next step takes in a batch: its blade, WRs and
+    /// local bytes (`None`: the step is no round trip).
+    fn room(&self, db: &Db) -> Option<(u16, usize, usize)> {
         let t = db.table(self.table);
         match self.step {
             Step::Fetch => Some((self.loc[0].blade(), 1, t.record_bytes())),
@@ -141,9 +141,9 @@ impl Item {
         }
     }
 
-    /// Adds this item's WRs for its next step (one with a
-    /// [`trip`](Self::trip)) to `b`: the READ, and the lock's CAS (to
-    /// `lw`) if it locks.
+    /// Adds the WRs of this item's next step (a round trip, see
+    /// [`Step::trip`]) to `b`: the READ, and the lock's CAS (to `lw`) if
+    /// it locks.
     #[inline]
     fn push<'a>(&self, b: &mut Batch<'a>, t: &Table, lw: u64) -> (ReadRef, Option<AtomicRef>) {
         match self.step {
@@ -464,7 +464,7 @@ impl Txn {
             }
             let mut round = Round::new(ctx);
             for it in &mut self.items[self.executed..self.n] {
-                it.posted = match it.trip(db) {
+                it.posted = match it.room(db) {
                     Some((blade, wrs, bytes)) => {
                         let (batch, b) = round.batch(blade, wrs, bytes)?;
                         let (read, cas) = it.push(b, db.table(it.table), lw);
