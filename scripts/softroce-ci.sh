@@ -39,7 +39,9 @@ cmds=(
   # 10: YCSB a over race-ht, every value verified, the table grown by splits.
   # 3 s measured: once (at 0ed5cd8) a 1 s window of this run saw no verb
   # posted at all under TCG (the two worker threads busy-poll both vCPUs);
-  # the check below prints the seconds without an operation.
+  # the check below prints the seconds without an operation. Its load took
+  # 489 s (66ac711) while the guest kept time with hpet, a device read per
+  # clock read; ~17 s on the TSC (scripts/softroce-vm.sh boots it so).
   'with-blade --size 256MiB -- compute-blade ycsb --blades {blade} --transport verbs --device rxe0 --app race --workload a --keys 20000 --capacity 1000 --verify --threads 2 --coroutines 8 --duration 3 --warmup 0.2 --quiet --json $OUT/ycsb.json'
   # 11: the memory blade is SIGKILLed mid-run
   'blade-dies'
@@ -49,7 +51,7 @@ cmds=(
   # 14: YCSB e over the B+tree, scans verified, speculation on
   'with-blade --size 256MiB -- compute-blade ycsb --blades {blade} --transport verbs --device rxe0 --app sherman --workload e --keys 20000 --verify --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --smart all --quiet --json $OUT/btree.json'
 )
-scripts/softroce-vm.sh "${args[@]}" --out "$out" --timeout 900 "${cmds[@]}"
+scripts/softroce-vm.sh "${args[@]}" --out "$out" --timeout 900 --cmd-timeout 300 "${cmds[@]}"
 
 python3 - "$out" <<'PY'
 import json, os, sys

@@ -22,6 +22,9 @@
 #   --out DIR      where logs and records land (default target/softroce/out);
 #                  command N's output is DIR/N.log, its exit status DIR/N.rc
 #   --timeout S    host-side bound on the VM's whole life (default 900)
+#   --cmd-timeout S  bound on each command (default 300): past it, the
+#                  command's process group gets SIGTERM, 10 s later SIGKILL,
+#                  its status is 124, and the next command runs
 #   --no-build     use the binaries of the last build
 #   --smp N --mem SIZE   guest CPUs and memory (default 2 and 4G)
 #
@@ -41,6 +44,7 @@ say() { echo "softroce-vm: $*"; }
 cmds=()
 out=target/softroce/out
 vm_timeout=900
+cmd_timeout=300
 build=1
 smp=2
 mem=4G
@@ -55,6 +59,7 @@ while [ $# -gt 0 ]; do
         shift 2 ;;
     --out) [ $# -ge 2 ] || usage; out=$2; shift 2 ;;
     --timeout) [ $# -ge 2 ] || usage; vm_timeout=$2; shift 2 ;;
+    --cmd-timeout) [ $# -ge 2 ] || usage; cmd_timeout=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --smp) [ $# -ge 2 ] || usage; smp=$2; shift 2 ;;
     --mem) [ $# -ge 2 ] || usage; mem=$2; shift 2 ;;
@@ -66,6 +71,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#cmds[@]} -gt 0 ] || { echo "softroce-vm: no command to run" >&2; usage; }
 case $vm_timeout in ''|*[!0-9]*) echo "softroce-vm: --timeout takes whole seconds" >&2; exit 2 ;; esac
+case $cmd_timeout in ''|0|*[!0-9]*) echo "softroce-vm: --cmd-timeout takes whole seconds (at least 1)" >&2; exit 2 ;; esac
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
 
@@ -194,13 +200,14 @@ chmod +x "$ird/init"
 
 # --- 4. The guest's side: Soft-RoCE set-up, the commands, their statuses -------
 printf '%s\n' "${cmds[@]}" >"$share/commands"
+echo "$cmd_timeout" >"$share/cmd-timeout"
 # The guest's helpers (with-blade, ...) join the executables.
 for f in scripts/softroce/*; do cp "$f" "$share/bin/"; chmod +x "$share/bin/$(basename "$f")"; done
 cat >"$share/guest-run" <<'RUN'
 set -u
 export OUT=/share/out SMART_RDMA_DEVICE=rxe0 HOME=/tmp RUST_BACKTRACE=1
 ulimit -l unlimited
-echo "guest: kernel $(uname -r), $(nproc) CPUs"
+echo "guest: kernel $(uname -r), $(nproc) CPUs, clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 ip link set lo up
 ip link set dummy0 up
 ip addr add 10.0.0.1/24 dev dummy0
@@ -224,13 +231,23 @@ else
   echo 1 >/share/out/setup.rc
   exit 1
 fi
+ct=$(cat /share/cmd-timeout)
 n=0
 while IFS= read -r cmd; do
   n=$((n + 1))
   echo "guest: [$n] $cmd"
   start=$(cut -d' ' -f1 /proc/uptime)
-  ( cd /tmp && sh -c "$cmd" ) </dev/null >/share/out/$n.log 2>&1
+  # Its own process group (setsid), so that a command past its time-out
+  # is stopped with everything it started (blades included).
+  ( cd /tmp && exec setsid sh -c "$cmd" ) </dev/null >/share/out/$n.log 2>&1 &
+  cpid=$!
+  ( sleep "$ct"; touch /tmp/timed-out.$n; echo "guest: [$n] still running after ${ct}s: SIGTERM to its processes"
+    kill -TERM -- -$cpid 2>/dev/null; sleep 10; kill -KILL -- -$cpid 2>/dev/null ) &
+  watch=$!
+  wait $cpid
   rc=$?
+  kill $watch 2>/dev/null
+  [ -e /tmp/timed-out.$n ] && rc=124
   echo $rc >/share/out/$n.rc
   end=$(cut -d' ' -f1 /proc/uptime)
   echo "guest: [$n] exit $rc after $(awk "BEGIN{print $end - $start}") s"
@@ -246,10 +263,15 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# clocksource=tsc tsc=reliable: the guest kernel finds TCG's TSCs
+# unsynchronized and would keep time with the emulated hpet, making every
+# clock read a system call and a device read. The runtimes read the clock
+# often enough that a race-ht load then ran ~30x slower (and stalled for
+# minutes with one thread). The TSC is read without a system call.
 timeout --kill-after=10 "$vm_timeout" qemu-system-x86_64 \
   -accel tcg,thread=multi,tb-size=512 -cpu max -smp "$smp" -m "$mem" \
   -kernel "/boot/vmlinuz-$kver" -initrd "$work/initramfs.cpio.gz" \
-  -append "console=ttyS0 panic=-1 loglevel=4" \
+  -append "console=ttyS0 panic=-1 loglevel=4 clocksource=tsc tsc=reliable" \
   -nic none -no-reboot -display none -monitor none -serial "file:$share/out/console.log" \
   -virtfs "local,path=$share,mount_tag=share,security_model=none,id=share" &
 qemu_pid=$!

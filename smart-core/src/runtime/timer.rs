@@ -138,4 +138,21 @@ mod tests {
         while short.as_mut().poll(&mut cx).is_pending() {}
         assert_eq!(ctx.0.timers.len(), 0, "finished: nothing left to fire");
     }
+
+    #[test]
+    fn a_sleeper_wakes_on_time_while_its_thread_only_idles() {
+        // Nothing but the sleep: every round is idle, and the executor reads
+        // the clock on every 16th of them only; the timer must still fire.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let t = EmbeddedTransport::new(1, 1 << 20).unwrap();
+            let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+            let ctx = rt.ctx();
+            let t0 = std::time::Instant::now();
+            rt.block_on(async move { ctx.sleep_ns(2_000_000).await });
+            tx.send(t0.elapsed()).unwrap();
+        });
+        let slept = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the sleep ended");
+        assert!(slept >= std::time::Duration::from_millis(2), "{slept:?}");
+    }
 }
