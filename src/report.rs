@@ -11,10 +11,35 @@ use crate::config::Session;
 /// `--version`: the crate version and the git commit it was built from.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SMART_RS_COMMIT"), ")");
 
+/// The kernel's clocksource (`tsc`, `kvm-clock`, `hpet`, ...), if sysfs
+/// tells.
+pub fn clocksource() -> Option<String> {
+    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .ok()
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty())
+}
+
+/// Clocksources that user space cannot read without a system call (and a
+/// device read, under emulation): every clock read of the runtimes is then
+/// one, which slows them down (see README, "The guest's clock").
+pub const SLOW_CLOCKSOURCES: [&str; 5] = ["hpet", "acpi_pm", "pit", "jiffies", "refined-jiffies"];
+
+/// The warning for a slow clocksource `c`, if it is one.
+pub fn slow_clock_warning(c: &str) -> Option<String> {
+    SLOW_CLOCKSOURCES.contains(&c).then(|| {
+        format!(
+            "compute-blade: the kernel keeps time with {c}, not the TSC: every clock read is a system call, \
+             and throughput will be lower (see README, 'The guest's clock')"
+        )
+    })
+}
+
 /// Where a record came from: the command line, the build (commit and
-/// features), the host and its cores, the date (UTC), and the hash of the
-/// cluster file the launcher ran it from (`SMART_RS_CLUSTER_SHA256`, set by
-/// `scripts/cluster`; null when run by hand).
+/// features), the host, its cores and clocksource, the date (UTC), and the
+/// hash of the cluster file the launcher ran it from
+/// (`SMART_RS_CLUSTER_SHA256`, set by `scripts/cluster`; null when run by
+/// hand).
 pub fn provenance() -> Value {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -33,6 +58,7 @@ pub fn provenance() -> Value {
         "features": features,
         "host": host,
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "clocksource": clocksource(),
         "pid": std::process::id(),
         "date": utc_date(now.as_secs()),
         "cluster_file_sha256": std::env::var("SMART_RS_CLUSTER_SHA256").ok(),
@@ -163,7 +189,17 @@ pub fn emit(rec: &Value, to: Option<&std::path::Path>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::utc_date;
+    use super::{slow_clock_warning, utc_date};
+
+    #[test]
+    fn only_clocksources_read_by_system_call_are_warned_about() {
+        for c in ["hpet", "acpi_pm", "jiffies"] {
+            assert!(slow_clock_warning(c).is_some_and(|w| w.contains(c)), "{c}");
+        }
+        for c in ["tsc", "kvm-clock", "arch_sys_counter", "hyperv_clocksource_tsc_page"] {
+            assert_eq!(slow_clock_warning(c), None, "{c}");
+        }
+    }
 
     #[test]
     fn dates_are_civil_utc() {

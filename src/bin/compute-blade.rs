@@ -18,6 +18,9 @@ fn main() -> Result<()> {
         return smart::report::emit(&smart::merge::merge_files(&m.records)?, m.json.as_deref());
     }
     let mut cfg = Config::from_cli(&cli)?;
+    if let Some(w) = smart::report::clocksource().as_deref().and_then(smart::report::slow_clock_warning) {
+        eprintln!("{w}");
+    }
     // SIGINT or SIGTERM stops the run cleanly: coroutines finish their
     // current operation, the summary and the record of what ran are written,
     // and the exit status is 130.

@@ -73,6 +73,8 @@ fn two_compute_blades_meet_at_a_barrier_and_their_records_merge_exactly() {
         assert!(p["command"].as_array().unwrap().len() > 2, "{p}");
         assert!(p["commit"].as_str().unwrap().len() >= 7, "{p}");
         assert!(p["cores"].as_u64().unwrap() >= 1 && p["date"].as_str().unwrap().ends_with('Z'), "{p}");
+        // The clocksource, as sysfs names it (null where it does not).
+        assert_eq!(p["clocksource"].as_str().map(String::from), smart::report::clocksource(), "{p}");
     }
     assert_eq!(a["provenance"]["command"][1], "ycsb");
     // A barrier used again by the next pair of processes: a new generation.
