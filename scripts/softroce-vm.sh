@@ -246,8 +246,13 @@ while IFS= read -r cmd; do
   watch=$!
   wait $cpid
   rc=$?
-  kill $watch 2>/dev/null
-  [ -e /tmp/timed-out.$n ] && rc=124
+  if [ -e /tmp/timed-out.$n ]; then
+    # Past its time-out: let the watchdog SIGKILL what outlived SIGTERM.
+    wait $watch
+    rc=124
+  else
+    kill $watch 2>/dev/null
+  fi
   echo $rc >/share/out/$n.rc
   end=$(cut -d' ' -f1 /proc/uptime)
   echo "guest: [$n] exit $rc after $(awk "BEGIN{print $end - $start}") s"

@@ -120,10 +120,14 @@ struct Item {
 }
 
 impl Step {
-    /// Whether this step is a round trip.
+    /// Whether this step is a round trip (exhaustive, like [`Item::room`]
+    /// and [`Item::push`], so that a new step is placed in all three).
     #[inline]
     fn trip(self) -> bool {
-        matches!(self, Step::Fetch | Step::Probe { .. } | Step::Lock | Step::Bucket { .. })
+        match self {
+            Step::Fetch | Step::Probe { .. } | Step::Lock | Step::Bucket { .. } => true,
+            Step::Start | Step::Extend { .. } | Step::Done => false,
+        }
     }
 }
 
@@ -423,8 +427,8 @@ impl Txn {
                 };
             }
         }
+        let lw = self.lock_word();
         loop {
-            let lw = self.owner.lock_word(self.seq);
             let mut pending =
                 (self.executed..self.n).filter(|&i| !matches!(self.items[i].step, Step::Start | Step::Done));
             let one = match (pending.next(), pending.next()) {
@@ -663,7 +667,7 @@ impl Txn {
             return Ok(());
         }
         let ctx = self.d.0.ctx.clone();
-        let lw = self.owner.lock_word(self.seq);
+        let lw = self.lock_word();
         let mut round = Round::new(&ctx);
         let mut cases = [None; 4 * log::MAX_WRITES];
         for (i, it) in self.items[..self.n].iter().enumerate() {
@@ -825,7 +829,7 @@ impl Txn {
         // context and the database while `self` is borrowed.
         let d = self.d.clone();
         let (ctx, db) = (&d.0.ctx, &*d.0.db);
-        let lw = self.owner.lock_word(self.seq);
+        let lw = self.lock_word();
         let rb_max = layout::record_bytes(db.max_value);
         self.images.resize(self.n * MAX_REPLICAS * rb_max, 0);
         for (i, it) in self.items[..self.n].iter().enumerate() {

@@ -68,8 +68,8 @@ const SAME_ROUND_PASSES: usize = 16;
 /// In a run of idle rounds (no completion, no task ran), the clock is read
 /// on every this many-th round only. A clock read is ~20 cycles with a
 /// usable TSC, but a system call where the kernel's clocksource is not the
-/// TSC (`hpet`, `xen`, `acpi_pm`: common in VMs, and under emulation an
-/// emulated device read): there, reading it on every spin of the poll loop
+/// TSC (`hpet`, `acpi_pm`: in some VMs, and under emulation an emulated
+/// device read): there, reading it on every spin of the poll loop
 /// took the CPU from the work (a race-ht load over Soft-RoCE under qemu
 /// ran ~30x slower than with the TSC). Timers and the request time-out see
 /// a clock at most this many idle rounds old.
