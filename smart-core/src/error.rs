@@ -70,8 +70,8 @@ pub enum Error {
     BatchSpansBlades(u16, u16),
     /// The blade's heap is exhausted.
     #[error(
-        "memory blade {blade} is out of memory: asked {bytes} bytes of a {size}-byte blade whose heap is used up \
-         (start it with a larger --size, or a larger --blade-size for embedded blades)"
+        "memory blade {blade} is out of memory: asked {bytes} bytes, more than is left of the heap of a \
+         {size}-byte blade (start it with a larger --size, or a larger --blade-size for embedded blades)"
     )]
     OutOfMemory {
         /// Which blade.
