@@ -2,7 +2,10 @@
 # This tree against a baseline commit on any `compute-blade` run: the two
 # binaries alternate for ROUNDS rounds (so both see the same machine, whose
 # speed drifts by tens of percent between hours here), and the script
-# prints each round, the medians and the median of the per-round ratios.
+# prints each round, the medians, the median of the per-round ratios, their
+# range, and a sign test of how many rounds this tree won (p near 1: no
+# evidence either way; an A/A run of one commit against itself shows this
+# machine's noise).
 # What it compares: committed transactions per second for smallbank and
 # tatp, operations per second otherwise; and verbs per second.
 #
@@ -31,8 +34,12 @@ build_base "$base_rev" target/ab-base compute-blade
 old=$base/compute-blade
 new=$new/compute-blade
 
+# The order alternates between rounds (base first in odd rounds, this tree
+# first in even ones), so that a drift within a round favours neither.
 for r in $(seq "$rounds"); do
-  for v in base tree; do
+  order="base tree"
+  [ $((r % 2)) = 0 ] && order="tree base"
+  for v in $order; do
     bin=$new
     [ "$v" = base ] && bin=$old
     "$bin" "$@" --quiet --json "$out/run-$v-$r.json" >/dev/null
@@ -58,5 +65,12 @@ print(f"| **median** | {med(a for (a, _), _ in rows):,.0f} | {med(b for _, (b, _
       f"**{med(b / a for (a, _), (b, _) in rows):.3f}** | {med(va for (_, va), _ in rows):,.0f} | "
       f"{med(vb for _, (_, vb) in rows):,.0f} |")
 faster = sum(b > a for (a, _), (b, _) in rows)
-print(f"\nthis tree ÷ {base}: median of {rounds} per-round ratios; faster in {faster} of {rounds} rounds")
+ratios = [b / a for (a, _), (b, _) in rows]
+# Two-sided sign test: how likely so lopsided a count of faster rounds is
+# when the two builds are equally fast (each round a coin flip).
+from math import comb
+k = min(faster, rounds - faster)
+p = min(1.0, 2 * sum(comb(rounds, i) for i in range(k + 1)) / 2 ** rounds)
+print(f"\nthis tree ÷ {base}: median of {rounds} per-round ratios; faster in {faster} of {rounds} rounds "
+      f"(sign test p = {p:.2f}); per-round ratios {min(ratios):.3f} to {max(ratios):.3f}")
 PY
