@@ -49,6 +49,7 @@ done
 
 python3 - "$out" "$rounds" "$base_rev" <<'PY'
 import json, statistics, sys
+from math import comb
 out, rounds, base = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def load(v, r):
     t = json.load(open(f"{out}/run-{v}-{r}.json"))
@@ -68,7 +69,6 @@ faster = sum(b > a for (a, _), (b, _) in rows)
 ratios = [b / a for (a, _), (b, _) in rows]
 # Two-sided sign test: how likely so lopsided a count of faster rounds is
 # when the two builds are equally fast (each round a coin flip).
-from math import comb
 k = min(faster, rounds - faster)
 p = min(1.0, 2 * sum(comb(rounds, i) for i in range(k + 1)) / 2 ** rounds)
 print(f"\nthis tree ÷ {base}: median of {rounds} per-round ratios; faster in {faster} of {rounds} rounds "

@@ -50,6 +50,9 @@ cmds=(
   'with-blade --size 256MiB -- compute-blade tatp --blades {blade} --transport verbs --device rxe0 --replicas 1 --subscribers 5000 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/tatp.json'
   # 14: YCSB e over the B+tree, scans verified, speculation on
   'with-blade --size 256MiB -- compute-blade ycsb --blades {blade} --transport verbs --device rxe0 --app sherman --workload e --keys 20000 --verify --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --smart all --quiet --json $OUT/btree.json'
+  # 15: nothing the earlier commands or their watchdogs started is left:
+  # the one `sleep` is this command's own watchdog's.
+  'n=$(for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && echo $p; done | wc -l); echo "sleeps: $n"; [ "$n" = 1 ]'
 )
 scripts/softroce-vm.sh "${args[@]}" --out "$out" --timeout 900 "${cmds[@]}"
 
@@ -97,4 +100,5 @@ fi
 echo "softroce-ci: blade region and local buffers registered on 2 MiB huge pages"
 echo "softroce-ci: every record names the clocksource tsc"
 grep -h "ended .* after the blade died" "$out/11.log" | sed 's/^/softroce-ci: /'
+echo "softroce-ci: no watchdog or command left running in the guest"
 echo "softroce-ci: passed"

@@ -241,8 +241,11 @@ while IFS= read -r cmd; do
   # is stopped with everything it started (blades included).
   ( cd /tmp && exec setsid sh -c "$cmd" ) </dev/null >/share/out/$n.log 2>&1 &
   cpid=$!
-  ( sleep "$ct"; touch /tmp/timed-out.$n; echo "guest: [$n] still running after ${ct}s: SIGTERM to its processes"
-    kill -TERM -- -$cpid 2>/dev/null; sleep 10; kill -KILL -- -$cpid 2>/dev/null ) &
+  # The watchdog in a process group of its own as well, so that stopping it
+  # stops its sleep too (a killed subshell left its sleep running).
+  setsid sh -c 'sleep "$1"; touch /tmp/timed-out.$3
+    echo "guest: [$3] still running after $1s: SIGTERM to its processes"
+    kill -TERM -- -"$2" 2>/dev/null; sleep 10; kill -KILL -- -"$2" 2>/dev/null' watchdog "$ct" "$cpid" "$n" &
   watch=$!
   wait $cpid
   rc=$?
@@ -251,7 +254,7 @@ while IFS= read -r cmd; do
     wait $watch
     rc=124
   else
-    kill $watch 2>/dev/null
+    kill -- -$watch 2>/dev/null
   fi
   echo $rc >/share/out/$n.rc
   end=$(cut -d' ' -f1 /proc/uptime)

@@ -66,7 +66,7 @@ impl Wake for TaskWaker {
 const SAME_ROUND_PASSES: usize = 16;
 
 /// In a run of idle rounds (no completion, no task ran), the clock is read
-/// on every this many-th round only. A clock read is ~20 cycles with a
+/// on every this many-th round only. A clock read is tens of cycles with a
 /// usable TSC, but a system call where the kernel's clocksource is not the
 /// TSC (`hpet`, `acpi_pm`: in some VMs, and under emulation an emulated
 /// device read): there, reading it on every spin of the poll loop
