@@ -304,7 +304,7 @@ pub struct SmallbankArgs {
     /// Options of every subcommand.
     #[command(flatten)]
     pub common: Common,
-    /// Accounts.
+    /// Accounts (1 to 2^40).
     #[arg(long, default_value_t = 100_000)]
     pub accounts: u64,
     /// Hot accounts, drawn with probability 90%.
@@ -330,7 +330,7 @@ pub struct TatpArgs {
     /// Options of every subcommand.
     #[command(flatten)]
     pub common: Common,
-    /// Subscribers.
+    /// Subscribers (1 to 2^40).
     #[arg(long, default_value_t = 100_000)]
     pub subscribers: u64,
     /// Transaction mix: a percentage per type in report order

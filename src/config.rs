@@ -76,7 +76,7 @@ impl Blades {
     pub fn connect(&self) -> Result<Arc<dyn Transport>> {
         Ok(match self {
             Blades::Embedded { count, size } => {
-                Arc::new(EmbeddedTransport::new(*count, *size).context("creating the embedded blade")?)
+                Arc::new(EmbeddedTransport::new(*count, *size).context("creating the embedded blades")?)
             }
             Blades::Remote { addrs, link: Link::Tcp } => {
                 Arc::new(TcpTransport::connect(addrs).context("connecting to the memory blades")?)
@@ -214,8 +214,8 @@ impl Config {
                 Ok(Config { session: Session::resolve(&a.common)?, job })
             }
             Cmd::Smallbank(a) => {
-                if a.accounts == 0 || a.hot == 0 || a.hot > a.accounts {
-                    bail!("--accounts must be at least 1 and --hot 1 to --accounts");
+                if a.accounts == 0 || a.accounts > 1 << 40 || a.hot == 0 || a.hot > a.accounts {
+                    bail!("--accounts must be 1 to 2^40 and --hot 1 to --accounts");
                 }
                 let w = DtxWorkload::SmallBank(smallbank_tatp::SmallBank {
                     accounts: a.accounts,
@@ -326,7 +326,14 @@ impl Session {
             if count == 0 || count > smart_core::addr::MAX_BLADES {
                 bail!("--embedded-blades must be 1 to {}", smart_core::addr::MAX_BLADES);
             }
-            Blades::Embedded { count, size: c.blade_size.unwrap_or(256 << 20) }
+            let size = c.blade_size.unwrap_or(256 << 20);
+            if size <= smart_core::layout::HEAP_START {
+                bail!(
+                    "--blade-size {size} is too small: a memory blade needs more than {} bytes (its superblock, then the heap)",
+                    smart_core::layout::HEAP_START
+                );
+            }
+            Blades::Embedded { count, size }
         } else {
             if c.blade_size.is_some() || c.embedded_blades.is_some() {
                 bail!("--blade-size and --embedded-blades apply to embedded blades only, not with --blades");
@@ -451,8 +458,8 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
     if !a.uniform && !zipf_ok {
         bail!("--zipf must be a positive number other than 1 (the paper uses 0.99)");
     }
-    if a.keys == 0 {
-        bail!("--keys must be at least 1");
+    if a.keys == 0 || a.keys > 1 << 40 {
+        bail!("--keys must be 1 to 2^40");
     }
     if a.key_size < 8 || a.value_size < 8 {
         bail!("--key-size and --value-size must be ≥ 8");
@@ -471,8 +478,8 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
     if a.key_size.saturating_add(a.value_size) > max {
         bail!("--key-size + --value-size must be at most {max} bytes (the largest entry the index stores)");
     }
-    if a.capacity == Some(0) {
-        bail!("--capacity must be at least 1");
+    if a.capacity.is_some_and(|c| c == 0 || c > 1 << 40) {
+        bail!("--capacity must be 1 to 2^40");
     }
     if a.table.is_empty() {
         bail!("--table must not be empty");

@@ -203,7 +203,12 @@ impl Db {
         let mut tables = Vec::new();
         for (t, ts) in spec.tables.iter().enumerate() {
             let buckets = buckets_for(ts.rows);
-            let bytes = buckets * layout::bucket_bytes(ts.value_size);
+            let Some(bytes) = buckets.checked_mul(layout::bucket_bytes(ts.value_size)) else {
+                return Err(DtxError::Config(format!(
+                    "table {}: {} rows need more than 2^64 bytes of buckets",
+                    ts.name, ts.rows
+                )));
+            };
             let mut base = [GlobalAddr::NULL; MAX_REPLICAS];
             for (r, b) in base.iter_mut().enumerate().take(spec.replicas) {
                 *b = ctx.alloc(((t + r) % n) as u16, bytes, 64).await?;

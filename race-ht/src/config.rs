@@ -17,7 +17,7 @@ impl RaceConfig {
     /// beyond that by splitting subtables).
     pub fn for_keys(keys: u64) -> RaceConfig {
         // 3 buckets × 7 slots per group; aim for 2× headroom.
-        let groups_total = (keys * 2).div_ceil(21).max(16);
+        let groups_total = keys.saturating_mul(2).div_ceil(21).max(16);
         let depth = (groups_total / 4096).next_power_of_two().trailing_zeros().min(12);
         RaceConfig { depth, groups: groups_total.div_ceil(1 << depth).max(4) }
     }

@@ -63,13 +63,38 @@ impl LinePacer for NoPause {
     }
 }
 
+/// The memory the kernel reports available (`MemAvailable` of
+/// `/proc/meminfo`), in bytes; `None` where it does not say.
+#[cfg(target_os = "linux")]
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 impl Region {
     /// An anonymous, zero-filled region of `size` bytes.
     ///
     /// # Errors
-    /// If the mapping fails.
+    /// If the mapping fails, or (on Linux) `size` is more than the memory
+    /// the kernel says is available: every page is populated up front, and
+    /// populating more than that would wake the OOM killer (which may kill
+    /// another process) instead of failing here.
     pub fn anonymous(size: u64) -> io::Result<Region> {
         let len = usize::try_from(size).map_err(|_| io::Error::other("size too large"))?;
+        #[cfg(target_os = "linux")]
+        if let Some(avail) = mem_available() {
+            if size > avail {
+                return Err(io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    format!(
+                        "{size} bytes asked, more than the {avail} bytes of memory available \
+                         (MemAvailable in /proc/meminfo): the region is populated up front"
+                    ),
+                ));
+            }
+        }
         let map = MmapOptions::new().len(len.max(1)).map_anon()?;
         // Transparent huge pages where the system allows them (RNIC drivers
         // register blade memory on huge pages too): a blade's random
@@ -484,6 +509,19 @@ mod tests {
         fn reverse_read(&mut self) -> bool {
             self.reverse
         }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_region_larger_than_the_available_memory_is_refused() {
+        // 256 TiB: above any machine's available memory, and above the
+        // user address space, so that the mapping fails even if the check
+        // did not (nothing is populated either way).
+        let e = Region::anonymous(1 << 48).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::OutOfMemory, "{e}");
+        let m = e.to_string();
+        assert!(m.contains("281474976710656 bytes asked, more than the") && m.contains("MemAvailable"), "{m}");
+        assert!(mem_available().is_some_and(|a| a > 0));
     }
 
     #[test]

@@ -230,6 +230,14 @@ fn bad_arguments_fail_with_a_message() {
         (&["ycsb", "--key-size", "8KiB", "--value-size", "8KiB"], "at most 16116"),
         (&["ycsb", "--workload", "e"], "range scans"),
         (&["micro", "--blade-size", "1MiB"], "larger --blade-size"),
+        (&["micro", "--blade-size", "0"], "--blade-size 0 is too small"),
+        (&["micro", "--area", "18446744073709551615"], "asked 18446744073709551615 bytes"),
+        // (Above any test machine's memory: refused before anything is
+        // mapped.)
+        (&["micro", "--blade-size", "200TiB"], "memory blade 0 (embedded): 219902325555200 bytes asked, more than"),
+        (&["ycsb", "--keys", "18446744073709551615"], "--keys must be 1 to 2^40"),
+        (&["ycsb", "--capacity", "1099511627777"], "--capacity must be 1 to 2^40"),
+        (&["tatp", "--blade-size", "4KiB"], "--blade-size 4096 is too small"),
         (&["micro", "--request-timeout=-1"], "--request-timeout"),
     ];
     for (args, needle) in cases {
@@ -309,6 +317,12 @@ fn a_blade_refuses_bad_backing_files_and_sizes_without_leaving_files_behind() {
         assert!(err.contains("too small") && err.contains("more than 4096"), "{size}: {err}");
         assert!(!err.contains("listening"), "the message names the size, not the listener: {err}");
     }
+    // More than the machine has: refused up front, not populated until the
+    // OOM killer steps in.
+    let out = Command::new(BLADE).args(["--listen", "127.0.0.1:0", "--size", "200TiB"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("219902325555200 bytes asked, more than the") && err.contains("available"), "{err}");
 }
 
 #[test]

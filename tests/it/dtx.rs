@@ -125,6 +125,7 @@ fn bad_transaction_arguments_fail_with_a_message() {
             "--replicas 3 needs at least as many memory blades",
         ),
         (&["smallbank", "--accounts", "10", "--hot", "20"][..], "--hot 1 to --accounts"),
+        (&["smallbank", "--accounts", "18446744073709551615"][..], "--accounts must be 1 to 2^40"),
         (&["smallbank", "--lease", "0"][..], "--lease"),
         (&["tatp", "--replicas", "5"][..], "--replicas must be 1 to 4"),
         (&["tatp", "--subscribers", "0"][..], "--subscribers"),

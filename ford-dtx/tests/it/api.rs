@@ -118,6 +118,12 @@ fn any_number_of_blades_at_least_the_replicas() {
     let s = spec("k3", &[8], 8, 3);
     let e = rt.block_on(async move { ford_dtx::db::Db::create(&ctx, &s).await }).unwrap_err();
     assert!(e.to_string().contains("3 replicas over 2 memory blades"), "{e}");
+    // So is a table whose bucket array's size does not fit 64 bits (an
+    // error, not an overflow that would wrap to a small allocation).
+    let s = spec("huge", &[8], u64::MAX, 1);
+    let ctx = rt.ctx();
+    let e = rt.block_on(async move { ford_dtx::db::Db::create(&ctx, &s).await }).unwrap_err();
+    assert!(e.to_string().contains("table t0: 18446744073709551615 rows need more than 2^64 bytes"), "{e}");
 }
 
 #[test]

@@ -28,6 +28,21 @@ fn a_second_client_opens_the_same_table() {
     });
 }
 
+#[test]
+fn a_table_too_large_to_address_is_refused_with_a_message() {
+    let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        // Sized for 2^64 - 1 keys: no overflow on the way, and subtables
+        // larger than a blade's 40-bit offsets reach are refused.
+        let cfg = race_ht::RaceConfig::for_keys(u64::MAX);
+        let e = RaceHt::create(&ctx, "huge", cfg).await.unwrap_err().to_string();
+        assert!(e.contains("groups per subtable: more than the 1099511627776 bytes a blade addresses"), "{e}");
+        assert!(RaceHt::open(&ctx, "huge").await.is_err(), "nothing was created");
+    });
+}
+
 /// A runtime on `t` with speculative search (and updates) on.
 fn speculating(t: &EmbeddedTransport) -> Runtime {
     let smart = SmartConfig { spec_lookup: true, ..SmartConfig::default() };

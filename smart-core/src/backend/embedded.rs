@@ -87,8 +87,10 @@ impl EmbeddedTransport {
     /// If mapping fails or `size` cannot hold a superblock.
     pub fn new(blades: usize, size: u64) -> Result<Self> {
         let regions = (0..blades)
-            .map(|_| {
-                Region::anonymous(size).map(Arc::new).map_err(|e| Error::Io { peer: "embedded blade".into(), cause: e })
+            .map(|b| {
+                Region::anonymous(size)
+                    .map(Arc::new)
+                    .map_err(|e| Error::Io { peer: format!("{b} (embedded)"), cause: e })
             })
             .collect::<Result<Vec<_>>>()?;
         Self::from_regions(regions)

@@ -36,7 +36,9 @@ impl Ctx {
         let oom = || Error::OutOfMemory { blade, bytes: size, size: info.size };
         let heap = GlobalAddr::new(blade, layout::OFF_HEAP);
         if size > chunk / 4 {
-            let take = size.next_multiple_of(4096);
+            // (A size within a page of 2^64 has no page-rounded length: it
+            // fits no blade.)
+            let take = size.checked_next_multiple_of(4096).ok_or_else(oom)?;
             let mut cur = self.read_u64(heap).await?;
             loop {
                 let end = cur.checked_add(take).filter(|e| *e <= info.size).ok_or_else(oom)?;

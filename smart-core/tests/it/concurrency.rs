@@ -133,6 +133,12 @@ fn allocation_reports_out_of_memory() {
         let m = e.to_string();
         assert!(m.contains("out of memory") && m.contains("asked 67108864 bytes"), "{m}");
         assert!(m.contains(&format!("of a {}-byte blade", backends::DEFAULT_BLADE_BYTES)), "{m}");
+        // Sizes whose page-rounded length overflows 64 bits are refused
+        // too (rounded, they wrapped to 0 and were granted).
+        for size in [u64::MAX, u64::MAX - 4095, (u64::MAX - 4095) + 1] {
+            let e = ctx.alloc(0, size, 8).await.unwrap_err();
+            assert!(e.to_string().contains(&format!("asked {size} bytes")), "{size}: {e}");
+        }
         let mut n = 0u64;
         while ctx.alloc(0, 4096, 8).await.is_ok() {
             n += 1;
