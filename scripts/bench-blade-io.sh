@@ -12,6 +12,8 @@ secs=${2:-2}
 out=${OUT:-results/blade-io}
 mkdir -p "$out"
 . scripts/lib.sh
+need_rev "$base_rev"
+need_seconds SECONDS "$secs"
 build_base "$base_rev" target/hotpath-base compute-blade memory-blade
 wt=target/hotpath-base
 

@@ -18,6 +18,11 @@ rounds=${4:-1}
 backends=${5:-"embedded tcp"}
 out=${OUT:-results/btree}
 . scripts/lib.sh
+need_seconds SECONDS "$secs"
+need_count KEYS "$keys"
+need_words WORKLOADS "$workloads" a b c d e f update-only
+need_count ROUNDS "$rounds"
+need_words BACKENDS "$backends" embedded tcp
 prepare "$out"
 rm -f "$out"/*.json
 start_blade "$out" --size 1GiB

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-5}
 out=${OUT:-results/conflict}
 . scripts/lib.sh
+need_seconds SECONDS "$secs"
 prepare "$out"
 start_blade "$out" --size 64MiB
 addr=$BLADE_ADDR

@@ -22,6 +22,9 @@ backends=${2:-embedded tcp}
 rounds=${3:-3}
 out=${OUT:-results/dtx}
 . scripts/lib.sh
+need_seconds SECONDS "$secs"
+need_words BACKENDS "$backends" embedded tcp
+need_count ROUNDS "$rounds"
 prepare "$out"
 trap kill_blades EXIT
 rm -f "$out"/*.json

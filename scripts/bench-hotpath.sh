@@ -27,6 +27,9 @@ mkdir -p "$out"
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 
 . scripts/lib.sh
+need_rev "$base_rev"
+need_count ROUNDS "$rounds"
+need_seconds SECONDS "$secs"
 build_base "$base_rev" target/hotpath-base compute-blade
 old=$base/compute-blade
 new=$new/compute-blade

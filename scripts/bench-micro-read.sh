@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-5}
 out=${OUT:-results/micro-read}
 . scripts/lib.sh
+need_seconds SECONDS "$secs"
 prepare "$out"
 
 for t in 1 2; do

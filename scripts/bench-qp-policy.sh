@@ -12,6 +12,7 @@ secs=${1:-3}
 dbs=${DOORBELLS:-2:2}
 out=${OUT:-results/qp-policy}
 . scripts/lib.sh
+need_seconds SECONDS "$secs"
 prepare "$out"
 start_blade "$out" --size 256MiB
 addr=$BLADE_ADDR

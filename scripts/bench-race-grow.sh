@@ -13,6 +13,8 @@ secs=${1:-3}
 keys=${2:-2000000}
 out=${OUT:-results/race-grow}
 . scripts/lib.sh
+need_seconds SECONDS "$secs"
+need_count KEYS "$keys"
 prepare "$out"
 for backend in embedded tcp; do
   extra=(--blade-size 2GiB --embedded-blades 2)

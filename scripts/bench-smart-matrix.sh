@@ -26,6 +26,9 @@ secs=${2:-2}
 backends=${3:-embedded tcp}
 out=${OUT:-results/smart-matrix}
 . scripts/lib.sh
+need_count ROUNDS "$rounds"
+need_seconds SECONDS "$secs"
+need_words BACKENDS "$backends" embedded tcp
 prepare "$out"
 rm -f "$out"/*.json "$out"/*-order-*.txt
 techniques=(thd-res-alloc work-req-throt conflict-avoid spec-lookup all)

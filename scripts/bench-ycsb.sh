@@ -10,6 +10,8 @@ secs=${1:-5}
 keys=${2:-200000}
 out=${OUT:-results/ycsb}
 . scripts/lib.sh
+need_seconds SECONDS "$secs"
+need_count KEYS "$keys"
 prepare "$out"
 start_blade "$out" --size 2GiB
 addr=$BLADE_ADDR

@@ -101,3 +101,36 @@ build_base() {
   new=target/release
   base=$wt/target/release
 }
+
+# Argument checks, before anything is built or started: each prints what
+# was expected and exits 2.
+# need_seconds NAME VALUE: a positive number (e.g. 3 or 0.5).
+need_seconds() {
+  if ! [[ $2 =~ ^([0-9]+(\.[0-9]*)?|\.[0-9]+)$ ]] || ! awk -v s="$2" 'BEGIN { exit !(s > 0) }'; then
+    echo "$(basename "$0"): $1 must be a positive number of seconds, not \"$2\"" >&2
+    exit 2
+  fi
+}
+# need_count NAME VALUE: a positive whole number.
+need_count() {
+  if ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
+    echo "$(basename "$0"): $1 must be a positive whole number, not \"$2\"" >&2
+    exit 2
+  fi
+}
+# need_words NAME "VALUE" ALLOWED...: VALUE is one or more of ALLOWED.
+need_words() {
+  local name=$1 value=$2 w a ok
+  shift 2
+  [ -n "${value// /}" ] || { echo "$(basename "$0"): $name is empty (one or more of: $*)" >&2; exit 2; }
+  for w in $value; do
+    ok=0
+    for a in "$@"; do [ "$w" = "$a" ] && ok=1; done
+    [ $ok = 1 ] || { echo "$(basename "$0"): $name: \"$w\" is not one of: $*" >&2; exit 2; }
+  done
+}
+# need_rev REV: a commit this repository has.
+need_rev() {
+  git rev-parse --verify --quiet "$1^{commit}" >/dev/null ||
+    { echo "$(basename "$0"): no commit \"$1\" in this repository" >&2; exit 2; }
+}

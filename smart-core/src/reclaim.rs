@@ -133,6 +133,10 @@ pub struct ReclaimStats {
     pub bags_popped: u64,
     /// Advances of the global epoch this thread made.
     pub advances: u64,
+    /// Refreshes this thread made (every [`REFRESH_NS`] at most, each a
+    /// few verbs of its own: tests that count an operation's verbs exactly
+    /// measure windows without one).
+    pub refreshes: u64,
     /// Registry entries of dead clients this thread freed.
     pub expired: u64,
     /// Times this thread found it may have been taken for dead (its entry
@@ -149,6 +153,7 @@ impl std::ops::AddAssign for ReclaimStats {
         self.bags_pushed += o.bags_pushed;
         self.bags_popped += o.bags_popped;
         self.advances += o.advances;
+        self.refreshes += o.refreshes;
         self.expired += o.expired;
         self.lapses += o.lapses;
     }
@@ -487,7 +492,7 @@ impl Reclaimer {
     /// What this thread did so far.
     pub fn stats(&self) -> ReclaimStats {
         let st = self.0.borrow();
-        ReclaimStats { lapses: st.lapses, ..st.stats }
+        ReclaimStats { lapses: st.lapses, refreshes: st.refreshes, ..st.stats }
     }
 
     /// Reads the epochs, publishes this thread's, advances the global epoch

@@ -255,6 +255,30 @@ fn bad_arguments_fail_with_a_message() {
 }
 
 #[test]
+fn benchmark_scripts_refuse_bad_arguments_before_building_anything() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    for (script, args, says) in [
+        ("bench-dtx.sh", &["abc"][..], "SECONDS must be a positive number of seconds, not \"abc\""),
+        ("bench-dtx.sh", &["3", "embedded rdma"][..], "BACKENDS: \"rdma\" is not one of: embedded tcp"),
+        ("bench-dtx.sh", &["3", "embedded", "0"][..], "ROUNDS must be a positive whole number, not \"0\""),
+        ("bench-btree.sh", &["1", "100", "a z"][..], "WORKLOADS: \"z\" is not one of"),
+        ("bench-ycsb.sh", &["1", "2e5"][..], "KEYS must be a positive whole number, not \"2e5\""),
+        ("bench-smart-matrix.sh", &["2", "-1"][..], "SECONDS must be a positive number"),
+        ("bench-hotpath.sh", &["no-such-rev-of-smart-rs"][..], "no commit \"no-such-rev-of-smart-rs\""),
+    ] {
+        // (Bounded: a script that went on would build and run for minutes.)
+        let out = Command::new("timeout")
+            .args(["120", "bash", &format!("{root}/scripts/{script}")])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{script} {args:?}: {err}");
+        assert!(err.contains(says), "{script} {args:?}: {err}");
+    }
+}
+
+#[test]
 fn blade_flushes_its_backing_file_on_sigterm_and_restarts_with_the_data() {
     use smart_core::{Runtime, RuntimeConfig, TcpTransport};
     let file = tmp("backing");
