@@ -26,11 +26,12 @@ case $workload in
   smallbank) types=(amalgamate balance deposit_checking send_payment transact_savings write_check) ;;
   *) echo "usage: scripts/bench-dtx-types.sh [tatp|smallbank] [SECONDS] [ROUNDS] [THREADS] [COROUTINES]" >&2; exit 2 ;;
 esac
-for n in "$rounds" "$threads" "$coroutines"; do
-  case $n in '' | *[!0-9]* | 0) echo "ROUNDS, THREADS and COROUTINES must be positive numbers" >&2; exit 2 ;; esac
-done
 out=${OUT:-results/dtx-types}
 . scripts/lib.sh
+need_seconds SECONDS "$secs"
+need_count ROUNDS "$rounds"
+need_count THREADS "$threads"
+need_count COROUTINES "$coroutines"
 prepare "$out"
 rm -f "$out"/*.json "$out"/ir.txt
 common=(--threads "$threads" --coroutines "$coroutines" --duration "$secs" --warmup 1 --quiet)

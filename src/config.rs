@@ -265,6 +265,21 @@ fn parse_doorbells(s: &str) -> Result<DoorbellConfig> {
 }
 
 /// `--blades`: every address non-empty, none twice.
+/// Refuses a blade of `size` bytes (given by `flag`) too small for its
+/// superblock and a heap.
+///
+/// # Errors
+/// Naming the flag and the least size.
+pub fn check_blade_size(flag: &str, size: u64) -> Result<()> {
+    if size <= smart_core::layout::HEAP_START {
+        bail!(
+            "{flag} {size} is too small: a memory blade needs more than {} bytes (its superblock, then the heap)",
+            smart_core::layout::HEAP_START
+        );
+    }
+    Ok(())
+}
+
 fn check_blades(addrs: &[String]) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     for a in addrs {
@@ -327,12 +342,7 @@ impl Session {
                 bail!("--embedded-blades must be 1 to {}", smart_core::addr::MAX_BLADES);
             }
             let size = c.blade_size.unwrap_or(256 << 20);
-            if size <= smart_core::layout::HEAP_START {
-                bail!(
-                    "--blade-size {size} is too small: a memory blade needs more than {} bytes (its superblock, then the heap)",
-                    smart_core::layout::HEAP_START
-                );
-            }
+            check_blade_size("--blade-size", size)?;
             Blades::Embedded { count, size }
         } else {
             if c.blade_size.is_some() || c.embedded_blades.is_some() {

@@ -161,11 +161,7 @@ impl RaceHt {
                 ctx.blades().len()
             )));
         }
-        // A subtable is addressed within one blade, by offsets of at most
-        // 40 bits (the slots' KV pointers).
-        let fits =
-            cfg.groups.checked_mul(layout::GROUP_BUCKETS * layout::BUCKET).is_some_and(|b| b < layout::MAX_OFFSET);
-        if !fits {
+        if cfg.groups > layout::MAX_GROUPS {
             return Err(RaceError::Corrupt(format!(
                 "{name:?}: bad shape ({} groups per subtable: more than the {} bytes a blade addresses)",
                 cfg.groups,

@@ -97,6 +97,9 @@ pub const MAX_DEPTH: u32 = 20;
 pub const KV_HEADER: usize = 8;
 /// Largest offset a slot can hold (1 TiB per blade).
 pub const MAX_OFFSET: u64 = (1 << 40) - 1;
+/// Most bucket groups per subtable: a subtable (its buckets and split line,
+/// [`subtable_bytes`]) lies within the offsets a slot can hold.
+pub const MAX_GROUPS: u64 = (MAX_OFFSET + 1 - BUCKET) / (GROUP_BUCKETS * BUCKET);
 
 /// Offset in the subtable of main bucket `i`'s combined bucket.
 pub fn combined_offset(i: u64) -> u64 {

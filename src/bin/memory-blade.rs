@@ -20,12 +20,7 @@ fn main() -> Result<()> {
         anyhow::bail!("--max-connections must be at least 1");
     }
     if let Some(size) = args.size {
-        if size <= smart_core::layout::HEAP_START {
-            anyhow::bail!(
-                "--size {size} is too small: a memory blade needs more than {} bytes (its superblock, then the heap)",
-                smart_core::layout::HEAP_START
-            );
-        }
+        smart::config::check_blade_size("--size", size)?;
     }
     let verbs = link != Link::Tcp;
     #[cfg(not(feature = "verbs"))]
