@@ -264,7 +264,6 @@ fn parse_doorbells(s: &str) -> Result<DoorbellConfig> {
     Ok(DoorbellConfig { low_latency, medium })
 }
 
-/// `--blades`: every address non-empty, none twice.
 /// Refuses a blade of `size` bytes (given by `flag`) too small for its
 /// superblock and a heap.
 ///
@@ -280,6 +279,7 @@ pub fn check_blade_size(flag: &str, size: u64) -> Result<()> {
     Ok(())
 }
 
+/// `--blades`: every address non-empty, none twice.
 fn check_blades(addrs: &[String]) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     for a in addrs {
