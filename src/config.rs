@@ -214,8 +214,13 @@ impl Config {
                 Ok(Config { session: Session::resolve(&a.common)?, job })
             }
             Cmd::Smallbank(a) => {
-                if a.accounts == 0 || a.accounts > 1 << 40 || a.hot == 0 || a.hot > a.accounts {
-                    bail!("--accounts must be 1 to 2^40 and --hot 1 to --accounts");
+                if a.accounts == 0 || a.accounts > 1 << 40 {
+                    bail!("--accounts must be 1 to 2^40, not {}", a.accounts);
+                }
+                if a.hot == 0 || a.hot > a.accounts {
+                    // Named with both values: --hot has a default (4 000) that
+                    // a small --accounts alone falls under.
+                    bail!("--hot must be 1 to --accounts ({}), not {}", a.accounts, a.hot);
                 }
                 let w = DtxWorkload::SmallBank(smallbank_tatp::SmallBank {
                     accounts: a.accounts,
