@@ -214,9 +214,7 @@ impl Config {
                 Ok(Config { session: Session::resolve(&a.common)?, job })
             }
             Cmd::Smallbank(a) => {
-                if a.accounts == 0 || a.accounts > 1 << 40 {
-                    bail!("--accounts must be 1 to 2^40, not {}", a.accounts);
-                }
+                check_rows("--accounts", a.accounts)?;
                 if a.hot == 0 || a.hot > a.accounts {
                     // Named with both values: --hot has a default (4 000) that
                     // a small --accounts alone falls under.
@@ -231,9 +229,7 @@ impl Config {
                 dtx_config(&a.common, &a.dtx, &a.db, w)
             }
             Cmd::Tatp(a) => {
-                if a.subscribers == 0 || a.subscribers > 1 << 40 {
-                    bail!("--subscribers must be 1 to 2^40");
-                }
+                check_rows("--subscribers", a.subscribers)?;
                 let mix = mix(a.mix.as_deref(), &smallbank_tatp::tatp::TYPES, smallbank_tatp::tatp::MIX)?;
                 dtx_config(
                     &a.common,
@@ -280,6 +276,14 @@ pub fn check_blade_size(flag: &str, size: u64) -> Result<()> {
             "{flag} {size} is too small: a memory blade needs more than {} bytes (its superblock, then the heap)",
             smart_core::layout::HEAP_START
         );
+    }
+    Ok(())
+}
+
+/// A count of rows or keys (`flag`): 1 to 2^40.
+fn check_rows(flag: &str, n: u64) -> Result<()> {
+    if n == 0 || n > 1 << 40 {
+        bail!("{flag} must be 1 to 2^40, not {n}");
     }
     Ok(())
 }
@@ -473,9 +477,7 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
     if !a.uniform && !zipf_ok {
         bail!("--zipf must be a positive number other than 1 (the paper uses 0.99)");
     }
-    if a.keys == 0 || a.keys > 1 << 40 {
-        bail!("--keys must be 1 to 2^40");
-    }
+    check_rows("--keys", a.keys)?;
     if a.key_size < 8 || a.value_size < 8 {
         bail!("--key-size and --value-size must be ≥ 8");
     }
@@ -493,8 +495,8 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
     if a.key_size.saturating_add(a.value_size) > max {
         bail!("--key-size + --value-size must be at most {max} bytes (the largest entry the index stores)");
     }
-    if a.capacity.is_some_and(|c| c == 0 || c > 1 << 40) {
-        bail!("--capacity must be 1 to 2^40");
+    if let Some(c) = a.capacity {
+        check_rows("--capacity", c)?;
     }
     if a.table.is_empty() {
         bail!("--table must not be empty");
