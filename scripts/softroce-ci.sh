@@ -50,13 +50,8 @@ cmds=(
   'with-blade --size 256MiB -- compute-blade tatp --blades {blade} --transport verbs --device rxe0 --replicas 1 --subscribers 5000 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/tatp.json'
   # 14: YCSB e over the B+tree, scans verified, speculation on
   'with-blade --size 256MiB -- compute-blade ycsb --blades {blade} --transport verbs --device rxe0 --app sherman --workload e --keys 20000 --verify --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --smart all --quiet --json $OUT/btree.json'
-  # 15: nothing the earlier commands or their watchdogs started is left: no
-  # `sleep` but this command's own watchdog's (a `sh -c` with the arguments
-  # "watchdog TIMEOUT PID N", PID this command's shell), which it skips by
-  # its parent. It does not count on that sleep having started: under
-  # emulation this command once scanned /proc before its watchdog's sleep
-  # ran, and the old check (exactly one sleep) failed on a clean guest.
-  'n=0; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] || continue; pp=$(awk "{print \$4}" $p/stat 2>/dev/null); a=$(tr "\0" " " <"/proc/$pp/cmdline" 2>/dev/null); case "$a" in *" watchdog "*" $$ "*) continue ;; esac; echo "left running: sleep ${p#/proc/} (parent $pp: $a)"; n=$((n + 1)); done; echo "sleeps left: $n"; [ "$n" = 0 ]'
+  # 15: nothing the earlier commands or their watchdogs started is left
+  'nothing-left'
 )
 scripts/softroce-vm.sh "${args[@]}" --out "$out" --timeout 900 "${cmds[@]}"
 
