@@ -35,7 +35,7 @@ file="$out/callgrind.$workload"
 rm -f "$file" "$out/stderr"
 sim=()
 [ "${BRANCHES:-0}" = 1 ] && sim=(--branch-sim=yes)
-valgrind --tool=callgrind --instr-atstart=no "${sim[@]}" --callgrind-out-file="$file" \
+valgrind --tool=callgrind --fair-sched=yes --instr-atstart=no "${sim[@]}" --callgrind-out-file="$file" \
   target/release/compute-blade "$workload" "${size[@]}" --threads 1 --coroutines 8 --duration 3 \
   --warmup 0 --lease 600 "$@" >/dev/null 2>"$out/stderr" &
 pid=$!
