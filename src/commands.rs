@@ -430,16 +430,25 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
         }
         TableAction::Check => {
             let name = job.name.clone();
-            let (heap, free) = {
+            // Damaged free lists are a finding of the check (the index is
+            // still checked): that blade's free bytes count as 0.
+            let (heap, free, damage) = {
                 let ctx = ctx.clone();
                 rt.block_on(async move {
                     let heap = heap_used(&ctx).await?;
-                    let mut free = Vec::new();
+                    let (mut free, mut damage) = (Vec::new(), Vec::new());
                     for b in 0..ctx.blades().len() as u16 {
-                        let (objects, bags) = smart_core::reclaim::free_bytes(&ctx, b).await?;
-                        free.push(objects + bags);
+                        match smart_core::reclaim::free_bytes(&ctx, b).await {
+                            Ok((objects, bags)) => free.push(objects + bags),
+                            Err(e @ smart_core::Error::Damaged { .. }) => {
+                                println!("free lists: {e}");
+                                damage.push(e.to_string());
+                                free.push(0);
+                            }
+                            Err(e) => return Err(e),
+                        }
                     }
-                    Ok::<_, smart_core::Error>((heap, free))
+                    Ok::<_, smart_core::Error>((heap, free, damage))
                 })?
             };
             let (heap_sum, free_sum) = (heap.iter().sum::<u64>(), free.iter().sum::<u64>());
@@ -495,10 +504,12 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                     }
                 }
             };
+            let ok = ok && damage.is_empty();
             report::write(
                 s,
                 &json!({ "bench": "table", "action": "check", "app": kind, "name": job.name,
-                "ok": ok, "check": detail, "heap_used_per_blade": heap, "free_listed_per_blade": free }),
+                "ok": ok, "check": detail, "heap_used_per_blade": heap, "free_listed_per_blade": free,
+                "free_list_damage": damage }),
             )?;
             Ok(Outcome::of(ok, false))
         }

@@ -10,7 +10,7 @@
 //! primary (FORD derived backup addresses from primary offsets, which is
 //! wrong for overflow buckets).
 
-use smart_core::{Ctx, GlobalAddr};
+use smart_core::{BladeInfo, Ctx, GlobalAddr};
 
 use crate::error::{DtxError, Result};
 use crate::layout::{self, catalog, registry, MAX_REPLICAS};
@@ -81,6 +81,7 @@ impl Table {
 
     /// `at`, an address in the primary's bucket array, on each of the first
     /// `replicas` replicas (each replica's array has the same layout).
+    #[inline]
     pub fn array_mirrors(&self, at: GlobalAddr, replicas: usize) -> [GlobalAddr; MAX_REPLICAS] {
         let off = at.offset() - self.base[0].offset();
         std::array::from_fn(|r| if r < replicas { self.base[r].add(off) } else { GlobalAddr::NULL })
@@ -103,6 +104,28 @@ pub struct Db {
     pub registry: GlobalAddr,
     /// The largest value of any table (sizes log entries).
     pub max_value: usize,
+}
+
+/// An address read from a blade (a replica's bucket array, a chain's next
+/// bucket, a log area), checked to name `len` bytes of one of the run's
+/// memory blades. Memory changed behind the database's back (a damaged
+/// backing file, a stray writer) is so reported where it is read, as a
+/// corrupt database naming `what`, and not later as a verb to no blade or
+/// out of bounds.
+///
+/// # Errors
+/// [`DtxError::Corrupt`] if it does not.
+pub fn stored_addr(blades: &[BladeInfo], raw: u64, len: u64, what: impl FnOnce() -> String) -> Result<GlobalAddr> {
+    let at = GlobalAddr::from_raw(raw);
+    let why = match blades.get(at.blade() as usize) {
+        _ if raw == 0 => "is null".to_string(),
+        None => format!("is on memory blade {}, and the database has {}", at.blade(), blades.len()),
+        Some(b) if at.offset().checked_add(len).is_none_or(|end| end > b.size) => {
+            format!("and its {len} bytes pass the end of memory blade {} ({} bytes)", at.blade(), b.size)
+        }
+        Some(_) => return Ok(at),
+    };
+    Err(DtxError::Corrupt(format!("{}: address {at} {why}", what())))
 }
 
 fn root_name(name: &str) -> String {
@@ -144,8 +167,10 @@ impl Db {
                 ctx.blades().len()
             )));
         }
-        if ntables > catalog::MAX_TABLES || replicas == 0 || replicas > MAX_REPLICAS {
-            return Err(DtxError::Corrupt(format!("catalog of {name}: {ntables} tables, {replicas} replicas")));
+        if ntables == 0 || ntables > catalog::MAX_TABLES || replicas == 0 || replicas > MAX_REPLICAS.min(blades) {
+            return Err(DtxError::Corrupt(format!(
+                "catalog of {name}: {ntables} tables, {replicas} replicas over {blades} memory blades"
+            )));
         }
         let tables = (0..ntables)
             .map(|t| {
@@ -158,14 +183,59 @@ impl Db {
                 }
             })
             .collect();
-        Ok(Some(Db {
+        let db = Db {
             name: name.to_string(),
             tables,
             replicas,
             blades,
             registry: GlobalAddr::from_raw(word(&c, 32)),
             max_value: word(&c, 56) as usize,
-        }))
+        };
+        db.check_catalog(ctx.blades())?;
+        Ok(Some(db))
+    }
+
+    /// Checks what the catalog says against what [`Db::create`] writes:
+    /// tables numbered in order with values of 1 to [`layout::MAX_VALUE`]
+    /// bytes, each replica's bucket array whole on its blade (table `t`'s
+    /// replica `r` on blade `(t + r) mod n`), the registry on blade 0.
+    fn check_catalog(&self, blades: &[BladeInfo]) -> Result<()> {
+        let n = self.blades;
+        let corrupt = |what: String| Err(DtxError::Corrupt(format!("catalog of {}: {what}", self.name)));
+        for (i, t) in self.tables.iter().enumerate() {
+            if t.id as usize != i || t.value_size == 0 || t.value_size > layout::MAX_VALUE || t.buckets == 0 {
+                return corrupt(format!(
+                    "entry {i} names table {} of {} buckets with values of {} bytes",
+                    t.id, t.buckets, t.value_size
+                ));
+            }
+            let Some(bytes) = t.buckets.checked_mul(t.bucket_bytes()) else {
+                return corrupt(format!("table {i}: {} buckets overflow 64 bits", t.buckets));
+            };
+            for r in 0..self.replicas {
+                let at = stored_addr(blades, t.base[r].raw(), bytes, || {
+                    format!("catalog of {}: table {i}, replica {r}", self.name)
+                })?;
+                if at.blade() as usize != (i + r) % n {
+                    return corrupt(format!(
+                        "table {i}'s replica {r} is on blade {}; it belongs on blade {}",
+                        at.blade(),
+                        (i + r) % n
+                    ));
+                }
+            }
+        }
+        let largest = self.tables.iter().map(|t| t.value_size).max().unwrap_or(0);
+        if self.max_value != largest {
+            return corrupt(format!("the largest value is {} bytes, not {}", largest, self.max_value));
+        }
+        let at = stored_addr(blades, self.registry.raw(), registry::SLOTS * registry::SLOT, || {
+            format!("catalog of {}: the registry", self.name)
+        })?;
+        if at.blade() != 0 {
+            return corrupt(format!("the registry is on blade {}, not 0", at.blade()));
+        }
+        Ok(())
     }
 
     /// Opens database `spec.name`, creating it (empty) unless it exists;
@@ -291,5 +361,8 @@ pub(crate) async fn extend_chain(ctx: &Ctx, t: &Table, replicas: usize, last: Gl
     }
     ctx.write(primary, &header).await?;
     let old = ctx.cas(last, 0, primary.raw()).await?;
-    Ok(if old == 0 { primary } else { GlobalAddr::from_raw(old) })
+    if old == 0 {
+        return Ok(primary);
+    }
+    stored_addr(ctx.blades(), old, t.bucket_bytes(), || format!("table {}: the next bucket after {last}", t.id))
 }

@@ -15,6 +15,12 @@
 //! | [`recovery`] | rolling dead compute blades' transactions back or forward; the audit |
 //! | [`error`] | errors and abort causes |
 //!
+//! Addresses read from the blades (the catalog's replicas and registry, a
+//! registry slot's log area, an overflow chain's links and mirrors) are
+//! checked to name a place on one of the database's blades before they are
+//! used ([`db::stored_addr`]): damaged memory is reported as
+//! [`error::DtxError::Corrupt`] where it is read.
+//!
 //! ```
 //! # use std::sync::Arc;
 //! # use std::time::Duration;

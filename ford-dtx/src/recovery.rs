@@ -26,8 +26,8 @@
 
 use smart_core::{Ctx, GlobalAddr};
 
-use crate::db::{Db, Table};
-use crate::error::{DtxError, Result};
+use crate::db::{stored_addr, Db, Table};
+use crate::error::Result;
 use crate::layout::{self, log, registry, state, Owner, MAX_REPLICAS};
 use crate::registry::{now_ms, slots, SlotInfo};
 
@@ -136,9 +136,9 @@ fn parse_entry(e: &[u8], nonce: u64, db: &Db) -> Option<(u64, Vec<EntryItem>)> {
 async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo) -> Result<Recovered> {
     let mut rep = Recovered { slot: s.slot, pid: s.pid, ..Recovered::default() };
     let entry_bytes = log::entry_bytes(db.max_value);
-    if !s.log.is_null() {
-        let mut area = vec![0u8; (s.threads * s.coroutines * log::ENTRIES) as usize * entry_bytes];
-        ctx.read_all(s.log, &mut area).await?;
+    if let Some((at, bytes)) = s.log_area(ctx, db)? {
+        let mut area = vec![0u8; bytes as usize];
+        ctx.read_all(at, &mut area).await?;
         for e in area.chunks(entry_bytes) {
             let Some((lw, items)) = parse_entry(e, s.nonce(), db) else { continue };
             rep.entries += 1;
@@ -236,20 +236,22 @@ where
                 std::array::from_fn(|r| if r < replicas { &bufs[r][o..o + bb as usize] } else { &[][..] });
             each_slot(t, t.base[0].add((b + i) * bb), views, &mut f);
             let mut next = layout::header_of(views[0]).0;
+            let mut from = t.base[0].add((b + i) * bb);
             while next != 0 {
-                let at = GlobalAddr::from_raw(next);
+                let at =
+                    stored_addr(ctx.blades(), next, bb, || format!("table {}: the next bucket after {from}", t.id))?;
                 ctx.read(at, &mut chain[0]).await?;
                 let (nx, mirrors) = layout::header_of(&chain[0]);
                 for r in 1..replicas {
-                    if mirrors[r] == 0 {
-                        return Err(DtxError::Corrupt(format!("overflow bucket {at} names no replica {r}")));
-                    }
-                    ctx.read(GlobalAddr::from_raw(mirrors[r]), &mut chain[r]).await?;
+                    let m = stored_addr(ctx.blades(), mirrors[r], bb, || {
+                        format!("table {}: replica {r} of overflow bucket {at}", t.id)
+                    })?;
+                    ctx.read(m, &mut chain[r]).await?;
                 }
                 let views: [&[u8]; MAX_REPLICAS] =
                     std::array::from_fn(|r| if r < replicas { &chain[r][..] } else { &[][..] });
                 each_slot(t, at, views, &mut f);
-                next = nx;
+                (from, next) = (at, nx);
             }
         }
         b += n;

@@ -57,6 +57,30 @@ impl SlotInfo {
     pub fn nonce(&self) -> u64 {
         self.claim & !registry::RECOVERING
     }
+
+    /// The slot's log area and its bytes, `None` if it has none; checked
+    /// against what a registration writes: 1 to [`layout::MAX_THREADS`] threads
+    /// and coroutines, and an area whole on one of the database's blades.
+    ///
+    /// # Errors
+    /// [`DtxError::Corrupt`] if the slot says otherwise.
+    pub fn log_area(&self, ctx: &Ctx, db: &Db) -> Result<Option<(GlobalAddr, u64)>> {
+        if self.log.is_null() {
+            return Ok(None);
+        }
+        let max = layout::MAX_THREADS as u64;
+        if !(1..=max).contains(&self.threads) || !(1..=max).contains(&self.coroutines) {
+            return Err(DtxError::Corrupt(format!(
+                "registry slot {}: {} threads × {} coroutines (1 to {max} each)",
+                self.slot, self.threads, self.coroutines
+            )));
+        }
+        let bytes = self.threads * self.coroutines * ring_bytes(db);
+        let at = crate::db::stored_addr(ctx.blades(), self.log.raw(), bytes, || {
+            format!("registry slot {}: the log area", self.slot)
+        })?;
+        Ok(Some((at, bytes)))
+    }
 }
 
 /// Reads every registry slot.
@@ -105,10 +129,10 @@ pub(crate) async fn claim(
         // A slot's earlier log area is reused when it is large enough:
         // recovery left no live entry in it, and entries carry the nonce of
         // their registration, so old ones are ignored.
-        let log = if !s.log.is_null() && s.threads * s.coroutines >= (threads * coroutines) as u64 {
-            s.log
-        } else {
-            ctx.alloc(blade, bytes, 64).await?
+        // A damaged slot's area is not reused (a new one is allocated).
+        let log = match s.log_area(ctx, db) {
+            Ok(Some((area, old))) if old >= bytes => area,
+            _ => ctx.alloc(blade, bytes, 64).await?,
         };
         // The slot records this registration's shape (the area may be
         // larger; a later registration then sees only this much).

@@ -50,7 +50,7 @@ use smart_core::runtime::{AtomicRef, Batch, ReadRef};
 use smart_core::GlobalAddr;
 
 use crate::cache::Lookup;
-use crate::db::{extend_chain, Db, Table};
+use crate::db::{extend_chain, stored_addr, Db, Table};
 use crate::dtx::{Dtx, Loc};
 use crate::error::{Abort, DtxError, TxnError};
 use crate::layout::{self, log, state, Owner, MAX_REPLICAS};
@@ -208,6 +208,35 @@ pub struct Txn {
 impl std::fmt::Debug for Txn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Txn").field("owner", &self.owner).field("seq", &self.seq).field("items", &self.n).finish()
+    }
+}
+
+/// Why [`Txn::settle`] stopped: an abort, or damage read in the database
+/// (rare, so boxed: the common result stays small).
+enum Unsettled {
+    Abort(Abort),
+    Corrupt(Box<DtxError>),
+}
+
+impl Unsettled {
+    #[cold]
+    fn corrupt(e: DtxError) -> Unsettled {
+        Unsettled::Corrupt(Box::new(e))
+    }
+}
+
+impl From<Abort> for Unsettled {
+    fn from(a: Abort) -> Self {
+        Unsettled::Abort(a)
+    }
+}
+
+impl From<Unsettled> for TxnError {
+    fn from(u: Unsettled) -> Self {
+        match u {
+            Unsettled::Abort(a) => TxnError::Abort(a),
+            Unsettled::Corrupt(e) => TxnError::Dtx(*e),
+        }
     }
 }
 
@@ -450,7 +479,7 @@ impl Txn {
                         return Err(TxnError::Abort(Abort::Locked));
                     }
                 }
-                self.settle(i, t, db.replicas, done.bytes(read)).map_err(TxnError::Abort)?;
+                self.settle(i, t, db.replicas, done.bytes(read)).map_err(TxnError::from)?;
                 continue;
             }
             // Chains to extend first (rare: only inserts into full chains).
@@ -498,8 +527,10 @@ impl Txn {
                 let Some(p) = self.items[i].posted.take() else { continue };
                 let bytes = round.landed(p.batch).bytes(p.read);
                 let t = db.table(self.items[i].table);
-                if let Err(a) = self.settle(i, t, db.replicas, bytes) {
-                    abort = abort.or(Some(a));
+                match self.settle(i, t, db.replicas, bytes) {
+                    Ok(()) => {}
+                    Err(Unsettled::Abort(a)) => abort = abort.or(Some(a)),
+                    Err(Unsettled::Corrupt(e)) => return Err(TxnError::Dtx(*e)),
                 }
             }
             if let Some(a) = abort {
@@ -510,7 +541,7 @@ impl Txn {
 
     /// Takes a fetched record or bucket into item `i`, choosing its next
     /// step.
-    fn settle(&mut self, i: usize, t: &Table, replicas: usize, bytes: &[u8]) -> Result<(), Abort> {
+    fn settle(&mut self, i: usize, t: &Table, replicas: usize, bytes: &[u8]) -> Result<(), Unsettled> {
         // The other items, to see which free slots this transaction's other
         // inserts chose already (two inserts into one chain take
         // successive free slots).
@@ -535,7 +566,7 @@ impl Txn {
                     self.d.0.stats.borrow_mut().cache_stale += 1;
                     it.cached = false;
                     if it.step == Step::Lock {
-                        return Err(Abort::Validation);
+                        return Err(Abort::Validation.into());
                     }
                     it.step = Step::Bucket { at: t.home_bucket(it.hash), home: true };
                     return Ok(());
@@ -543,11 +574,11 @@ impl Txn {
                 let ours = r.state == state::FREE || r.key == it.key;
                 match it.kind {
                     Kind::Read | Kind::Update | Kind::Delete if r.state != state::LIVE || !ours => {
-                        return Err(Abort::NotFound)
+                        return Err(Abort::NotFound.into())
                     }
-                    Kind::Insert if r.state == state::LIVE && r.key == it.key => return Err(Abort::Exists),
+                    Kind::Insert if r.state == state::LIVE && r.key == it.key => return Err(Abort::Exists.into()),
                     // Another key took the free slot since we read its bucket.
-                    Kind::Insert if !ours => return Err(Abort::Validation),
+                    Kind::Insert if !ours => return Err(Abort::Validation.into()),
                     _ => {}
                 }
                 it.take(&r);
@@ -562,10 +593,11 @@ impl Txn {
                     if r.state == state::FREE {
                         // The chain's free tail starts before any slot of
                         // this key.
-                        return Err(Abort::NotFound);
+                        return Err(Abort::NotFound.into());
                     }
                     if ours {
-                        return Self::found(&self.d, t, it, t.array_mirrors(at, replicas), &r);
+                        return Self::found(&self.d, t, it, t.array_mirrors(at, replicas), &r)
+                            .map_err(Unsettled::Abort);
                     }
                 }
                 // Another key's slot (the cache did not know it yet): the
@@ -579,11 +611,18 @@ impl Txn {
                 let mirrors: Loc = if home {
                     t.array_mirrors(at, replicas)
                 } else {
-                    std::array::from_fn(|r| GlobalAddr::from_raw(mirrors[r]))
+                    // An overflow bucket names its mirrors before it is
+                    // linked: one that names none, or no place on a
+                    // blade, was damaged.
+                    let mut m = [GlobalAddr::NULL; MAX_REPLICAS];
+                    for r in 1..replicas {
+                        m[r] = stored_addr(self.d.0.ctx.blades(), mirrors[r], t.bucket_bytes(), || {
+                            format!("table {}: replica {r} of overflow bucket {at}", t.id)
+                        })
+                        .map_err(Unsettled::corrupt)?;
+                    }
+                    m
                 };
-                if (1..replicas).any(|r| mirrors[r].is_null()) {
-                    return Err(Abort::Torn);
-                }
                 let rb = t.record_bytes();
                 let mut free = None;
                 for s in 0..layout::SLOTS {
@@ -614,17 +653,23 @@ impl Txn {
                         continue;
                     }
                     let loc = slot_loc(at.add(off), off, &mirrors, replicas);
-                    return Self::found(&self.d, t, it, loc, &r);
+                    return Self::found(&self.d, t, it, loc, &r).map_err(Unsettled::Abort);
                 }
                 match (free, it.kind) {
                     (Some(off), Kind::Insert) => {
                         it.loc = slot_loc(at.add(off), off, &mirrors, replicas);
                         it.step = Step::Lock;
                     }
-                    (Some(_), _) => return Err(Abort::NotFound),
-                    (None, _) if next != 0 => it.step = Step::Bucket { at: GlobalAddr::from_raw(next), home: false },
+                    (Some(_), _) => return Err(Abort::NotFound.into()),
+                    (None, _) if next != 0 => {
+                        let next = stored_addr(self.d.0.ctx.blades(), next, t.bucket_bytes(), || {
+                            format!("table {}: the next bucket after {at}", t.id)
+                        })
+                        .map_err(Unsettled::corrupt)?;
+                        it.step = Step::Bucket { at: next, home: false };
+                    }
                     (None, Kind::Insert) => it.step = Step::Extend { last: at },
-                    (None, _) => return Err(Abort::NotFound),
+                    (None, _) => return Err(Abort::NotFound.into()),
                 }
             }
             Step::Start | Step::Extend { .. } | Step::Done => unreachable!("settled only after a fetch"),

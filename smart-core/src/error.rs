@@ -93,6 +93,15 @@ pub enum Error {
     /// The requested backend or feature is not available.
     #[error("{0}")]
     Unsupported(String),
+    /// A blade holds what this build never wrote there (a damaged backing
+    /// file, a stray writer): found where it was read, and named.
+    #[error("memory blade {blade} is damaged: {what}")]
+    Damaged {
+        /// Which blade.
+        blade: u16,
+        /// What was read, and why it cannot be right.
+        what: String,
+    },
     /// Not every party arrived at a barrier in time.
     #[error(
         "barrier {name:?}: {arrived} of {parties} processes arrived within {waited_ms} ms (a compute blade did not \

@@ -77,7 +77,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
-use crate::{Ctx, Error, GlobalAddr, Result};
+use crate::{layout, Ctx, Error, GlobalAddr, Result};
 
 /// Name of the epoch area's root (on blade 0).
 pub const EPOCH_ROOT: &str = "smart:epochs";
@@ -388,6 +388,24 @@ fn span_bytes(ctx: &Ctx, b: usize) -> u64 {
     SPAN.min(ctx.blades()[b].size / 64).next_multiple_of(4096)
 }
 
+/// Checks that `bytes` bytes at `off` on `blade`, read from a free list,
+/// are a 64-byte-aligned place in the blade's heap: a list damaged behind
+/// the clients' backs is reported where it is read (never followed out of
+/// bounds, nor handed out as memory to write).
+fn in_heap(ctx: &Ctx, blade: u16, off: u64, bytes: u64, what: impl FnOnce() -> String) -> Result<()> {
+    let size = ctx.blades()[usize::from(blade)].size;
+    if off >= layout::HEAP_START && off % 64 == 0 && off.checked_add(bytes).is_some_and(|end| end <= size) {
+        return Ok(());
+    }
+    Err(Error::Damaged {
+        blade,
+        what: format!(
+            "{} at offset {off:#x} ({bytes} bytes), which is no place in the heap of a {size}-byte blade",
+            what()
+        ),
+    })
+}
+
 fn word(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"))
 }
@@ -689,7 +707,8 @@ impl Reclaimer {
     /// else fresh memory.
     ///
     /// # Errors
-    /// Verb errors; [`Error::OutOfMemory`].
+    /// Verb errors; [`Error::OutOfMemory`]; [`Error::Damaged`] for a free
+    /// list that names no place in the blade's heap.
     pub async fn alloc(&self, ctx: &Ctx, blade: u16, bytes: u64) -> Result<GlobalAddr> {
         let lines = bytes.div_ceil(64).max(1);
         let b = usize::from(blade);
@@ -853,6 +872,7 @@ impl Reclaimer {
             if off == 0 {
                 return Ok(None);
             }
+            in_heap(ctx, blade, off, BAG, || format!("free list {slot} names a bag"))?;
             let mut bag = [0u8; BAG as usize];
             ctx.read(GlobalAddr::new(blade, off), &mut bag).await?;
             let (next, epoch, count) = (word(&bag, 0), word(&bag, 1), word(&bag, 2) as usize);
@@ -865,14 +885,23 @@ impl Reclaimer {
             }
             let tag = (h >> OFFSET_BITS).wrapping_add(1) & ((1 << (64 - OFFSET_BITS)) - 1);
             if ctx.cas(head, h, tag << OFFSET_BITS | next).await? == h {
+                // The bag was the list's head until this CAS (the head's tag
+                // rules out a reuse in between): what it holds is what was
+                // pushed, and must be blocks of the heap.
+                let entries: Vec<u64> = (0..count).map(|i| word(&bag, BAG_HEADER / 8 + i)).collect();
+                for &w in &entries {
+                    let (o, l) = if lines == 0 { unpack_free(w) } else { (w & OFFSET_MASK, lines) };
+                    in_heap(ctx, blade, o, l * 64, || {
+                        format!("the bag at {off:#x} of free list {slot} names a block")
+                    })?;
+                }
                 let mut st = self.0.borrow_mut();
                 st.stats.bags_popped += 1;
                 st.blades[usize::from(blade)].class(BAG / 64).free.push(off);
-                let entries = (0..count).map(|i| word(&bag, BAG_HEADER / 8 + i));
                 return Ok(Some(if lines == 0 {
-                    entries.collect()
+                    entries
                 } else {
-                    entries.map(|w| w & OFFSET_MASK).collect()
+                    entries.into_iter().map(|w| w & OFFSET_MASK).collect()
                 }));
             }
         }
@@ -1030,7 +1059,8 @@ impl Reclaimer {
 /// read): (bytes of objects, bytes of the bags listing them).
 ///
 /// # Errors
-/// Verb errors; a list longer than the blade can hold (a cycle).
+/// Verb errors; a list longer than the blade can hold (a cycle);
+/// [`Error::Damaged`] for a bag that is no place in the heap.
 pub async fn free_bytes(ctx: &Ctx, blade: u16) -> Result<(u64, u64)> {
     let Some(area) = ctx.root(blade, FREE_ROOT).await? else { return Ok((0, 0)) };
     let mut raw = vec![0u8; (ENTRY * CLASSES as u64) as usize];
@@ -1043,6 +1073,7 @@ pub async fn free_bytes(ctx: &Ctx, blade: u16) -> Result<(u64, u64)> {
             if bags / BAG >= most {
                 return Err(Error::Unsupported(format!("free list {slot} of blade {blade} does not end")));
             }
+            in_heap(ctx, blade, off, BAG, || format!("free list {slot} names a bag"))?;
             let mut bag = [0u8; BAG as usize];
             ctx.read(GlobalAddr::new(blade, off), &mut bag).await?;
             let count = (word(&bag, 2) as usize).min(BAG_ENTRIES);

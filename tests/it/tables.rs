@@ -400,3 +400,46 @@ fn a_table_of_the_older_format_is_named_and_refused() {
         );
     }
 }
+
+#[test]
+fn a_damaged_free_list_is_named_by_the_check_which_still_checks_the_table() {
+    use smart_core::reclaim::{ENTRY, FREE_ROOT};
+    use smart_core::{Runtime, RuntimeConfig, TcpTransport};
+    let blade = Blade::start(&["--size", "64MiB"]);
+    let b = blade.addr.as_str();
+    let table = ["ycsb", "--blades", b, "--app", "race", "--table", "dmg", "--keys", "2000", "--quiet"];
+    run_json("dmg-load.json", &[&table[..], &["--load-only"]].concat());
+    // Updates replace blocks: the run's end hands them to the free lists.
+    let r = run_json(
+        "dmg-upd.json",
+        &[&table[..], &["--no-load", "--workload", "update-only", "--duration", "0.3"]].concat(),
+    );
+    assert!(r["race"]["reclaim"]["retired_bytes"].as_u64() > Some(0), "{r}");
+    // A stray writer: one list's head now names a bag past the blade's end.
+    let listed = {
+        let t = TcpTransport::connect(std::slice::from_ref(&blade.addr)).unwrap();
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            let area = ctx.root(0, FREE_ROOT).await.unwrap().expect("free lists");
+            for class in 0..128u64 {
+                let head = area.add(ENTRY * class + 8);
+                if ctx.read_u64(head).await.unwrap() & ((1 << 40) - 1) != 0 {
+                    ctx.write(head, &(65u64 << 20).to_le_bytes()).await.unwrap();
+                    return class;
+                }
+            }
+            panic!("no free list holds a bag");
+        })
+    };
+    let j = tmp("dmg-check.json");
+    let out = compute(&["table", "check", "dmg", "--blades", b, "--json", j.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    let says = format!("free lists: memory blade 0 is damaged: free list {listed} names a bag at offset 0x4100000");
+    assert!(text.contains(&says), "{text}");
+    assert!(text.contains("race \"dmg\": 2000 keys"), "the table is still checked: {text}");
+    let c = record(&j);
+    assert_eq!((c["ok"].as_bool(), c["check"]["keys"].as_u64()), (Some(false), Some(2000)), "{c}");
+    assert_eq!(c["free_list_damage"].as_array().map(Vec::len), Some(1), "{c}");
+}

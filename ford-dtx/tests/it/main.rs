@@ -2,6 +2,7 @@
 //! serializability under chaos, an oracle, and crash recovery.
 
 mod api;
+mod damage;
 mod defects;
 mod oracle;
 mod recovery;

@@ -105,10 +105,22 @@ impl Ctx {
     /// Looks up the named root `name` on `blade`.
     ///
     /// # Errors
-    /// Verb errors.
+    /// [`Error::Damaged`] if the root holds no address in a blade's heap;
+    /// verb errors.
     pub async fn root(&self, blade: u16, name: &str) -> Result<Option<GlobalAddr>> {
         let entries = self.root_entries(blade).await?;
-        Ok(Self::find_root(&entries, name).map(|e| entries[e].1).filter(|&a| a != 0).map(GlobalAddr::from_raw))
+        let Some(at) = Self::find_root(&entries, name).map(|e| entries[e].1).filter(|&a| a != 0) else {
+            return Ok(None);
+        };
+        let at = GlobalAddr::from_raw(at);
+        // A root names an object in some blade's heap.
+        match self.blades().get(usize::from(at.blade())) {
+            Some(b) if (layout::HEAP_START..b.size).contains(&at.offset()) => Ok(Some(at)),
+            _ => Err(Error::Damaged {
+                blade,
+                what: format!("the named root {name:?} holds {at}, which is in no blade's heap"),
+            }),
+        }
     }
 
     /// Sets the named root `name` on `blade` to `addr` unless it is set

@@ -7,8 +7,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use smart_core::reclaim::{Reclaimer, BAG_ENTRIES, REFRESH_NS};
-use smart_core::{layout, Ctx, GlobalAddr, Runtime, RuntimeConfig};
+use smart_core::reclaim::{free_bytes, Reclaimer, BAG_ENTRIES, BAG_HEADER, ENTRY, FREE_ROOT, REFRESH_NS};
+use smart_core::{layout, Ctx, Error, GlobalAddr, Runtime, RuntimeConfig};
 use smart_testkit::backends;
 use smart_testkit::die::{shared, Step};
 
@@ -191,6 +191,72 @@ fn what_a_client_hands_back_serves_the_next_process_without_new_heap() {
             ticks(&ctx, &t, 4).await;
             t.flush(&ctx).await.unwrap();
         }
+    });
+}
+
+/// A blade whose free lists were damaged behind the clients' backs (a
+/// backing file edited, a stray writer): the damage is reported where it is
+/// read, never followed out of bounds nor handed out as memory to write.
+#[test]
+fn a_damaged_free_list_or_root_is_reported_and_never_handed_out() {
+    on_embedded(1, |ctx| async move {
+        let damaged = |e: Error, says: &str| match e {
+            Error::Damaged { blade: 0, ref what } if what.contains(says) => {}
+            other => panic!("expected damage naming {says:?}, got {other}"),
+        };
+        // A process hands back two bags of 64-byte blocks, and the epoch
+        // passes them.
+        let r = Reclaimer::new(&ctx);
+        let mut got = Vec::new();
+        for _ in 0..2 * BAG_ENTRIES {
+            let _op = Reclaimer::pin(&r, &ctx).await.unwrap();
+            got.push(r.alloc(&ctx, 0, 64).await.unwrap());
+        }
+        for at in got {
+            r.retire(at, 64);
+        }
+        r.flush(&ctx).await.unwrap();
+        let t = Reclaimer::new(&ctx);
+        ticks(&ctx, &t, 4).await;
+        t.flush(&ctx).await.unwrap();
+        let size = ctx.blades()[0].size;
+        let area = ctx.root(0, FREE_ROOT).await.unwrap().expect("the free lists");
+        // The list of 64-byte blocks is class 1; its head word is its
+        // second.
+        let head = area.add(ENTRY + 8);
+        // (tag:24 | offset:40)
+        let first = ctx.read_u64(head).await.unwrap() & ((1 << 40) - 1);
+        assert_ne!(first, 0, "a bag on the list");
+        let (objects, bags) = free_bytes(&ctx, 0).await.unwrap();
+        assert!(objects >= 64 * BAG_ENTRIES as u64 && bags >= 1024, "{objects} {bags}");
+
+        // The head bag's first block lies past the blade's end.
+        let entry = GlobalAddr::new(0, first + BAG_HEADER as u64);
+        let good = ctx.read_u64(entry).await.unwrap();
+        ctx.write(entry, &(size + 4096).to_le_bytes()).await.unwrap();
+        let fresh = Reclaimer::new(&ctx);
+        ticks(&ctx, &fresh, 2).await;
+        damaged(fresh.alloc(&ctx, 0, 64).await.unwrap_err(), "of free list 1 names a block");
+        ctx.write(entry, &good.to_le_bytes()).await.unwrap();
+
+        // The list's head names a bag that runs past the end.
+        let h = ctx.read_u64(head).await.unwrap();
+        ctx.write(head, &(size - 512).to_le_bytes()).await.unwrap();
+        damaged(free_bytes(&ctx, 0).await.unwrap_err(), "free list 1 names a bag");
+        let fresh = Reclaimer::new(&ctx);
+        ticks(&ctx, &fresh, 2).await;
+        damaged(fresh.alloc(&ctx, 0, 64).await.unwrap_err(), "free list 1 names a bag");
+        ctx.write(head, &h.to_le_bytes()).await.unwrap();
+
+        // Repaired, the list serves again (the damaged bag was popped).
+        let fresh = Reclaimer::new(&ctx);
+        ticks(&ctx, &fresh, 2).await;
+        fresh.alloc(&ctx, 0, 64).await.unwrap();
+        free_bytes(&ctx, 0).await.unwrap();
+
+        // A named root that holds no address in a heap.
+        ctx.set_root(0, "elsewhere", GlobalAddr::new(0, size + 64)).await.unwrap();
+        damaged(ctx.root(0, "elsewhere").await.unwrap_err(), "the named root \"elsewhere\"");
     });
 }
 

@@ -1,0 +1,201 @@
+//! A damaged database (memory changed behind its back: a backing file
+//! edited or half-restored, a stray writer) is reported as corrupt where the
+//! damage is read, naming what is wrong: never a crash, an allocation sized
+//! by garbage, or a verb sent to a blade that does not exist.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ford_dtx::db::Db;
+use ford_dtx::error::DtxError;
+use ford_dtx::layout::{self, catalog};
+use ford_dtx::recovery::{audit, recover, Which};
+use ford_dtx::{Registration, TxnError};
+use smart_core::{Ctx, GlobalAddr, Runtime, Transport};
+use smart_testkit::backends;
+
+use crate::{insert_one, insert_rows, join, open, spec, u};
+
+/// An address on a blade that the two-blade databases here do not have.
+const NOWHERE: u64 = GlobalAddr::new(9, 4096).raw();
+
+fn corrupt_message<T: std::fmt::Debug>(r: Result<T, DtxError>) -> String {
+    match r {
+        Err(DtxError::Corrupt(m)) => m,
+        other => panic!("expected a corrupt database, got {other:?}"),
+    }
+}
+
+fn put(rt: &mut Runtime, at: GlobalAddr, v: u64) {
+    let ctx = rt.ctx();
+    rt.block_on(async move { ctx.write(at, &v.to_le_bytes()).await }).unwrap();
+}
+
+fn get(rt: &mut Runtime, at: GlobalAddr) -> u64 {
+    let ctx = rt.ctx();
+    rt.block_on(async move { ctx.read_u64(at).await }).unwrap()
+}
+
+fn open_again(rt: &mut Runtime, name: &'static str) -> Result<Option<Db>, DtxError> {
+    let ctx = rt.ctx();
+    rt.block_on(async move { Db::open(&ctx, name).await })
+}
+
+#[test]
+fn a_damaged_catalog_is_refused_as_corrupt_naming_the_entry() {
+    let b = backends::embedded(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, _db, reg) = open(&t, &spec("cat", &[8, 16], 16, 2), 1, 1);
+    let ctx = rt.ctx();
+    let at = rt.block_on(async move { ctx.root(0, "ford:cat").await }).unwrap().expect("the catalog's root");
+    let entry = |table: usize, word: usize| at.add((catalog::HEADER + table * catalog::TABLE + word) as u64);
+    let cases: [(GlobalAddr, u64, &str); 6] = [
+        // Table 1's replica 1 on a blade the database does not have.
+        (entry(1, 32 + 8), NOWHERE, "table 1, replica 1: address"),
+        // Table 0's primary array running past the end of blade 0.
+        (entry(0, 32), GlobalAddr::new(0, (256 << 20) - 64).raw(), "pass the end of memory blade 0"),
+        // Table 1's primary on blade 0, where it belongs on blade 1.
+        (entry(1, 32), GlobalAddr::new(0, 8192).raw(), "table 1's replica 0 is on blade 0; it belongs on blade 1"),
+        // A table with values of 0 bytes.
+        (entry(1, 8), 0, "entry 1 names table 1 of"),
+        // No registry.
+        (at.add(32), 0, "the registry: address"),
+        // More replicas than blades.
+        (at.add(16), 3, "3 replicas over 2 memory blades"),
+    ];
+    for (word, bad, says) in cases {
+        let good = get(&mut rt, word);
+        put(&mut rt, word, bad);
+        let m = corrupt_message(open_again(&mut rt, "cat"));
+        assert!(m.contains(says), "{m:?} should say {says:?}");
+        put(&mut rt, word, good);
+        assert!(open_again(&mut rt, "cat").unwrap().is_some(), "repaired, it opens");
+    }
+    reg.close(&*t).unwrap();
+}
+
+#[test]
+fn a_registry_slot_with_a_damaged_shape_is_reported_and_never_reused() {
+    let b = backends::embedded(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, live) = open(&t, &spec("reg", &[8], 16, 2), 1, 1);
+    // A compute blade that dies: recovery reads its log area, whose size
+    // its slot gives (threads × coroutines rings).
+    let dead = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+    let (dead_slot, slot) = (dead.slot(), db.registry_slot(dead.slot()));
+    drop(dead);
+    let recover_it = |rt: &mut Runtime| {
+        let (ctx, d) = (rt.ctx(), db.clone());
+        rt.block_on(async move { recover(&ctx, &d, Which::Slot(dead_slot)).await })
+    };
+    // 2^40 threads: a log area of garbage size, once allocated as such.
+    let threads = get(&mut rt, slot.add(24));
+    put(&mut rt, slot.add(24), 1 << 40);
+    let m = corrupt_message(recover_it(&mut rt));
+    assert!(m.contains("1099511627776 threads × 1 coroutines"), "{m}");
+    put(&mut rt, slot.add(24), threads);
+    // A log area on no blade.
+    let log = get(&mut rt, slot.add(16));
+    put(&mut rt, slot.add(16), NOWHERE);
+    let m = corrupt_message(recover_it(&mut rt));
+    assert!(m.contains("the log area: address") && m.contains("memory blade 9"), "{m}");
+    // Repaired, the same slot recovers.
+    put(&mut rt, slot.add(16), log);
+    let rec = recover_it(&mut rt).unwrap();
+    assert_eq!(rec.len(), 1, "{rec:?}");
+
+    // A free slot's old log area is reused by the next registration only
+    // if the slot names it whole on a blade.
+    let again = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+    let s = again.slot();
+    again.close(&*t).unwrap();
+    let slot = db.registry_slot(s);
+    put(&mut rt, slot.add(16), NOWHERE);
+    let fresh = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+    assert_eq!(fresh.slot(), s, "the first free slot again");
+    assert_ne!(get(&mut rt, slot.add(16)), NOWHERE, "a new log area");
+    let dtx = fresh.open_thread(rt.ctx());
+    rt.block_on(async move { insert_one(&dtx, 0, 7, 70).await }).expect("it logs and commits");
+    fresh.close(&*t).unwrap();
+    live.close(&*t).unwrap();
+}
+
+/// Keys 0..30 in a table of one bucket: 22 in the bucket, 8 in its one
+/// overflow bucket.
+fn chained(name: &'static str) -> (backends::Backend, Runtime, Arc<Db>, Registration) {
+    let b = backends::embedded(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, reg) = open(&t, &spec(name, &[8], 1, 2), 1, 1);
+    assert_eq!(db.table(0).buckets, 1);
+    let dtx = reg.open_thread(rt.ctx());
+    rt.block_on(async move { insert_rows(&dtx, 0..30, |k| k * 10).await });
+    (b, rt, db, reg)
+}
+
+/// Reads `key` on a new compute blade (an empty address cache: the read
+/// walks the chain from the bucket).
+fn read_fresh(rt: &mut Runtime, t: &Arc<dyn Transport>, db: &Arc<Db>, key: u64) -> Result<u64, TxnError> {
+    let other = join(t, db);
+    let dtx = other.open_thread(rt.ctx());
+    let r = rt.block_on(async move {
+        let mut tx = dtx.txn(0);
+        tx.begin();
+        let i = tx.read(0, key);
+        tx.execute().await?;
+        tx.commit().await?;
+        Ok(u(tx.value(i)))
+    });
+    other.close(&**t).unwrap();
+    r
+}
+
+fn audit_of(ctx: Ctx, db: Arc<Db>, rt: &mut Runtime) -> Result<ford_dtx::recovery::AuditReport, DtxError> {
+    rt.block_on(async move { audit(&ctx, &db, |_, _, _| {}).await })
+}
+
+#[test]
+fn a_damaged_overflow_chain_is_reported_as_corrupt_by_reads_audits_and_recovery() {
+    let (b, mut rt, db, reg) = chained("chain");
+    let t: Arc<dyn Transport> = b.transport.clone();
+    assert_eq!(read_fresh(&mut rt, &t, &db, 29).unwrap(), 290, "through the chain");
+    let home = db.table(0).base[0];
+    let next = GlobalAddr::from_raw(get(&mut rt, home));
+    assert!(!next.is_null(), "30 keys overflow a bucket of {} slots", layout::SLOTS);
+
+    // The bucket's link to the next names no blade.
+    put(&mut rt, home, NOWHERE);
+    let says = "the next bucket after";
+    match read_fresh(&mut rt, &t, &db, 29) {
+        Err(TxnError::Dtx(DtxError::Corrupt(m))) => assert!(m.contains(says) && m.contains("memory blade 9"), "{m}"),
+        other => panic!("expected a corrupt chain, got {other:?}"),
+    }
+    assert_eq!(read_fresh(&mut rt, &t, &db, 3).unwrap(), 30, "keys before the damage still read");
+    let m = corrupt_message(audit_of(rt.ctx(), db.clone(), &mut rt));
+    assert!(m.contains(says), "{m}");
+    // Recovery of a dead compute blade scans every chain for its locks.
+    let dead = join(&t, &db);
+    let (ctx, d, s) = (rt.ctx(), db.clone(), dead.slot());
+    drop(dead);
+    let m = corrupt_message(rt.block_on(async move { recover(&ctx, &d, Which::Slot(s)).await }));
+    assert!(m.contains(says), "{m}");
+    put(&mut rt, home, next.raw());
+
+    // The overflow bucket names no backup of itself.
+    let mirror = next.add(8);
+    let good = get(&mut rt, mirror);
+    put(&mut rt, mirror, 0);
+    let says = "replica 1 of overflow bucket";
+    match read_fresh(&mut rt, &t, &db, 29) {
+        Err(TxnError::Dtx(DtxError::Corrupt(m))) => assert!(m.contains(says) && m.contains("is null"), "{m}"),
+        other => panic!("expected a corrupt chain, got {other:?}"),
+    }
+    let m = corrupt_message(audit_of(rt.ctx(), db.clone(), &mut rt));
+    assert!(m.contains(says), "{m}");
+    put(&mut rt, mirror, good);
+
+    // Repaired: everything reads, the audit is clean.
+    assert_eq!(read_fresh(&mut rt, &t, &db, 29).unwrap(), 290);
+    let rep = audit_of(rt.ctx(), db.clone(), &mut rt).unwrap();
+    assert_eq!((rep.live[0], rep.locks_held, rep.replica_mismatches, rep.torn), (30, 0, 0, 0));
+    reg.close(&*t).unwrap();
+}
