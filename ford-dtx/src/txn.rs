@@ -77,8 +77,9 @@ enum Step {
     Fetch,
     /// CAS the lock and READ the record.
     Lock,
-    /// READ this bucket of the chain (`home`: of the bucket array).
-    Bucket { at: GlobalAddr, home: bool },
+    /// READ this bucket of the chain, the `hop`-th after the bucket array's
+    /// (0: of the array).
+    Bucket { at: GlobalAddr, hop: u32 },
     /// READ the slot at `at` of the home bucket, the first whose key the
     /// cache does not know (see [`crate::cache`]): free, the key is missing;
     /// the key's, found; another key's, READ the bucket.
@@ -450,7 +451,7 @@ impl Txn {
                                 st.slot_probes += 1;
                                 Step::Probe { at: home.add(layout::slot_offset(t.value_size, s)) }
                             }
-                            _ => Step::Bucket { at: home, home: true },
+                            _ => Step::Bucket { at: home, hop: 0 },
                         }
                     }
                 };
@@ -492,7 +493,7 @@ impl Txn {
                         Box::pin(extend_chain(ctx, t, db.replicas, last));
                     let at = ext.await?;
                     self.d.0.stats.borrow_mut().chains_extended += 1;
-                    self.items[i].step = Step::Bucket { at, home: false };
+                    self.items[i].step = Step::Bucket { at, hop: 1 };
                 }
             }
             let mut round = Round::new(ctx);
@@ -568,7 +569,7 @@ impl Txn {
                     if it.step == Step::Lock {
                         return Err(Abort::Validation.into());
                     }
-                    it.step = Step::Bucket { at: t.home_bucket(it.hash), home: true };
+                    it.step = Step::Bucket { at: t.home_bucket(it.hash), hop: 0 };
                     return Ok(());
                 }
                 let ours = r.state == state::FREE || r.key == it.key;
@@ -604,9 +605,10 @@ impl Txn {
                 // bucket is read.
                 self.d.0.cache.borrow().learn(t, t.bucket_of(at), t.slot_of(at), key);
                 self.d.0.stats.borrow_mut().slot_probes_taken += 1;
-                it.step = Step::Bucket { at: t.home_bucket(it.hash), home: true };
+                it.step = Step::Bucket { at: t.home_bucket(it.hash), hop: 0 };
             }
-            Step::Bucket { at, home } => {
+            Step::Bucket { at, hop } => {
+                let home = hop == 0;
                 let (next, mirrors) = layout::header_of(bytes);
                 let mirrors: Loc = if home {
                     t.array_mirrors(at, replicas)
@@ -662,11 +664,20 @@ impl Txn {
                     }
                     (Some(_), _) => return Err(Abort::NotFound.into()),
                     (None, _) if next != 0 => {
-                        let next = stored_addr(self.d.0.ctx.blades(), next, t.bucket_bytes(), || {
+                        let blades = self.d.0.ctx.blades();
+                        let next = stored_addr(blades, next, t.bucket_bytes(), || {
                             format!("table {}: the next bucket after {at}", t.id)
                         })
                         .map_err(Unsettled::corrupt)?;
-                        it.step = Step::Bucket { at: next, home: false };
+                        // More buckets than the blades hold: a cycle.
+                        if u64::from(hop) >= blades.iter().map(|b| b.size).sum::<u64>() / t.bucket_bytes() {
+                            return Err(Unsettled::corrupt(DtxError::Corrupt(format!(
+                                "table {}: the chain of bucket {} does not end",
+                                t.id,
+                                t.home_bucket(it.hash)
+                            ))));
+                        }
+                        it.step = Step::Bucket { at: next, hop: hop + 1 };
                     }
                     (None, Kind::Insert) => it.step = Step::Extend { last: at },
                     (None, _) => return Err(Abort::NotFound.into()),

@@ -199,3 +199,27 @@ fn a_damaged_overflow_chain_is_reported_as_corrupt_by_reads_audits_and_recovery(
     assert_eq!((rep.live[0], rep.locks_held, rep.replica_mismatches, rep.torn), (30, 0, 0, 0));
     reg.close(&*t).unwrap();
 }
+
+#[test]
+fn a_chain_damaged_into_a_cycle_is_reported_not_walked_forever() {
+    // 50 keys in one bucket: it and its first overflow bucket are full.
+    let b = backends::embedded_sized(2, 32 << 20);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, reg) = open(&t, &spec("cycle", &[8], 1, 2), 1, 1);
+    let dtx = reg.open_thread(rt.ctx());
+    rt.block_on(async move { insert_rows(&dtx, 0..50, |k| k).await });
+    let first = GlobalAddr::from_raw(get(&mut rt, db.table(0).base[0]));
+    let second = get(&mut rt, first);
+    assert_ne!(second, 0, "50 keys need a second overflow bucket");
+    // The first overflow bucket now links to itself.
+    put(&mut rt, first, first.raw());
+    match read_fresh(&mut rt, &t, &db, 999) {
+        Err(TxnError::Dtx(DtxError::Corrupt(m))) => assert!(m.contains("does not end"), "{m}"),
+        other => panic!("expected a chain that does not end, got {other:?}"),
+    }
+    let m = corrupt_message(audit_of(rt.ctx(), db.clone(), &mut rt));
+    assert!(m.contains("does not end"), "{m}");
+    put(&mut rt, first, second);
+    assert_eq!(read_fresh(&mut rt, &t, &db, 49).unwrap(), 49);
+    reg.close(&*t).unwrap();
+}
