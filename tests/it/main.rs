@@ -2,6 +2,7 @@
 
 mod btree;
 mod cli;
+mod damage;
 mod dtx;
 mod multi;
 mod tables;
