@@ -17,7 +17,7 @@ pub enum ShermanError {
         value: usize,
     },
     /// A page stayed torn over every re-read.
-    #[error("page at {0} was torn on every one of {n} reads", n = crate::TORN_RETRIES)]
+    #[error("page at {0} failed its line checks on every one of {n} reads: damaged, or left half-written by a writer that died", n = crate::TORN_RETRIES)]
     Torn(GlobalAddr),
     /// The tree cannot be used as asked.
     #[error("{0}")]
