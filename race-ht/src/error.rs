@@ -15,7 +15,7 @@ pub enum RaceError {
     #[error("both buckets of the key are full and the table is at its largest depth ({})", layout::MAX_DEPTH)]
     Full,
     /// A KV block stayed torn or garbled over many re-reads.
-    #[error("KV block at {0} failed its CRC on every re-read: damaged, or left half-written by a writer that died")]
+    #[error("KV block at {0} failed its CRC on every re-read: it is damaged (blocks are written whole before they are published)")]
     Torn(GlobalAddr),
     /// The key and value do not fit one KV block that a batch can carry.
     #[error("a key of {key} bytes and a value of {value} bytes exceed the {max} bytes a KV block can hold")]
