@@ -677,7 +677,7 @@ impl Txn {
                                 t.home_bucket(it.hash)
                             ))));
                         }
-                        it.step = Step::Bucket { at: next, hop: hop + 1 };
+                        it.step = Step::Bucket { at: next, hop: hop.saturating_add(1) };
                     }
                     (None, Kind::Insert) => it.step = Step::Extend { last: at },
                     (None, _) => return Err(Abort::NotFound.into()),
