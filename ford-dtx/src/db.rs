@@ -107,25 +107,32 @@ pub struct Db {
 }
 
 /// An address read from a blade (a replica's bucket array, a chain's next
-/// bucket, a log area), checked to name `len` bytes of one of the run's
-/// memory blades. Memory changed behind the database's back (a damaged
-/// backing file, a stray writer) is so reported where it is read, as a
-/// corrupt database naming `what`, and not later as a verb to no blade or
-/// out of bounds.
+/// bucket, a log area), checked to name `len` bytes of the heap of one of
+/// the run's memory blades ([`smart_core::layout::check_heap_place`]):
+/// memory changed behind the database's back (a damaged backing file, a
+/// stray writer) is so reported where it is read, as a corrupt database
+/// naming `what`, and not later as a verb to no blade or out of bounds.
 ///
 /// # Errors
 /// [`DtxError::Corrupt`] if it does not.
 pub fn stored_addr(blades: &[BladeInfo], raw: u64, len: u64, what: impl FnOnce() -> String) -> Result<GlobalAddr> {
     let at = GlobalAddr::from_raw(raw);
-    let why = match blades.get(at.blade() as usize) {
-        _ if raw == 0 => "is null".to_string(),
-        None => format!("is on memory blade {}, and the database has {}", at.blade(), blades.len()),
-        Some(b) if at.offset().checked_add(len).is_none_or(|end| end > b.size) => {
-            format!("and its {len} bytes pass the end of memory blade {} ({} bytes)", at.blade(), b.size)
-        }
-        Some(_) => return Ok(at),
-    };
-    Err(DtxError::Corrupt(format!("{}: address {at} {why}", what())))
+    smart_core::layout::check_heap_place(blades, at, len)
+        .map(|()| at)
+        .map_err(|why| DtxError::Corrupt(format!("{}: address {at} {why}", what())))
+}
+
+/// Checks that a chain walked `hops` buckets past its first, the bucket
+/// `home` of table `t`, is not longer than the blades could hold (a cycle
+/// made by damage).
+///
+/// # Errors
+/// [`DtxError::Corrupt`] if it is.
+pub(crate) fn chain_within(blades: &[BladeInfo], t: &Table, home: GlobalAddr, hops: u64) -> Result<()> {
+    if hops < blades.iter().map(|b| b.size).sum::<u64>() / t.bucket_bytes() {
+        return Ok(());
+    }
+    Err(DtxError::Corrupt(format!("table {}: the chain of bucket {home} does not end", t.id)))
 }
 
 fn root_name(name: &str) -> String {

@@ -26,8 +26,8 @@
 
 use smart_core::{Ctx, GlobalAddr};
 
-use crate::db::{stored_addr, Db, Table};
-use crate::error::{DtxError, Result};
+use crate::db::{chain_within, stored_addr, Db, Table};
+use crate::error::Result;
 use crate::layout::{self, log, registry, state, Owner, MAX_REPLICAS};
 use crate::registry::{now_ms, slots, SlotInfo};
 
@@ -234,15 +234,13 @@ where
             let o = (i * bb) as usize;
             let views: [&[u8]; MAX_REPLICAS] =
                 std::array::from_fn(|r| if r < replicas { &bufs[r][o..o + bb as usize] } else { &[][..] });
-            each_slot(t, t.base[0].add((b + i) * bb), views, &mut f);
+            let home = t.base[0].add((b + i) * bb);
+            each_slot(t, home, views, &mut f);
             let mut next = layout::header_of(views[0]).0;
-            let (mut from, mut hops) = (t.base[0].add((b + i) * bb), 0u64);
+            let (mut from, mut hops) = (home, 0);
             while next != 0 {
+                chain_within(ctx.blades(), t, home, hops)?;
                 hops += 1;
-                if hops > ctx.blades().iter().map(|b| b.size).sum::<u64>() / bb {
-                    let home = t.base[0].add((b + i) * bb);
-                    return Err(DtxError::Corrupt(format!("table {}: the chain of bucket {home} does not end", t.id)));
-                }
                 let at =
                     stored_addr(ctx.blades(), next, bb, || format!("table {}: the next bucket after {from}", t.id))?;
                 ctx.read(at, &mut chain[0]).await?;

@@ -50,7 +50,7 @@ use smart_core::runtime::{AtomicRef, Batch, ReadRef};
 use smart_core::GlobalAddr;
 
 use crate::cache::Lookup;
-use crate::db::{extend_chain, stored_addr, Db, Table};
+use crate::db::{chain_within, extend_chain, stored_addr, Db, Table};
 use crate::dtx::{Dtx, Loc};
 use crate::error::{Abort, DtxError, TxnError};
 use crate::layout::{self, log, state, Owner, MAX_REPLICAS};
@@ -669,14 +669,7 @@ impl Txn {
                             format!("table {}: the next bucket after {at}", t.id)
                         })
                         .map_err(Unsettled::corrupt)?;
-                        // More buckets than the blades hold: a cycle.
-                        if u64::from(hop) >= blades.iter().map(|b| b.size).sum::<u64>() / t.bucket_bytes() {
-                            return Err(Unsettled::corrupt(DtxError::Corrupt(format!(
-                                "table {}: the chain of bucket {} does not end",
-                                t.id,
-                                t.home_bucket(it.hash)
-                            ))));
-                        }
+                        chain_within(blades, t, t.home_bucket(it.hash), u64::from(hop)).map_err(Unsettled::corrupt)?;
                         it.step = Step::Bucket { at: next, hop: hop.saturating_add(1) };
                     }
                     (None, Kind::Insert) => it.step = Step::Extend { last: at },

@@ -39,6 +39,28 @@ pub const ROOT_ENTRY_SIZE: u64 = 16;
 /// First heap byte.
 pub const HEAP_START: u64 = 4096;
 
+/// Checks that `len` bytes at `at` lie in the heap of one of `blades`:
+/// what every address a client stored on a blade names. Memory damaged
+/// behind the clients' backs is so caught where such an address is read.
+///
+/// # Errors
+/// Why not, as words to follow the address in a message ("is null", "is on
+/// memory blade 9, and there are 2", …).
+pub fn check_heap_place(blades: &[crate::BladeInfo], at: crate::GlobalAddr, len: u64) -> Result<(), String> {
+    let Some(b) = blades.get(usize::from(at.blade())) else {
+        return Err(format!("is on memory blade {}, and there are {}", at.blade(), blades.len()));
+    };
+    if at.is_null() {
+        Err("is null".into())
+    } else if at.offset() < HEAP_START {
+        Err(format!("is below the heap of memory blade {} (at {HEAP_START})", at.blade()))
+    } else if at.offset().checked_add(len).is_none_or(|end| end > b.size) {
+        Err(format!("and its {len} bytes pass the end of memory blade {} ({} bytes)", at.blade(), b.size))
+    } else {
+        Ok(())
+    }
+}
+
 const _: () = assert!(OFF_ROOTS + ROOT_ENTRIES * ROOT_ENTRY_SIZE <= HEAP_START);
 
 /// What went wrong with a blade's superblock.

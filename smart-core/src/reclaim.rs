@@ -394,7 +394,7 @@ fn span_bytes(ctx: &Ctx, b: usize) -> u64 {
 /// bounds, nor handed out as memory to write).
 fn in_heap(ctx: &Ctx, blade: u16, off: u64, bytes: u64, what: impl FnOnce() -> String) -> Result<()> {
     let size = ctx.blades()[usize::from(blade)].size;
-    if off >= layout::HEAP_START && off % 64 == 0 && off.checked_add(bytes).is_some_and(|end| end <= size) {
+    if off % 64 == 0 && layout::check_heap_place(ctx.blades(), GlobalAddr::new(blade, off), bytes).is_ok() {
         return Ok(());
     }
     Err(Error::Damaged {

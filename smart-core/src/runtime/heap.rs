@@ -114,11 +114,11 @@ impl Ctx {
         };
         let at = GlobalAddr::from_raw(at);
         // A root names an object in some blade's heap.
-        match self.blades().get(usize::from(at.blade())) {
-            Some(b) if (layout::HEAP_START..b.size).contains(&at.offset()) => Ok(Some(at)),
-            _ => Err(Error::Damaged {
+        match layout::check_heap_place(self.blades(), at, 1) {
+            Ok(()) => Ok(Some(at)),
+            Err(why) => Err(Error::Damaged {
                 blade,
-                what: format!("the named root {name:?} holds {at}, which is in no blade's heap"),
+                what: format!("the named root {name:?} holds {at}, which {why}: it is in no blade's heap"),
             }),
         }
     }
