@@ -14,7 +14,7 @@ use smart_bench::micro::{self, MicroConfig};
 use smart_core::{KvIndex, Transport};
 
 use crate::cli::TableAction;
-use crate::config::{App, DtxJob, DtxWorkload, RecoverJob, Session, TableJob, YcsbJob};
+use crate::config::{App, Blades, DtxJob, DtxWorkload, RecoverJob, Session, TableJob, YcsbJob};
 use crate::report::{self, Subject};
 
 /// How a subcommand ended.
@@ -45,6 +45,28 @@ impl Outcome {
             (true, false) => Outcome::Clean,
         }
     }
+}
+
+/// Checks, before a subcommand reads anything, that remote memory blades
+/// are, in the order listed, the set they were when first used together
+/// ([`smart_core::Ctx::check_blade_set`]), and records the set on blades
+/// used for the first time. Embedded blades are made by this process and
+/// need no check.
+///
+/// # Errors
+/// A blade restarted without its backing file, replaced, listed in another
+/// order, or from another set, named with its address; verb errors.
+pub fn check_blade_set(s: &Session, t: &dyn Transport) -> Result<()> {
+    let Blades::Remote { addrs, .. } = &s.blades else { return Ok(()) };
+    let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+    let ctx = rt.ctx();
+    rt.block_on(async move { ctx.check_blade_set().await }).map_err(|e| match e {
+        smart_core::Error::BladeSet { blade, what } => {
+            let at = addrs.get(usize::from(blade)).map_or(String::new(), |a| format!(" ({a})"));
+            anyhow::anyhow!("memory blade {blade}{at} {what}")
+        }
+        e => anyhow::Error::new(e).context("checking the memory blades"),
+    })
 }
 
 /// `compute-blade micro`.

@@ -102,6 +102,15 @@ pub enum Error {
         /// What was read, and why it cannot be right.
         what: String,
     },
+    /// The run's blades are not, in this order, the set they were when
+    /// first used together ([`crate::Ctx::check_blade_set`]).
+    #[error("memory blade {blade} {what}")]
+    BladeSet {
+        /// Which blade (its index in the run's list).
+        blade: u16,
+        /// What it was instead, and what that means.
+        what: String,
+    },
     /// Not every party arrived at a barrier in time.
     #[error(
         "barrier {name:?}: {arrived} of {parties} processes arrived within {waited_ms} ms (a compute blade did not \

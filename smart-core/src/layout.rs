@@ -6,7 +6,14 @@
 //!      8     8  layout version
 //!     16     8  region size in bytes
 //!     24     8  heap bump pointer (next free offset; compute blades FAA it)
-//!     32    32  reserved
+//!     32     8  identity: a random word, never 0, drawn when the region is
+//!               first served (kept in a backing file across restarts)
+//!     40     8  place in its set: the top 48 bits of the identity of the
+//!               set's blade 0, then this blade's index (16 bits); 0 until
+//!               a compute blade first uses the blade
+//!     48     8  the identity of the set's next blade (index + 1) when first
+//!               used with one; 0 until then
+//!     56     8  reserved
 //!     64  1024  named roots: 64 entries of {name tag u64, GlobalAddr u64}
 //!   4096     -  heap (chunks handed out by the bump pointer)
 //! ```
@@ -15,6 +22,13 @@
 //! entry's tag (an FNV-1a hash of the name, never 0) from 0, then its address
 //! from 0; whoever's address CAS wins defines the root, and everyone else
 //! learns the winner from the CAS's old value.
+//!
+//! Compute blades address memory as (blade index, offset), so data made
+//! over a list of blades is meaningful only over the same blades in the same
+//! order. The identity and set words let a compute blade check that before
+//! it reads anything ([`crate::Ctx::check_blade_set`]): a blade restarted
+//! without its backing file, or listed in another order, or from another
+//! set, is refused instead of read as if it held the data.
 
 use crate::region::Region;
 
@@ -30,6 +44,12 @@ pub const OFF_VERSION: u64 = 8;
 pub const OFF_SIZE: u64 = 16;
 /// Offset of the heap bump pointer.
 pub const OFF_HEAP: u64 = 24;
+/// Offset of the blade's identity.
+pub const OFF_IDENTITY: u64 = 32;
+/// Offset of the blade's place in its set.
+pub const OFF_SET_PLACE: u64 = 40;
+/// Offset of the identity of the set's next blade.
+pub const OFF_SET_NEXT: u64 = 48;
 /// Offset of the named-root table.
 pub const OFF_ROOTS: u64 = 64;
 /// Entries in the named-root table.
@@ -104,11 +124,34 @@ pub fn format_or_check(region: &Region) -> Result<bool, LayoutError> {
         put(OFF_VERSION, LAYOUT_VERSION);
         put(OFF_SIZE, region.len());
         put(OFF_HEAP, HEAP_START);
+        put(OFF_IDENTITY, new_identity());
         put(OFF_MAGIC, MAGIC);
         return Ok(true);
     }
     check_words(magic, word(OFF_VERSION), word(OFF_SIZE), region.len())?;
+    if word(OFF_IDENTITY) == 0 {
+        // Formatted by a build that left the word reserved: the blade has
+        // not been checked as part of a set either, so it joins one afresh.
+        region.store_u64(OFF_IDENTITY, new_identity()).expect("superblock in bounds");
+    }
     Ok(false)
+}
+
+/// A blade identity: random, with its top 48 bits (what a set place keeps
+/// of blade 0's) not all zero.
+fn new_identity() -> u64 {
+    loop {
+        let id = rand::random::<u64>();
+        if id >> 16 != 0 {
+            return id;
+        }
+    }
+}
+
+/// The set-place word of the blade at `index` of a set whose blade 0 has
+/// identity `head`.
+pub fn set_place(head: u64, index: u16) -> u64 {
+    (head & !0xffff) | u64::from(index)
 }
 
 /// Checks the first three superblock words against what the peer reported.
@@ -150,6 +193,8 @@ mod tests {
     #[test]
     fn superblock_offsets_are_pinned() {
         assert_eq!((OFF_MAGIC, OFF_VERSION, OFF_SIZE, OFF_HEAP, OFF_ROOTS), (0, 8, 16, 24, 64));
+        assert_eq!((OFF_IDENTITY, OFF_SET_PLACE, OFF_SET_NEXT), (32, 40, 48));
+        assert_eq!(set_place(0x1234_5678_9abc_def0, 3), 0x1234_5678_9abc_0003);
         assert_eq!(root_entry(0), 64);
         assert_eq!(root_entry(ROOT_ENTRIES), 64);
         assert_eq!(root_entry(63), 64 + 63 * 16);
@@ -162,6 +207,19 @@ mod tests {
         assert_eq!(format_or_check(&r), Ok(true));
         assert_eq!(format_or_check(&r), Ok(false));
         assert_eq!(r.load_u64(OFF_HEAP), Ok(HEAP_START));
+        // An identity is drawn once and kept; a blade formatted before the
+        // word existed gets one when next served.
+        let id = r.load_u64(OFF_IDENTITY).unwrap();
+        assert_ne!(id >> 16, 0);
+        assert_eq!(format_or_check(&r), Ok(false));
+        assert_eq!(r.load_u64(OFF_IDENTITY), Ok(id));
+        r.store_u64(OFF_IDENTITY, 0).unwrap();
+        assert_eq!(format_or_check(&r), Ok(false));
+        assert_ne!(r.load_u64(OFF_IDENTITY).unwrap() >> 16, 0);
+        assert_ne!(
+            Region::anonymous(1 << 20).map(|r2| (format_or_check(&r2), r2.load_u64(OFF_IDENTITY))).unwrap().1,
+            Ok(id)
+        );
         r.store_u64(OFF_VERSION, 99).unwrap();
         assert_eq!(format_or_check(&r), Err(LayoutError::Version { found: 99 }));
         r.store_u64(OFF_MAGIC, 7).unwrap();

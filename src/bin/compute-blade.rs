@@ -30,6 +30,7 @@ fn main() -> Result<()> {
     }
     cfg.session.run.interrupt = Some(interrupt);
     let transport = cfg.session.blades.connect()?;
+    commands::check_blade_set(&cfg.session, &*transport)?;
     let outcome = match &cfg.job {
         Job::Micro(m) => commands::micro(&cfg.session, &*transport, m)?,
         Job::Ycsb(y) => commands::ycsb(&cfg.session, &*transport, y)?,

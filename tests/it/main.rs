@@ -1,5 +1,6 @@
 //! End-to-end tests of the `memory-blade` and `compute-blade` binaries.
 
+mod blade_set;
 mod btree;
 mod cli;
 mod damage;

@@ -32,6 +32,7 @@
 //! | `ready` | the lock-free ready set wakers set (model-checked with loom) |
 
 mod batch;
+mod blade_set;
 mod config;
 mod conflict;
 mod ctx;

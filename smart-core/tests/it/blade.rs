@@ -229,3 +229,69 @@ fn connections_beyond_the_maximum_are_refused_with_a_reason() {
     }
     drop(b);
 }
+
+/// The set check over three embedded blades whose superblocks the test
+/// edits as a restart, a reordering or another set would leave them.
+#[test]
+fn blades_of_a_set_are_checked_in_order_and_a_refused_list_changes_nothing() {
+    use smart_core::layout::{set_place, OFF_IDENTITY, OFF_SET_NEXT, OFF_SET_PLACE};
+    use smart_core::EmbeddedTransport;
+
+    let t = EmbeddedTransport::new(3, 1 << 20).unwrap();
+    let word = |b: usize, off: u64| t.region(b).load_u64(off).unwrap();
+    let id: Vec<u64> = (0..3).map(|b| word(b, OFF_IDENTITY)).collect();
+    assert!(id.iter().all(|i| i >> 16 != 0) && id[0] != id[1] && id[1] != id[2], "{id:x?}");
+    let check = || {
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move { ctx.check_blade_set().await })
+    };
+    let words = |b: usize| (word(b, OFF_SET_PLACE), word(b, OFF_SET_NEXT));
+    // First use records the set; a second finds it as recorded.
+    for _ in 0..2 {
+        check().unwrap();
+        assert_eq!(words(0), (set_place(id[0], 0), id[1]));
+        assert_eq!(words(1), (set_place(id[0], 1), id[2]));
+        assert_eq!(words(2), (set_place(id[0], 2), 0));
+    }
+    let refused = |blade: u16, says: &str| match check() {
+        Err(Error::BladeSet { blade: b, what }) => {
+            assert_eq!(b, blade, "{what}");
+            assert!(what.contains(says), "{what}");
+        }
+        other => panic!("expected blade {blade} refused ({says}), got {other:?}"),
+    };
+    let put = |b: usize, off: u64, v: u64| t.region(b).store_u64(off, v).unwrap();
+
+    // Blade 2 restarted without its backing file: a new identity, no set.
+    put(2, OFF_IDENTITY, id[2] ^ 0xffff_0000);
+    put(2, OFF_SET_PLACE, 0);
+    refused(2, "restarted without its backing file");
+    assert_eq!(words(2), (0, 0), "a refused list wrote its set on the new blade");
+    put(2, OFF_IDENTITY, id[2]);
+    put(2, OFF_SET_PLACE, set_place(id[0], 2));
+    check().unwrap();
+
+    // Blades 0 and 1 swapped in the list: each superblock as the other's.
+    let sb = |b: usize| [OFF_IDENTITY, OFF_SET_PLACE, OFF_SET_NEXT].map(|o| word(b, o));
+    let (s0, s1) = (sb(0), sb(1));
+    let swap = |a: [u64; 3], b: [u64; 3]| {
+        for (i, o) in [OFF_IDENTITY, OFF_SET_PLACE, OFF_SET_NEXT].into_iter().enumerate() {
+            put(0, o, a[i]);
+            put(1, o, b[i]);
+        }
+    };
+    swap(s1, s0);
+    refused(0, "listed in another order");
+    swap(s0, s1);
+    check().unwrap();
+
+    // Blade 1 from another set (whose blade 0 is not here).
+    put(1, OFF_SET_PLACE, set_place(0x5eed_0000_0000_0000, 1));
+    refused(1, "another set");
+    put(1, OFF_SET_PLACE, set_place(id[0], 1));
+
+    // A superblock without an identity is damage, not a fresh blade.
+    put(1, OFF_IDENTITY, 0);
+    assert!(matches!(check(), Err(Error::Damaged { blade: 1, .. })));
+}

@@ -1,0 +1,122 @@
+//! The run's memory blades checked against the set they formed when first
+//! used together (the superblock's identity and set words, see
+//! [`crate::layout`]).
+
+use super::Ctx;
+use crate::{layout, Error, GlobalAddr, Result};
+
+/// What one blade's superblock says of it and its set.
+#[derive(Clone, Copy)]
+struct Seen {
+    identity: u64,
+    place: u64,
+    next: u64,
+}
+
+impl Ctx {
+    /// Checks every blade's superblock ([`Ctx::check_blade`]), then that the
+    /// run's blades, in this order, are the set they were when first used
+    /// together, and records on each blade what it did not record yet: its
+    /// place (blade 0's identity and its index) and the identity of the next
+    /// blade. Run once per process before anything is read: addresses name
+    /// blades by index, so data made over a list of blades means something
+    /// only over the same blades in the same order.
+    ///
+    /// A prefix of a set, and a set extended by new blades, pass: each
+    /// blade's place is unchanged. What fails, as [`Error::BladeSet`]:
+    /// - a blade restarted without its backing file, or replaced: its
+    ///   predecessor recorded another identity as its next blade (blade 0's
+    ///   replacement is found by blade 1, whose place names the old blade 0);
+    /// - blades listed in another order than when first used;
+    /// - a blade that was part of another set.
+    ///
+    /// # Errors
+    /// [`Error::BladeSet`], [`Error::Layout`]; verb errors.
+    pub async fn check_blade_set(&self) -> Result<()> {
+        let n = self.blades().len();
+        let mut seen = Vec::with_capacity(n);
+        for b in 0..n {
+            let blade = u16::try_from(b).expect("at most MAX_BLADES blades");
+            self.check_blade(blade).await?;
+            let mut w = [0u8; 24];
+            self.read(GlobalAddr::new(blade, layout::OFF_IDENTITY), &mut w).await?;
+            let word = |i: usize| u64::from_le_bytes(w[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            let s = Seen { identity: word(0), place: word(1), next: word(2) };
+            if s.identity >> 16 == 0 {
+                return Err(Error::Damaged {
+                    blade,
+                    what: format!(
+                        "its identity word is {:#x}: a memory blade draws one when it starts (an older memory-blade \
+                         build, or a damaged superblock)",
+                        s.identity
+                    ),
+                });
+            }
+            seen.push(s);
+        }
+        // Every check before any write, so that a refused list changes
+        // nothing.
+        for (b, s) in seen.iter().enumerate() {
+            judge(&seen, b, *s)?;
+        }
+        let head = seen[0].identity;
+        for (b, s) in seen.iter().enumerate() {
+            let blade = b as u16;
+            let mut now = *s;
+            if s.place == 0 {
+                now.place =
+                    self.cas(GlobalAddr::new(blade, layout::OFF_SET_PLACE), 0, layout::set_place(head, blade)).await?;
+                if now.place == 0 {
+                    now.place = layout::set_place(head, blade);
+                }
+            }
+            if let Some(next) = seen.get(b + 1).filter(|_| s.next == 0) {
+                now.next = self.cas(GlobalAddr::new(blade, layout::OFF_SET_NEXT), 0, next.identity).await?;
+                if now.next == 0 {
+                    now.next = next.identity;
+                }
+            }
+            // Another compute blade may have recorded another set meanwhile.
+            judge(&seen, b, now)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether blade `b`, which says `s` of itself, fits its place in `seen`.
+fn judge(seen: &[Seen], b: usize, s: Seen) -> Result<()> {
+    let blade = b as u16;
+    let mask = !0xffff_u64;
+    if s.place != 0 && s.place != layout::set_place(seen[0].identity, blade) {
+        let was = s.place & 0xffff;
+        let what = match seen.iter().position(|o| o.identity & mask == s.place & mask) {
+            Some(head) => format!(
+                "was blade {was} of a set whose blade 0 is now memory blade {head}: the blades are listed in another \
+                 order than when they were first used together (addresses name blades by their place in the list), \
+                 so list them in that order"
+            ),
+            None => format!(
+                "was blade {was} of another set, whose blade 0 (identity {:#014x}…) is not in this list: that blade \
+                 was restarted without its backing file or replaced, or this list mixes blades of different sets",
+                s.place >> 16
+            ),
+        };
+        return Err(Error::BladeSet { blade, what });
+    }
+    if let Some(next) = seen.get(b + 1) {
+        if s.next != 0 && s.next != next.identity {
+            return Err(Error::BladeSet {
+                blade: blade + 1,
+                what: format!(
+                    "is not the blade that was blade {} of this set when first used (memory blade {b} recorded \
+                     identity {:#018x}, it has {:#018x}): it was restarted without its backing file or replaced, and \
+                     what was kept on it is lost",
+                    b + 1,
+                    s.next,
+                    next.identity
+                ),
+            });
+        }
+    }
+    Ok(())
+}
