@@ -325,19 +325,39 @@ pub fn recover(s: &Session, t: &dyn Transport, job: &RecoverJob) -> Result<Outco
         let r = rt.block_on(async move {
             let Some(db) = ford_dtx::db::Db::open(&ctx, &name2).await? else { return Ok(None) };
             let which = slot.map_or(Which::Expired, Which::Slot);
-            ford_dtx::recovery::recover(&ctx, &db, which).await.map(Some)
+            let v = ford_dtx::recovery::recover(&ctx, &db, which).await?;
+            let orphans = ford_dtx::recovery::release_orphans(&ctx, &db).await?;
+            Ok(Some((v, orphans)))
         });
         match r.map_err(|e: ford_dtx::DtxError| anyhow::anyhow!("recovering {name:?}: {e}"))? {
             None => println!("{name}: no such database on these blades"),
-            Some(v) if v.is_empty() => println!("{name}: no dead compute blade"),
-            Some(v) => {
+            Some((v, orphans)) => {
+                if v.is_empty() {
+                    println!("{name}: no dead compute blade");
+                }
                 for r in &v {
                     println!(
                         "{name}: compute blade {} (pid {}): {} log entries, {} rolled back, {} rolled forward, {} locks released",
                         r.slot, r.pid, r.entries, r.rolled_back, r.rolled_forward, r.released
                     );
                 }
-                all.push(json!({ "db": name, "recovered": v }));
+                if orphans.released > 0 {
+                    println!(
+                        "{name}: {} damaged lock words that no compute blade could hold released (of {} held); the \
+                         first: {}",
+                        orphans.released,
+                        orphans.held,
+                        orphans
+                            .shown
+                            .iter()
+                            .map(|h| format!("table {} key {} word {:#x}", h.table, h.key, h.word))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
+                if !v.is_empty() || orphans.released > 0 {
+                    all.push(json!({ "db": name, "recovered": v, "orphan_locks": orphans }));
+                }
             }
         }
     }

@@ -21,6 +21,8 @@
 //! 3. frees the slot.
 //!
 //! Every step is idempotent, so a recovery that dies is simply run again.
+//! [`release_orphans`] then releases locks that no registered compute blade
+//! could hold (damage), which nothing else would ever release.
 //! Committed transactions stay (nothing rolls them back); uncommitted ones
 //! leave nothing behind.
 
@@ -178,6 +180,80 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo) -> Result<Recovered> {
         }
     }
     Ok(rep)
+}
+
+/// What [`release_orphans`] found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Orphans {
+    /// Locks held on the tables' primaries when scanned.
+    pub held: u64,
+    /// Of those, released: no registered compute blade could hold them.
+    pub released: u64,
+    /// The first [`HELD_SHOWN`] released, to say what they were.
+    pub shown: Vec<HeldLock>,
+}
+
+/// Whether a registered compute blade could hold lock word `w`, by the
+/// registry as read: it names a claimed slot (recovering or not), and a
+/// thread and coroutine within that slot's shape.
+fn ownable(w: u64, slots: &[SlotInfo]) -> bool {
+    Owner::of(w).is_some_and(|o| {
+        slots.iter().any(|s| {
+            s.slot == o.blade
+                && s.claim != 0
+                && u64::from(o.thread) < s.threads
+                && u64::from(o.coroutine) < s.coroutines
+        })
+    })
+}
+
+/// Releases the locks that no compute blade can hold: words without the
+/// LOCKED bit, and words naming a registry slot that is free or a thread or
+/// coroutine beyond its registration's shape. No transaction writes such a
+/// word (a compute blade registers before it locks, releases its locks
+/// before it frees its slot, and recovery releases a dead one's before
+/// freeing it), so they are damage: a backing file edited or half-restored,
+/// a stray writer. A record under one is not changed, only unlocked (its
+/// CRC and the audit say whether it is whole).
+///
+/// Safe while compute blades run: the registry is read before and after the
+/// scan, and a lock is released only if neither read shows a registration
+/// that could hold it. A transaction locks only after its compute blade
+/// registered, so a lock it took during the scan names a slot the second
+/// read shows claimed; the release is a CAS from the word scanned, which
+/// the holder of a released lock could not have replaced. Locks of dead
+/// compute blades whose slots are still claimed are [`recover`]'s.
+///
+/// # Errors
+/// As [`scan`]; verb errors.
+pub async fn release_orphans(ctx: &Ctx, db: &Db) -> Result<Orphans> {
+    let before = slots(ctx, db).await?;
+    let mut held = Vec::new();
+    for t in &db.tables {
+        scan(ctx, t, 1, |at, recs| {
+            let word = u64::from_le_bytes(recs[0][40..48].try_into().expect("8 bytes"));
+            if word != 0 {
+                let (key, _) = layout::key_of(recs[0]);
+                let state = layout::decode(recs[0], t.value_size).map_or(u8::MAX, |r| r.state);
+                held.push((at, HeldLock { table: t.id, key, state, word, owner: Owner::of(word) }));
+            }
+        })
+        .await?;
+    }
+    let after = slots(ctx, db).await?;
+    let mut out = Orphans { held: held.len() as u64, ..Orphans::default() };
+    for (at, lock) in held {
+        if ownable(lock.word, &before) || ownable(lock.word, &after) {
+            continue;
+        }
+        if ctx.cas(at.add(layout::LOCK), lock.word, 0).await? == lock.word {
+            out.released += 1;
+            if out.shown.len() < HELD_SHOWN {
+                out.shown.push(lock);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Writes an item's old image to every replica (the primary keeping the

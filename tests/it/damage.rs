@@ -113,3 +113,60 @@ fn commands_on_randomly_damaged_blades_answer_and_never_crash() {
     assert_eq!(answered.values().sum::<usize>(), 30, "{answered:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Writes `words` into the lock words of the first SmallBank records (8-byte
+/// values, whose primary is on blade 0) found in blade 0's backing file.
+fn damage_locks(path: &Path, words: &[u64]) {
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut heap = vec![0u8; 16 << 20];
+    f.read_exact_at(&mut heap, 0).unwrap();
+    let w = |o: usize| u64::from_le_bytes(heap[o..o + 8].try_into().unwrap());
+    // A record at `o` on blade 0 names itself as its primary (`home`, @24).
+    let records =
+        (HEAP_START as usize..heap.len() - 64).step_by(64).filter(|o| w(o + 24) == *o as u64 && w(o + 8) == 8);
+    let mut n = 0;
+    for (o, word) in records.zip(words) {
+        f.write_all_at(&word.to_le_bytes(), o as u64 + 40).unwrap();
+        n += 1;
+    }
+    assert_eq!(n, words.len(), "records found");
+}
+
+#[test]
+fn recover_releases_damaged_lock_words_that_no_compute_blade_can_hold() {
+    let dir = tmp("orphan-locks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let files = [dir.join("b0"), dir.join("b1")];
+    let start = || files.each_ref().map(|f| Blade::start(&["--size", "64MiB", "--backing-file", f.to_str().unwrap()]));
+    let joined = |b: &[Blade; 2]| format!("{},{}", b[0].addr, b[1].addr);
+    let blades = start();
+    let list = joined(&blades);
+    let db = ["--accounts", "2000", "--hot", "50", "--audit", "--quiet", "--duration", "0.3", "--warmup", "0"];
+    assert_eq!(run_json("orphans-load.json", &[&["smallbank", "--blades", &list][..], &db].concat())["violations"], 0);
+    drop(blades);
+    // A lock word of registry slot 200, which nobody holds; not a lock word.
+    let words = [1 | 200 << 1 | 5 << 41, 0xdead_beef_0000];
+    damage_locks(&files[0], &words);
+    let blades = start();
+    let list = joined(&blades);
+    let audit = |name| {
+        let j = tmp(name);
+        let out = Command::new(COMPUTE)
+            .args(["smallbank", "--blades", &list, "--audit-only", "--quiet", "--json", j.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let r = crate::cli::record(&j);
+        std::fs::remove_file(&j).unwrap();
+        (out.status.code(), r["audit"]["db"]["locks_held"].as_u64())
+    };
+    assert_eq!(audit("orphans-audit1.json"), (Some(1), Some(2)), "two damaged locks held");
+    let r = run_json("orphans-recover.json", &["recover", "--blades", &list, "--db", "smallbank"]);
+    let o = &r["databases"][0]["orphan_locks"];
+    assert_eq!((o["held"].as_u64(), o["released"].as_u64()), (Some(2), Some(2)), "{r}");
+    let mut shown: Vec<u64> = o["shown"].as_array().unwrap().iter().map(|h| h["word"].as_u64().unwrap()).collect();
+    shown.sort_unstable();
+    assert_eq!(shown, words);
+    assert_eq!(audit("orphans-audit2.json"), (Some(0), Some(0)), "released, the audit is clean");
+    drop(blades);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

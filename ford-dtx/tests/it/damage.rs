@@ -223,3 +223,85 @@ fn a_chain_damaged_into_a_cycle_is_reported_not_walked_forever() {
     assert_eq!(read_fresh(&mut rt, &t, &db, 49).unwrap(), 49);
     reg.close(&*t).unwrap();
 }
+
+/// Updates `key` (8-byte values) to `value` on a new compute blade.
+fn update_fresh(rt: &mut Runtime, t: &Arc<dyn Transport>, db: &Arc<Db>, key: u64, value: u64) -> Result<(), TxnError> {
+    let other = join(t, db);
+    let dtx = other.open_thread(rt.ctx());
+    let r = rt.block_on(async move {
+        let mut tx = dtx.txn(0);
+        tx.begin();
+        let i = tx.update(0, key);
+        tx.execute().await?;
+        tx.write(i, &value.to_le_bytes());
+        tx.commit().await
+    });
+    other.close(&**t).unwrap();
+    r
+}
+
+#[test]
+fn damaged_lock_words_that_no_compute_blade_can_hold_are_released_and_no_other() {
+    use ford_dtx::layout::{slot_offset, Owner, LOCK};
+    use ford_dtx::recovery::release_orphans;
+
+    let (b, mut rt, db, reg) = chained("orphans");
+    let t: Arc<dyn Transport> = b.transport.clone();
+    // Keys 0..22 fill the home bucket in order, 22..30 its overflow bucket.
+    let home = db.table(0).base[0];
+    let overflow = GlobalAddr::from_raw(get(&mut rt, home));
+    let lock_of = |key: u64| match key {
+        0..22 => home.add(slot_offset(8, key as usize) + LOCK),
+        _ => overflow.add(slot_offset(8, key as usize - 22) + LOCK),
+    };
+    let live = reg.slot();
+    // A compute blade that died a moment ago: its lease still runs.
+    let dead = join(&t, &db);
+    let dead_slot = dead.slot();
+    drop(dead);
+    let owner = |blade, thread| Owner { blade, thread, coroutine: 0 };
+    let words = [
+        (0, 0xdead_beef_0000_u64, true),              // not a lock word (LOCKED clear)
+        (1, owner(200, 0).lock_word(5), true),        // a slot nobody holds
+        (2, owner(live, 7).lock_word(5), true),       // a thread the live blade does not have
+        (25, owner(live, 0).lock_word(9), false),     // could be the live blade's (in the chain)
+        (3, owner(dead_slot, 0).lock_word(2), false), // the dead blade's: recovery's
+    ];
+    for (key, w, _) in words {
+        put(&mut rt, lock_of(key), w);
+    }
+    // What damage did: the row cannot be written, and the audit counts it.
+    match update_fresh(&mut rt, &t, &db, 1, 11) {
+        Err(TxnError::Abort(ford_dtx::Abort::Locked)) => {}
+        other => panic!("expected the damaged lock to read as held, got {other:?}"),
+    }
+    assert_eq!(audit_of(rt.ctx(), db.clone(), &mut rt).unwrap().locks_held, 5);
+
+    let release = |rt: &mut Runtime| {
+        let (ctx, d) = (rt.ctx(), db.clone());
+        rt.block_on(async move { release_orphans(&ctx, &d).await }).unwrap()
+    };
+    let o = release(&mut rt);
+    assert_eq!((o.held, o.released), (5, 3), "{o:?}");
+    let mut shown: Vec<u64> = o.shown.iter().map(|h| h.word).collect();
+    shown.sort_unstable();
+    let mut want: Vec<u64> = words.iter().filter(|w| w.2).map(|w| w.1).collect();
+    want.sort_unstable();
+    assert_eq!(shown, want);
+    for (key, w, orphan) in words {
+        assert_eq!(get(&mut rt, lock_of(key)), if orphan { 0 } else { w }, "key {key}");
+    }
+    update_fresh(&mut rt, &t, &db, 1, 11).expect("the released row is written again");
+    assert_eq!(read_fresh(&mut rt, &t, &db, 1).unwrap(), 11);
+    // Again: nothing more to release; the dead blade's lock is recovery's.
+    assert_eq!(release(&mut rt).released, 0);
+    let (ctx, d) = (rt.ctx(), db.clone());
+    let rec = rt.block_on(async move { recover(&ctx, &d, Which::Slot(dead_slot)).await }).unwrap();
+    assert_eq!(rec[0].released, 1, "{rec:?}");
+    // The live blade's: still held until it releases it.
+    assert_eq!(audit_of(rt.ctx(), db.clone(), &mut rt).unwrap().locks_held, 1);
+    put(&mut rt, lock_of(25), 0);
+    let rep = audit_of(rt.ctx(), db.clone(), &mut rt).unwrap();
+    assert_eq!((rep.live[0], rep.locks_held, rep.replica_mismatches, rep.torn), (30, 0, 0, 0));
+    reg.close(&*t).unwrap();
+}
