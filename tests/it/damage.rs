@@ -47,18 +47,30 @@ fn answers(args: &[&str]) -> String {
     said.unwrap_or("").to_string()
 }
 
-#[test]
-fn commands_on_randomly_damaged_blades_answer_and_never_crash() {
-    let dir = tmp("damage");
+/// A new directory `name` under the tests' temporary directory, and the
+/// paths of two backing files in it (for [`start_on`]).
+fn two_backed_blades(name: &str) -> (std::path::PathBuf, [std::path::PathBuf; 2]) {
+    let dir = tmp(name);
     std::fs::create_dir_all(&dir).unwrap();
     let files = [dir.join("b0"), dir.join("b1")];
-    let start = || files.each_ref().map(|f| Blade::start(&["--size", "64MiB", "--backing-file", f.to_str().unwrap()]));
-    let joined = |b: &[Blade; 2]| format!("{},{}", b[0].addr, b[1].addr);
+    (dir, files)
+}
+
+/// Starts a memory blade on each of `files`; returns them and their
+/// `--blades` list.
+fn start_on(files: &[std::path::PathBuf; 2]) -> ([Blade; 2], String) {
+    let b = files.each_ref().map(|f| Blade::start(&["--size", "64MiB", "--backing-file", f.to_str().unwrap()]));
+    let list = format!("{},{}", b[0].addr, b[1].addr);
+    (b, list)
+}
+
+#[test]
+fn commands_on_randomly_damaged_blades_answer_and_never_crash() {
+    let (dir, files) = two_backed_blades("damage");
     // A SmallBank and a TATP database over both blades, a RACE table and a
     // B+tree: each structure on the blades, in a known good state.
     {
-        let blades = start();
-        let bl = joined(&blades);
+        let (_blades, bl) = start_on(&files);
         let q = ["--blades", &bl, "--duration", "0.2", "--warmup", "0", "--quiet"];
         run_json("dmg-tatp.json", &[&["tatp", "--subscribers", "2000"], &q[..]].concat());
         run_json("dmg-sb.json", &[&["smallbank", "--accounts", "2000", "--hot", "50", "--audit"], &q[..]].concat());
@@ -82,8 +94,7 @@ fn commands_on_randomly_damaged_blades_answer_and_never_crash() {
             std::fs::copy(f.with_extension("good"), f).unwrap();
             damage(f, &mut rng, 200);
         }
-        let blades = start();
-        let bl = joined(&blades);
+        let (blades, bl) = start_on(&files);
         let run = ["--blades", bl.as_str(), "--duration", "0.3", "--warmup", "0", "--quiet"];
         let only = ["--blades", bl.as_str()];
         let commands: [Vec<&str>; 10] = [
@@ -134,21 +145,15 @@ fn damage_locks(path: &Path, words: &[u64]) {
 
 #[test]
 fn recover_releases_damaged_lock_words_that_no_compute_blade_can_hold() {
-    let dir = tmp("orphan-locks");
-    std::fs::create_dir_all(&dir).unwrap();
-    let files = [dir.join("b0"), dir.join("b1")];
-    let start = || files.each_ref().map(|f| Blade::start(&["--size", "64MiB", "--backing-file", f.to_str().unwrap()]));
-    let joined = |b: &[Blade; 2]| format!("{},{}", b[0].addr, b[1].addr);
-    let blades = start();
-    let list = joined(&blades);
+    let (dir, files) = two_backed_blades("orphan-locks");
+    let (blades, list) = start_on(&files);
     let db = ["--accounts", "2000", "--hot", "50", "--audit", "--quiet", "--duration", "0.3", "--warmup", "0"];
     assert_eq!(run_json("orphans-load.json", &[&["smallbank", "--blades", &list][..], &db].concat())["violations"], 0);
     drop(blades);
     // A lock word of registry slot 200, which nobody holds; not a lock word.
     let words = [1 | 200 << 1 | 5 << 41, 0xdead_beef_0000];
     damage_locks(&files[0], &words);
-    let blades = start();
-    let list = joined(&blades);
+    let (blades, list) = start_on(&files);
     let audit = |name| {
         let j = tmp(name);
         let out = Command::new(COMPUTE)
