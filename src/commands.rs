@@ -326,7 +326,8 @@ pub fn recover(s: &Session, t: &dyn Transport, job: &RecoverJob) -> Result<Outco
             let Some(db) = ford_dtx::db::Db::open(&ctx, &name2).await? else { return Ok(None) };
             let which = slot.map_or(Which::Expired, Which::Slot);
             let v = ford_dtx::recovery::recover(&ctx, &db, which).await?;
-            let orphans = ford_dtx::recovery::release_orphans(&ctx, &db).await?;
+            // Reported after what recovery did, even if it fails.
+            let orphans = ford_dtx::recovery::release_orphans(&ctx, &db).await;
             Ok(Some((v, orphans)))
         });
         match r.map_err(|e: ford_dtx::DtxError| anyhow::anyhow!("recovering {name:?}: {e}"))? {
@@ -341,18 +342,21 @@ pub fn recover(s: &Session, t: &dyn Transport, job: &RecoverJob) -> Result<Outco
                         r.slot, r.pid, r.entries, r.rolled_back, r.rolled_forward, r.released
                     );
                 }
+                let orphans = orphans.map_err(|e| {
+                    anyhow::anyhow!("recovering {name:?}: scanning for lock words no compute blade can hold: {e}")
+                })?;
                 if orphans.released > 0 {
+                    let shown: Vec<String> = orphans
+                        .shown
+                        .iter()
+                        .map(|h| format!("table {} key {} word {:#x}", h.table, h.key, h.word))
+                        .collect();
+                    let more = if orphans.released > shown.len() as u64 { ", …" } else { "" };
                     println!(
-                        "{name}: {} damaged lock words that no compute blade could hold released (of {} held); the \
-                         first: {}",
+                        "{name}: {} damaged lock words that no compute blade could hold released (of {} held): {}{more}",
                         orphans.released,
                         orphans.held,
-                        orphans
-                            .shown
-                            .iter()
-                            .map(|h| format!("table {} key {} word {:#x}", h.table, h.key, h.word))
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        shown.join(", ")
                     );
                 }
                 if !v.is_empty() || orphans.released > 0 {
