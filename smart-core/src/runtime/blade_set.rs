@@ -28,7 +28,9 @@ impl Ctx {
     ///   predecessor recorded another identity as its next blade (blade 0's
     ///   replacement is found by blade 1, whose place names the old blade 0);
     /// - blades listed in another order than when first used;
-    /// - a blade that was part of another set.
+    /// - a blade that was part of another set;
+    /// - two blades with one identity (one serves a copy of the other's
+    ///   backing file).
     ///
     /// # Errors
     /// [`Error::BladeSet`], [`Error::Layout`]; verb errors.
@@ -56,6 +58,18 @@ impl Ctx {
         }
         // Every check before any write, so that a refused list changes
         // nothing.
+        for (b, s) in seen.iter().enumerate() {
+            if let Some(a) = seen[..b].iter().position(|o| o.identity == s.identity) {
+                return Err(Error::BladeSet {
+                    blade: b as u16,
+                    what: format!(
+                        "has the identity of memory blade {a} ({:#018x}): one serves a copy of the other's backing \
+                         file, and the two cannot be told apart",
+                        s.identity
+                    ),
+                });
+            }
+        }
         for (b, s) in seen.iter().enumerate() {
             judge(&seen, b, *s)?;
         }

@@ -291,6 +291,12 @@ fn blades_of_a_set_are_checked_in_order_and_a_refused_list_changes_nothing() {
     refused(1, "another set");
     put(1, OFF_SET_PLACE, set_place(id[0], 1));
 
+    // Blade 2 serving a copy of blade 0's backing file.
+    put(2, OFF_IDENTITY, id[0]);
+    refused(2, "has the identity of memory blade 0");
+    put(2, OFF_IDENTITY, id[2]);
+    check().unwrap();
+
     // A superblock without an identity is damage, not a fresh blade.
     put(1, OFF_IDENTITY, 0);
     assert!(matches!(check(), Err(Error::Damaged { blade: 1, .. })));
