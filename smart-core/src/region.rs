@@ -189,6 +189,25 @@ impl Region {
             }
             (e, _) => e,
         };
+        // Every byte gets its disk space now: a write through the mapping to
+        // a hole that the file system cannot fill (the disk is full) would
+        // kill the blade with SIGBUS in the middle of a run. A file made
+        // sparse (by an older build) gets its holes filled here.
+        let len_off = libc::off_t::try_from(len)
+            .map_err(|_| io::Error::other(format!("backing file {}: {len} bytes is too large", path.display())))?;
+        // SAFETY: posix_fallocate on a file descriptor this function owns.
+        let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), 0, len_off) };
+        if rc != 0 {
+            let cause = io::Error::from_raw_os_error(rc);
+            return Err(io::Error::new(
+                cause.kind(),
+                format!(
+                    "backing file {}: cannot reserve its {len} bytes on its file system ({cause}); free space there, \
+                     or give a smaller --size for a new file",
+                    path.display()
+                ),
+            ));
+        }
         // SAFETY: the file is ours for the life of the process by convention
         // (one memory-blade per backing file); all access to the mapping goes
         // through atomics, so a concurrent external writer could change values

@@ -301,3 +301,57 @@ fn blades_of_a_set_are_checked_in_order_and_a_refused_list_changes_nothing() {
     put(1, OFF_IDENTITY, 0);
     assert!(matches!(check(), Err(Error::Damaged { blade: 1, .. })));
 }
+
+/// A 32 MiB tmpfs mounted for a test, unmounted (and its directory removed)
+/// when dropped.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount() -> SmallFs {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "this test mounts a tmpfs: run it as root");
+        let dir = std::env::temp_dir().join(format!("smart-smallfs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=32m", "tmpfs"])
+            .arg(&dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount -t tmpfs failed");
+        SmallFs(dir)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A backing file reserves its disk space when opened: on a file system
+/// without room, the blade refuses to start (before, it started, and died of
+/// SIGBUS when a write first touched a page the disk could not hold).
+#[test]
+#[ignore = "mounts a 32 MiB tmpfs, so needs root; .ci/run runs it"]
+fn a_backing_file_without_room_on_its_disk_is_refused_at_start() {
+    let fs = SmallFs::mount();
+    let path = fs.0.join("blade.img");
+    let e = Region::file_backed(&path, Some(128 << 20)).err().expect("128 MiB on a 32 MiB file system");
+    assert!(e.to_string().contains("cannot reserve its 134217728 bytes"), "{e}");
+    assert!(!path.exists(), "the file it could not fill is not left behind");
+    // A blade that fits is written in full, every page, and survives.
+    let r = Region::file_backed(&path, Some(16 << 20)).unwrap();
+    for off in (0..16 << 20).step_by(4096) {
+        r.store_u64(off, off + 1).unwrap();
+    }
+    r.flush().unwrap();
+    drop(r);
+    // A second file now finds the rest of the room taken: refused, and the
+    // first reopens with its data.
+    let e = Region::file_backed(&fs.0.join("second.img"), Some(20 << 20)).err().expect("only 16 MiB left");
+    assert!(e.to_string().contains("cannot reserve"), "{e}");
+    let r = Region::file_backed(&path, None).unwrap();
+    assert_eq!(r.load_u64(8192), Ok(8193));
+}
