@@ -338,7 +338,7 @@ impl Drop for SmallFs {
 fn a_backing_file_without_room_on_its_disk_is_refused_at_start() {
     let fs = SmallFs::mount();
     let path = fs.0.join("blade.img");
-    let e = Region::file_backed(&path, Some(128 << 20)).err().expect("128 MiB on a 32 MiB file system");
+    let e = Region::file_backed(&path, Some(128 << 20)).expect_err("128 MiB on a 32 MiB file system");
     assert!(e.to_string().contains("cannot reserve its 134217728 bytes"), "{e}");
     assert!(!path.exists(), "the file it could not fill is not left behind");
     // A blade that fits is written in full, every page, and survives.
@@ -350,7 +350,7 @@ fn a_backing_file_without_room_on_its_disk_is_refused_at_start() {
     drop(r);
     // A second file now finds the rest of the room taken: refused, and the
     // first reopens with its data.
-    let e = Region::file_backed(&fs.0.join("second.img"), Some(20 << 20)).err().expect("only 16 MiB left");
+    let e = Region::file_backed(&fs.0.join("second.img"), Some(20 << 20)).expect_err("only 16 MiB left");
     assert!(e.to_string().contains("cannot reserve"), "{e}");
     let r = Region::file_backed(&path, None).unwrap();
     assert_eq!(r.load_u64(8192), Ok(8193));
