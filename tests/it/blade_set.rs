@@ -34,6 +34,10 @@ fn blades_restarted_empty_listed_out_of_order_or_from_another_set_are_refused() 
     let swapped = format!("{},{}", b.addr, a.addr);
     let err = refused(&["smallbank", "--blades", &swapped, "--audit-only"], "listed in another order");
     assert!(err.contains(&format!("memory blade 0 ({})", b.addr)), "{err}");
+    // One blade under two addresses.
+    let port = a.addr.rsplit_once(':').unwrap().1;
+    let m = micro(&format!("{},localhost:{port}", a.addr));
+    refused(&m.iter().map(String::as_str).collect::<Vec<_>>(), "the same blade under another address");
     // The second blade alone; the first alone is a prefix of the set.
     let m = micro(&b.addr);
     refused(&m.iter().map(String::as_str).collect::<Vec<_>>(), "another set");

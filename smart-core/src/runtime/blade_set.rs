@@ -29,8 +29,8 @@ impl Ctx {
     ///   replacement is found by blade 1, whose place names the old blade 0);
     /// - blades listed in another order than when first used;
     /// - a blade that was part of another set;
-    /// - two blades with one identity (one serves a copy of the other's
-    ///   backing file).
+    /// - two blades with one identity: one blade listed twice (under two
+    ///   addresses), or one serving a copy of the other's backing file.
     ///
     /// # Errors
     /// [`Error::BladeSet`], [`Error::Layout`]; verb errors.
@@ -63,8 +63,8 @@ impl Ctx {
                 return Err(Error::BladeSet {
                     blade: b as u16,
                     what: format!(
-                        "has the identity of memory blade {a} ({:#018x}): one serves a copy of the other's backing \
-                         file, and the two cannot be told apart",
+                        "has the identity of memory blade {a} ({:#018x}): it is the same blade under another \
+                         address, or one serves a copy of the other's backing file",
                         s.identity
                     ),
                 });
