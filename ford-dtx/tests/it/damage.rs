@@ -132,21 +132,30 @@ fn chained(name: &'static str) -> (backends::Backend, Runtime, Arc<Db>, Registra
     (b, rt, db, reg)
 }
 
-/// Reads `key` on a new compute blade (an empty address cache: the read
-/// walks the chain from the bucket).
-fn read_fresh(rt: &mut Runtime, t: &Arc<dyn Transport>, db: &Arc<Db>, key: u64) -> Result<u64, TxnError> {
+/// Runs `f` on a new compute blade (an empty address cache: reads walk the
+/// chain from the bucket), which leaves after.
+fn on_fresh<T: 'static, F: std::future::Future<Output = T> + 'static>(
+    rt: &mut Runtime,
+    t: &Arc<dyn Transport>,
+    db: &Arc<Db>,
+    f: impl FnOnce(ford_dtx::Dtx) -> F,
+) -> T {
     let other = join(t, db);
-    let dtx = other.open_thread(rt.ctx());
-    let r = rt.block_on(async move {
+    let r = rt.block_on(f(other.open_thread(rt.ctx())));
+    other.close(&**t).unwrap();
+    r
+}
+
+/// Reads `key` on a new compute blade.
+fn read_fresh(rt: &mut Runtime, t: &Arc<dyn Transport>, db: &Arc<Db>, key: u64) -> Result<u64, TxnError> {
+    on_fresh(rt, t, db, |dtx| async move {
         let mut tx = dtx.txn(0);
         tx.begin();
         let i = tx.read(0, key);
         tx.execute().await?;
         tx.commit().await?;
         Ok(u(tx.value(i)))
-    });
-    other.close(&**t).unwrap();
-    r
+    })
 }
 
 fn audit_of(ctx: Ctx, db: Arc<Db>, rt: &mut Runtime) -> Result<ford_dtx::recovery::AuditReport, DtxError> {
@@ -226,18 +235,14 @@ fn a_chain_damaged_into_a_cycle_is_reported_not_walked_forever() {
 
 /// Updates `key` (8-byte values) to `value` on a new compute blade.
 fn update_fresh(rt: &mut Runtime, t: &Arc<dyn Transport>, db: &Arc<Db>, key: u64, value: u64) -> Result<(), TxnError> {
-    let other = join(t, db);
-    let dtx = other.open_thread(rt.ctx());
-    let r = rt.block_on(async move {
+    on_fresh(rt, t, db, |dtx| async move {
         let mut tx = dtx.txn(0);
         tx.begin();
         let i = tx.update(0, key);
         tx.execute().await?;
         tx.write(i, &value.to_le_bytes());
         tx.commit().await
-    });
-    other.close(&**t).unwrap();
-    r
+    })
 }
 
 #[test]
