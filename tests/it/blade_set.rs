@@ -1,7 +1,8 @@
 //! Memory blades as a set: data made over a list of blades is read only
 //! over the same blades in the same order. A blade restarted without its
 //! backing file, a list in another order, and a blade of another set are
-//! refused by every subcommand before it reads anything.
+//! refused by every subcommand that reads data (all but `micro`) before it
+//! reads anything.
 
 use crate::cli::{compute, Blade};
 use crate::dtx::run_json;
