@@ -68,7 +68,9 @@ fn main() -> Result<()> {
     }
     let addr = server.local_addr()?;
     let how = if verbs { "RDMA verbs (connection setup on this port) and tcp" } else { "tcp" };
-    eprintln!("memory-blade: serving {} bytes ({what}) over {how}", region.len());
+    // The identity that compute blades' set checks name in their messages.
+    let id = region.load_u64(smart_core::layout::OFF_IDENTITY).context("reading the superblock")?;
+    eprintln!("memory-blade: serving {} bytes ({what}) over {how}, identity {id:#018x}", region.len());
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready {addr}")?;
     out.flush()?;
