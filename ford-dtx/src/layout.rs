@@ -201,6 +201,11 @@ pub fn key_of(rec: &[u8]) -> (u64, u64) {
     (word(rec, 16), word(rec, 0))
 }
 
+/// A record's lock word (0: free).
+pub fn lock_of(rec: &[u8]) -> u64 {
+    word(rec, LOCK as usize)
+}
+
 /// Decodes and verifies a record of a table with `value_size`-byte values.
 ///
 /// # Errors

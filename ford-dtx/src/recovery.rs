@@ -167,7 +167,7 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo) -> Result<Recovered> {
     for t in &db.tables {
         let mut locks = Vec::new();
         scan(ctx, t, 1, |at, recs| {
-            let lock = u64::from_le_bytes(recs[0][40..48].try_into().expect("8 bytes"));
+            let lock = layout::lock_of(recs[0]);
             if Owner::of(lock).is_some_and(|o| o.blade == s.slot) {
                 locks.push((at, lock));
             }
@@ -231,11 +231,10 @@ pub async fn release_orphans(ctx: &Ctx, db: &Db) -> Result<Orphans> {
     let mut held = Vec::new();
     for t in &db.tables {
         scan(ctx, t, 1, |at, recs| {
-            let word = u64::from_le_bytes(recs[0][40..48].try_into().expect("8 bytes"));
+            let word = layout::lock_of(recs[0]);
             if word != 0 {
-                let (key, _) = layout::key_of(recs[0]);
                 let state = layout::decode(recs[0], t.value_size).map_or(u8::MAX, |r| r.state);
-                held.push((at, HeldLock { table: t.id, key, state, word, owner: Owner::of(word) }));
+                held.push((at, HeldLock::of(t, recs[0], state, word)));
             }
         })
         .await?;
@@ -349,7 +348,7 @@ fn each_slot<F: FnMut(GlobalAddr, [&[u8]; MAX_REPLICAS])>(
         let off = layout::slot_offset(t.value_size, s) as usize;
         let recs: [&[u8]; MAX_REPLICAS] =
             std::array::from_fn(|r| if views[r].is_empty() { &[][..] } else { &views[r][off..off + rb] });
-        let lock = u64::from_le_bytes(recs[0][40..48].try_into().expect("8 bytes"));
+        let lock = layout::lock_of(recs[0]);
         if recs[0][rb - 8] == state::FREE && recs[0][..40].iter().all(|b| *b == 0) && lock == 0 {
             return; // free slots are the chain's tail
         }
@@ -390,6 +389,14 @@ pub struct HeldLock {
     pub owner: Option<Owner>,
 }
 
+impl HeldLock {
+    /// Lock word `word` of record `rec` of table `t`, whose state is `state`
+    /// (`u8::MAX` if the record fails its check).
+    fn of(t: &Table, rec: &[u8], state: u8, word: u64) -> HeldLock {
+        HeldLock { table: t.id, key: layout::key_of(rec).0, state, word, owner: Owner::of(word) }
+    }
+}
+
 impl AuditReport {
     /// Violations: locks held, replicas that differ, torn records.
     pub fn violations(&self) -> u64 {
@@ -409,14 +416,13 @@ pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) ->
         scan(ctx, t, db.replicas, |_, recs| {
             let rb = t.record_bytes();
             let p = recs[0];
-            let word = u64::from_le_bytes(p[40..48].try_into().expect("8 bytes"));
+            let word = layout::lock_of(p);
             let rec = layout::decode(p, t.value_size);
             if word != 0 {
                 rep.locks_held += 1;
                 if rep.held.len() < HELD_SHOWN {
-                    let (key, _) = layout::key_of(p);
                     let state = rec.as_ref().map_or(u8::MAX, |r| r.state);
-                    rep.held.push(HeldLock { table: t.id, key, state, word, owner: Owner::of(word) });
+                    rep.held.push(HeldLock::of(t, p, state, word));
                 }
             }
             for r in recs.iter().take(db.replicas).skip(1) {

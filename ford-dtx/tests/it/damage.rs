@@ -4,7 +4,6 @@
 //! by garbage, or a verb sent to a blade that does not exist.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ford_dtx::db::Db;
 use ford_dtx::error::DtxError;
@@ -81,7 +80,7 @@ fn a_registry_slot_with_a_damaged_shape_is_reported_and_never_reused() {
     let (mut rt, db, live) = open(&t, &spec("reg", &[8], 16, 2), 1, 1);
     // A compute blade that dies: recovery reads its log area, whose size
     // its slot gives (threads × coroutines rings).
-    let dead = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+    let dead = join(&t, &db);
     let (dead_slot, slot) = (dead.slot(), db.registry_slot(dead.slot()));
     drop(dead);
     let recover_it = |rt: &mut Runtime| {
@@ -106,12 +105,12 @@ fn a_registry_slot_with_a_damaged_shape_is_reported_and_never_reused() {
 
     // A free slot's old log area is reused by the next registration only
     // if the slot names it whole on a blade.
-    let again = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+    let again = join(&t, &db);
     let s = again.slot();
     again.close(&*t).unwrap();
     let slot = db.registry_slot(s);
     put(&mut rt, slot.add(16), NOWHERE);
-    let fresh = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_secs(30)).unwrap();
+    let fresh = join(&t, &db);
     assert_eq!(fresh.slot(), s, "the first free slot again");
     assert_ne!(get(&mut rt, slot.add(16)), NOWHERE, "a new log area");
     let dtx = fresh.open_thread(rt.ctx());
