@@ -14,9 +14,10 @@ struct Seen {
 }
 
 impl Ctx {
-    /// Checks every blade's superblock ([`Ctx::check_blade`]), then that the
-    /// run's blades, in this order, are the set they were when first used
-    /// together, and records on each blade what it did not record yet: its
+    /// Checks every blade's superblock ([`Ctx::check_blade`], in the same
+    /// READ), then that the run's blades, in this order, are the set they
+    /// were when first used together, and records on each blade what it did
+    /// not record yet: its
     /// place (blade 0's identity and its index) and the identity of the next
     /// blade. Run once per process before anything is read: addresses name
     /// blades by index, so data made over a list of blades means something
@@ -39,11 +40,13 @@ impl Ctx {
         let mut seen = Vec::with_capacity(n);
         for b in 0..n {
             let blade = u16::try_from(b).expect("at most MAX_BLADES blades");
-            self.check_blade(blade).await?;
-            let mut w = [0u8; 24];
-            self.read(GlobalAddr::new(blade, layout::OFF_IDENTITY), &mut w).await?;
-            let word = |i: usize| u64::from_le_bytes(w[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-            let s = Seen { identity: word(0), place: word(1), next: word(2) };
+            let w = self.superblock(blade).await?;
+            let word = |off: u64| w[off as usize / 8];
+            let s = Seen {
+                identity: word(layout::OFF_IDENTITY),
+                place: word(layout::OFF_SET_PLACE),
+                next: word(layout::OFF_SET_NEXT),
+            };
             if s.identity >> 16 == 0 {
                 return Err(Error::Damaged {
                     blade,

@@ -11,11 +11,20 @@ impl Ctx {
     /// # Errors
     /// [`Error::Layout`] naming what is wrong; verb errors.
     pub async fn check_blade(&self, blade: u16) -> Result<()> {
+        self.superblock(blade).await.map(|_| ())
+    }
+
+    /// Blade `blade`'s superblock words before its named roots (word `i` at
+    /// offset `8 i`), read in one READ and checked as by
+    /// [`Ctx::check_blade`].
+    pub(crate) async fn superblock(&self, blade: u16) -> Result<[u64; 8]> {
         let size = self.0.blades.get(blade as usize).ok_or(Error::NoSuchBlade(blade, self.0.blades.len()))?.size;
-        let mut sb = [0u8; 24];
+        let mut sb = [0u8; layout::OFF_ROOTS as usize];
         self.read(GlobalAddr::new(blade, 0), &mut sb).await?;
-        let w = |i: usize| u64::from_le_bytes(sb[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        layout::check_words(w(0), w(1), w(2), size).map_err(|source| Error::Layout { blade, cause: source })
+        let w: [u64; 8] =
+            std::array::from_fn(|i| u64::from_le_bytes(sb[i * 8..i * 8 + 8].try_into().expect("8 bytes")));
+        layout::check_words(w[0], w[1], w[2], size).map_err(|source| Error::Layout { blade, cause: source })?;
+        Ok(w)
     }
 
     /// Allocates `size` bytes aligned to `align` (a power of two ≤ 4096) on
