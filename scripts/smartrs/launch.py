@@ -17,7 +17,9 @@ every log kept in DIR/logs.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,17 +47,22 @@ def main(argv: list[str]) -> int:
         return 2
     if a.cmd == "preflight":
         problems = preflight(cluster)
+        logs = Path(tempfile.gettempdir()) / f"smart-rs-preflight-{time.time_ns()}"
         if not problems:
             try:
                 # Starting the blades checks that every compute host reaches them.
-                with Launcher(cluster, Path("/tmp") / f"smart-rs-preflight-{time.time_ns()}") as launcher:
+                with Launcher(cluster, logs) as launcher:
                     launcher.start_blades()
             except LaunchError as e:
                 problems = [str(e)]
         for p in problems:
             print(f"preflight: {p}", file=sys.stderr)
         if problems:
+            if logs.exists():
+                print(f"preflight: the blades' logs are in {logs}", file=sys.stderr)
             return 1
+        # Nothing to look at when every blade started: leave no directory behind.
+        shutil.rmtree(logs, ignore_errors=True)
         print(f"preflight: ok ({len(cluster.memory)} memory blades, {len(cluster.compute)} compute hosts, "
               f"transport {cluster.transport})")
         return 0

@@ -42,6 +42,8 @@ fn answers(args: &[&str]) -> String {
         .unwrap();
     let status = wait_bounded(&mut child, Duration::from_secs(60), &format!("{args:?} hung"));
     let text = std::fs::read_to_string(&out).unwrap() + &std::fs::read_to_string(out.with_extension("err")).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    std::fs::remove_file(out.with_extension("err")).unwrap();
     assert!(matches!(status.code(), Some(0 | 1)) && !text.contains("panicked"), "{args:?}: {status}: {text}");
     let said = text.lines().find(|l| l.starts_with("Error:")).or_else(|| text.lines().rfind(|l| !l.starts_with(' ')));
     said.unwrap_or("").to_string()
