@@ -44,6 +44,12 @@ pub struct MemoryCli {
     /// Keep the region in this file: its contents survive a restart.
     #[arg(long)]
     pub backing_file: Option<PathBuf>,
+    /// With --backing-file: answer no batch before the disk holds what it
+    /// wrote (its pages synced to the file), so completed writes survive a
+    /// power loss, not only a crash of this process. Costs a disk flush per
+    /// answer that completes a write. TCP only.
+    #[arg(long)]
+    pub durable: bool,
     /// Most connections served at once (a compute thread opens one per
     /// blade); one beyond is told so and closed.
     #[arg(long, default_value_t = smart_core::blade::DEFAULT_MAX_CONNECTIONS)]

@@ -9,6 +9,11 @@
 //! frame runs, so whatever a client asks, a connection makes the blade hold
 //! at most one frame's response (≤ 16 MiB) beyond that.
 //!
+//! Durability: by default a WRITE completes once it is in the region (for a
+//! file-backed region, in the page cache: it survives this process, not a
+//! power loss). [`BladeServer::with_durable`] answers no batch before the
+//! disk holds what it wrote.
+//!
 //! Limits: at most [`BladeServer::with_max_connections`] connections (1024
 //! by default); one beyond is told so in its welcome and closed. An accept
 //! or thread-start failure (e.g. out of file descriptors) is logged and
@@ -67,6 +72,7 @@ pub struct BladeServer {
     max_connections: usize,
     handshake_timeout: Duration,
     live: Arc<AtomicUsize>,
+    durable: bool,
 }
 
 /// A blade server running on a background thread; stops when dropped.
@@ -112,6 +118,7 @@ impl BladeServer {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             live: Arc::new(AtomicUsize::new(0)),
+            durable: false,
         })
     }
 
@@ -126,6 +133,24 @@ impl BladeServer {
     pub fn with_handshake_timeout(mut self, t: Duration) -> Self {
         self.handshake_timeout = t;
         self
+    }
+
+    /// Answers no batch before the region's file holds what it wrote: the
+    /// pages that a connection's WRITEs, CASes and FAAs changed are synced
+    /// to the disk ([`Region::sync_range`]) before the responses that
+    /// complete them are sent, so every completed verb survives a power
+    /// loss, not only a crash of this process. Costs a disk flush per
+    /// answer that completes a write. Serves TCP clients only: an RDMA
+    /// client's writes reach the region without this process.
+    ///
+    /// # Errors
+    /// If the region is not backed by a file.
+    pub fn with_durable(mut self) -> io::Result<Self> {
+        if !self.region.is_file_backed() {
+            return Err(io::Error::other("durable serving needs a region backed by a file (--backing-file)"));
+        }
+        self.durable = true;
+        Ok(self)
     }
 
     /// Also serves RDMA verbs clients: they get connection data for RC QPs
@@ -176,11 +201,12 @@ impl BladeServer {
                     }
                     let region = self.region.clone();
                     let (rkey, stop, verbs) = (self.rkey, self.stop.clone(), self.verbs.clone());
-                    let (live, deadline) = (self.live.clone(), self.handshake_timeout);
+                    let (live, deadline, durable) = (self.live.clone(), self.handshake_timeout, self.durable);
                     live.fetch_add(1, Ordering::Relaxed);
                     let spawned = std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
                         let _live = LiveGuard(&live);
-                        if let Err(reason) = serve_conn(stream, &region, rkey, &stop, verbs.as_deref(), deadline) {
+                        let how = Serving { rkey, verbs: verbs.as_deref(), handshake_timeout: deadline, durable };
+                        if let Err(reason) = serve_conn(stream, &region, &stop, how) {
                             eprintln!("memory-blade: closing connection from {peer}: {reason}");
                         }
                     });
@@ -254,15 +280,17 @@ fn read_until(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<()
     Ok(())
 }
 
-/// Serves one connection; `Err` carries the reason for closing it early.
-fn serve_conn(
-    mut s: TcpStream,
-    region: &Region,
+/// How a connection is served (the server's settings).
+struct Serving<'v> {
     rkey: u32,
-    stop: &AtomicBool,
-    verbs: Option<&dyn VerbsAcceptor>,
+    verbs: Option<&'v dyn VerbsAcceptor>,
     handshake_timeout: Duration,
-) -> Result<(), String> {
+    durable: bool,
+}
+
+/// Serves one connection; `Err` carries the reason for closing it early.
+fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving<'_>) -> Result<(), String> {
+    let Serving { rkey, verbs, handshake_timeout, durable } = how;
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut hello = [0u8; wire::HELLO_LEN];
@@ -292,7 +320,8 @@ fn serve_conn(
     }
     // Wake up now and then to notice a stop request.
     s.set_read_timeout(Some(Duration::from_millis(200))).map_err(|e| e.to_string())?;
-    let mut conn = Conn { region, rkey, qp_error: false, out: Vec::with_capacity(64 << 10) };
+    let mut conn =
+        Conn { region, rkey, qp_error: false, out: Vec::with_capacity(64 << 10), dirty: durable.then(Dirty::default) };
     let mut buf = vec![0u8; 256 << 10];
     let (mut start, mut end) = (0usize, 0usize);
     loop {
@@ -334,7 +363,7 @@ fn serve_conn(
             if conn.out.len() >= FLUSH_BYTES {
                 // Send before running more frames: the responses a client
                 // can make the blade hold stay bounded.
-                s.write_all(&conn.out).map_err(|e| format!("sending responses: {e}"))?;
+                conn.send(&mut s)?;
                 conn.out.clear();
             }
         }
@@ -343,7 +372,7 @@ fn serve_conn(
             end = 0;
         }
         if !conn.out.is_empty() {
-            s.write_all(&conn.out).map_err(|e| format!("sending responses: {e}"))?;
+            conn.send(&mut s)?;
         }
         if conn.out.capacity() > 2 * FLUSH_BYTES {
             // A large READ grew it: give the memory back.
@@ -430,9 +459,77 @@ struct Conn<'r> {
     rkey: u32,
     qp_error: bool,
     out: Vec<u8>,
+    /// When serving durably: what this connection wrote since its last
+    /// answer.
+    dirty: Option<Dirty>,
+}
+
+/// The pages a durable connection changed and has not synced yet, as
+/// ranges of page numbers.
+#[derive(Default)]
+struct Dirty {
+    ranges: Vec<(u64, u64)>,
+}
+
+impl Dirty {
+    /// Ranges kept apart before they are merged into one span (a batch
+    /// of FORD's commit writes a few records, each a range).
+    const MAX_RANGES: usize = 64;
+    const PAGE: u64 = 4096;
+
+    fn add(&mut self, off: u64, len: u64) {
+        let (first, end) = (off / Self::PAGE, (off + len.max(1)).div_ceil(Self::PAGE));
+        if let Some(last) = self.ranges.last_mut() {
+            if first <= last.1 && end >= last.0 {
+                *last = (last.0.min(first), last.1.max(end));
+                return;
+            }
+        }
+        if self.ranges.len() == Self::MAX_RANGES {
+            let lo = self.ranges.iter().map(|r| r.0).min().unwrap_or(first);
+            let hi = self.ranges.iter().map(|r| r.1).max().unwrap_or(end);
+            self.ranges.clear();
+            self.ranges.push((lo, hi));
+            return self.add(off, len);
+        }
+        self.ranges.push((first, end));
+    }
+
+    /// Syncs every range to the file, merged where they touch; empties
+    /// the set.
+    fn sync(&mut self, region: &Region) -> io::Result<()> {
+        self.ranges.sort_unstable();
+        let mut i = 0;
+        while i < self.ranges.len() {
+            let (lo, mut hi) = self.ranges[i];
+            while i + 1 < self.ranges.len() && self.ranges[i + 1].0 <= hi {
+                i += 1;
+                hi = hi.max(self.ranges[i].1);
+            }
+            let end = (hi * Self::PAGE).min(region.len());
+            region.sync_range(lo * Self::PAGE, end - lo * Self::PAGE)?;
+            i += 1;
+        }
+        self.ranges.clear();
+        Ok(())
+    }
 }
 
 impl Conn<'_> {
+    /// Sends the responses gathered, after syncing what they complete when
+    /// serving durably. A failed sync closes the connection unanswered: its
+    /// client never sees a completion for a write the disk may not hold.
+    fn send(&mut self, s: &mut TcpStream) -> Result<(), String> {
+        if let Some(d) = &mut self.dirty {
+            if !d.ranges.is_empty() {
+                d.sync(self.region).map_err(|e| {
+                    format!("syncing the backing file failed ({e}): the writes of this answer may not be on disk")
+                })?;
+            }
+        }
+        s.write_all(&self.out).map_err(|e| format!("sending responses: {e}"))
+    }
+
     /// Handles one request frame, appending its response to `out`.
     fn frame(&mut self, h: Header, body: &[u8]) -> Result<(), String> {
         match h.kind {
@@ -508,6 +605,9 @@ impl Conn<'_> {
             Opcode::Write => {
                 self.region.check(d.remote, u64::from(d.len))?;
                 self.region.write_from(d.remote, payload, &mut NoPause);
+                if let Some(dirty) = &mut self.dirty {
+                    dirty.add(d.remote, u64::from(d.len));
+                }
             }
             Opcode::Cas | Opcode::Faa => {
                 if d.len != 8 {
@@ -518,6 +618,9 @@ impl Conn<'_> {
                 } else {
                     self.region.faa(d.remote, d.compare_add)?
                 };
+                if let Some(dirty) = &mut self.dirty {
+                    dirty.add(d.remote, 8);
+                }
                 self.out.extend_from_slice(&old.to_le_bytes());
             }
         }
@@ -567,5 +670,42 @@ mod tests {
             prefetch_frames(&region, 7, &f);
             prefetch_frames(&region, 7, &f[..f.len().saturating_sub(cut)]);
         }
+
+        /// A durable connection's dirty set covers every page it wrote,
+        /// however many writes and wherever, in at most `MAX_RANGES` ranges.
+        #[test]
+        fn the_dirty_set_covers_every_page_written(
+            writes in proptest::collection::vec((0u64..(1 << 24), 1u64..20_000), 1..200),
+        ) {
+            let mut d = Dirty::default();
+            for &(off, len) in &writes {
+                d.add(off, len);
+                prop_assert!(d.ranges.len() <= Dirty::MAX_RANGES);
+            }
+            for &(off, len) in &writes {
+                for page in off / Dirty::PAGE..=(off + len - 1) / Dirty::PAGE {
+                    prop_assert!(d.ranges.iter().any(|r| r.0 <= page && page < r.1), "page {page} of write {off}+{len}");
+                }
+            }
+        }
+    }
+
+    /// A durable connection syncs what it wrote before it answers, and
+    /// a region that is not backed by a file cannot serve durably.
+    #[test]
+    fn durable_serving_syncs_a_file_backed_region_and_refuses_an_anonymous_one() {
+        let anon = Arc::new(Region::anonymous(1 << 20).unwrap());
+        assert!(BladeServer::bind("127.0.0.1:0", anon).unwrap().with_durable().is_err());
+        let path = std::env::temp_dir().join(format!("smart-durable-unit-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let region = Region::file_backed(&path, Some(1 << 20)).unwrap();
+        let mut d = Dirty::default();
+        for (off, len) in [(8192, 16), (4096 * 200, 9000), (0, 8), (4096 * 255, 4096)] {
+            d.add(off, len);
+        }
+        d.sync(&region).unwrap();
+        assert!(d.ranges.is_empty());
+        drop(region);
+        std::fs::remove_file(&path).unwrap();
     }
 }

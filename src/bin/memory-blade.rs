@@ -23,6 +23,16 @@ fn main() -> Result<()> {
         smart::config::check_blade_size("--size", size)?;
     }
     let verbs = link != Link::Tcp;
+    if args.durable && args.backing_file.is_none() {
+        anyhow::bail!("--durable needs --backing-file: an anonymous region has no disk to sync to");
+    }
+    if args.durable && verbs {
+        anyhow::bail!(
+            "--durable serves TCP only: an RDMA client's writes reach the region through the RNIC, without \
+             this process, so it cannot sync them before they complete (that needs persistent memory and \
+             RDMA FLUSH)"
+        );
+    }
     #[cfg(not(feature = "verbs"))]
     if verbs {
         anyhow::bail!("{}", smart_core::backend::verbs::NOT_BUILT);
@@ -53,6 +63,19 @@ fn main() -> Result<()> {
     let mut server = BladeServer::bind(&args.listen, region.clone())
         .with_context(|| format!("listening on {}", args.listen))?
         .with_max_connections(args.max_connections);
+    if let (true, Some(p)) = (args.durable, &args.backing_file) {
+        // The file as formatted (superblock, identity) and its name in its
+        // directory are on disk before the first compute blade connects.
+        region.flush().with_context(|| format!("syncing backing file {}", p.display()))?;
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("syncing directory {}", dir.display()))?;
+        server = server.with_durable()?;
+    }
     // The device is opened before "ready", so a missing one fails at once.
     #[cfg(feature = "verbs")]
     if let Link::Verbs { device, gid_index } = &link {
@@ -70,7 +93,8 @@ fn main() -> Result<()> {
     let how = if verbs { "RDMA verbs (connection setup on this port) and tcp" } else { "tcp" };
     // The identity that compute blades' set checks name in their messages.
     let id = region.load_u64(smart_core::layout::OFF_IDENTITY).context("reading the superblock")?;
-    eprintln!("memory-blade: serving {} bytes ({what}) over {how}, identity {id:#018x}", region.len());
+    let durable = if args.durable { ", durable (writes on disk before they complete)" } else { "" };
+    eprintln!("memory-blade: serving {} bytes ({what}) over {how}, identity {id:#018x}{durable}", region.len());
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready {addr}")?;
     out.flush()?;

@@ -347,6 +347,18 @@ fn a_blade_refuses_bad_backing_files_and_sizes_without_leaving_files_behind() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("219902325555200 bytes asked, more than the") && err.contains("available"), "{err}");
+    // --durable needs a file to sync to, and a blade that sees the writes.
+    let f = file.to_str().unwrap();
+    for (args, says) in [
+        (&["--size", "8MiB", "--durable"][..], "--durable needs --backing-file"),
+        (&["--size", "8MiB", "--durable", "--backing-file", f, "--transport", "verbs"][..], "--durable serves TCP only"),
+    ] {
+        let out = Command::new(BLADE).args(["--listen", "127.0.0.1:0"]).args(args).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!file.exists(), "no file is left behind");
+    }
 }
 
 #[test]
