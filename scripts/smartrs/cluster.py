@@ -97,6 +97,7 @@ class MemoryBlade:
     device: str = ""
     gid_index: int | None = None
     listen: str = ""  # the address it listens on (default: 127.0.0.1 here, 0.0.0.0 elsewhere)
+    durable: bool = False  # memory-blade --durable: writes on disk before they complete
 
 
 @dataclass
@@ -159,9 +160,16 @@ def load_cluster(path: str | Path | None) -> Cluster:
         port = int(m.get("port", 0))
         if port == 0 and h.launch != "local":
             raise LaunchError(f"{where}: a remote memory blade needs a fixed port (port = 0 only on this machine)")
+        durable = m.get("durable", False)
+        if not isinstance(durable, bool):
+            raise LaunchError(f"{where}: durable is true or false, not {durable!r}")
+        if durable and not m.get("backing_file"):
+            raise LaunchError(f"{where}: durable = true needs a backing_file (the disk its writes are synced to)")
+        if durable and transport != "tcp":
+            raise LaunchError(f"{where}: durable = true serves tcp only (an RNIC's writes bypass the blade's CPU)")
         mem.append(MemoryBlade(h, port, str(m.get("size", "1GiB")), m.get("backing_file", ""),
                                transport, m.get("device", defaults.get("device", "")),
-                               m.get("gid_index", defaults.get("gid_index")), m.get("listen", "")))
+                               m.get("gid_index", defaults.get("gid_index")), m.get("listen", ""), durable))
     if not mem:
         raise LaunchError(f"{p}: no [[memory_blade]]")
     comp = []
@@ -297,6 +305,15 @@ class Launcher:
                 a += ["--gid-index", str(m.gid_index)]
         return a
 
+    def memory_argv(self, m: MemoryBlade, listen: str) -> list[str]:
+        """The command line of memory blade `m`, listening on `listen`."""
+        argv = [m.host.binary("memory-blade"), "--listen", listen, "--size", m.size] + self.link_flags()
+        if m.backing_file:
+            argv += ["--backing-file", m.backing_file]
+        if m.durable:
+            argv.append("--durable")
+        return argv
+
     def start_blades(self) -> str:
         """Starts every memory blade, waits for each `ready` line, checks
         that every compute host reaches every blade; returns the compute
@@ -304,10 +321,7 @@ class Launcher:
         addrs = []
         for i, m in enumerate(self.cluster.memory):
             listen = f"{m.listen or ('127.0.0.1' if m.host.launch == 'local' else '0.0.0.0')}:{m.port}"
-            argv = [m.host.binary("memory-blade"), "--listen", listen, "--size", m.size] + self.link_flags()
-            if m.backing_file:
-                argv += ["--backing-file", m.backing_file]
-            p = self.spawn(f"memory-blade-{i + 1}", m.host, argv)
+            p = self.spawn(f"memory-blade-{i + 1}", m.host, self.memory_argv(m, listen))
             ready = p.wait_line("ready ", self.ready_timeout)
             port = ready.split()[1].rsplit(":", 1)[1]
             host = "127.0.0.1" if m.host.launch == "local" else m.host.name

@@ -11,15 +11,24 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from cluster import LaunchError, load_cluster
+from cluster import LaunchError, Launcher, load_cluster
 import figures
+
+
+_made: list[Path] = []
 
 
 def cluster_file(text: str) -> Path:
     f = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
     f.write(text)
     f.close()
+    _made.append(Path(f.name))
     return Path(f.name)
+
+
+def tearDownModule():
+    for p in _made:
+        p.unlink(missing_ok=True)
 
 
 class ClusterFile(unittest.TestCase):
@@ -55,9 +64,22 @@ class ClusterFile(unittest.TestCase):
                            ('[defaults]\ntransport = "ib"\n[[memory_blade]]\n', "transport must be"),
                            ('[[memory_blade]]\nlaunch = "pdsh"\n', "launch must be"),
                            ('[[memory_blade]]\n[[compute_blade]]\nthreads = 0\n', "threads must be"),
-                           ('[[memory_blade]]\n[nodes]\n', "unknown section")]:
+                           ('[[memory_blade]]\n[nodes]\n', "unknown section"),
+                           ('[[memory_blade]]\ndurable = "yes"\n', "true or false"),
+                           ('[[memory_blade]]\ndurable = true\n', "needs a backing_file"),
+                           ('[defaults]\ntransport = "verbs"\n[[memory_blade]]\nbacking_file = "/b"\ndurable = true\n',
+                            "tcp only")]:
             with self.assertRaisesRegex(LaunchError, what):
                 load_cluster(cluster_file(text))
+
+    def test_a_durable_blade_gets_its_file_and_the_flag(self):
+        c = load_cluster(cluster_file('[[memory_blade]]\nbacking_file = "/data/b.img"\ndurable = true\n'
+                                      '[[memory_blade]]\n'))
+        with tempfile.TemporaryDirectory() as logs, Launcher(c, Path(logs)) as launcher:
+            first = launcher.memory_argv(c.memory[0], "127.0.0.1:0")
+            second = launcher.memory_argv(c.memory[1], "127.0.0.1:0")
+        self.assertEqual(first[-3:], ["--backing-file", "/data/b.img", "--durable"])
+        self.assertNotIn("--durable", second)
 
     def test_srun_needs_an_allocation_and_builds_an_overlapping_one_node_step(self):
         text = '[defaults]\nlaunch = "srun"\nworkdir = "/w"\n[[memory_blade]]\nhost = "cn01"\nport = 7000\n'
