@@ -144,10 +144,17 @@ impl BladeServer {
     /// client's writes reach the region without this process.
     ///
     /// # Errors
-    /// If the region is not backed by a file.
+    /// If the region is not backed by a file, or its file is on a file
+    /// system kept in memory (tmpfs, ramfs), which a power loss empties.
     pub fn with_durable(mut self) -> io::Result<Self> {
         if !self.region.is_file_backed() {
             return Err(io::Error::other("durable serving needs a region backed by a file (--backing-file)"));
+        }
+        if let Some(fs) = self.region.memory_file_system()? {
+            return Err(io::Error::other(format!(
+                "the backing file is on {fs}, which keeps files in memory: nothing on it survives a power loss, \
+                 so --durable would promise what it cannot keep; put the file on a disk"
+            )));
         }
         self.durable = true;
         Ok(self)

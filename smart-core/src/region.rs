@@ -243,6 +243,31 @@ impl Region {
         self.file.is_some()
     }
 
+    /// The kind of file system that holds the backing file, when it keeps
+    /// files in memory only (`tmpfs`, `ramfs`): nothing there survives a
+    /// power loss, whatever is synced. `None` for a region on another file
+    /// system, or an anonymous one.
+    ///
+    /// # Errors
+    /// If `fstatfs` fails.
+    pub fn memory_file_system(&self) -> io::Result<Option<&'static str>> {
+        let Some(f) = &self.file else { return Ok(None) };
+        // SAFETY: a zeroed statfs is a valid out-parameter.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: fstatfs on a descriptor this region owns, into `st`.
+        if unsafe { libc::fstatfs(std::os::fd::AsRawFd::as_raw_fd(f), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        const RAMFS_MAGIC: i64 = 0x8584_58f6;
+        #[allow(clippy::unnecessary_cast, reason = "f_type is i64 on x86-64, other widths elsewhere")]
+        Ok(match st.f_type as i64 {
+            TMPFS_MAGIC => Some("tmpfs"),
+            RAMFS_MAGIC => Some("ramfs"),
+            _ => None,
+        })
+    }
+
     /// Writes the mapping's bytes `[off, off + len)` back to the file and
     /// waits until the disk holds them (`msync(MS_SYNC)` of the pages they
     /// touch: the file system also commits what it needs to read them

@@ -37,6 +37,8 @@ fn main() -> Result<()> {
     if verbs {
         anyhow::bail!("{}", smart_core::backend::verbs::NOT_BUILT);
     }
+    // A file this start creates is removed if the start fails.
+    let new_file = args.backing_file.as_ref().filter(|p| !p.exists()).cloned();
     let (region, what) = match &args.backing_file {
         Some(p) => (
             Region::file_backed(p, args.size).with_context(|| format!("opening backing file {}", p.display()))?,
@@ -59,32 +61,16 @@ fn main() -> Result<()> {
         ),
     };
     let region = Arc::new(region);
-    #[allow(unused_mut)]
-    let mut server = BladeServer::bind(&args.listen, region.clone())
-        .with_context(|| format!("listening on {}", args.listen))?
-        .with_max_connections(args.max_connections);
-    if let (true, Some(p)) = (args.durable, &args.backing_file) {
-        // The file as formatted (superblock, identity) and its name in its
-        // directory are on disk before the first compute blade connects.
-        region.flush().with_context(|| format!("syncing backing file {}", p.display()))?;
-        let dir = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => std::path::Path::new("."),
-        };
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("syncing directory {}", dir.display()))?;
-        server = server.with_durable()?;
-    }
-    // The device is opened before "ready", so a missing one fails at once.
-    #[cfg(feature = "verbs")]
-    if let Link::Verbs { device, gid_index } = &link {
-        use smart_core::backend::verbs::{VerbsBlade, VerbsConfig};
-        let cfg = VerbsConfig { device: device.clone(), gid_index: *gid_index };
-        let vb = VerbsBlade::open(region.clone(), &cfg).context("opening the RDMA device")?;
-        eprintln!("memory-blade: region registered on RDMA device {}", vb.device());
-        server = server.with_verbs(std::sync::Arc::new(vb));
-    }
+    let server = match set_up(&args, &link, &region) {
+        Ok(s) => s,
+        Err(e) => {
+            drop(region);
+            if let Some(p) = new_file {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e);
+        }
+    };
     let stop = server.stop_flag();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
@@ -103,4 +89,37 @@ fn main() -> Result<()> {
     region.flush().context("flushing the backing file")?;
     eprintln!("memory-blade: stopped");
     Ok(())
+}
+
+/// The server for `region` as the flags ask, not yet serving.
+fn set_up(args: &MemoryCli, link: &Link, region: &Arc<Region>) -> Result<BladeServer> {
+    #[allow(unused_mut)]
+    let mut server = BladeServer::bind(&args.listen, region.clone())
+        .with_context(|| format!("listening on {}", args.listen))?
+        .with_max_connections(args.max_connections);
+    if let (true, Some(p)) = (args.durable, &args.backing_file) {
+        server = server.with_durable()?;
+        // The file as formatted (superblock, identity) and its name in its
+        // directory are on disk before the first compute blade connects.
+        region.flush().with_context(|| format!("syncing backing file {}", p.display()))?;
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("syncing directory {}", dir.display()))?;
+    }
+    // The device is opened before "ready", so a missing one fails at once.
+    #[cfg(feature = "verbs")]
+    if let Link::Verbs { device, gid_index } = link {
+        use smart_core::backend::verbs::{VerbsBlade, VerbsConfig};
+        let cfg = VerbsConfig { device: device.clone(), gid_index: *gid_index };
+        let vb = VerbsBlade::open(region.clone(), &cfg).context("opening the RDMA device")?;
+        eprintln!("memory-blade: region registered on RDMA device {}", vb.device());
+        server = server.with_verbs(std::sync::Arc::new(vb));
+    }
+    #[cfg(not(feature = "verbs"))]
+    let _ = link;
+    Ok(server)
 }

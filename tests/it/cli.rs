@@ -351,7 +351,10 @@ fn a_blade_refuses_bad_backing_files_and_sizes_without_leaving_files_behind() {
     let f = file.to_str().unwrap();
     for (args, says) in [
         (&["--size", "8MiB", "--durable"][..], "--durable needs --backing-file"),
-        (&["--size", "8MiB", "--durable", "--backing-file", f, "--transport", "verbs"][..], "--durable serves TCP only"),
+        (
+            &["--size", "8MiB", "--durable", "--backing-file", f, "--transport", "verbs"][..],
+            "--durable serves TCP only",
+        ),
     ] {
         let out = Command::new(BLADE).args(["--listen", "127.0.0.1:0"]).args(args).output().unwrap();
         assert!(!out.status.success());
@@ -359,6 +362,26 @@ fn a_blade_refuses_bad_backing_files_and_sizes_without_leaving_files_behind() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(!file.exists(), "no file is left behind");
     }
+    // A file on tmpfs does not survive a power loss: --durable refuses it,
+    // and removes the file it created.
+    let shm = std::path::Path::new("/dev/shm").join(format!("smart-cli-{}-durable", std::process::id()));
+    let out = Command::new(BLADE)
+        .args(["--listen", "127.0.0.1:0", "--size", "8MiB", "--durable", "--backing-file", shm.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is on tmpfs") && err.contains("power loss"), "{err}");
+    assert!(!shm.exists(), "no file is left behind");
+    // A start that fails after the file was created (its port is taken)
+    // removes it too.
+    let taken = Blade::start(&["--size", "8MiB"]);
+    let out = Command::new(BLADE)
+        .args(["--listen", &taken.addr, "--size", "8MiB", "--backing-file", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("Address already in use"), "{err}");
+    assert!(!file.exists(), "no file is left behind");
 }
 
 #[test]
