@@ -141,7 +141,11 @@ impl BladeServer {
     /// complete them are sent, so every completed verb survives a power
     /// loss, not only a crash of this process. Costs a disk flush per
     /// answer that completes a write. Serves TCP clients only: an RDMA
-    /// client's writes reach the region without this process.
+    /// client's writes reach the region without this process. As on
+    /// persistent memory, visibility comes before durability: another
+    /// connection's READ may return a write whose own batch is not answered
+    /// yet (protocols that write under locks, as FORD's, never act on such
+    /// a value).
     ///
     /// # Errors
     /// If the region is not backed by a file, or its file is on a file

@@ -93,7 +93,6 @@ fn main() -> Result<()> {
 
 /// The server for `region` as the flags ask, not yet serving.
 fn set_up(args: &MemoryCli, link: &Link, region: &Arc<Region>) -> Result<BladeServer> {
-    #[allow(unused_mut)]
     let mut server = BladeServer::bind(&args.listen, region.clone())
         .with_context(|| format!("listening on {}", args.listen))?
         .with_max_connections(args.max_connections);
