@@ -198,6 +198,12 @@ fn audit_line(a: &Audited) {
         line += &format!(" | balances {b} cents, initial + ledgers {e} cents ({n} ledger transactions)");
     }
     println!("{line}");
+    if !a.loaded {
+        println!(
+            "audit: the database's load never completed (it was interrupted): it lacks rows; the next smallbank or \
+             tatp run on it loads the rest"
+        );
+    }
     for h in &d.held {
         let owner = h.owner.map_or("not a lock word".to_string(), |o| {
             format!("compute blade {} thread {} coroutine {}", o.blade, o.thread, o.coroutine)

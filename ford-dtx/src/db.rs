@@ -139,6 +139,12 @@ fn root_name(name: &str) -> String {
     format!("ford:{name}")
 }
 
+/// The named root (on blade 0) that says a database's load completed: it
+/// names the catalog, as `ford:NAME` does.
+fn loaded_root(name: &str) -> String {
+    format!("ford:{name}:loaded")
+}
+
 fn word(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
 }
@@ -341,6 +347,29 @@ impl Db {
     /// If there is no such table.
     pub fn table(&self, id: u32) -> &Table {
         &self.tables[id as usize]
+    }
+
+    /// Whether the application that created the database recorded its load
+    /// complete ([`Db::mark_loaded`]). A database whose load was interrupted
+    /// (its loader killed, its blades lost) holds only some of its rows.
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn is_loaded(&self, ctx: &Ctx) -> Result<bool> {
+        Ok(ctx.root(0, &loaded_root(&self.name)).await?.is_some())
+    }
+
+    /// Records that the database's load completed (a named root
+    /// `ford:NAME:loaded` on blade 0, naming the catalog). Idempotent.
+    ///
+    /// # Errors
+    /// A database without its catalog root; verb errors.
+    pub async fn mark_loaded(&self, ctx: &Ctx) -> Result<()> {
+        let Some(catalog) = ctx.root(0, &root_name(&self.name)).await? else {
+            return Err(DtxError::Corrupt(format!("database {}: its root ford:{} is gone", self.name, self.name)));
+        };
+        ctx.set_root(0, &loaded_root(&self.name), catalog).await?;
+        Ok(())
     }
 
     /// Registry slot `i`'s address.

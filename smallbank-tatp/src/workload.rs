@@ -225,7 +225,28 @@ fn spec<W: Workload>(w: &W, d: &DtxConfig) -> DbSpec {
     }
 }
 
-/// Creates (or opens) the database and recovers dead compute blades.
+/// A database as [`open`] found it.
+#[derive(Debug)]
+pub struct Opened {
+    /// The database.
+    pub db: Arc<Db>,
+    /// Whether it existed (made by an earlier run, or by another compute
+    /// blade just now).
+    pub existed: bool,
+    /// Whether this compute blade must load it: it is new, or its load
+    /// never completed and no other compute blade can be loading it now.
+    pub load: bool,
+    /// What recovery did.
+    pub recovered: Vec<Recovered>,
+}
+
+/// Creates (or opens) the database and recovers dead compute blades. A
+/// database that exists but whose load never completed ([`Db::is_loaded`])
+/// is waited for while another registered compute blade may be loading it
+/// (its lease runs); once none can be, the dead are recovered and this
+/// compute blade loads the rest (rows already there are kept). Call it
+/// before registering, so that compute blades waiting here never wait for
+/// each other.
 ///
 /// # Errors
 /// As [`Db::create`] and [`recovery::recover`].
@@ -234,16 +255,58 @@ pub fn open<W: Workload>(
     cfg: &RunConfig,
     w: &W,
     d: &DtxConfig,
-) -> Result<(Arc<Db>, bool, Vec<Recovered>), WorkloadError> {
+) -> Result<Opened, WorkloadError> {
     let mut rt = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = rt.ctx();
     let spec = spec(w, d);
-    let (db, existed, rec) = rt.block_on(async move {
-        let (db, existed) = Db::create(&ctx, &spec).await?;
-        let rec = recovery::recover(&ctx, &db, Which::Expired).await?;
+    let c = ctx.clone();
+    let (db, existed, mut recovered) = rt.block_on(async move {
+        let (db, existed) = Db::create(&c, &spec).await?;
+        let rec = recovery::recover(&c, &db, Which::Expired).await?;
         Ok::<_, DtxError>((db, existed, rec))
     })?;
-    Ok((Arc::new(db), existed, rec))
+    let db = Arc::new(db);
+    let mut load = !existed;
+    let mut said = false;
+    while !load {
+        let (c, b) = (ctx.clone(), db.clone());
+        let (loaded, slots) = rt.block_on(async move {
+            Ok::<_, DtxError>((b.is_loaded(&c).await?, ford_dtx::registry::slots(&c, &b).await?))
+        })?;
+        if loaded {
+            break;
+        }
+        let now = ford_dtx::registry::now_ms();
+        // A claimed slot whose lease has not run out (recovery's grace
+        // included) may belong to a compute blade loading the database.
+        let live = slots.iter().find(|s| s.claim != 0 && s.expiry_ms.saturating_add(recovery::GRACE_MS) >= now);
+        if let Some(s) = live {
+            if cfg.progress && !said {
+                eprintln!(
+                    "waiting: database {:?} is not fully loaded, and compute blade {} (pid {}) registered on it may \
+                     be loading it (its lease runs {:.1} s more, renewed while it lives)",
+                    d.db,
+                    s.slot,
+                    s.pid,
+                    s.expiry_ms.saturating_sub(now) as f64 / 1000.0
+                );
+                said = true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        let (c, b) = (ctx.clone(), db.clone());
+        recovered.extend(rt.block_on(async move { recovery::recover(&c, &b, Which::Expired).await })?);
+        if cfg.progress {
+            eprintln!(
+                "note: database {:?} exists, but its load never completed (it was interrupted): loading the rest \
+                 (rows already there are kept)",
+                d.db
+            );
+        }
+        load = true;
+    }
+    Ok(Opened { db, existed, load, recovered })
 }
 
 struct Phase<'a, W: Workload> {
@@ -374,7 +437,8 @@ pub fn run<W: Workload + Clone + 'static>(
     w: &W,
     d: &DtxConfig,
 ) -> Result<DtxReport, WorkloadError> {
-    let (db, existed, recovered) = open(&*transport, cfg, w, d)?;
+    let Opened { db, existed, load, recovered } = open(&*transport, cfg, w, d)?;
+    let marker = (db.clone(), cfg.runtime.clone());
     if cfg.progress {
         for r in &recovered {
             eprintln!(
@@ -399,7 +463,7 @@ pub fn run<W: Workload + Clone + 'static>(
         stats: &stats,
     };
     let mut load_s = 0.0;
-    if existed {
+    if !load {
         if cfg.progress {
             eprintln!("note: database {:?} exists on the blades (an earlier run): running on it as it is", d.db);
         }
@@ -416,6 +480,11 @@ pub fn run<W: Workload + Clone + 'static>(
         if load.interrupted {
             return Err(WorkloadError::Interrupted(load_s));
         }
+        // Every row is there: later runs use the database as it is.
+        let (db, runtime) = marker;
+        let mut rt = Runtime::new(&*transport, 0, runtime)?;
+        let ctx = rt.ctx();
+        rt.block_on(async move { db.mark_loaded(&ctx).await })?;
         if cfg.progress {
             eprintln!("loaded in {load_s:.1}s");
         }
@@ -454,8 +523,11 @@ pub struct Audited {
     /// SmallBank: Σ ledger transactions (committed DepositChecking,
     /// TransactSavings and WriteCheck of runs with a ledger).
     pub ledger_txns: Option<u64>,
-    /// Locks held, replica mismatches, torn records, and 1 if the
-    /// workload's invariant fails.
+    /// Whether its load completed ([`Db::is_loaded`]); a database whose
+    /// load was interrupted lacks rows.
+    pub loaded: bool,
+    /// Locks held, replica mismatches, torn records, 1 if the workload's
+    /// invariant fails, and 1 if the load never completed.
     pub violations: u64,
 }
 
@@ -493,7 +565,8 @@ pub fn audit(
             }
         })
         .await?;
-        let mut out = Audited { violations: rep.violations(), ..Audited::default() };
+        let loaded = db.is_loaded(&ctx).await?;
+        let mut out = Audited { violations: rep.violations() + u64::from(!loaded), loaded, ..Audited::default() };
         if smallbank {
             let accounts = rep.live[crate::smallbank::SAVINGS as usize] as i64;
             let expected = 2 * accounts * crate::smallbank::START_CENTS + ledgers;

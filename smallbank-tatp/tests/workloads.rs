@@ -38,9 +38,9 @@ fn a_sequential_smallbank_run_equals_the_model() {
     let t: Arc<dyn Transport> = b.transport.clone();
     let w = SmallBank { accounts: 40, hot: 4, ledger: true, mix: MIX };
     let d = dtx("model");
-    let (db, existed, _) = smallbank_tatp::workload::open(&*t, &cfg(1, 1, 1.0), &w, &d).unwrap();
-    assert!(!existed);
-    let reg = Registration::register(t.clone(), db, 1, 1, d.lease).unwrap();
+    let opened = smallbank_tatp::workload::open(&*t, &cfg(1, 1, 1.0), &w, &d).unwrap();
+    assert!(!opened.existed && opened.load);
+    let reg = Registration::register(t.clone(), opened.db, 1, 1, d.lease).unwrap();
     let mut rt = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
     let dx = reg.open_thread(rt.ctx());
     let w2 = w.clone();

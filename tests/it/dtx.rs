@@ -143,28 +143,36 @@ fn bad_transaction_arguments_fail_with_a_message() {
     }
 }
 
+/// Starts `compute-blade args`, its stderr read until a line that starts
+/// with `until` (at most 60 s); returns it, that line, and a thread that
+/// keeps draining its stderr (so it never blocks on it) and returns the rest.
+fn spawn_until(args: &[&str], until: &str) -> (std::process::Child, String, std::thread::JoinHandle<String>) {
+    let mut child = Command::new(COMPUTE).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let line = loop {
+        assert!(Instant::now() < deadline, "no line {until:?}");
+        let l = lines.next().unwrap_or_else(|| panic!("stderr ended before a line {until:?}")).unwrap();
+        if l.starts_with(until) {
+            break l;
+        }
+    };
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+    (child, line, rest)
+}
+
 /// Starts a long SmallBank run; returns it and its registry slot (read
 /// from its stderr once registered).
 fn start_smallbank(blades: &str, extra: &[&str]) -> (std::process::Child, u16, std::thread::JoinHandle<String>) {
-    let mut child = Command::new(COMPUTE)
-        .args(["smallbank", "--blades", blades, "--accounts", "2000", "--hot", "50", "--audit", "--retry-aborts"])
-        .args(["--threads", "2", "--coroutines", "4", "--duration", "60", "--warmup", "0"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let slot = loop {
-        assert!(Instant::now() < deadline, "no registration line");
-        let l = lines.next().expect("stderr ended before the registration").unwrap();
-        if let Some(rest) = l.strip_prefix("registered as compute blade ") {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    // Keep draining stderr so the child never blocks on it.
-    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+    let args = [
+        &["smallbank", "--blades", blades, "--accounts", "2000", "--hot", "50", "--audit", "--retry-aborts"][..],
+        &["--threads", "2", "--coroutines", "4", "--duration", "60", "--warmup", "0"],
+        extra,
+    ]
+    .concat();
+    let prefix = "registered as compute blade ";
+    let (child, line, rest) = spawn_until(&args, prefix);
+    let slot = line[prefix.len()..].split_whitespace().next().unwrap().parse().unwrap();
     (child, slot, rest)
 }
 
@@ -172,6 +180,48 @@ fn audit_only(blades: &str) -> Value {
     let r = run_json("audit.json", &["smallbank", "--blades", blades, "--audit-only", "--quiet"]);
     assert_eq!(r["violations"], 0, "{r}");
     r
+}
+
+/// A load killed half-way leaves a database without its mark of a
+/// complete load: an audit says so (a violation), and the next run, started
+/// at once, waits while the dead loader's lease runs, recovers it, and
+/// loads the rest. Before, the next run went ahead on the rows there were
+/// (its transactions on the others aborted as not found), and the audit
+/// passed.
+#[test]
+fn an_interrupted_load_is_found_and_finished_by_the_next_run() {
+    let b = Blade::start(&["--size", "256MiB"]);
+    let db = ["smallbank", "--blades", &b.addr, "--accounts", "300000", "--hot", "100", "--replicas", "1"];
+    let run =
+        [&db[..], &["--threads", "2", "--coroutines", "4", "--duration", "0.3", "--warmup", "0", "--audit"]].concat();
+    let first = [&run[..], &["--lease", "4"]].concat();
+    let (mut child, _, _rest) = spawn_until(&first, "loading ");
+    std::thread::sleep(Duration::from_millis(400));
+    kill9(&mut child);
+    let j = tmp("unloaded-audit.json");
+    let out = compute(&[&db[..], &["--audit-only", "--json", j.to_str().unwrap()]].concat());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("the database's load never completed"), "{said}");
+    let a = record(&j);
+    std::fs::remove_file(&j).unwrap();
+    assert_eq!(a["audit"]["loaded"], false, "{a}");
+    let rows = a["audit"]["db"]["live"][0].as_u64().unwrap();
+    assert!(rows < 300_000, "the load was not cut: {a}");
+    // The next run, while the dead loader's lease still runs.
+    let (mut child, line, rest) = spawn_until(&[&run[..], &["--json", j.to_str().unwrap()]].concat(), "waiting: ");
+    assert!(line.contains("is not fully loaded") && line.contains("may be loading it"), "{line}");
+    let status = crate::cli::wait_bounded(&mut child, Duration::from_secs(120), "the next run did not finish");
+    let rest = rest.join().unwrap();
+    assert!(status.success(), "{rest}");
+    assert!(rest.contains("loading the rest"), "{rest}");
+    let r = record(&j);
+    std::fs::remove_file(&j).unwrap();
+    assert_eq!(r["recovered"].as_array().map(Vec::len), Some(1), "the dead loader was recovered: {r}");
+    assert_eq!((r["violations"].as_u64(), r["audit"]["loaded"].as_bool()), (Some(0), Some(true)), "{r}");
+    assert_eq!(r["audit"]["db"]["live"][0], 300_000, "{r}");
+    assert_eq!(r["aborts_by_type"]["balance"]["aborts"]["not_found"], 0, "{r}");
+    eprintln!("a load cut at {rows} of 300000 rows, finished by the next run");
 }
 
 #[test]
