@@ -267,7 +267,7 @@ pub fn open<W: Workload>(
     })?;
     let db = Arc::new(db);
     let mut load = !existed;
-    let mut said = false;
+    let (mut said, mut quiet_since) = (false, None);
     while !load {
         let (c, b) = (ctx.clone(), db.clone());
         let (loaded, slots) = rt.block_on(async move {
@@ -292,7 +292,16 @@ pub fn open<W: Workload>(
                 );
                 said = true;
             }
+            quiet_since = None;
             std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        // The compute blade that created the database registers just
+        // after: only a quarter of a second without any is an interrupted
+        // load.
+        let since = *quiet_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < Duration::from_millis(250) {
+            std::thread::sleep(Duration::from_millis(50));
             continue;
         }
         let (c, b) = (ctx.clone(), db.clone());

@@ -40,15 +40,17 @@ fn a_sequential_smallbank_run_equals_the_model() {
     let d = dtx("model");
     let opened = smallbank_tatp::workload::open(&*t, &cfg(1, 1, 1.0), &w, &d).unwrap();
     assert!(!opened.existed && opened.load);
+    let db = opened.db.clone();
     let reg = Registration::register(t.clone(), opened.db, 1, 1, d.lease).unwrap();
     let mut rt = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
-    let dx = reg.open_thread(rt.ctx());
+    let (dx, ctx) = (reg.open_thread(rt.ctx()), rt.ctx());
     let w2 = w.clone();
     rt.block_on(async move {
         let mut tx = dx.txn(0);
         for a in 0..w2.accounts {
             w2.load(&mut tx, a).await.unwrap();
         }
+        db.mark_loaded(&ctx).await.unwrap();
         w2.prepare(&mut tx, 1).await.unwrap();
         let mut sav: HashMap<u64, i64> = (0..w2.accounts).map(|a| (a, START_CENTS)).collect();
         let mut chk = sav.clone();
