@@ -208,6 +208,13 @@ fn an_interrupted_load_is_found_and_finished_by_the_next_run() {
     assert_eq!(a["audit"]["loaded"], false, "{a}");
     let rows = a["audit"]["db"]["live"][0].as_u64().unwrap();
     assert!(rows < 300_000, "the load was not cut: {a}");
+    let listed = |b: &str| {
+        let out = compute(&["table", "list", "--blades", b]);
+        ok(&out);
+        String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with("ford")).unwrap_or("").to_string()
+    };
+    let l = listed(&b.addr);
+    assert!(l.contains("smallbank") && l.ends_with("its load never completed"), "{l}");
     // The next run, while the dead loader's lease still runs.
     let (mut child, line, rest) = spawn_until(&[&run[..], &["--json", j.to_str().unwrap()]].concat(), "waiting: ");
     assert!(line.contains("is not fully loaded") && line.contains("may be loading it"), "{line}");
@@ -221,6 +228,8 @@ fn an_interrupted_load_is_found_and_finished_by_the_next_run() {
     assert_eq!((r["violations"].as_u64(), r["audit"]["loaded"].as_bool()), (Some(0), Some(true)), "{r}");
     assert_eq!(r["audit"]["db"]["live"][0], 300_000, "{r}");
     assert_eq!(r["aborts_by_type"]["balance"]["aborts"]["not_found"], 0, "{r}");
+    let l = listed(&b.addr);
+    assert!(l.contains("FORD database: 3 tables, 1 replicas over 1 blades, loaded"), "{l}");
     eprintln!("a load cut at {rows} of 300000 rows, finished by the next run");
 }
 
