@@ -227,3 +227,45 @@ fn the_generators_draw_the_mix_they_are_given() {
     assert_eq!((n[0], n[2], n[4], n[5]), (0, 0, 0, 0), "{n:?}");
     assert!((59_000..61_000).contains(&n[1]) && (39_000..41_000).contains(&n[3]), "{n:?}");
 }
+
+/// Loads rows `0..half` of `w` into database `name`, then every row (a load
+/// that resumes one cut short, which runs over the rows already there);
+/// returns the audit's live rows per table.
+fn load_twice<W: Workload + Clone + 'static>(t: &Arc<dyn Transport>, w: &W, name: &str, half: u64) -> Vec<u64> {
+    let d = dtx(name);
+    let opened = smallbank_tatp::workload::open(&**t, &cfg(1, 1, 1.0), w, &d).unwrap();
+    let reg = Registration::register(t.clone(), opened.db, 1, 1, d.lease).unwrap();
+    let mut rt = Runtime::new(&**t, 0, RuntimeConfig::default()).unwrap();
+    let dx = reg.open_thread(rt.ctx());
+    let w2 = w.clone();
+    rt.block_on(async move {
+        let mut tx = dx.txn(0);
+        for rows in [half, w2.rows()] {
+            for row in 0..rows {
+                w2.load(&mut tx, row).await.unwrap();
+            }
+        }
+    });
+    reg.close(&**t).unwrap();
+    let a = smallbank_tatp::audit(&**t, &cfg(1, 1, 1.0), name, false).unwrap();
+    assert_eq!(a.db.violations(), 0, "{a:?}");
+    a.db.live
+}
+
+/// A load over rows already there (the next run finishing a load that was
+/// cut short) keeps them and adds none: SmallBank's accounts and TATP's
+/// subscribers with their access rows, special facilities and call
+/// forwardings come out as one load makes them.
+#[test]
+fn a_load_over_rows_already_there_keeps_them_and_adds_none() {
+    let b = backends::embedded(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let sb = SmallBank { accounts: 500, hot: 8, ledger: false, mix: MIX };
+    assert_eq!(load_twice(&t, &sb, "sb-twice", 200), vec![500, 500, 0]);
+    let w = Tatp::new(300);
+    let twice = load_twice(&t, &w, "tatp-twice", 120);
+    let once = load_twice(&t, &w, "tatp-once", 0);
+    assert_eq!(twice, once);
+    assert_eq!(twice[tatp::SUBSCRIBER as usize], 300);
+    assert!(twice[tatp::CALL_FORWARDING as usize] > 0, "{twice:?}");
+}
