@@ -487,6 +487,12 @@ pub fn run<W: Workload + Clone + 'static>(
             return Err(WorkloadError::Load(e));
         }
         if load.interrupted {
+            // Every coroutine finished its row (none holds a lock): the
+            // slot is freed now, so that the next run finishes the load
+            // without waiting for this lease to run out.
+            if let Err(e) = reg.close(&*transport) {
+                eprintln!("note: the registry slot stays taken ({e}): the next run waits for its lease to run out");
+            }
             return Err(WorkloadError::Interrupted(load_s));
         }
         // Every row is there: later runs use the database as it is.

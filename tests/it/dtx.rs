@@ -233,6 +233,31 @@ fn an_interrupted_load_is_found_and_finished_by_the_next_run() {
     eprintln!("a load cut at {rows} of 300000 rows, finished by the next run");
 }
 
+/// A load stopped by Ctrl-C (SIGINT) frees its registry slot: the next run
+/// finishes the load at once, without waiting for a lease to run out.
+#[test]
+fn a_load_stopped_by_ctrl_c_is_finished_by_the_next_run_without_waiting() {
+    let b = Blade::start(&["--size", "256MiB"]);
+    let run = [
+        &["smallbank", "--blades", &b.addr, "--accounts", "300000", "--hot", "100", "--replicas", "1"][..],
+        &["--threads", "2", "--coroutines", "4", "--duration", "0.3", "--warmup", "0", "--audit"],
+    ]
+    .concat();
+    let (mut child, _, rest) = spawn_until(&run, "loading ");
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&child, "-INT");
+    let status = crate::cli::wait_bounded(&mut child, Duration::from_secs(30), "the load ignored Ctrl-C");
+    let said = rest.join().unwrap();
+    assert!(!status.success() && said.contains("interrupted during the load"), "{status}: {said}");
+    let t0 = Instant::now();
+    let out = compute(&run);
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("loading the rest") && !err.contains("waiting:"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("audit: 0 violations"));
+    eprintln!("the next run finished the load in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
 #[test]
 fn compute_blades_killed_at_random_points_lose_nothing_after_recovery() {
     let (b1, b2) = (Blade::start(&["--size", "64MiB"]), Blade::start(&["--size", "64MiB"]));
