@@ -267,7 +267,7 @@ pub fn open<W: Workload>(
     })?;
     let db = Arc::new(db);
     let mut load = !existed;
-    let (mut said, mut quiet_since) = (false, None);
+    let (mut said, mut quiet_since) = (None::<Instant>, None);
     while !load {
         let (c, b) = (ctx.clone(), db.clone());
         let (loaded, slots) = rt.block_on(async move {
@@ -281,16 +281,27 @@ pub fn open<W: Workload>(
         // included) may belong to a compute blade loading the database.
         let live = slots.iter().find(|s| s.claim != 0 && s.expiry_ms.saturating_add(recovery::GRACE_MS) >= now);
         if let Some(s) = live {
-            if cfg.progress && !said {
-                eprintln!(
-                    "waiting: database {:?} is not fully loaded, and compute blade {} (pid {}) registered on it may \
-                     be loading it (its lease runs {:.1} s more, renewed while it lives)",
-                    d.db,
-                    s.slot,
-                    s.pid,
-                    s.expiry_ms.saturating_sub(now) as f64 / 1000.0
-                );
-                said = true;
+            match said {
+                None if cfg.progress => {
+                    eprintln!(
+                        "waiting: database {:?} is not fully loaded, and compute blade {} (pid {}) registered on it \
+                         may be loading it (its lease runs {:.1} s more, renewed while it lives)",
+                        d.db,
+                        s.slot,
+                        s.pid,
+                        s.expiry_ms.saturating_sub(now) as f64 / 1000.0
+                    );
+                    said = Some(Instant::now());
+                }
+                // A line every 30 s while the wait lasts.
+                Some(t) if cfg.progress && t.elapsed() >= Duration::from_secs(30) => {
+                    eprintln!(
+                        "waiting: still, for database {:?}: compute blade {} (pid {}) is registered on it",
+                        d.db, s.slot, s.pid
+                    );
+                    said = Some(Instant::now());
+                }
+                _ => {}
             }
             quiet_since = None;
             std::thread::sleep(Duration::from_millis(100));
