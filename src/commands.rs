@@ -592,43 +592,11 @@ fn resize_locks(c: &race_ht::TableCheck) -> String {
 /// Every object a named root on blade 0 points to, classified by its magic.
 async fn list_indexes(ctx: &smart_core::Ctx) -> Result<Vec<Listed>> {
     let mut out = Vec::new();
-    let roots = ctx.roots(0).await?;
     // A FORD database's catalog has two roots once its load completed: its
-    // own (`ford:NAME`) and the mark (`ford:NAME:loaded`). Names are not
-    // stored: the workloads' default names are recognised by their tags.
+    // own (`ford:NAME`) and the mark (`ford:NAME:loaded`); listed once,
+    // after the loop.
     let mut catalogs: Vec<(smart_core::GlobalAddr, Vec<u64>)> = Vec::new();
-    for &(tag, at) in &roots {
-        let mut magic = [0u8; 8];
-        ctx.read(at, &mut magic).await?;
-        if u64::from_le_bytes(magic) != ford_dtx::layout::catalog::MAGIC {
-            continue;
-        }
-        match catalogs.iter_mut().find(|(a, _)| *a == at) {
-            Some((_, tags)) => tags.push(tag),
-            None => catalogs.push((at, vec![tag])),
-        }
-    }
-    for (at, tags) in &catalogs {
-        let name = ["smallbank", "tatp"]
-            .into_iter()
-            .find(|n| tags.contains(&smart_core::layout::root_tag(&format!("ford:{n}"))));
-        let db = match name {
-            Some(n) => ford_dtx::db::Db::open(ctx, n).await.ok().flatten(),
-            None => None,
-        };
-        let load = if tags.len() > 1 { "loaded" } else { "its load never completed" };
-        let detail = match db {
-            Some(db) => format!(
-                "FORD database: {} tables, {} replicas over {} blades, {load}",
-                db.tables.len(),
-                db.replicas,
-                db.blades
-            ),
-            None => format!("FORD database, {load}"),
-        };
-        out.push(Listed { kind: "ford", name: name.map(str::to_string), at: at.to_string(), detail });
-    }
-    for (tag, at) in roots {
+    for (tag, at) in ctx.roots(0).await? {
         let mut head = [0u8; sherman_bt::layout::META];
         ctx.read(at, &mut head).await?;
         let word = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
@@ -664,11 +632,37 @@ async fn list_indexes(ctx: &smart_core::Ctx) -> Result<Vec<Listed>> {
                 detail: format!("depth {}, {} blades", level + 1, m.locks.len()),
             }
         } else if word(0) == ford_dtx::layout::catalog::MAGIC {
-            continue; // listed above
+            match catalogs.iter_mut().find(|(a, _)| *a == at) {
+                Some((_, tags)) => tags.push(tag),
+                None => catalogs.push((at, vec![tag])),
+            }
+            continue;
         } else {
             Listed { kind: "other", name: None, at: at.to_string(), detail: format!("root tag {tag:#018x}") }
         };
         out.push(l);
+    }
+    // Names are not stored: the workloads' default names are recognised by
+    // their tags.
+    for (at, tags) in &catalogs {
+        let name = ["smallbank", "tatp"]
+            .into_iter()
+            .find(|n| tags.contains(&smart_core::layout::root_tag(&format!("ford:{n}"))));
+        let db = match name {
+            Some(n) => ford_dtx::db::Db::open(ctx, n).await.ok().flatten(),
+            None => None,
+        };
+        let load = if tags.len() > 1 { "loaded" } else { "its load never completed" };
+        let detail = match db {
+            Some(db) => format!(
+                "FORD database: {} tables, {} replicas over {} blades, {load}",
+                db.tables.len(),
+                db.replicas,
+                db.blades
+            ),
+            None => format!("FORD database, {load}"),
+        };
+        out.push(Listed { kind: "ford", name: name.map(str::to_string), at: at.to_string(), detail });
     }
     Ok(out)
 }

@@ -259,22 +259,35 @@ pub fn open<W: Workload>(
     let mut rt = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = rt.ctx();
     let spec = spec(w, d);
-    let c = ctx.clone();
     let (db, existed, mut recovered) = rt.block_on(async move {
-        let (db, existed) = Db::create(&c, &spec).await?;
-        let rec = recovery::recover(&c, &db, Which::Expired).await?;
+        let (db, existed) = Db::create(&ctx, &spec).await?;
+        let rec = recovery::recover(&ctx, &db, Which::Expired).await?;
         Ok::<_, DtxError>((db, existed, rec))
     })?;
     let db = Arc::new(db);
-    let mut load = !existed;
+    let load = !existed || unfinished_load(&mut rt, &db, cfg, d, &mut recovered)?;
+    Ok(Opened { db, existed, load, recovered })
+}
+
+/// For a database that existed: whether this compute blade must finish its
+/// load (see [`open`]). Waits while a registered compute blade may be
+/// loading it; recovers the dead before saying yes.
+fn unfinished_load(
+    rt: &mut Runtime,
+    db: &Arc<Db>,
+    cfg: &RunConfig,
+    d: &DtxConfig,
+    recovered: &mut Vec<Recovered>,
+) -> Result<bool, WorkloadError> {
+    let ctx = rt.ctx();
     let (mut said, mut quiet_since) = (None::<Instant>, None);
-    while !load {
+    loop {
         let (c, b) = (ctx.clone(), db.clone());
         let (loaded, slots) = rt.block_on(async move {
             Ok::<_, DtxError>((b.is_loaded(&c).await?, ford_dtx::registry::slots(&c, &b).await?))
         })?;
         if loaded {
-            break;
+            return Ok(false);
         }
         let now = ford_dtx::registry::now_ms();
         // A claimed slot whose lease has not run out (recovery's grace
@@ -324,9 +337,8 @@ pub fn open<W: Workload>(
                 d.db
             );
         }
-        load = true;
+        return Ok(true);
     }
-    Ok(Opened { db, existed, load, recovered })
 }
 
 struct Phase<'a, W: Workload> {
@@ -458,7 +470,7 @@ pub fn run<W: Workload + Clone + 'static>(
     d: &DtxConfig,
 ) -> Result<DtxReport, WorkloadError> {
     let Opened { db, existed, load, recovered } = open(&*transport, cfg, w, d)?;
-    let marker = (db.clone(), cfg.runtime.clone());
+    let loading = db.clone();
     if cfg.progress {
         for r in &recovered {
             eprintln!(
@@ -507,10 +519,9 @@ pub fn run<W: Workload + Clone + 'static>(
             return Err(WorkloadError::Interrupted(load_s));
         }
         // Every row is there: later runs use the database as it is.
-        let (db, runtime) = marker;
-        let mut rt = Runtime::new(&*transport, 0, runtime)?;
+        let mut rt = Runtime::new(&*transport, 0, cfg.runtime.clone())?;
         let ctx = rt.ctx();
-        rt.block_on(async move { db.mark_loaded(&ctx).await })?;
+        rt.block_on(async move { loading.mark_loaded(&ctx).await })?;
         if cfg.progress {
             eprintln!("loaded in {load_s:.1}s");
         }

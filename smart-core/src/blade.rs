@@ -497,11 +497,12 @@ impl Dirty {
             }
         }
         if self.ranges.len() == Self::MAX_RANGES {
-            let lo = self.ranges.iter().map(|r| r.0).min().unwrap_or(first);
-            let hi = self.ranges.iter().map(|r| r.1).max().unwrap_or(end);
+            // One span over them all and this write.
+            let lo = self.ranges.iter().map(|r| r.0).fold(first, u64::min);
+            let hi = self.ranges.iter().map(|r| r.1).fold(end, u64::max);
             self.ranges.clear();
             self.ranges.push((lo, hi));
-            return self.add(off, len);
+            return;
         }
         self.ranges.push((first, end));
     }
@@ -532,11 +533,9 @@ impl Conn<'_> {
     /// client never sees a completion for a write the disk may not hold.
     fn send(&mut self, s: &mut TcpStream) -> Result<(), String> {
         if let Some(d) = &mut self.dirty {
-            if !d.ranges.is_empty() {
-                d.sync(self.region).map_err(|e| {
-                    format!("syncing the backing file failed ({e}): the writes of this answer may not be on disk")
-                })?;
-            }
+            d.sync(self.region).map_err(|e| {
+                format!("syncing the backing file failed ({e}): the writes of this answer may not be on disk")
+            })?;
         }
         s.write_all(&self.out).map_err(|e| format!("sending responses: {e}"))
     }

@@ -33,8 +33,7 @@ impl Blade {
 
     /// SIGTERM, then wait (bounded) for a clean exit.
     fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        signal(&self.child, "-TERM");
         wait_bounded(&mut self.child, Duration::from_secs(10), "memory-blade ignored SIGTERM")
     }
 }
@@ -72,11 +71,15 @@ pub(crate) fn wait_bounded(child: &mut Child, limit: Duration, what: &str) -> st
     }
 }
 
+/// Sends signal `sig` (`-KILL`, `-STOP`, `-INT`, …) to a child.
+pub(crate) fn signal(child: &Child, sig: &str) {
+    assert!(Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success());
+}
+
 /// SIGKILLs a child that must still be running, and reaps it.
 pub(crate) fn kill9(child: &mut Child) {
     assert!(child.try_wait().unwrap().is_none(), "the run ended before it was killed");
-    let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    signal(child, "-KILL");
     child.wait().unwrap();
 }
 
@@ -576,7 +579,7 @@ fn a_blade_out_of_file_descriptors_keeps_serving() {
 /// Sends SIGINT to `child` after `after`, then waits (bounded) for its exit.
 fn interrupt(mut child: Child, after: Duration) -> std::process::ExitStatus {
     std::thread::sleep(after);
-    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    signal(&child, "-INT");
     wait_bounded(&mut child, Duration::from_secs(20), "compute-blade ignored SIGINT")
 }
 

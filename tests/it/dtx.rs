@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use smallbank_tatp::{smallbank, tatp};
 
-use crate::cli::{compute, kill9, kill_point, record, spawn_compute, tmp, Blade, COMPUTE};
+use crate::cli::{compute, kill9, kill_point, record, signal, spawn_compute, tmp, Blade, COMPUTE};
 
 fn ok(out: &std::process::Output) {
     assert!(
@@ -182,6 +182,15 @@ fn audit_only(blades: &str) -> Value {
     r
 }
 
+/// SmallBank's arguments for a database of 300 000 accounts on `blade`
+/// (a load of a few seconds), and those of a short audited run on it.
+fn long_load(blade: &str) -> (Vec<&str>, Vec<&str>) {
+    let db = vec!["smallbank", "--blades", blade, "--accounts", "300000", "--hot", "100", "--replicas", "1"];
+    let run =
+        [&db[..], &["--threads", "2", "--coroutines", "4", "--duration", "0.3", "--warmup", "0", "--audit"]].concat();
+    (db, run)
+}
+
 /// A load killed half-way leaves a database without its mark of a
 /// complete load: an audit says so (a violation), and the next run, started
 /// at once, waits while the dead loader's lease runs, recovers it, and
@@ -191,9 +200,7 @@ fn audit_only(blades: &str) -> Value {
 #[test]
 fn an_interrupted_load_is_found_and_finished_by_the_next_run() {
     let b = Blade::start(&["--size", "256MiB"]);
-    let db = ["smallbank", "--blades", &b.addr, "--accounts", "300000", "--hot", "100", "--replicas", "1"];
-    let run =
-        [&db[..], &["--threads", "2", "--coroutines", "4", "--duration", "0.3", "--warmup", "0", "--audit"]].concat();
+    let (db, run) = long_load(&b.addr);
     let first = [&run[..], &["--lease", "4"]].concat();
     let (mut child, _, _rest) = spawn_until(&first, "loading ");
     std::thread::sleep(Duration::from_millis(400));
@@ -238,11 +245,7 @@ fn an_interrupted_load_is_found_and_finished_by_the_next_run() {
 #[test]
 fn a_load_stopped_by_ctrl_c_is_finished_by_the_next_run_without_waiting() {
     let b = Blade::start(&["--size", "256MiB"]);
-    let run = [
-        &["smallbank", "--blades", &b.addr, "--accounts", "300000", "--hot", "100", "--replicas", "1"][..],
-        &["--threads", "2", "--coroutines", "4", "--duration", "0.3", "--warmup", "0", "--audit"],
-    ]
-    .concat();
+    let (_, run) = long_load(&b.addr);
     let (mut child, _, rest) = spawn_until(&run, "loading ");
     std::thread::sleep(Duration::from_millis(300));
     signal(&child, "-INT");
@@ -416,11 +419,6 @@ impl Drop for LoopFs {
         let _ = std::fs::remove_dir(&self.dir);
         let _ = std::fs::remove_file(&self.image);
     }
-}
-
-/// Stops (SIGSTOP) or resumes (SIGCONT) a process.
-fn signal(child: &std::process::Child, sig: &str) {
-    assert!(Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success());
 }
 
 /// `memory-blade --durable` answers no write before its disk holds it: a
