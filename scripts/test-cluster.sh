@@ -1,43 +1,101 @@
 #!/usr/bin/env bash
-# The launcher's ssh path against a real sshd on 127.0.0.1 (Debian's
-# openssh-server, a throw-away host key and client key, this user):
-#  1. `scripts/cluster preflight` over ssh;
-#  2. two memory blades and two compute blades, all started over ssh, with a
+# The launcher for real, started over ssh or by srun, on this machine:
+#  - ssh: a real sshd on 127.0.0.1 (Debian's openssh-server, a throw-away
+#    host key and client key, this user);
+#  - srun: a one-node Slurm cluster (Debian's slurm-wlm: slurmctld and slurmd
+#    with their own munged, configuration and state in a scratch directory;
+#    needs root). Steps are bound to their CPUs, as on clusters. First an
+#    allocation of one CPU, in which preflight and run must refuse compute
+#    blades of 2 threads before starting anything; then a whole node.
+# Then, either way:
+#  1. `scripts/cluster preflight`;
+#  2. two memory blades and two compute blades, all started remotely, with a
 #     barrier; the merged record's ops equal the sum of the parts' and its
 #     p99 equals the p99 of the parts' histograms merged (recomputed here,
 #     independently of compute-blade merge);
 #  3. a compute blade SIGKILLed mid-run: the launcher stops everything it
 #     started and exits non-zero, and no process of the run is left;
 #  4. SIGINT (Ctrl-C) to the launcher mid-run: the same, with status 130.
-# Then the launcher's unit tests (cluster files, the srun command lines).
+# Then the launcher's unit tests (cluster files, the command lines).
 #
-#   scripts/test-cluster.sh [path/to/target/release]
+#   scripts/test-cluster.sh [--launch ssh|srun] [path/to/target/release]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+launch=ssh
+if [ "${1:-}" = --launch ]; then
+  launch=${2:-}
+  shift 2 || true
+fi
+case $launch in
+  ssh) [ -x /usr/sbin/sshd ] || { echo "test-cluster: needs openssh-server (/usr/sbin/sshd)" >&2; exit 1; } ;;
+  srun)
+    for b in slurmctld slurmd munged; do
+      [ -x /usr/sbin/$b ] || { echo "test-cluster: needs slurm-wlm and munge (/usr/sbin/$b)" >&2; exit 1; }
+    done
+    [ "$(id -u)" = 0 ] || { echo "test-cluster: --launch srun runs slurmd, which needs root" >&2; exit 1; } ;;
+  *) echo "test-cluster: --launch ssh or srun, not '$launch'" >&2; exit 2 ;;
+esac
 bin=${1:-target/release}
-[ -x /usr/sbin/sshd ] || { echo "test-cluster: needs openssh-server (/usr/sbin/sshd)" >&2; exit 1; }
 work=$(mktemp -d /tmp/smart-rs-cluster-test.XXXXXX)
-sshd_pid=
+daemons=()
 run_pid=
 cleanup() {
   [ -n "$run_pid" ] && kill -KILL "$run_pid" 2>/dev/null || true
-  [ -n "$sshd_pid" ] && kill -TERM "$sshd_pid" 2>/dev/null || true
-  # Anything of this test's run still alive is a failure of the launcher;
-  # it is reported above, and ended here.
-  pkill -KILL -f "memory-blade --listen 127.0.0.1:(${p1:-x}|${p2:-x})|smart-rs-[0-9]+-run-|$work/client_key" 2>/dev/null || true
+  [ -n "${SLURM_JOB_ID:-}" ] && scancel "$SLURM_JOB_ID" 2>/dev/null || true
+  local d
+  for d in "${daemons[@]}"; do kill -TERM "$d" 2>/dev/null || true; done
+  for d in "${daemons[@]}"; do
+    for _ in $(seq 50); do kill -0 "$d" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$d" 2>/dev/null || true
+  done
+  # Anything of this test's run still alive is a failure of the launcher,
+  # reported above; it is ended here, with the ssh connection master that
+  # ControlPersist keeps for a minute.
+  pkill -KILL -f "memory-blade --listen 127.0.0.1:(${p1:-x}|${p2:-x})|smart-rs-[0-9]+-run-|$work/" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+p1=$(free_port)
+p2=$(free_port)
 
-ssh-keygen -q -t ed25519 -N '' -f "$work/host_key"
-ssh-keygen -q -t ed25519 -N '' -f "$work/client_key"
-cp "$work/client_key.pub" "$work/authorized_keys"
-chmod 600 "$work/authorized_keys"
-port=$(free_port)
-mkdir -p /run/sshd
-cat >"$work/sshd_config" <<EOF
+# blades_and_computes HOST THREADS: the cluster file's processes, all on
+# HOST, the memory blades listening on 127.0.0.1.
+blades_and_computes() {
+  cat <<EOF
+
+[[memory_blade]]
+host = "$1"
+listen = "127.0.0.1"
+port = $p1
+size = "128MiB"
+
+[[memory_blade]]
+host = "$1"
+listen = "127.0.0.1"
+port = $p2
+size = "128MiB"
+
+[[compute_blade]]
+host = "$1"
+threads = $2
+
+[[compute_blade]]
+host = "$1"
+threads = $2
+EOF
+}
+
+start_sshd() {
+  ssh-keygen -q -t ed25519 -N '' -f "$work/host_key"
+  ssh-keygen -q -t ed25519 -N '' -f "$work/client_key"
+  cp "$work/client_key.pub" "$work/authorized_keys"
+  chmod 600 "$work/authorized_keys"
+  local port
+  port=$(free_port)
+  mkdir -p /run/sshd
+  cat >"$work/sshd_config" <<EOF
 ListenAddress 127.0.0.1
 Port $port
 HostKey $work/host_key
@@ -50,19 +108,17 @@ PermitRootLogin prohibit-password
 StrictModes no
 UsePAM no
 EOF
-/usr/sbin/sshd -D -e -f "$work/sshd_config" 2>"$work/sshd.log" &
-sshd_pid=$!
-opts=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -i "$work/client_key")
-for _ in $(seq 100); do
-  ssh -p "$port" "${opts[@]}" -o BatchMode=yes 127.0.0.1 true 2>/dev/null && break
-  kill -0 "$sshd_pid" 2>/dev/null || { cat "$work/sshd.log" >&2; exit 1; }
-  sleep 0.1
-done
-echo "test-cluster: sshd on 127.0.0.1:$port (pid $sshd_pid)"
-
-p1=$(free_port)
-p2=$(free_port)
-cat >"$work/cluster.toml" <<EOF
+  /usr/sbin/sshd -D -e -f "$work/sshd_config" 2>"$work/sshd.log" &
+  daemons+=($!)
+  local opts=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -i "$work/client_key")
+  for _ in $(seq 100); do
+    ssh -p "$port" "${opts[@]}" -o BatchMode=yes 127.0.0.1 true 2>/dev/null && break
+    kill -0 "${daemons[0]}" 2>/dev/null || { cat "$work/sshd.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "test-cluster: sshd on 127.0.0.1:$port (pid ${daemons[0]})"
+  {
+    cat <<EOF
 # Every process over ssh to 127.0.0.1 (this test's sshd).
 [defaults]
 transport = "tcp"
@@ -71,33 +127,125 @@ ssh_port = $port
 ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-i", "$work/client_key"]
 workdir = "$PWD"
 bin = "$bin"
-
-[[memory_blade]]
-host = "127.0.0.1"
-listen = "127.0.0.1"
-port = $p1
-size = "128MiB"
-
-[[memory_blade]]
-host = "127.0.0.1"
-listen = "127.0.0.1"
-port = $p2
-size = "128MiB"
-
-[[compute_blade]]
-host = "127.0.0.1"
-threads = 1
-
-[[compute_blade]]
-host = "127.0.0.1"
-threads = 1
 EOF
-export SMART_RS_NO_BUILD=1 SMART_RS_SSH_CONTROL_DIR=$work
+    blades_and_computes 127.0.0.1 1
+  } >"$work/cluster.toml"
+}
 
-echo "== preflight over ssh"
+# slurm_cluster FILE THREADS: a cluster file of processes that srun starts on
+# this node.
+slurm_cluster() {
+  {
+    cat <<EOF
+# Every process started by srun on this one-node Slurm cluster.
+[defaults]
+transport = "tcp"
+launch = "srun"
+workdir = "$PWD"
+bin = "$bin"
+EOF
+    blades_and_computes "$node" "$2"
+  } >"$1"
+}
+
+start_slurm() {
+  node=$(hostname -s)
+  # Compute blades reach the memory blades by the node's name: it must be
+  # this machine's loopback (tests send nothing off it).
+  case $(getent hosts "$node" | awk '{print $1; exit}') in
+    127.* | ::1) ;;
+    *) echo "test-cluster: $node does not resolve to a loopback address; --launch srun needs it to" >&2; exit 1 ;;
+  esac
+  mungekey --create --keyfile="$work/munge.key" >/dev/null 2>&1 ||
+    { dd if=/dev/urandom of="$work/munge.key" bs=1024 count=1 2>/dev/null && chmod 400 "$work/munge.key"; }
+  /usr/sbin/munged -F -f -S "$work/munge.sock" --key-file="$work/munge.key" --pid-file="$work/munged.pid" \
+    --seed-file="$work/munge.seed" --log-file="$work/munged.log" 2>"$work/munged.err" &
+  daemons+=($!)
+  mkdir -p "$work/slurm-state" "$work/slurmd-spool"
+  cat >"$work/slurm.conf" <<EOF
+ClusterName=smartrs-test
+SlurmctldHost=$node
+SlurmctldPort=$(free_port)
+SlurmdPort=$(free_port)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$work/munge.sock
+StateSaveLocation=$work/slurm-state
+SlurmdSpoolDir=$work/slurmd-spool
+SlurmctldPidFile=$work/slurmctld.pid
+SlurmdPidFile=$work/slurmd.pid
+SlurmctldLogFile=$work/slurmctld.log
+SlurmdLogFile=$work/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+MpiDefault=none
+ReturnToService=2
+NodeName=$node CPUs=$(nproc) State=UNKNOWN
+PartitionName=test Nodes=$node Default=YES MaxTime=INFINITE State=UP
+EOF
+  export SLURM_CONF=$work/slurm.conf
+  for _ in $(seq 50); do [ -S "$work/munge.sock" ] && break; sleep 0.1; done
+  /usr/sbin/slurmctld -D -f "$SLURM_CONF" 2>"$work/slurmctld.err" &
+  daemons+=($!)
+  /usr/sbin/slurmd -D -f "$SLURM_CONF" 2>"$work/slurmd.err" &
+  daemons+=($!)
+  for _ in $(seq 150); do
+    sinfo -h -n "$node" -o %t 2>/dev/null | grep -q idle && break
+    sleep 0.2
+  done
+  sinfo -h -n "$node" -o %t 2>/dev/null | grep -q idle || {
+    echo "test-cluster: the Slurm node never came up" >&2
+    tail -n 5 "$work"/slurmctld.log "$work"/slurmd.log "$work"/*.err >&2 || true
+    exit 1
+  }
+  echo "test-cluster: Slurm on $node ($(nproc) CPUs): munged, slurmctld and slurmd (pids ${daemons[*]})"
+}
+
+# allocate ARGS...: a new Slurm allocation (sets SLURM_JOB_ID, which the
+# launcher's srun steps run in), the last one released.
+allocate() {
+  [ -n "${SLURM_JOB_ID:-}" ] && scancel "$SLURM_JOB_ID"
+  SLURM_JOB_ID=$(salloc --no-shell -N1 "$@" 2>&1 | sed -n 's/.*Granted job allocation \([0-9]*\).*/\1/p')
+  [ -n "$SLURM_JOB_ID" ] || { echo "test-cluster: salloc $* failed" >&2; exit 1; }
+  export SLURM_JOB_ID
+}
+
+export SMART_RS_NO_BUILD=1 SMART_RS_SSH_CONTROL_DIR=$work
+if [ "$launch" = ssh ]; then
+  start_sshd
+else
+  start_slurm
+  echo "== an allocation of one CPU (salloc -n1): compute blades of 2 threads are refused"
+  allocate -n1
+  slurm_cluster "$work/two-threads.toml" 2
+  status=0
+  scripts/cluster preflight --cluster "$work/two-threads.toml" 2>"$work/one-cpu.err" || status=$?
+  cat "$work/one-cpu.err"
+  { [ "$status" = 1 ] && grep -q "gets 1 CPU (nproc)" "$work/one-cpu.err"; } ||
+    { echo "test-cluster: preflight in a one-CPU allocation exited $status without naming the CPUs" >&2; exit 1; }
+  status=0
+  scripts/cluster run --cluster "$work/two-threads.toml" --out "$work/one-cpu" -- \
+    ycsb --workload c --keys 5000 --threads 2 --duration 1 2>"$work/one-cpu.err" || status=$?
+  { [ "$status" = 1 ] && grep -q "salloc --exclusive" "$work/one-cpu.err"; } ||
+    { cat "$work/one-cpu.err" >&2; echo "test-cluster: a run in a one-CPU allocation was not refused" >&2; exit 1; }
+  if ls "$work"/one-cpu/logs/*memory-blade* >/dev/null 2>&1; then
+    echo "test-cluster: the refused run started memory blades" >&2
+    exit 1
+  fi
+  echo "test-cluster: preflight and run refused in a one-CPU allocation, before starting anything"
+  allocate --exclusive
+  echo "test-cluster: allocation $SLURM_JOB_ID (salloc --exclusive): $(srun --overlap -N1 -n1 nproc) CPUs per step"
+  slurm_cluster "$work/cluster.toml" 1
+fi
+
+echo "== preflight ($launch)"
 scripts/cluster preflight --cluster "$work/cluster.toml"
 
-echo "== two memory blades and two compute blades over ssh, with a barrier"
+echo "== two memory blades and two compute blades ($launch), with a barrier"
 scripts/cluster run --cluster "$work/cluster.toml" --processes 2 --out "$work/run" -- \
   ycsb --workload c --keys 5000 --threads 1 --coroutines 4 --duration 1 --warmup 0.2
 python3 - "$work/run" "$work/cluster.toml" <<'PY'

@@ -104,6 +104,7 @@ class MemoryBlade:
 class ComputeHost:
     host: Host
     threads: int
+    oversubscribe: bool = False  # run even when a process there gets fewer CPUs than threads
 
 
 @dataclass
@@ -178,7 +179,10 @@ def load_cluster(path: str | Path | None) -> Cluster:
         threads = int(c.get("threads", os.cpu_count() or 1))
         if threads < 1:
             raise LaunchError(f"{where}: threads must be at least 1")
-        comp.append(ComputeHost(_host(c, defaults, where), threads))
+        over = c.get("oversubscribe", defaults.get("oversubscribe", False))
+        if not isinstance(over, bool):
+            raise LaunchError(f"{where}: oversubscribe is true or false, not {over!r}")
+        comp.append(ComputeHost(_host(c, defaults, where), threads, over))
     return Cluster(p, hashlib.sha256(raw).hexdigest(), mem, comp, transport)
 
 
@@ -279,6 +283,10 @@ class Launcher:
         self.procs: list[Proc] = []
         self.blades: list[tuple[Proc, str]] = []
         self.seq = 0
+        # The threads a run's compute blades use (None: each host's declared
+        # most), checked once against the CPUs a process gets there.
+        self.threads: int | None = None
+        self.cpus_checked = False
         out.mkdir(parents=True, exist_ok=True)
         self.env = {"SMART_RS_CLUSTER_SHA256": cluster.sha256, "RUST_BACKTRACE": "0"}
 
@@ -317,7 +325,13 @@ class Launcher:
     def start_blades(self) -> str:
         """Starts every memory blade, waits for each `ready` line, checks
         that every compute host reaches every blade; returns the compute
-        blades' `--blades` value."""
+        blades' `--blades` value. Before the first start, checks that a
+        process on every compute host gets a CPU per thread."""
+        if not self.cpus_checked:
+            problems = cpu_problems(self.cluster, self.threads)
+            if problems:
+                raise LaunchError("; ".join(problems))
+            self.cpus_checked = True
         addrs = []
         for i, m in enumerate(self.cluster.memory):
             listen = f"{m.listen or ('127.0.0.1' if m.host.launch == 'local' else '0.0.0.0')}:{m.port}"
@@ -459,7 +473,8 @@ def preflight(cluster: Cluster) -> list[str]:
     """Checks every host before a run; returns the problems found (empty:
     ready to run). Binaries present and built from the commit here; for
     verbs, the device, its GID table, the memlock limit and huge pages; the
-    memory blades' ports reachable from the compute hosts."""
+    memory blades' ports reachable from the compute hosts; a CPU per
+    thread for every compute blade."""
     problems = []
     local = subprocess.run([str(REPO / "target/release/compute-blade"), "--version"], capture_output=True, text=True)
     want = local.stdout.strip().rsplit(" ", 1)[-1] if local.returncode == 0 else None
@@ -497,6 +512,47 @@ def preflight(cluster: Cluster) -> list[str]:
             hp = h.run(["sh", "-c", "grep HugePages_Total /proc/meminfo"])
             if hp.returncode == 0 and hp.stdout.split()[-1] == "0":
                 print(f"preflight: {name}: no huge pages reserved (optional; large blades register faster with them)")
+    try:
+        problems += cpu_problems(cluster)
+    except (LaunchError, subprocess.TimeoutExpired) as e:
+        problems.append(str(e))
+    return problems
+
+
+def cpus_of_a_process(h: Host) -> int:
+    """The CPUs a process started on `h` the launcher's way may run on
+    (`nproc`: its affinity, which a Slurm step's binding or a cgroup
+    narrows)."""
+    if h.launch == "local":
+        return len(os.sched_getaffinity(0))
+    r = h.run(["nproc"], timeout=30)
+    if r.returncode != 0 or not r.stdout.strip().isdigit():
+        raise LaunchError(f"{h.name}: nproc failed: {(r.stderr or r.stdout).strip()[:200]}")
+    return int(r.stdout.strip())
+
+
+def cpu_problems(cluster: Cluster, threads: int | None = None) -> list[str]:
+    """Every compute host whose processes get fewer CPUs than the threads a
+    compute blade runs there (`threads`, or the host's declared most): its
+    threads would take turns on the CPUs, and the run would measure that.
+    Inside a Slurm allocation that is the default of `salloc -N 4`: one CPU
+    per node, which every step is bound to."""
+    problems, seen = [], {}
+    for i, c in enumerate(cluster.compute):
+        if c.oversubscribe:
+            continue
+        key = (c.host.launch, c.host.name)
+        if key not in seen:
+            seen[key] = cpus_of_a_process(c.host)
+        n, t = seen[key], threads or c.threads
+        if t <= n:
+            continue
+        how = {"local": "on this machine", "ssh": "over ssh", "srun": "by srun in this allocation"}[c.host.launch]
+        fix = ("allocate whole nodes (salloc --exclusive) or enough CPUs (salloc -c N)"
+               if c.host.launch == "srun" else "lower threads")
+        problems.append(f"compute blade {i + 1} on {c.host.name}: {t} threads, but a process started there {how} "
+                        f"gets {n} CPU{'s' if n != 1 else ''} (nproc), so its threads would share them: {fix}, "
+                        f"or set oversubscribe = true to run anyway")
     return problems
 
 

@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
             try:
                 # Starting the blades checks that every compute host reaches them.
                 with Launcher(cluster, logs) as launcher:
+                    launcher.cpus_checked = True  # just above
                     launcher.start_blades()
             except LaunchError as e:
                 problems = [str(e)]
@@ -75,13 +76,19 @@ def main(argv: list[str]) -> int:
             print(f"scripts/cluster run: {owned} is set by the launcher from the cluster file", file=sys.stderr)
             return 2
     n = a.processes or len(cluster.compute)
+    try:
+        dur = float(args[args.index("--duration") + 1]) if "--duration" in args else 5.0
+        threads = int(args[args.index("--threads") + 1]) if "--threads" in args else None
+    except (IndexError, ValueError):
+        print("scripts/cluster run: --duration and --threads take a number", file=sys.stderr)
+        return 2
+    timeout = a.timeout or dur + 300
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    dur = float(args[args.index("--duration") + 1]) if "--duration" in args else 5.0
-    timeout = a.timeout or dur + 300
 
     def body() -> int:
         with Launcher(cluster, out / "logs") as launcher:
+            launcher.threads = threads
             blades = launcher.start_blades()
             print(f"cluster: memory blades ready at {blades}", file=sys.stderr)
             load = ["--load-only"] if args[0] == "ycsb" and n > 1 and "--no-load" not in args else None

@@ -1,8 +1,8 @@
 """Unit tests of the cluster file and the command lines the launcher builds
 (`python3 -m unittest discover -s scripts/smartrs -p 'test_*.py'`).
 
-Slurm is not installed here, so the srun path is tested by the command
-lines it builds; the ssh path runs for real in scripts/test-cluster.sh.
+Both remote paths also run for real in scripts/test-cluster.sh: over a
+real sshd (`--launch ssh`) and on a one-node Slurm cluster (`--launch srun`).
 """
 
 import os
@@ -11,7 +11,8 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from cluster import LaunchError, Launcher, load_cluster
+import cluster
+from cluster import LaunchError, Launcher, cpu_problems, load_cluster
 import figures
 
 
@@ -66,6 +67,7 @@ class ClusterFile(unittest.TestCase):
                            ('[[memory_blade]]\n[[compute_blade]]\nthreads = 0\n', "threads must be"),
                            ('[[memory_blade]]\n[nodes]\n', "unknown section"),
                            ('[[memory_blade]]\ndurable = "yes"\n', "true or false"),
+                           ('[[memory_blade]]\n[[compute_blade]]\noversubscribe = 1\n', "true or false"),
                            ('[[memory_blade]]\ndurable = true\n', "needs a backing_file"),
                            ('[defaults]\ntransport = "verbs"\n[[memory_blade]]\nbacking_file = "/b"\ndurable = true\n',
                             "tcp only")]:
@@ -95,6 +97,29 @@ class ClusterFile(unittest.TestCase):
         self.assertEqual(argv[:5], ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--nodelist=cn01"])
         self.assertEqual(argv[5:7], ["sh", "-c"])
         self.assertTrue(argv[7].startswith("cd /w && echo pid $$; exec /w/target/release/memory-blade"))
+
+
+class Cpus(unittest.TestCase):
+    def test_threads_beyond_a_process_cpus_are_refused_unless_oversubscribed(self):
+        text = ('[[memory_blade]]\n[[compute_blade]]\nthreads = 4\n'
+                '[[compute_blade]]\nhost = "127.0.0.1"\nthreads = 2\n')
+        c = load_cluster(cluster_file(text))
+        real = cluster.cpus_of_a_process
+        cluster.cpus_of_a_process = lambda h: 2
+        try:
+            problems = cpu_problems(c)
+            self.assertEqual(len(problems), 1, problems)
+            self.assertRegex(problems[0], "compute blade 1 on localhost: 4 threads, but .* gets 2 CPUs")
+            self.assertEqual(cpu_problems(c, threads=2), [])
+            self.assertEqual(len(cpu_problems(c, threads=3)), 2)
+            over = load_cluster(cluster_file('[defaults]\noversubscribe = true\n' + text))
+            self.assertEqual(cpu_problems(over), [])
+        finally:
+            cluster.cpus_of_a_process = real
+
+    def test_this_machine_counts_its_affinity(self):
+        h = load_cluster(None).compute[0].host
+        self.assertEqual(cluster.cpus_of_a_process(h), len(os.sched_getaffinity(0)))
 
 
 class Figures(unittest.TestCase):
