@@ -137,7 +137,7 @@ impl BladeServer {
 
     /// Answers no batch before the region's file holds what it wrote: the
     /// pages that a connection's WRITEs, CASes and FAAs changed are synced
-    /// to the disk ([`Region::sync_range`]) before the responses that
+    /// to the disk ([`Region::sync_data`]) before the responses that
     /// complete them are sent, so every completed verb survives a power
     /// loss, not only a crash of this process. Costs a disk flush per
     /// answer that completes a write. Serves TCP clients only: an RDMA
@@ -331,8 +331,7 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
     }
     // Wake up now and then to notice a stop request.
     s.set_read_timeout(Some(Duration::from_millis(200))).map_err(|e| e.to_string())?;
-    let mut conn =
-        Conn { region, rkey, qp_error: false, out: Vec::with_capacity(64 << 10), dirty: durable.then(Dirty::default) };
+    let mut conn = Conn { region, rkey, qp_error: false, out: Vec::with_capacity(64 << 10), durable, wrote: false };
     let mut buf = vec![0u8; 256 << 10];
     let (mut start, mut end) = (0usize, 0usize);
     loop {
@@ -470,73 +469,26 @@ struct Conn<'r> {
     rkey: u32,
     qp_error: bool,
     out: Vec<u8>,
-    /// When serving durably: what this connection wrote since its last
-    /// answer.
-    dirty: Option<Dirty>,
-}
-
-/// The pages a durable connection changed and has not synced yet, as
-/// ranges of page numbers.
-#[derive(Default)]
-struct Dirty {
-    ranges: Vec<(u64, u64)>,
-}
-
-impl Dirty {
-    /// Ranges kept apart before they are merged into one span (a batch
-    /// of FORD's commit writes a few records, each a range).
-    const MAX_RANGES: usize = 64;
-    const PAGE: u64 = 4096;
-
-    fn add(&mut self, off: u64, len: u64) {
-        let (first, end) = (off / Self::PAGE, (off + len.max(1)).div_ceil(Self::PAGE));
-        if let Some(last) = self.ranges.last_mut() {
-            if first <= last.1 && end >= last.0 {
-                *last = (last.0.min(first), last.1.max(end));
-                return;
-            }
-        }
-        if self.ranges.len() == Self::MAX_RANGES {
-            // One span over them all and this write.
-            let lo = self.ranges.iter().map(|r| r.0).fold(first, u64::min);
-            let hi = self.ranges.iter().map(|r| r.1).fold(end, u64::max);
-            self.ranges.clear();
-            self.ranges.push((lo, hi));
-            return;
-        }
-        self.ranges.push((first, end));
-    }
-
-    /// Syncs every range to the file, merged where they touch; empties
-    /// the set.
-    fn sync(&mut self, region: &Region) -> io::Result<()> {
-        self.ranges.sort_unstable();
-        let mut i = 0;
-        while i < self.ranges.len() {
-            let (lo, mut hi) = self.ranges[i];
-            while i + 1 < self.ranges.len() && self.ranges[i + 1].0 <= hi {
-                i += 1;
-                hi = hi.max(self.ranges[i].1);
-            }
-            let end = (hi * Self::PAGE).min(region.len());
-            region.sync_range(lo * Self::PAGE, end - lo * Self::PAGE)?;
-            i += 1;
-        }
-        self.ranges.clear();
-        Ok(())
-    }
+    /// Serving durably: answers wait until the disk holds their writes.
+    durable: bool,
+    /// This connection wrote since its last answer.
+    wrote: bool,
 }
 
 impl Conn<'_> {
     /// Sends the responses gathered, after syncing what they complete when
-    /// serving durably. A failed sync closes the connection unanswered: its
-    /// client never sees a completion for a write the disk may not hold.
+    /// serving durably: one `fdatasync` of the file, however many writes
+    /// the answer completes (it also writes back pages other connections
+    /// changed, which their own answers then find clean). A failed sync
+    /// closes the connection unanswered: its client never sees a completion
+    /// for a write the disk may not hold.
     fn send(&mut self, s: &mut TcpStream) -> Result<(), String> {
-        if let Some(d) = &mut self.dirty {
-            d.sync(self.region).map_err(|e| {
+        if self.durable && self.wrote {
+            self.region.sync_data().map_err(|e| {
                 format!("syncing the backing file failed ({e}): the writes of this answer may not be on disk")
             })?;
         }
+        self.wrote = false;
         s.write_all(&self.out).map_err(|e| format!("sending responses: {e}"))
     }
 
@@ -615,9 +567,7 @@ impl Conn<'_> {
             Opcode::Write => {
                 self.region.check(d.remote, u64::from(d.len))?;
                 self.region.write_from(d.remote, payload, &mut NoPause);
-                if let Some(dirty) = &mut self.dirty {
-                    dirty.add(d.remote, u64::from(d.len));
-                }
+                self.wrote = true;
             }
             Opcode::Cas | Opcode::Faa => {
                 if d.len != 8 {
@@ -628,9 +578,7 @@ impl Conn<'_> {
                 } else {
                     self.region.faa(d.remote, d.compare_add)?
                 };
-                if let Some(dirty) = &mut self.dirty {
-                    dirty.add(d.remote, 8);
-                }
+                self.wrote = true;
                 self.out.extend_from_slice(&old.to_le_bytes());
             }
         }
@@ -680,41 +628,22 @@ mod tests {
             prefetch_frames(&region, 7, &f);
             prefetch_frames(&region, 7, &f[..f.len().saturating_sub(cut)]);
         }
-
-        /// A durable connection's dirty set covers every page it wrote,
-        /// however many writes and wherever, in at most `MAX_RANGES` ranges.
-        #[test]
-        fn the_dirty_set_covers_every_page_written(
-            writes in proptest::collection::vec((0u64..(1 << 24), 1u64..20_000), 1..200),
-        ) {
-            let mut d = Dirty::default();
-            for &(off, len) in &writes {
-                d.add(off, len);
-                prop_assert!(d.ranges.len() <= Dirty::MAX_RANGES);
-            }
-            for &(off, len) in &writes {
-                for page in off / Dirty::PAGE..=(off + len - 1) / Dirty::PAGE {
-                    prop_assert!(d.ranges.iter().any(|r| r.0 <= page && page < r.1), "page {page} of write {off}+{len}");
-                }
-            }
-        }
     }
 
-    /// A durable connection syncs what it wrote before it answers, and
-    /// a region that is not backed by a file cannot serve durably.
+    /// A region that is not backed by a file cannot serve durably; a file's
+    /// sync succeeds. (That a durable blade's answers wait for the disk is
+    /// tested by a power loss, in the root package's
+    /// `dtx::a_durable_blade_loses_no_committed_transaction_when_the_power_fails`.)
     #[test]
-    fn durable_serving_syncs_a_file_backed_region_and_refuses_an_anonymous_one() {
+    fn durable_serving_needs_a_file_backed_region_whose_sync_succeeds() {
         let anon = Arc::new(Region::anonymous(1 << 20).unwrap());
         assert!(BladeServer::bind("127.0.0.1:0", anon).unwrap().with_durable().is_err());
         let path = std::env::temp_dir().join(format!("smart-durable-unit-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let region = Region::file_backed(&path, Some(1 << 20)).unwrap();
-        let mut d = Dirty::default();
-        for (off, len) in [(8192, 16), (4096 * 200, 9000), (0, 8), (4096 * 255, 4096)] {
-            d.add(off, len);
-        }
-        d.sync(&region).unwrap();
-        assert!(d.ranges.is_empty());
+        region.store_u64(4096 * 200, 0x5eed).unwrap();
+        region.sync_data().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap()[4096 * 200..4096 * 200 + 8], 0x5eed_u64.to_le_bytes());
         drop(region);
         std::fs::remove_file(&path).unwrap();
     }

@@ -268,22 +268,18 @@ impl Region {
         })
     }
 
-    /// Writes the mapping's bytes `[off, off + len)` back to the file and
-    /// waits until the disk holds them (`msync(MS_SYNC)` of the pages they
-    /// touch: the file system also commits what it needs to read them
-    /// back, as `fdatasync` does, and flushes the disk's write cache).
-    /// A no-op when the region is anonymous, or for an empty range.
+    /// Writes every page of the mapping changed since the last sync back to
+    /// the file and waits until the disk holds them (`fdatasync`: the file
+    /// system also commits what it needs to read them back, and the disk's
+    /// write cache is flushed once). A no-op when the region is anonymous.
     ///
     /// # Errors
-    /// If `msync` fails (e.g. EIO: the disk refused the write).
-    pub fn sync_range(&self, off: u64, len: u64) -> io::Result<()> {
-        if self.file.is_none() || len == 0 {
-            return Ok(());
+    /// If `fdatasync` fails (e.g. EIO: the disk refused the write).
+    pub fn sync_data(&self) -> io::Result<()> {
+        match &self.file {
+            Some(f) => f.sync_data(),
+            None => Ok(()),
         }
-        let end = off.checked_add(len).filter(|e| *e <= self.len()).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("sync of {len} bytes at {off}: outside the region"))
-        })?;
-        self.map.flush_range(off as usize, (end - off) as usize)
     }
 
     fn base(&self) -> *mut u8 {
