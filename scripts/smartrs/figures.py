@@ -82,7 +82,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
     if name in ("3a", "3b"):
         op = "read" if name == "3a" else "write"
         f = Figure(name, f"8-byte RDMA {op.upper()}, depth 8, by QP policy", "threads", [op],
-                   [Metric("throughput_mops", "throughput (Mop/s)")], reference="fig3a.csv" if name == "3a" else "")
+                   [Metric("throughput_mops", "throughput (Mop/s)")], reference=f"fig{name}.csv")
         for policy, label in [("shared", "shared QP"), ("multiplexed:4", "multiplexed QP (4 thr/QP)"),
                               ("multiplexed:2", "multiplexed QP (2 thr/QP)"), ("per-thread-qp", "per-thread QP"),
                               ("per-thread-db", "per-thread doorbell")]:
@@ -92,7 +92,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
         return f
     if name == "4":
         f = Figure("4", "8-byte READ, per-thread doorbell, by outstanding WRs per thread", "threads", ["read"],
-                   [Metric("throughput_mops", "throughput (Mop/s)")])
+                   [Metric("throughput_mops", "throughput (Mop/s)")], reference="fig4.csv")
         for depth in sweep(mode, [1, 8, 32], [1, 2, 4, 8, 16, 32, 64, 128]):
             for t in threads:
                 f.points.append(Point("read", f"depth {depth}", t,
@@ -102,7 +102,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
     if name == "5":
         f = Figure("5", "RACE, update-only (Zipf 0.99): throughput and retries as threads grow", "threads",
                    ["update-only"], [Metric("throughput_mops", "throughput (Mop/s)"),
-                                     Metric("retries_per_op", "retries per operation")])
+                                     Metric("retries_per_op", "retries per operation")], reference="fig5.csv")
         for smart, label in [(RACE, "RACE"), (SMART_HT, "Smart-HT")]:
             for t in threads:
                 f.points.append(Point("update-only", label, t, ycsb("update-only", smart, t, keys), table=True))
@@ -110,7 +110,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
     if name == "7":
         procs = sweep(mode, [1, 2], [1, 2, 3, 4, 5, 6])
         f = Figure("7", "RACE vs Smart-HT, scale-out over compute blades (Zipf 0.99)", "compute blades",
-                   ["a", "b", "c"], [Metric("throughput_mops", "throughput (Mop/s)")])
+                   ["a", "b", "c"], [Metric("throughput_mops", "throughput (Mop/s)")], reference="fig7.csv")
         for w in ("a", "b", "c"):
             for smart, label in [(RACE, "RACE"), (SMART_HT, "Smart-HT")]:
                 for k in procs:
@@ -152,7 +152,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
         f = Figure("10", f"FORD+ vs Smart-DTX ({replicas} replica{'s' if replicas > 1 else ''})", "threads",
                    ["smallbank", "tatp"],
                    [Metric("committed_per_s", "committed (ktxn/s)", 1e-3), Metric("latency_us.p99", "p99 latency (µs)"),
-                    Metric("abort_rate", "abort rate")])
+                    Metric("abort_rate", "abort rate")], reference="fig10.csv")
         size = ["--accounts", "20000"] if mode == "quick" else ["--accounts", "1000000"]
         tsize = ["--subscribers", "20000"] if mode == "quick" else ["--subscribers", "1000000"]
         for smart, label in [("none", "FORD+"), ("all", "Smart-DTX")]:
@@ -163,7 +163,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
         return f
     if name == "12":
         f = Figure("12", "Sherman+ vs Smart-BT (speculative lookup), YCSB (Zipf 0.99)", "threads", ["a", "b", "c"],
-                   [Metric("throughput_mops", "throughput (Mop/s)")])
+                   [Metric("throughput_mops", "throughput (Mop/s)")], reference="fig12.csv")
         for smart, label in [(SHERMAN_PLUS, "Sherman+"), (SMART_BT, "Smart-BT")]:
             for w in ("a", "b", "c"):
                 for t in threads:
@@ -172,7 +172,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
     if name == "12df":
         procs = sweep(mode, [1, 2], [1, 2, 3, 4, 5, 6, 7, 8])
         f = Figure("12df", "Sherman+ vs Smart-BT, scale-out over compute blades (Zipf 0.99)", "compute blades",
-                   ["a", "b", "c"], [Metric("throughput_mops", "throughput (Mop/s)")])
+                   ["a", "b", "c"], [Metric("throughput_mops", "throughput (Mop/s)")], reference="fig12df.csv")
         for smart, label in [(SHERMAN_PLUS, "Sherman+"), (SMART_BT, "Smart-BT")]:
             for w in ("a", "b", "c"):
                 for k in procs:
@@ -188,7 +188,8 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
             xs = [(t, t, 16) for t in threads]
         else:
             f = Figure("13b", f"8-byte READ at {tmax} threads: WorkReqThrot as depth grows", "outstanding WRs per thread",
-                       ["read"], [Metric("throughput_mops", "throughput (Mop/s)")], log_x=True)
+                       ["read"], [Metric("throughput_mops", "throughput (Mop/s)")], log_x=True,
+                       reference="fig13b.csv")
             xs = [(d, tmax, d) for d in sweep(mode, [1, 8, 32], [1, 2, 4, 8, 16, 32])]
         for smart, label in series:
             for x, t, d in xs:
@@ -200,9 +201,10 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
                    "(37.5–100% of them): the tuner under a changing workload", "phase length (ms)", ["read"],
                    [Metric("throughput_mops", "throughput (Mop/s)"),
                     Metric("mean:smart_state.credit_limit", "credit limit at the end (mean over threads)")],
-                   log_x=True)
+                   log_x=True, reference="table1.csv")
         for smart, label in [("thd-res-alloc", "per-thread doorbell"), ("thd-res-alloc,work-req-throt", "+WorkReqThrot")]:
-            for ms in sweep(mode, [20, 200], [1, 10, 100, 1000]):
+            # The artifact's phases: 8 to 2048 ms.
+            for ms in sweep(mode, [20, 200], [8, 16, 32, 64, 128, 256, 512, 1024, 2048]):
                 f.points.append(Point("read", label, ms, ["micro", "--op", "read", "--size", "8", "--threads", str(tmax),
                                                           "--coroutines", "64", "--smart", smart, "--phase-ms", str(ms)]))
         return f
@@ -341,6 +343,8 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
         elif ref:
             ax = axes[-1][c]
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if fig.log_x:
+                ax.set_xscale("log", base=2)
             for s in series:
                 ours = sorted((r["x"], get(r["record"], fig.metrics[0].key)) for r in rows
                               if r["panel"] == panel and r["series"] == s)

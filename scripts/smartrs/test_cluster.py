@@ -134,6 +134,18 @@ class Figures(unittest.TestCase):
                 if f.reference:
                     self.assertTrue(figures.reference(f), name)
 
+    def test_every_reference_curve_names_a_panel_and_series_of_its_figure(self):
+        with_reference = []
+        for name in figures.FIGURES:
+            f = figures.build(name, "full", 96)
+            ours = {(p.panel, p.series) for p in f.points}
+            for key, pts in figures.reference(f).items():
+                self.assertIn(key, ours, f"figure {name}: the paper's curve {key} matches none of ours")
+                self.assertGreater(len(pts), 1, (name, key))
+            if f.reference:
+                with_reference.append(name)
+        self.assertEqual(with_reference, ["3a", "3b", "4", "5", "7", "8", "10", "12", "12df", "13a", "13b", "table1"])
+
     def test_threads_never_exceed_the_cluster(self):
         f = figures.build("8", "full", 24)
         self.assertEqual(max(p.x for p in f.points), 24)
