@@ -4,7 +4,8 @@
 # compute-blade micro-benchmark over verbs for every verb and for contended
 # CAS and FAA (the counter checked exactly), a verified YCSB run over the
 # RACE hash table, a memory blade SIGKILLed mid-run, and audited SmallBank
-# and TATP runs (FORD transactions); then checks their records here.
+# and TATP runs (FORD transactions), and `compute-blade verbs-info`; then
+# checks their records here.
 #
 #   scripts/softroce-ci.sh [--no-build] [--out DIR]
 #
@@ -50,7 +51,9 @@ cmds=(
   'with-blade --size 256MiB -- compute-blade tatp --blades {blade} --transport verbs --device rxe0 --replicas 1 --subscribers 5000 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/tatp.json'
   # 14: YCSB e over the B+tree, scans verified, speculation on
   'with-blade --size 256MiB -- compute-blade ycsb --blades {blade} --transport verbs --device rxe0 --app sherman --workload e --keys 20000 --verify --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --smart all --quiet --json $OUT/btree.json'
-  # 15: nothing the earlier commands or their watchdogs started is left
+  # 15: what the host offers the verbs backend, as preflight reads it
+  'compute-blade verbs-info --device rxe0 --json $OUT/verbs-info.json'
+  # 16: nothing the earlier commands or their watchdogs started is left
   'nothing-left'
 )
 scripts/softroce-vm.sh "${args[@]}" --out "$out" --timeout 900 "${cmds[@]}"
@@ -82,6 +85,17 @@ r = record("btree")
 assert r["duplicates"] == 0 and r["sherman"]["keys"] >= 20000, r
 print(f"softroce-ci: ycsb e over sherman-bt on rxe0: {r['ops']} ops, scans verified, 0 violations, "
       f"depth {r['sherman']['depth']}")
+info = json.load(open(os.path.join(out, "verbs-info.json")))
+rxe = next(d for d in info["devices"] if d["name"] == "rxe0")
+port = rxe["ports"][0]
+assert info["chosen"] == {"device": "rxe0", "port": 1}, info["chosen"]
+assert port["active"] and port["link"] == "Ethernet" and port["gids"], port
+# rxe does atomics and has no thread domains (as the fallback below says).
+assert rxe["atomics"] and not rxe["thread_domains"], rxe
+assert info["hugepages_total"] == 400, info
+print(f"softroce-ci: verbs-info: rxe0 port 1 active, Ethernet, {len(port['gids'])} GIDs set, atomics yes, "
+      f"thread domains no, {info['hugepages_total']} huge pages, locked memory "
+      f"{'unlimited' if info['memlock_unlimited'] else info['memlock_bytes']}")
 for name in ["smallbank", "tatp"]:
     r = record(name)
     assert r["committed"] > 0 and r["audit"]["db"]["locks_held"] == 0, r

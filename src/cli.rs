@@ -87,6 +87,21 @@ pub enum Cmd {
     /// Merge the records of compute blades that ran together (ops summed,
     /// latency from the merged histograms) into one.
     Merge(MergeArgs),
+    /// What this host offers the verbs backend: RDMA devices, ports, GIDs,
+    /// limits, atomics, thread domains, locked memory, huge pages (fails if
+    /// no device, or not the one named, has an active port).
+    VerbsInfo(VerbsInfoArgs),
+}
+
+/// `compute-blade verbs-info`.
+#[derive(Args, Debug)]
+pub struct VerbsInfoArgs {
+    /// The device a run would use (default: the first with an active port).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// `compute-blade merge`.

@@ -241,6 +241,9 @@ impl Config {
             Cmd::Recover(a) => recover_config(a),
             Cmd::Table(a) => table_config(a),
             Cmd::Merge(_) => bail!("merge reads records and needs no blades (run it as a command of its own)"),
+            Cmd::VerbsInfo(_) => {
+                bail!("verbs-info looks at this host and needs no blades (run it as a command of its own)")
+            }
         }
     }
 }

@@ -4,7 +4,8 @@
 //! ([`cli`]: what was typed), resolves them once into a validated
 //! configuration ([`config`]: what to do), runs the subcommand
 //! ([`commands`]) and reports ([`report`]). [`merge`] combines the records
-//! of compute blades that ran together. Both binaries share the
+//! of compute blades that ran together; [`verbs_info`] says what this host
+//! offers the verbs backend. Both binaries share the
 //! transport flags ([`cli::LinkFlags`]).
 
 pub mod cli;
@@ -12,3 +13,4 @@ pub mod commands;
 pub mod config;
 pub mod merge;
 pub mod report;
+pub mod verbs_info;

@@ -472,7 +472,8 @@ def guarded(prog: str, logs: Path, body) -> int:
 def preflight(cluster: Cluster) -> list[str]:
     """Checks every host before a run; returns the problems found (empty:
     ready to run). Binaries present and built from the commit here; for
-    verbs, the device, its GID table, the memlock limit and huge pages; the
+    verbs, `compute-blade verbs-info` (the device and an active port; thread
+    domains reported), its GID table, the memlock limit and huge pages; the
     memory blades' ports reachable from the compute hosts; a CPU per
     thread for every compute blade."""
     problems = []
@@ -499,8 +500,16 @@ def preflight(cluster: Cluster) -> list[str]:
             problems.append(f"{name}: {binary} is {r.stdout.strip()}, this machine has {want} (rebuild there)")
         if cluster.transport == "verbs":
             dev = next((m.device for m in cluster.memory if m.host is h), "") or cluster.memory[0].device
+            # The device, its ports and what its provider offers, as the
+            # verbs backend sees them (needs a build with --features verbs).
+            info = h.run([h.binary("compute-blade"), "verbs-info"] + (["--device", dev] if dev else []), timeout=60)
+            if info.returncode != 0:
+                why = (info.stderr.strip().splitlines() or ["(no message)"])[-1]
+                problems.append(f"{name}: compute-blade verbs-info failed: {why[:300]}")
+            elif "thread domains no" in info.stdout:
+                print(f"preflight: {name}: {dev or 'its RDMA device'} has no thread domains: per-thread doorbells "
+                      f"(--smart thd-res-alloc) then come from the order QPs are created in, as on rxe")
             checks = {
-                "RDMA device": ["sh", "-c", f"ibv_devinfo {'-d ' + dev if dev else ''} | grep -q PORT_ACTIVE"],
                 "memlock limit (ulimit -l unlimited or ≥ the blade size)":
                     ["sh", "-c", "l=$(ulimit -l); [ \"$l\" = unlimited ] || [ \"$l\" -ge 1048576 ]"],
             }
@@ -510,7 +519,7 @@ def preflight(cluster: Cluster) -> list[str]:
                 if h.run(cmd).returncode != 0:
                     problems.append(f"{name}: {what} check failed")
             hp = h.run(["sh", "-c", "grep HugePages_Total /proc/meminfo"])
-            if hp.returncode == 0 and hp.stdout.split()[-1] == "0":
+            if hp.returncode == 0 and hp.stdout.split()[-1:] == ["0"]:
                 print(f"preflight: {name}: no huge pages reserved (optional; large blades register faster with them)")
     try:
         problems += cpu_problems(cluster)

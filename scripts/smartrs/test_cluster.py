@@ -5,6 +5,8 @@ Both remote paths also run for real in scripts/test-cluster.sh: over a
 real sshd (`--launch ssh`) and on a one-node Slurm cluster (`--launch srun`).
 """
 
+import contextlib
+import io
 import os
 import shlex
 import tempfile
@@ -120,6 +122,48 @@ class Cpus(unittest.TestCase):
     def test_this_machine_counts_its_affinity(self):
         h = load_cluster(None).compute[0].host
         self.assertEqual(cluster.cpus_of_a_process(h), len(os.sched_getaffinity(0)))
+
+
+class Preflight(unittest.TestCase):
+    def test_verbs_hosts_are_asked_by_verbs_info(self):
+        """Each host runs `compute-blade verbs-info` (with the device named);
+        its failure is a problem naming the host and its last line, and a
+        provider without thread domains is reported."""
+        text = ('[defaults]\ntransport = "verbs"\ndevice = "mlx5_1"\nworkdir = "/w"\n'
+                '[[memory_blade]]\nhost = "node1"\nport = 7000\n[[compute_blade]]\nhost = "node2"\nthreads = 4\n')
+        c = load_cluster(cluster_file(text))
+        asked = []
+
+        def fake_run(h, argv, timeout=30):
+            asked.append((h.name, argv))
+            out, rc, err = "", 0, ""
+            if argv[-1] == "--version":
+                out = cluster.subprocess.run([str(cluster.REPO / "target/release/compute-blade"), "--version"],
+                                             capture_output=True, text=True).stdout
+            elif "verbs-info" in argv:
+                if h.name == "node1":
+                    rc, err = 1, "Error: no active port on mlx5_1; bring a link up\n"
+                else:
+                    out = "mlx5_1: max 1 QPs; atomics yes; thread domains no (per-thread-db binds ...)\n"
+            elif argv == ["nproc"]:
+                out = "8\n"
+            return cluster.subprocess.CompletedProcess(argv, rc, out, err)
+
+        real = cluster.Host.run
+        cluster.Host.run = fake_run
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(said):
+                problems = cluster.preflight(c)
+        finally:
+            cluster.Host.run = real
+        self.assertIn("preflight: node2: mlx5_1 has no thread domains", said.getvalue())
+        info = [(n, a) for n, a in asked if "verbs-info" in a]
+        self.assertEqual([n for n, _ in info], ["node1", "node2"])
+        self.assertEqual(info[0][1], ["/w/target/release/compute-blade", "verbs-info", "--device", "mlx5_1"])
+        self.assertIn("node1: compute-blade verbs-info failed: Error: no active port on mlx5_1; bring a link up",
+                      problems)
+        self.assertFalse(any(p.startswith("node2: compute-blade verbs-info") for p in problems), problems)
 
 
 class Figures(unittest.TestCase):

@@ -17,6 +17,9 @@ fn main() -> Result<()> {
         // The parts keep their own provenance; the merged record gets the merge's.
         return smart::report::emit(&smart::merge::merge_files(&m.records)?, m.json.as_deref());
     }
+    if let Cmd::VerbsInfo(v) = &cli.cmd {
+        return smart::verbs_info::run(v);
+    }
     let mut cfg = Config::from_cli(&cli)?;
     if let Some(w) = smart::report::clocksource().as_deref().and_then(smart::report::slow_clock_warning) {
         eprintln!("{w}");

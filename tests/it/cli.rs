@@ -440,6 +440,12 @@ fn verbs_without_a_device_or_feature_fails_fast_naming_the_alternatives() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(expect) && err.contains("embedded"), "{err}");
+    // verbs-info fails alike, after saying what it could of this host.
+    let out = compute(&["verbs-info"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(expect), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("locked memory limit: "));
     assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
 }
 

@@ -1,7 +1,7 @@
 //! Choosing the device, port and GID, without a device.
 
 /// The link layer of a port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum LinkLayer {
     /// InfiniBand: addressed by LID.
     InfiniBand,
@@ -105,6 +105,92 @@ pub fn matching_gid(table: &[(u32, [u8; 16])], preferred: u32, remote: &[u8; 16]
     table.iter().filter(fits).find(|g| g.0 == preferred).or_else(|| table.iter().find(fits)).copied()
 }
 
+/// What `compute-blade verbs-info` reports about one device (see
+/// [`probe`](super::probe), feature `verbs`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceReport {
+    /// Its name, e.g. `mlx5_0` or `rxe0`.
+    pub name: String,
+    /// Its ports: number, state, link layer, and the non-zero GIDs.
+    pub ports: Vec<PortReport>,
+    /// Most QPs, CQs and WRs per QP, and the largest memory region.
+    pub max_qp: u64,
+    /// Most CQs.
+    pub max_cq: u64,
+    /// Most WRs per send queue.
+    pub max_qp_wr: u64,
+    /// Largest memory region, in bytes.
+    pub max_mr_size: u64,
+    /// Whether it does remote atomics (CAS, FAA) at all.
+    pub atomics: bool,
+    /// Whether its provider has thread domains (`ibv_alloc_td`): without
+    /// them, `per-thread-db` gets its doorbells from the order QPs are
+    /// created in, not from the provider.
+    pub thread_domains: bool,
+}
+
+/// One port of a [`DeviceReport`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PortReport {
+    /// Port number (from 1).
+    pub num: u8,
+    /// Whether it is ACTIVE.
+    pub active: bool,
+    /// Its link layer.
+    pub link: LinkLayer,
+    /// Entries in its GID table.
+    pub gid_table: u32,
+    /// Its non-zero GIDs: index and address (IPv6 notation).
+    pub gids: Vec<(u32, String)>,
+}
+
+/// A GID in IPv6 notation (`::ffff:10.0.0.1` for an IPv4-mapped one).
+pub fn gid_text(gid: &[u8; 16]) -> String {
+    std::net::Ipv6Addr::from(*gid).to_string()
+}
+
+impl DeviceReport {
+    /// What [`choose`] needs of it.
+    pub fn desc(&self) -> DeviceDesc {
+        DeviceDesc {
+            name: self.name.clone(),
+            ports: self
+                .ports
+                .iter()
+                .map(|p| PortDesc { num: p.num, active: p.active, link: p.link, gids: p.gid_table })
+                .collect(),
+        }
+    }
+
+    /// The report as lines of text, for a person.
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "{}: max {} QPs, {} CQs, {} WRs per QP, {} bytes per MR; atomics {}; thread domains {}\n",
+            self.name,
+            self.max_qp,
+            self.max_cq,
+            self.max_qp_wr,
+            self.max_mr_size,
+            if self.atomics { "yes" } else { "NO (CAS and FAA fail)" },
+            if self.thread_domains { "yes" } else { "no (per-thread-db binds doorbells by QP creation order instead)" }
+        );
+        for p in &self.ports {
+            out += &format!(
+                "  port {}: {}, {:?}, {} GID entries{}\n",
+                p.num,
+                if p.active { "ACTIVE" } else { "not active" },
+                p.link,
+                p.gid_table,
+                if p.gids.is_empty() { ", none set" } else { "" }
+            );
+            for (i, g) in &p.gids {
+                out += &format!("    GID {i}: {g}\n");
+            }
+        }
+        out
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -140,6 +226,33 @@ mod tests {
         assert!(gid_index(&roce, Some(8)).unwrap_err().contains("beyond"));
         assert_eq!(LinkLayer::from_raw(2), LinkLayer::Ethernet);
         assert_eq!(LinkLayer::from_raw(1), LinkLayer::InfiniBand);
+    }
+
+    #[test]
+    fn a_device_report_reads_as_text() {
+        let mut v4 = [0u8; 16];
+        v4[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 2, 15]);
+        let r = DeviceReport {
+            name: "rxe0".into(),
+            ports: vec![PortReport {
+                num: 1,
+                active: true,
+                link: LinkLayer::Ethernet,
+                gid_table: 1024,
+                gids: vec![(1, gid_text(&v4))],
+            }],
+            max_qp: 1 << 20,
+            max_cq: 1 << 14,
+            max_qp_wr: 1 << 15,
+            max_mr_size: u64::MAX,
+            atomics: true,
+            thread_domains: false,
+        };
+        let t = r.text();
+        assert!(t.starts_with("rxe0: max 1048576 QPs, 16384 CQs, 32768 WRs per QP"), "{t}");
+        assert!(t.contains("atomics yes; thread domains no (per-thread-db binds"), "{t}");
+        assert!(t.contains("  port 1: ACTIVE, Ethernet, 1024 GID entries\n    GID 1: ::ffff:10.0.2.15\n"), "{t}");
+        assert_eq!(choose(&[r.desc()], Some("rxe0")), Ok((0, 1)));
     }
 
     #[test]

@@ -38,7 +38,7 @@ mod ffi;
 mod transport;
 
 #[cfg(feature = "verbs")]
-pub use transport::{VerbsBlade, VerbsConfig, VerbsTransport};
+pub use transport::{probe, VerbsBlade, VerbsConfig, VerbsTransport};
 
 /// How to say that this build has no verbs backend.
 pub const NOT_BUILT: &str =

@@ -106,6 +106,48 @@ impl Nic {
     }
 }
 
+/// Every RDMA device of this host, as `compute-blade verbs-info` shows it:
+/// ports and their GIDs, limits, atomics, and whether the provider has
+/// thread domains (tried: a thread domain and a parent domain are
+/// allocated and freed).
+///
+/// # Errors
+/// No device support at all ([`Error::Unsupported`]); a device that cannot
+/// be opened or queried.
+pub fn probe() -> Result<Vec<device::DeviceReport>> {
+    let list = DeviceList::get()?;
+    let mut out = Vec::new();
+    for (i, name) in list.names().into_iter().enumerate() {
+        let ctx = list.open(i)?;
+        let desc = ctx.describe(name.clone())?;
+        let dev = ctx.query_device()?;
+        let mut ports = Vec::new();
+        for p in &desc.ports {
+            let mut gids = Vec::new();
+            for g in 0..p.gids.min(256) {
+                match ctx.query_gid(p.num, g) {
+                    Ok(gid) if gid != [0; 16] => gids.push((g, device::gid_text(&gid))),
+                    _ => {}
+                }
+            }
+            ports.push(device::PortReport { num: p.num, active: p.active, link: p.link, gid_table: p.gids, gids });
+        }
+        let pd = Pd::new(&ctx)?;
+        let thread_domains = Pd::thread_domain(&pd)?.is_some();
+        out.push(device::DeviceReport {
+            name,
+            ports,
+            max_qp: u64::try_from(dev.max_qp).unwrap_or(0),
+            max_cq: u64::try_from(dev.max_cq).unwrap_or(0),
+            max_qp_wr: u64::try_from(dev.max_qp_wr).unwrap_or(0),
+            max_mr_size: dev.max_mr_size,
+            atomics: dev.atomic_cap != rdma_sys::ibv_atomic_cap::IBV_ATOMIC_NONE,
+            thread_domains,
+        });
+    }
+    Ok(out)
+}
+
 /// Maps memory on 2 MiB huge pages when the system has them, else normal
 /// pages (saying so once).
 fn map_huge(len: usize, what: &str) -> Result<MmapMut> {
