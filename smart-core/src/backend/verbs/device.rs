@@ -106,7 +106,7 @@ pub fn matching_gid(table: &[(u32, [u8; 16])], preferred: u32, remote: &[u8; 16]
 }
 
 /// What `compute-blade verbs-info` reports about one device (see
-/// [`probe`](super::probe), feature `verbs`).
+/// `probe`, feature `verbs`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceReport {
     /// Its name, e.g. `mlx5_0` or `rxe0`.
