@@ -287,6 +287,8 @@ class Launcher:
         # most), checked once against the CPUs a process gets there.
         self.threads: int | None = None
         self.cpus_checked = False
+        self.cpus: dict[tuple[str, str], int] = {}  # CPUs per process, by (launch, host)
+        self.shared_noted: set[tuple] = set()
         out.mkdir(parents=True, exist_ok=True)
         self.env = {"SMART_RS_CLUSTER_SHA256": cluster.sha256, "RUST_BACKTRACE": "0"}
 
@@ -328,7 +330,7 @@ class Launcher:
         blades' `--blades` value. Before the first start, checks that a
         process on every compute host gets a CPU per thread."""
         if not self.cpus_checked:
-            problems = cpu_problems(self.cluster, self.threads)
+            problems = cpu_problems(self.cluster, self.threads, self.cpus)
             if problems:
                 raise LaunchError("; ".join(problems))
             self.cpus_checked = True
@@ -402,6 +404,25 @@ class Launcher:
         self.procs = []
         self.blades = []
 
+    def note_shared_hosts(self, hosts: list[Host], sub: list[str]) -> None:
+        """Says (once per host and count) when compute blades spread over too
+        few hosts share one beyond its CPUs: a scale-out figure then
+        measures the sharing, not more machines."""
+        try:
+            t = int(sub[sub.index("--threads") + 1]) if "--threads" in sub else 1
+        except (IndexError, ValueError):
+            return
+        per: dict[tuple[str, str], int] = {}
+        for h in hosts:
+            per[(h.launch, h.name)] = per.get((h.launch, h.name), 0) + 1
+        for key, k in per.items():
+            n = self.cpus.get(key)
+            if k > 1 and n and k * t > n and (key, k) not in self.shared_noted:
+                self.shared_noted.add((key, k))
+                print(f"launcher: note: {k} compute blades of {t} threads share {key[1]}, whose processes get "
+                      f"{n} CPUs: they take turns on them (list more [[compute_blade]] hosts to spread them)",
+                      file=sys.stderr)
+
     def run_multi(self, blades: str, sub: list[str], processes: int, json_out: Path, tag: str,
                   timeout: float, load: list[str] | None = None) -> dict:
         """One loader (when `load` is given, e.g. `--load-only` flags), then
@@ -409,6 +430,7 @@ class Launcher:
         a barrier; their records merged into `json_out`."""
         common = ["--blades", blades] + self.link_flags()
         hosts = [self.cluster.compute[i % len(self.cluster.compute)].host for i in range(processes)]
+        self.note_shared_hosts(hosts, sub)
         if load is not None:
             loader = [a for a in sub if a != "--no-load"]
             ld = self.compute(hosts[0], loader + common + load + ["--quiet"], name=f"{tag}-load")
@@ -540,13 +562,15 @@ def cpus_of_a_process(h: Host) -> int:
     return int(r.stdout.strip())
 
 
-def cpu_problems(cluster: Cluster, threads: int | None = None) -> list[str]:
+def cpu_problems(cluster: Cluster, threads: int | None = None, seen: dict | None = None) -> list[str]:
     """Every compute host whose processes get fewer CPUs than the threads a
     compute blade runs there (`threads`, or the host's declared most): its
     threads would take turns on the CPUs, and the run would measure that.
     Inside a Slurm allocation that is the default of `salloc -N 4`: one CPU
-    per node, which every step is bound to."""
-    problems, seen = [], {}
+    per node, which every step is bound to. `seen`, if given, gets each
+    checked host's CPUs, by (launch, name)."""
+    problems = []
+    seen = {} if seen is None else seen
     for i, c in enumerate(cluster.compute):
         if c.oversubscribe:
             continue

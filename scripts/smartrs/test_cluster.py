@@ -119,6 +119,19 @@ class Cpus(unittest.TestCase):
         finally:
             cluster.cpus_of_a_process = real
 
+    def test_compute_blades_sharing_a_host_beyond_its_cpus_are_noted_once(self):
+        c = load_cluster(cluster_file('[[memory_blade]]\n[[compute_blade]]\nthreads = 2\n'))
+        with tempfile.TemporaryDirectory() as logs, Launcher(c, Path(logs)) as launcher:
+            launcher.cpus = {("local", "localhost"): 4}
+            h = c.compute[0].host
+            said = io.StringIO()
+            with contextlib.redirect_stderr(said):
+                launcher.note_shared_hosts([h, h], ["ycsb", "--threads", "2"])  # 4 threads, 4 CPUs
+                launcher.note_shared_hosts([h, h, h], ["ycsb", "--threads", "2"])
+                launcher.note_shared_hosts([h, h, h], ["ycsb", "--threads", "2"])
+            self.assertEqual(said.getvalue().count("note:"), 1, said.getvalue())
+            self.assertIn("3 compute blades of 2 threads share localhost, whose processes get 4 CPUs", said.getvalue())
+
     def test_this_machine_counts_its_affinity(self):
         h = load_cluster(None).compute[0].host
         self.assertEqual(cluster.cpus_of_a_process(h), len(os.sched_getaffinity(0)))
