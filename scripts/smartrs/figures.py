@@ -130,7 +130,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
         lat = [Metric("latency_us.p50", "median latency (µs)"), Metric("latency_us.p99", "p99 latency (µs)")]
         if name == "9":
             f = Figure("9", f"Latency vs throughput, YCSB C (Zipf 0.99), {tmax} threads, idle 0–{idles[-1]} µs per op",
-                       "throughput (Mop/s)", ["c"], lat, x_key="throughput_mops")
+                       "throughput (Mop/s)", ["c"], lat, x_key="throughput_mops", reference="fig9.csv")
             for smart, label in [(RACE, "RACE"), (SMART_HT, "Smart-HT")]:
                 for i in idles:
                     f.points.append(Point("c", label, i, ycsb("c", smart, tmax, keys, extra=["--idle-us", str(i)]),
@@ -138,7 +138,8 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
             return f
         replicas = min(2, memory_blades)
         f = Figure("11", f"Latency vs throughput, {tmax} threads, idle 0–{idles[-1]} µs per transaction",
-                   "committed (ktxn/s)", ["smallbank", "tatp"], lat, x_key="committed_per_s", x_scale=1e-3)
+                   "committed (ktxn/s)", ["smallbank", "tatp"], lat, x_key="committed_per_s", x_scale=1e-3,
+                   reference="fig11.csv")
         n = "20000" if mode == "quick" else "1000000"
         for smart, label in [("none", "FORD+"), ("all", "Smart-DTX")]:
             for w, size in (("smallbank", ["--accounts", n]), ("tatp", ["--subscribers", n])):
@@ -342,20 +343,26 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
             axes[-1][c].text(0.5, 0.5, "no reference result\nfor this panel", ha="center", va="center")
         elif ref:
             ax = axes[-1][c]
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if not fig.x_key:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if fig.log_x:
                 ax.set_xscale("log", base=2)
             for s in series:
-                ours = sorted((r["x"], get(r["record"], fig.metrics[0].key)) for r in rows
-                              if r["panel"] == panel and r["series"] == s)
-                theirs = sorted(ref.get((panel, s), []))
+                mine = [r for r in sorted(rows, key=lambda r: r["x"]) if r["panel"] == panel and r["series"] == s]
+                ours = [(xval(fig, r), get(r["record"], fig.metrics[0].key)) for r in mine]
+                theirs = list(ref.get((panel, s), []))
+                if not fig.x_key:
+                    ours, theirs = sorted(ours), sorted(theirs)
                 for pts, style, who in ((ours, "-", "ours"), (theirs, "--", "paper")):
                     top = max((y for _, y in pts), default=0)
-                    if top > 0:
-                        ax.plot([x for x, _ in pts], [y / top for _, y in pts], style, color=colors[s],
+                    # A latency–throughput curve (x_key): both axes
+                    # normalised, the points in the order of the offered load.
+                    right = max((x for x, _ in pts), default=0) if fig.x_key else 1
+                    if top > 0 and right > 0:
+                        ax.plot([x / right for x, _ in pts], [y / top for _, y in pts], style, color=colors[s],
                                 marker="o" if who == "ours" else None, label=f"{s} ({who})")
-            ax.set_xlabel(fig.x_label)
-            ax.set_ylabel("normalised to its maximum")
+            ax.set_xlabel(f"{fig.x_label}, normalised" if fig.x_key else fig.x_label)
+            ax.set_ylabel(f"{fig.metrics[0].label}, normalised" if fig.x_key else "normalised to its maximum")
             ax.set_title("shape: ours (solid) vs paper (dashed)", fontsize=9)
             ax.grid(alpha=0.3)
     if fig.distribution:

@@ -201,7 +201,7 @@ class Figures(unittest.TestCase):
                 self.assertGreater(len(pts), 1, (name, key))
             if f.reference:
                 with_reference.append(name)
-        self.assertEqual(with_reference, ["3a", "3b", "4", "5", "7", "8", "10", "12", "12df", "13a", "13b", "table1"])
+        self.assertEqual(with_reference, ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "12df", "13a", "13b", "table1"])
 
     def test_threads_never_exceed_the_cluster(self):
         f = figures.build("8", "full", 24)
