@@ -11,7 +11,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 use memmap2::{MmapMut, MmapOptions};
 
@@ -29,6 +29,8 @@ pub(crate) const PREFETCH_LINES: u64 = 32;
 pub struct Region {
     map: MmapMut,
     file: Option<File>,
+    /// A sync of the file failed: no later one proves anything.
+    sync_failed: AtomicBool,
 }
 
 /// How a multi-word copy is paced, so tests can make tearing happen.
@@ -108,7 +110,7 @@ impl Region {
         let populated = map.advise(memmap2::Advice::PopulateWrite).is_ok();
         #[cfg(not(target_os = "linux"))]
         let populated = false;
-        let region = Region { map, file: None };
+        let region = Region { map, file: None, sync_failed: AtomicBool::new(false) };
         if !populated {
             // Kernels before 5.14: touch every page (a zero store keeps the
             // contents).
@@ -128,7 +130,9 @@ impl Region {
     pub fn anonymous_huge(size: u64) -> io::Result<(Region, bool)> {
         let len = usize::try_from(size).map_err(|_| io::Error::other("size too large"))?;
         match MmapOptions::new().len(len.max(1).next_multiple_of(2 << 20)).huge(Some(21)).map_anon() {
-            Ok(map) if len % (2 << 20) == 0 => Ok((Region { map, file: None }, true)),
+            Ok(map) if len % (2 << 20) == 0 => {
+                Ok((Region { map, file: None, sync_failed: AtomicBool::new(false) }, true))
+            }
             _ => Ok((Region::anonymous(size)?, false)),
         }
     }
@@ -213,7 +217,7 @@ impl Region {
         // through atomics, so a concurrent external writer could change values
         // but never cause a data race in this process's view.
         let map = unsafe { MmapOptions::new().len(len as usize).map_mut(&file)? };
-        Ok(Region { map, file: Some(file) })
+        Ok(Region { map, file: Some(file), sync_failed: AtomicBool::new(false) })
     }
 
     /// Size in bytes.
@@ -273,13 +277,30 @@ impl Region {
     /// system also commits what it needs to read them back, and the disk's
     /// write cache is flushed once). A no-op when the region is anonymous.
     ///
+    /// Once a sync has failed, every later one fails too: the kernel reports
+    /// a failed write-back once, to the first sync after it, and may drop
+    /// the pages it could not write, so a later sync that succeeds would not
+    /// mean that they are on disk.
+    ///
     /// # Errors
-    /// If `fdatasync` fails (e.g. EIO: the disk refused the write).
+    /// If `fdatasync` fails (e.g. EIO: the disk refused the write), now or
+    /// before.
     pub fn sync_data(&self) -> io::Result<()> {
-        match &self.file {
-            Some(f) => f.sync_data(),
-            None => Ok(()),
+        let Some(f) = &self.file else { return Ok(()) };
+        if self.sync_failed.load(Ordering::Acquire) {
+            return Err(io::Error::other(
+                "an earlier sync of this file failed, and writes it held may be lost: no later sync can say \
+                 they are on disk (restart the blade on the file after checking the disk)",
+            ));
         }
+        f.sync_data().inspect_err(|_| self.sync_failed.store(true, Ordering::Release))
+    }
+
+    /// Makes every later [`Region::sync_data`] fail as after a failed
+    /// write-back: for tests of what depends on syncs.
+    #[doc(hidden)]
+    pub fn fail_syncs(&self) {
+        self.sync_failed.store(true, Ordering::Release);
     }
 
     fn base(&self) -> *mut u8 {

@@ -355,3 +355,42 @@ fn a_backing_file_without_room_on_its_disk_is_refused_at_start() {
     let r = Region::file_backed(&path, None).unwrap();
     assert_eq!(r.load_u64(8192), Ok(8193));
 }
+
+/// A durable blade whose file's sync once failed answers no WRITE, CAS or
+/// FAA again (the kernel reports a lost write-back once, so no later sync
+/// proves anything), and still answers READs, which need no sync.
+#[test]
+fn a_durable_blade_answers_no_write_after_a_failed_sync() {
+    let path = std::env::current_dir().unwrap().join(format!("durable-poison-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let region = Arc::new(Region::file_backed(&path, Some(1 << 20)).unwrap());
+    let h = BladeServer::bind("127.0.0.1:0", region.clone()).unwrap().with_durable().unwrap().spawn().unwrap();
+    let addr = h.addr().to_string();
+    let at = smart_core::GlobalAddr::new(0, 1 << 19);
+    // Each on a connection of its own: a failed answer closes its connection.
+    let write = || {
+        let t = TcpTransport::connect(std::slice::from_ref(&addr)).unwrap();
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move { ctx.write(at, &7u64.to_le_bytes()).await })
+    };
+    let read = || {
+        let t = TcpTransport::connect(std::slice::from_ref(&addr)).unwrap();
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            let mut b = [0u8; 8];
+            ctx.read(at, &mut b).await.map(|()| u64::from_le_bytes(b))
+        })
+    };
+    write().expect("a WRITE before any failure");
+    region.fail_syncs();
+    let t0 = std::time::Instant::now();
+    let err = write().expect_err("a WRITE answered after a failed sync");
+    assert!(t0.elapsed() < Duration::from_secs(5), "the refusal took {:?}", t0.elapsed());
+    eprintln!("after a failed sync, a WRITE: {err}");
+    assert_eq!(read().expect("READs need no sync"), 7);
+    drop(h);
+    drop(region);
+    std::fs::remove_file(&path).unwrap();
+}
