@@ -42,7 +42,7 @@ fn host_lines(memlock: Option<Option<u64>>, huge: (u64, u64)) -> String {
     let lock = match memlock {
         Some(None) => "unlimited".to_string(),
         Some(Some(b)) if b < 1 << 30 => {
-            format!("{b} bytes: less than a blade's region; memory registration may fail (ulimit -l unlimited)")
+            format!("{b} bytes, under 1 GiB: registering a blade's region may fail (raise it: ulimit -l unlimited)")
         }
         Some(Some(b)) => format!("{b} bytes"),
         None => "unknown".to_string(),
@@ -122,7 +122,7 @@ mod tests {
         let meminfo = "MemTotal: 1 kB\nHugePages_Total:     400\nHugePages_Free:      398\n";
         assert_eq!(huge_pages(meminfo), (400, 398));
         let text = host_lines(Some(Some(8_388_608)), (0, 0));
-        assert!(text.contains("8388608 bytes: less than a blade's region"), "{text}");
+        assert!(text.contains("8388608 bytes, under 1 GiB: registering"), "{text}");
         assert!(text.contains("0 reserved, 0 free (optional"), "{text}");
         assert!(host_lines(Some(None), (400, 398)).starts_with("locked memory limit: unlimited\n"));
     }
