@@ -98,6 +98,25 @@ class MemoryBlade:
     gid_index: int | None = None
     listen: str = ""  # the address it listens on (default: 127.0.0.1 here, 0.0.0.0 elsewhere)
     durable: bool = False  # memory-blade --durable: writes on disk before they complete
+    address: str = ""  # the address compute blades connect to (default: see `reach`)
+
+    def listen_on(self) -> str:
+        """`--listen`'s value: `listen` (default 127.0.0.1 here, 0.0.0.0
+        elsewhere) and the port."""
+        a = self.listen or ("127.0.0.1" if self.host.launch == "local" else "0.0.0.0")
+        return f"{_bracketed(a)}:{self.port}"
+
+    def reach(self) -> str:
+        """The address compute blades connect to: `address` if given, else
+        the one address it listens on, else 127.0.0.1 for a blade on this
+        machine, else its host name."""
+        a = self.address or (self.listen if self.listen not in ("", "0.0.0.0", "::") else "")
+        return _bracketed(a or ("127.0.0.1" if self.host.launch == "local" else self.host.name))
+
+
+def _bracketed(a: str) -> str:
+    """An IPv6 address in brackets, as HOST:PORT needs it."""
+    return f"[{a}]" if ":" in a and not a.startswith("[") else a
 
 
 @dataclass
@@ -139,6 +158,20 @@ def _host(d: dict, defaults: dict, where: str) -> Host:
     )
 
 
+HOST_KEYS = {"host", "launch", "ssh", "ssh_port", "ssh_options", "workdir", "bin"}
+MEMORY_KEYS = HOST_KEYS | {"port", "size", "backing_file", "durable", "listen", "address", "device", "gid_index"}
+COMPUTE_KEYS = HOST_KEYS | {"threads", "oversubscribe"}
+DEFAULTS_KEYS = (HOST_KEYS - {"host"}) | {"transport", "device", "gid_index", "oversubscribe"}
+
+
+def _known(table: dict, keys: set[str], where: str) -> None:
+    """Refuses a field the launcher does not read (a typo would otherwise
+    be ignored silently)."""
+    unknown = sorted(set(table) - keys)
+    if unknown:
+        raise LaunchError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(keys))})")
+
+
 def load_cluster(path: str | Path | None) -> Cluster:
     """Reads and checks a cluster file (default: one local memory blade)."""
     p = Path(path) if path else REPO / "scripts" / "cluster.localhost.toml"
@@ -151,6 +184,11 @@ def load_cluster(path: str | Path | None) -> Cluster:
     if unknown:
         raise LaunchError(f"{p}: unknown section(s) {sorted(unknown)} (defaults, memory_blade, compute_blade)")
     defaults = doc.get("defaults", {})
+    _known(defaults, DEFAULTS_KEYS, f"{p}: [defaults]")
+    for i, m in enumerate(doc.get("memory_blade", [])):
+        _known(m, MEMORY_KEYS, f"{p}: memory_blade {i + 1}")
+    for i, c in enumerate(doc.get("compute_blade", [])):
+        _known(c, COMPUTE_KEYS, f"{p}: compute_blade {i + 1}")
     transport = defaults.get("transport", "tcp")
     if transport not in ("tcp", "verbs"):
         raise LaunchError(f"{p}: transport must be tcp or verbs, not {transport!r}")
@@ -170,7 +208,8 @@ def load_cluster(path: str | Path | None) -> Cluster:
             raise LaunchError(f"{where}: durable = true serves tcp only (an RNIC's writes bypass the blade's CPU)")
         mem.append(MemoryBlade(h, port, str(m.get("size", "1GiB")), m.get("backing_file", ""),
                                transport, m.get("device", defaults.get("device", "")),
-                               m.get("gid_index", defaults.get("gid_index")), m.get("listen", ""), durable))
+                               m.get("gid_index", defaults.get("gid_index")), m.get("listen", ""), durable,
+                               m.get("address", "")))
     if not mem:
         raise LaunchError(f"{p}: no [[memory_blade]]")
     comp = []
@@ -336,11 +375,10 @@ class Launcher:
             self.cpus_checked = True
         addrs = []
         for i, m in enumerate(self.cluster.memory):
-            listen = f"{m.listen or ('127.0.0.1' if m.host.launch == 'local' else '0.0.0.0')}:{m.port}"
-            p = self.spawn(f"memory-blade-{i + 1}", m.host, self.memory_argv(m, listen))
+            p = self.spawn(f"memory-blade-{i + 1}", m.host, self.memory_argv(m, m.listen_on()))
             ready = p.wait_line("ready ", self.ready_timeout)
             port = ready.split()[1].rsplit(":", 1)[1]
-            host = "127.0.0.1" if m.host.launch == "local" else m.host.name
+            host = m.reach()
             addrs.append(f"{host}:{port}")
             self.blades.append((p, f"{host}:{port}"))
         blades = ",".join(addrs)

@@ -68,6 +68,9 @@ class ClusterFile(unittest.TestCase):
                            ('[[memory_blade]]\nlaunch = "pdsh"\n', "launch must be"),
                            ('[[memory_blade]]\n[[compute_blade]]\nthreads = 0\n', "threads must be"),
                            ('[[memory_blade]]\n[nodes]\n', "unknown section"),
+                           ('[[memory_blade]]\nadress = "10.0.0.1"\n', "memory_blade 1: unknown field\\(s\\) adress"),
+                           ('[[memory_blade]]\n[[compute_blade]]\nthread = 8\n', "compute_blade 1: unknown field"),
+                           ('[defaults]\ntransprot = "tcp"\n[[memory_blade]]\n', "\\[defaults\\]: unknown field"),
                            ('[[memory_blade]]\ndurable = "yes"\n', "true or false"),
                            ('[[memory_blade]]\n[[compute_blade]]\noversubscribe = 1\n', "true or false"),
                            ('[[memory_blade]]\ndurable = true\n', "needs a backing_file"),
@@ -84,6 +87,18 @@ class ClusterFile(unittest.TestCase):
             second = launcher.memory_argv(c.memory[1], "127.0.0.1:0")
         self.assertEqual(first[-3:], ["--backing-file", "/data/b.img", "--durable"])
         self.assertNotIn("--durable", second)
+
+    def test_compute_blades_reach_a_blade_where_it_listens(self):
+        text = ('[defaults]\nworkdir = "/w"\n'
+                '[[memory_blade]]\nhost = "node1"\nport = 7000\n'
+                '[[memory_blade]]\nhost = "node2"\nport = 7000\nlisten = "10.0.0.2"\n'
+                '[[memory_blade]]\nhost = "node3"\nport = 7000\nlisten = "0.0.0.0"\naddress = "node3-ib"\n'
+                '[[memory_blade]]\nhost = "node4"\nport = 7000\nlisten = "fd00::4"\n'
+                '[[memory_blade]]\nport = 0\n')
+        m = load_cluster(cluster_file(text)).memory
+        self.assertEqual([b.listen_on() for b in m],
+                         ["0.0.0.0:7000", "10.0.0.2:7000", "0.0.0.0:7000", "[fd00::4]:7000", "127.0.0.1:0"])
+        self.assertEqual([b.reach() for b in m], ["node1", "10.0.0.2", "node3-ib", "[fd00::4]", "127.0.0.1"])
 
     def test_srun_needs_an_allocation_and_builds_an_overlapping_one_node_step(self):
         text = '[defaults]\nlaunch = "srun"\nworkdir = "/w"\n[[memory_blade]]\nhost = "cn01"\nport = 7000\n'
