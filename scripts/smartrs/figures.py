@@ -8,6 +8,7 @@ compare shapes).
     scripts/figure 8 --quick            # seconds per point, on this machine
     scripts/figure all --full --cluster my-cluster.toml
     scripts/figure 8 --plot-only        # redraw from results/figures/fig8.jsonl
+    scripts/figure 8 --full --resume    # run only the points a stopped run lacks
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import subprocess
 import sys
 import textwrap
 import time
@@ -240,14 +242,67 @@ def get(rec: dict, key: str) -> float:
     return float(v)
 
 
-def run_figure(fig: Figure, mode: str, launcher: Launcher, out: Path) -> Path:
-    """Runs every point; appends one JSON line per run to fig<name>.jsonl."""
+def record_commit(rec: dict) -> str:
+    """The commit a record's binary was built from (a merged record's parts
+    carry it)."""
+    prov = rec.get("provenance") or (rec.get("parts") or [{}])[0].get("provenance", {})
+    return str(prov.get("commit", ""))
+
+
+def resumable(fig: Figure, mode: str, lines: list[str], commit: str) -> tuple[list[str], dict]:
+    """Of a figure's JSON lines from an earlier, interrupted run: the ones
+    `--resume` keeps (a planned point of this mode, recorded by a binary of
+    `commit`, the first line of each point) and why the others go."""
+    planned = {(p.panel, p.series, p.x) for p in fig.points}
+    kept, seen = [], set()
+    dropped = {"another mode": 0, "another commit": 0, "not in this sweep": 0, "unreadable": 0, "repeated": 0}
+    for line in lines:
+        try:
+            row = json.loads(line)
+            key = (row["panel"], row["series"], row["x"])
+            rec = row["record"]
+        except (ValueError, KeyError, TypeError):
+            dropped["unreadable"] += 1
+            continue
+        why = ("another mode" if row.get("mode") != mode else "not in this sweep" if key not in planned
+               else "another commit" if record_commit(rec) != commit else "repeated" if key in seen else None)
+        if why:
+            dropped[why] += 1
+        else:
+            seen.add(key)
+            kept.append(line)
+    return kept, {k: v for k, v in dropped.items() if v}
+
+
+def built_commit() -> str:
+    """The commit of this checkout's compute-blade (what its records say)."""
+    v = subprocess.run([str(REPO / "target/release/compute-blade"), "--version"], capture_output=True, text=True)
+    return v.stdout.strip().rsplit(" ", 1)[-1].rstrip(")")
+
+
+def run_figure(fig: Figure, mode: str, launcher: Launcher, out: Path, resume: bool = False) -> Path:
+    """Runs every point; appends one JSON line per run to fig<name>.jsonl.
+    With `resume`, keeps the points an earlier run of this mode and build
+    recorded there, and runs only the others."""
     secs, warm = (0.5, 0.2) if mode == "quick" else (10.0, 2.0)
     jl = out / f"fig{fig.name}.jsonl"
-    jl.unlink(missing_ok=True)
+    done: set[tuple] = set()
+    if resume and jl.exists():
+        commit = built_commit()
+        kept, dropped = resumable(fig, mode, jl.read_text().splitlines(), commit)
+        jl.write_text("".join(line + "\n" for line in kept))
+        done = {(r["panel"], r["series"], r["x"]) for r in map(json.loads, kept)}
+        why = ", ".join(f"{n} {k}" for k, n in dropped.items())
+        print(f"[fig {fig.name}] resuming: {len(done)} of {len(fig.points)} points already recorded by {commit[:10]}"
+              + (f"; dropped: {why}" if why else ""), file=sys.stderr, flush=True)
+    else:
+        jl.unlink(missing_ok=True)
     blades = None
     t0 = time.monotonic()
+    ran = 0
     for i, p in enumerate(fig.points):
+        if (p.panel, p.series, p.x) in done:
+            continue
         if blades is None or p.fresh_blades:
             if blades is not None:
                 launcher.stop_blades()
@@ -260,7 +315,11 @@ def run_figure(fig: Figure, mode: str, launcher: Launcher, out: Path) -> Path:
         if p.processes > 1:
             load = ["--load-only"]
             args += ["--no-load"]
-        print(f"[fig {fig.name} {i + 1}/{len(fig.points)} {time.monotonic() - t0:5.0f}s] {p.panel} {p.series} "
+        took = time.monotonic() - t0
+        left = sum(1 for q in fig.points[i:] if (q.panel, q.series, q.x) not in done)
+        eta = f", ~{took / ran * left:.0f}s left" if ran else ""
+        ran += 1
+        print(f"[fig {fig.name} {i + 1}/{len(fig.points)} {took:5.0f}s{eta}] {p.panel} {p.series} "
               f"x={p.x}: compute-blade {' '.join(p.args)}" + (f" ×{p.processes}" if p.processes > 1 else ""),
               file=sys.stderr, flush=True)
         rec = launcher.run_multi(blades, args, p.processes, out / "records" / f"{tag}.json", tag,
@@ -435,6 +494,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default=str(REPO / "results" / "figures"), help="output directory")
     ap.add_argument("--plot-only", action="store_true", help="redraw from the existing JSON lines")
     ap.add_argument("--no-plot", action="store_true", help="run and record only")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the points an interrupted run of this mode and build recorded; run the rest")
     a = ap.parse_args(argv)
     a.mode = a.mode or "quick"
     names = FIGURES if a.figures == ["all"] else a.figures
@@ -459,7 +520,7 @@ def main(argv: list[str]) -> int:
                 fig = build(n, a.mode, cluster.max_threads(), len(cluster.memory))
                 jl = out / f"fig{n}.jsonl"
                 if not a.plot_only:
-                    jl = run_figure(fig, a.mode, launcher, out)
+                    jl = run_figure(fig, a.mode, launcher, out, resume=a.resume)
                 if not a.no_plot:
                     for p in plot(fig, jl, out) + [table(fig, jl, out)]:
                         print(f"figure {n}: {p}")

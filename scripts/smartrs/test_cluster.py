@@ -6,6 +6,7 @@ real sshd (`--launch ssh`) and on a one-node Slurm cluster (`--launch srun`).
 """
 
 import contextlib
+import json
 import io
 import os
 import shlex
@@ -221,6 +222,21 @@ class Figures(unittest.TestCase):
     def test_threads_never_exceed_the_cluster(self):
         f = figures.build("8", "full", 24)
         self.assertEqual(max(p.x for p in f.points), 24)
+
+    def test_a_resumed_figure_keeps_only_this_modes_and_builds_points(self):
+        f = figures.build("3a", "quick", 2)
+        p0, p1 = f.points[0], f.points[1]
+
+        def line(p, mode="quick", commit="abc", x=None):
+            return json.dumps({"mode": mode, "panel": p.panel, "series": p.series, "x": p.x if x is None else x,
+                               "record": {"provenance": {"commit": commit}}})
+        lines = [line(p0), line(p0), line(p1, mode="full"), line(p1, commit="old"), line(p1, x=99), "{not json",
+                 json.dumps({"mode": "quick", "panel": p1.panel, "series": p1.series, "x": p1.x,
+                             "record": {"parts": [{"provenance": {"commit": "abc"}}]}})]
+        kept, dropped = figures.resumable(f, "quick", lines, "abc")
+        self.assertEqual(kept, [lines[0], lines[6]])
+        self.assertEqual(dropped, {"another mode": 1, "another commit": 1, "not in this sweep": 1, "unreadable": 1,
+                                   "repeated": 1})
 
     def test_unknown_figures_are_refused(self):
         self.assertEqual(figures.main(["9", "nine"]), 2)
