@@ -56,7 +56,30 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# free_port: a port nothing is bound to, below the kernel's ephemeral range.
+# The blades of this test bind the same two ports scenario after scenario;
+# a port from the ephemeral range may meanwhile be given to any outgoing
+# connection (Slurm's daemons and steps open many on loopback), and the next
+# blade's bind would then fail with "Address already in use".
+free_port() {
+  python3 - <<'PY'
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(500):
+    port = random.randrange(10000, low)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("test-cluster: no free port below the ephemeral range")
+PY
+}
 p1=$(free_port)
 p2=$(free_port)
 
