@@ -5,8 +5,6 @@
 //! locked-memory limit registration needs, and the huge pages reserved.
 //! Fails (exit 1) when no device, or not the one named, has an active port.
 
-use std::path::Path;
-
 use anyhow::{bail, Result};
 use serde_json::json;
 
@@ -37,7 +35,9 @@ fn huge_pages(meminfo: &str) -> (u64, u64) {
     (get("HugePages_Total:"), get("HugePages_Free:"))
 }
 
-/// The host's lines: locked memory and huge pages.
+/// The host's lines: locked memory and huge pages. `scripts/cluster
+/// preflight` reads them (`locked memory limit: … under 1 GiB`, `huge pages
+/// (2 MiB): 0 reserved`): keep their wording.
 fn host_lines(memlock: Option<Option<u64>>, huge: (u64, u64)) -> String {
     let lock = match memlock {
         Some(None) => "unlimited".to_string(),
@@ -81,7 +81,7 @@ pub fn run(args: &VerbsInfoArgs) -> Result<()> {
             "hugepages_total": huge.0,
             "hugepages_free": huge.1,
         });
-        write_json(path, &rec)?;
+        crate::report::emit(&rec, Some(path))?;
     }
     match chosen {
         Ok((i, port)) => {
@@ -90,11 +90,6 @@ pub fn run(args: &VerbsInfoArgs) -> Result<()> {
         }
         Err(why) => bail!("{why}"),
     }
-}
-
-fn write_json(path: &Path, rec: &serde_json::Value) -> Result<()> {
-    std::fs::write(path, serde_json::to_string_pretty(rec)? + "\n")
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }
 
 #[cfg(feature = "verbs")]

@@ -532,13 +532,13 @@ def guarded(prog: str, logs: Path, body) -> int:
 def preflight(cluster: Cluster) -> list[str]:
     """Checks every host before a run; returns the problems found (empty:
     ready to run). Binaries present and built from the commit here; for
-    verbs, `compute-blade verbs-info` (the device and an active port; thread
-    domains reported), its GID table, the memlock limit and huge pages; the
+    verbs, what `compute-blade verbs-info` says of each host (see
+    [`verbs_problems`]); the
     memory blades' ports reachable from the compute hosts; a CPU per
     thread for every compute blade."""
     problems = []
     local = subprocess.run([str(REPO / "target/release/compute-blade"), "--version"], capture_output=True, text=True)
-    want = local.stdout.strip().rsplit(" ", 1)[-1] if local.returncode == 0 else None
+    want = version_commit(local.stdout) if local.returncode == 0 else None
     if want is None:
         problems.append("this machine: target/release/compute-blade missing (cargo build --release)")
     hosts: dict[tuple, Host] = {}
@@ -555,36 +555,47 @@ def preflight(cluster: Cluster) -> list[str]:
         if r.returncode != 0:
             problems.append(f"{name}: {binary} --version failed: {(r.stderr or r.stdout).strip()[:200]}")
             continue
-        got = r.stdout.strip().rsplit(" ", 1)[-1]
+        got = version_commit(r.stdout)
         if want and got != want:
             problems.append(f"{name}: {binary} is {r.stdout.strip()}, this machine has {want} (rebuild there)")
-        if cluster.transport == "verbs":
+    if cluster.transport == "verbs":
+        for h in {(h.launch, h.name): h for h in hosts.values()}.values():
             dev = next((m.device for m in cluster.memory if m.host is h), "") or cluster.memory[0].device
-            # The device, its ports and what its provider offers, as the
-            # verbs backend sees them (needs a build with --features verbs).
-            info = h.run([h.binary("compute-blade"), "verbs-info"] + (["--device", dev] if dev else []), timeout=60)
-            if info.returncode != 0:
-                why = (info.stderr.strip().splitlines() or ["(no message)"])[-1]
-                problems.append(f"{name}: compute-blade verbs-info failed: {why[:300]}")
-            elif "thread domains no" in info.stdout:
-                print(f"preflight: {name}: {dev or 'its RDMA device'} has no thread domains: per-thread doorbells "
-                      f"(--smart thd-res-alloc) then come from the order QPs are created in, as on rxe")
-            checks = {
-                "memlock limit (ulimit -l unlimited or ≥ the blade size)":
-                    ["sh", "-c", "l=$(ulimit -l); [ \"$l\" = unlimited ] || [ \"$l\" -ge 1048576 ]"],
-            }
-            if dev:
-                checks["GID table"] = ["sh", "-c", f"ls /sys/class/infiniband/{dev}/ports/1/gids/ >/dev/null"]
-            for what, cmd in checks.items():
-                if h.run(cmd).returncode != 0:
-                    problems.append(f"{name}: {what} check failed")
-            hp = h.run(["sh", "-c", "grep HugePages_Total /proc/meminfo"])
-            if hp.returncode == 0 and hp.stdout.split()[-1:] == ["0"]:
-                print(f"preflight: {name}: no huge pages reserved (optional; large blades register faster with them)")
+            problems += verbs_problems(h, dev)
     try:
         problems += cpu_problems(cluster)
     except (LaunchError, subprocess.TimeoutExpired) as e:
         problems.append(str(e))
+    return problems
+
+
+def version_commit(version: str) -> str:
+    """The commit in `compute-blade --version`'s line (`compute-blade 0.1.0
+    (commit ABC…)`): what the records of that binary carry."""
+    return version.strip().rsplit(" ", 1)[-1].rstrip(")")
+
+
+def verbs_problems(h: Host, dev: str) -> list[str]:
+    """What one `compute-blade verbs-info` on host `h` finds wrong for the
+    verbs backend: no device (or not `dev`) with an active port, or a
+    locked-memory limit under 1 GiB (its line `locked memory limit: N
+    bytes, under 1 GiB…`). A provider without thread domains and a host
+    without huge pages are reported, not refused."""
+    name = h.name
+    info = h.run([h.binary("compute-blade"), "verbs-info"] + (["--device", dev] if dev else []), timeout=60)
+    problems = []
+    if info.returncode != 0:
+        why = (info.stderr.strip().splitlines() or ["(no message)"])[-1]
+        problems.append(f"{name}: compute-blade verbs-info failed: {why[:300]}")
+    elif "thread domains no" in info.stdout:
+        print(f"preflight: {name}: {dev or 'its RDMA device'} has no thread domains: per-thread doorbells "
+              f"(--smart thd-res-alloc) then come from the order QPs are created in, as on rxe")
+    for line in info.stdout.splitlines():
+        if line.startswith("locked memory limit: ") and "under 1 GiB" in line:
+            problems.append(f"{name}: memlock limit (ulimit -l unlimited or at least 1 GiB) check failed: "
+                            f"{line.split(': ', 1)[1]}")
+        elif line.startswith("huge pages (2 MiB): 0 reserved"):
+            print(f"preflight: {name}: no huge pages reserved (optional; large blades register faster with them)")
     return problems
 
 

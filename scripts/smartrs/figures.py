@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import REPO, LaunchError, Launcher, guarded, load_cluster  # noqa: E402
+from cluster import REPO, LaunchError, Launcher, guarded, load_cluster, version_commit  # noqa: E402
 
 # --smart settings of the paper's series.
 RACE = "none"
@@ -277,7 +277,7 @@ def resumable(fig: Figure, mode: str, lines: list[str], commit: str) -> tuple[li
 def built_commit() -> str:
     """The commit of this checkout's compute-blade (what its records say)."""
     v = subprocess.run([str(REPO / "target/release/compute-blade"), "--version"], capture_output=True, text=True)
-    return v.stdout.strip().rsplit(" ", 1)[-1].rstrip(")")
+    return version_commit(v.stdout)
 
 
 def run_figure(fig: Figure, mode: str, launcher: Launcher, out: Path, resume: bool = False) -> Path:

@@ -172,8 +172,11 @@ class Preflight(unittest.TestCase):
             elif "verbs-info" in argv:
                 if h.name == "node1":
                     rc, err = 1, "Error: no active port on mlx5_1; bring a link up\n"
+                    out = "locked memory limit: unlimited\nhuge pages (2 MiB): 8 reserved, 8 free\n"
                 else:
-                    out = "mlx5_1: max 1 QPs; atomics yes; thread domains no (per-thread-db binds ...)\n"
+                    out = ("mlx5_1: max 1 QPs; atomics yes; thread domains no (per-thread-db binds ...)\n"
+                           "locked memory limit: 65536 bytes, under 1 GiB: registering a blade's region may fail\n"
+                           "huge pages (2 MiB): 0 reserved, 0 free (optional: ...)\n")
             elif argv == ["nproc"]:
                 out = "8\n"
             return cluster.subprocess.CompletedProcess(argv, rc, out, err)
@@ -193,6 +196,12 @@ class Preflight(unittest.TestCase):
         self.assertIn("node1: compute-blade verbs-info failed: Error: no active port on mlx5_1; bring a link up",
                       problems)
         self.assertFalse(any(p.startswith("node2: compute-blade verbs-info") for p in problems), problems)
+        self.assertIn("node2: memlock limit (ulimit -l unlimited or at least 1 GiB) check failed: 65536 bytes, "
+                      "under 1 GiB: registering a blade's region may fail", problems)
+        self.assertFalse(any(p.startswith("node1: memlock") for p in problems), problems)
+        self.assertIn("preflight: node2: no huge pages reserved", said.getvalue())
+        # One verbs-info per host, and nothing else asked of it for verbs.
+        self.assertFalse(any(a[:1] == ["sh"] for _, a in asked), asked)
 
 
 class Figures(unittest.TestCase):

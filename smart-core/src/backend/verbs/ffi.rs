@@ -124,6 +124,14 @@ impl Context {
         Ok(unsafe { gid.raw })
     }
 
+    /// The non-zero GIDs of `port` among its first `len` entries (at most
+    /// 256), with their indexes; entries that cannot be read are skipped.
+    pub(crate) fn gid_table(&self, port: u8, len: u32) -> Vec<(u32, [u8; 16])> {
+        (0..len.min(256))
+            .filter_map(|i| self.query_gid(port, i).ok().filter(|g| *g != [0; 16]).map(|g| (i, g)))
+            .collect()
+    }
+
     /// A description for [`super::device::choose`].
     pub(crate) fn describe(&self, name: String) -> Result<DeviceDesc> {
         let ports = self.query_device()?.phys_port_cnt;

@@ -123,13 +123,7 @@ pub fn probe() -> Result<Vec<device::DeviceReport>> {
         let dev = ctx.query_device()?;
         let mut ports = Vec::new();
         for p in &desc.ports {
-            let mut gids = Vec::new();
-            for g in 0..p.gids.min(256) {
-                match ctx.query_gid(p.num, g) {
-                    Ok(gid) if gid != [0; 16] => gids.push((g, device::gid_text(&gid))),
-                    _ => {}
-                }
-            }
+            let gids = ctx.gid_table(p.num, p.gids).iter().map(|(i, g)| (*i, device::gid_text(g))).collect();
             ports.push(device::PortReport { num: p.num, active: p.active, link: p.link, gid_table: p.gids, gids });
         }
         let pd = Pd::new(&ctx)?;
@@ -188,16 +182,10 @@ impl VerbsBlade {
         // SAFETY: the region stays mapped while we hold its Arc, and the MR
         // is dropped before it (field order: `mr` before `_region`).
         let mr = unsafe { Mr::register(&nic.pd, region.as_ptr(), region.len() as usize)? };
-        let mut gids = Vec::new();
-        if nic.gid_index.is_some() {
-            let port = nic.ctx.query_port(nic.port)?;
-            for i in 0..port.gid_tbl_len.clamp(0, 256) as u32 {
-                match nic.ctx.query_gid(nic.port, i) {
-                    Ok(g) if g != [0; 16] => gids.push((i, g)),
-                    _ => {}
-                }
-            }
-        }
+        let gids = match nic.gid_index {
+            Some(_) => nic.ctx.gid_table(nic.port, nic.ctx.query_port(nic.port)?.gid_tbl_len.max(0) as u32),
+            None => Vec::new(),
+        };
         Ok(VerbsBlade { nic, gids, cq, mr, size: region.len(), _region: region })
     }
 
