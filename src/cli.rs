@@ -382,6 +382,12 @@ pub struct RecoverArgs {
     /// when its process is known to be dead).
     #[arg(long)]
     pub slot: Option<u16>,
+    /// Then repair damaged records: where a record's copies differ or one
+    /// fails its check, write the copy that wins (it passes its check and
+    /// holds the highest version) to the others; report what no copy can
+    /// restore (exit status 1).
+    #[arg(long)]
+    pub repair: bool,
 }
 
 /// What `compute-blade table` does.

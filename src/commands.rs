@@ -322,59 +322,115 @@ fn dtx_on<W: Workload + Clone + 'static>(
 ///
 /// # Errors
 /// Unreachable blades; a database of another shape; verb errors.
-pub fn recover(s: &Session, t: &dyn Transport, job: &RecoverJob) -> Result<Outcome> {
-    let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+pub fn recover(s: &Session, t: Arc<dyn Transport>, job: &RecoverJob) -> Result<Outcome> {
+    let mut rt = smart_core::Runtime::new(&*t, 0, s.run.runtime.clone())?;
     let mut all = Vec::new();
+    let mut left = 0;
     for name in &job.dbs {
-        let ctx = rt.ctx();
-        let (name2, slot) = (name.clone(), job.slot);
+        let (ctx, name2) = (rt.ctx(), name.clone());
+        let opened = rt
+            .block_on(async move { ford_dtx::db::Db::open(&ctx, &name2).await })
+            .map_err(|e| anyhow::anyhow!("recovering {name:?}: {e}"))?;
+        let Some(db) = opened else {
+            println!("{name}: no such database on these blades");
+            continue;
+        };
+        let db = Arc::new(db);
+        let (ctx, d, slot) = (rt.ctx(), db.clone(), job.slot);
         let r = rt.block_on(async move {
-            let Some(db) = ford_dtx::db::Db::open(&ctx, &name2).await? else { return Ok(None) };
             let which = slot.map_or(Which::Expired, Which::Slot);
-            let v = ford_dtx::recovery::recover(&ctx, &db, which).await?;
+            let v = ford_dtx::recovery::recover(&ctx, &d, which).await?;
             // Reported after what recovery did, even if it fails.
-            let orphans = ford_dtx::recovery::release_orphans(&ctx, &db).await;
-            Ok(Some((v, orphans)))
+            let orphans = ford_dtx::recovery::release_orphans(&ctx, &d).await;
+            Ok((v, orphans))
         });
-        match r.map_err(|e: ford_dtx::DtxError| anyhow::anyhow!("recovering {name:?}: {e}"))? {
-            None => println!("{name}: no such database on these blades"),
-            Some((v, orphans)) => {
-                if v.is_empty() {
-                    println!("{name}: no dead compute blade");
-                }
-                for r in &v {
-                    println!(
-                        "{name}: compute blade {} (pid {}): {} log entries, {} rolled back, {} rolled forward, {} locks released",
-                        r.slot, r.pid, r.entries, r.rolled_back, r.rolled_forward, r.released
-                    );
-                }
-                let orphans = orphans.map_err(|e| {
-                    anyhow::anyhow!("recovering {name:?}: scanning for lock words no compute blade can hold: {e}")
-                })?;
-                if orphans.released > 0 {
-                    let shown: Vec<String> = orphans
-                        .shown
-                        .iter()
-                        .map(|h| format!("table {} key {} word {:#x}", h.table, h.key, h.word))
-                        .collect();
-                    let more = if orphans.released > shown.len() as u64 { ", …" } else { "" };
-                    println!(
-                        "{name}: {} damaged lock words that no compute blade could hold released (of {} held): {}{more}",
-                        orphans.released,
-                        orphans.held,
-                        shown.join(", ")
-                    );
-                }
-                if !v.is_empty() || orphans.released > 0 {
-                    all.push(json!({ "db": name, "recovered": v, "orphan_locks": orphans }));
-                }
-            }
+        let (v, orphans) = r.map_err(|e: ford_dtx::DtxError| anyhow::anyhow!("recovering {name:?}: {e}"))?;
+        if v.is_empty() {
+            println!("{name}: no dead compute blade");
+        }
+        for r in &v {
+            let cut = if r.chains_cut > 0 {
+                format!(" ({} chains not scanned past a damaged link)", r.chains_cut)
+            } else {
+                String::new()
+            };
+            println!(
+                "{name}: compute blade {} (pid {}): {} log entries, {} rolled back, {} rolled forward, {} locks released{cut}",
+                r.slot, r.pid, r.entries, r.rolled_back, r.rolled_forward, r.released
+            );
+        }
+        let orphans = orphans.map_err(|e| {
+            anyhow::anyhow!("recovering {name:?}: scanning for lock words no compute blade can hold: {e}")
+        })?;
+        if orphans.released > 0 {
+            let shown: Vec<String> =
+                orphans.shown.iter().map(|h| format!("table {} key {} word {:#x}", h.table, h.key, h.word)).collect();
+            let more = if orphans.released > shown.len() as u64 { ", …" } else { "" };
+            println!(
+                "{name}: {} damaged lock words that no compute blade could hold released (of {} held): {}{more}",
+                orphans.released,
+                orphans.held,
+                shown.join(", ")
+            );
+        }
+        if orphans.chains_cut > 0 {
+            println!(
+                "{name}: {} chains not scanned for lock words past a damaged link or mirror: {}",
+                orphans.chains_cut,
+                orphans.first_cut.as_deref().unwrap_or("")
+            );
+        }
+        let repaired = if job.repair {
+            let r = repair(&mut rt, &t, db, name)?;
+            left += r.left_damaged();
+            Some(r)
+        } else {
+            None
+        };
+        if !v.is_empty() || orphans.released > 0 || repaired.is_some() {
+            all.push(json!({ "db": name, "recovered": v, "orphan_locks": orphans, "repair": repaired }));
         }
     }
     if let Some(p) = &s.json {
         std::fs::write(p, serde_json::to_string_pretty(&json!({ "bench": "recover", "databases": all }))? + "\n")?;
     }
-    Ok(Outcome::Clean)
+    Ok(Outcome::of(left == 0, false))
+}
+
+/// `recover --repair` of database `name`: registers a compute blade of one
+/// coroutine (the repair's locks name it), repairs, reports, leaves.
+fn repair(
+    rt: &mut smart_core::Runtime,
+    t: &Arc<dyn Transport>,
+    db: Arc<ford_dtx::db::Db>,
+    name: &str,
+) -> Result<ford_dtx::repair::Repaired> {
+    let lease = std::time::Duration::from_secs(10);
+    let reg = ford_dtx::Registration::register(t.clone(), db.clone(), 1, 1, lease)
+        .map_err(|e| anyhow::anyhow!("repairing {name:?}: registering: {e}"))?;
+    let ctx = rt.ctx();
+    let (r, reg) = rt.block_on(async move { (ford_dtx::repair::repair(&ctx, &db, &reg).await, reg) });
+    let r = r.map_err(|e| anyhow::anyhow!("repairing {name:?}: {e}"))?;
+    reg.close(&**t).map_err(|e| anyhow::anyhow!("repairing {name:?}: {e}"))?;
+    if r.damaged + r.gaps + r.chains_cut + r.links_repaired == 0 {
+        println!("{name}: repair: no damaged record");
+    } else {
+        println!(
+            "{name}: repair: {} damaged records, {} repaired ({} copies rewritten), {} chain links ended; left: {} locked, {} unrepairable, {} after a gap, {} chains cut",
+            r.damaged, r.repaired, r.copies_rewritten, r.links_repaired, r.busy, r.unrepairable, r.gaps, r.chains_cut
+        );
+    }
+    for l in &r.left {
+        let key = l.key.map_or(String::new(), |k| format!(" key {k}"));
+        println!("{name}: not repaired: table {}{key} at {}: {}", l.table, l.at, l.why);
+    }
+    if r.left_damaged() > r.left.len() as u64 {
+        println!("{name}: not repaired: {} more", r.left_damaged() - r.left.len() as u64);
+    }
+    if r.left_damaged() > 0 {
+        eprintln!("compute-blade: the repair of {name:?} left damage: {} records or chains", r.left_damaged());
+    }
+    Ok(r)
 }
 
 /// One index found on the blades by `table list`.

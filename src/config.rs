@@ -186,6 +186,8 @@ pub struct RecoverJob {
     pub dbs: Vec<String>,
     /// A slot to recover whatever its lease.
     pub slot: Option<u16>,
+    /// Then repair damaged records from their replicas.
+    pub repair: bool,
 }
 
 /// A whole `compute-blade` command line, resolved.
@@ -598,5 +600,5 @@ fn recover_config(a: &RecoverArgs) -> Result<Config> {
         bail!("--slot: registry slots are numbered from 1");
     }
     let dbs = if a.db.is_empty() { vec!["smallbank".into(), "tatp".into()] } else { a.db.clone() };
-    Ok(Config { session, job: Job::Recover(RecoverJob { dbs, slot: a.slot }) })
+    Ok(Config { session, job: Job::Recover(RecoverJob { dbs, slot: a.slot, repair: a.repair }) })
 }

@@ -209,7 +209,8 @@ pub fn lock_of(rec: &[u8]) -> u64 {
 /// Decodes and verifies a record of a table with `value_size`-byte values.
 ///
 /// # Errors
-/// [`Torn`] if its CRC fails, or a free slot is not all zero.
+/// [`Torn`] if its CRC fails or its trailer's padding is not zero, or a
+/// free slot is not all zero.
 pub fn decode(rec: &[u8], value_size: usize) -> Result<Record<'_>, Torn> {
     let cap = value_cap(value_size);
     let trailer = RECORD_HEADER + cap;
@@ -224,7 +225,10 @@ pub fn decode(rec: &[u8], value_size: usize) -> Result<Record<'_>, Torn> {
     }
     let stored = u32::from_le_bytes(rec[trailer + 4..trailer + 8].try_into().expect("4 bytes"));
     let size = word(rec, 8) as usize;
-    if st > state::DELETED || stored != crc(rec, cap) || size > cap {
+    // The trailer's bytes between the state and the CRC are zero (the CRC
+    // does not cover them).
+    let pad = u32::from_le_bytes(rec[trailer..trailer + 4].try_into().expect("4 bytes")) >> 8;
+    if st > state::DELETED || pad != 0 || stored != crc(rec, cap) || size > cap {
         return Err(Torn);
     }
     Ok(Record {

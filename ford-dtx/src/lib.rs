@@ -13,6 +13,7 @@
 //! | [`txn`] | the protocol: execute, undo log + validation, commit with flushes, unlock |
 //! | `round` | a round trip: one batch per blade, posted together |
 //! | [`recovery`] | rolling dead compute blades' transactions back or forward; the audit |
+//! | [`repair`] | damaged records restored from their other replicas |
 //! | [`error`] | errors and abort causes |
 //!
 //! Addresses read from the blades (the catalog's replicas and registry, a
@@ -63,6 +64,7 @@ pub mod error;
 pub mod layout;
 pub mod recovery;
 pub mod registry;
+pub mod repair;
 mod round;
 pub mod txn;
 

@@ -17,7 +17,9 @@
 //!    - none: nothing to do;
 //! 2. scans every table's primary for locks that still name the dead
 //!    blade: transactions that died before their log entry was durable,
-//!    so they wrote nothing: released (by CAS, never over another's lock);
+//!    so they wrote nothing: released (by CAS, never over another's lock).
+//!    A chain whose link is damaged is scanned up to the damage, and
+//!    counted ([`Recovered::chains_cut`]);
 //! 3. frees the slot.
 //!
 //! Every step is idempotent, so a recovery that dies is simply run again.
@@ -52,6 +54,10 @@ pub struct Recovered {
     pub rolled_forward: u64,
     /// Locks of transactions without a log entry, released.
     pub released: u64,
+    /// Chains not scanned for its locks past a damaged link or mirror. Locks
+    /// there that name it are released by [`release_orphans`] once the
+    /// chain is whole again (its slot is then free).
+    pub chains_cut: u64,
 }
 
 /// Which registrations to recover.
@@ -166,11 +172,15 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo) -> Result<Recovered> {
     }
     for t in &db.tables {
         let mut locks = Vec::new();
-        scan(ctx, t, 1, |at, recs| {
-            let lock = layout::lock_of(recs[0]);
+        let found = |v: &SlotView<'_>| {
+            let lock = layout::lock_of(v.recs[0]);
             if Owner::of(lock).is_some_and(|o| o.blade == s.slot) {
-                locks.push((at, lock));
+                locks.push((v.primary(), lock));
             }
+        };
+        scan_past(ctx, t, 1, found, |_| {
+            rep.chains_cut += 1;
+            Ok(())
         })
         .await?;
         for (at, lock) in locks {
@@ -191,6 +201,11 @@ pub struct Orphans {
     pub released: u64,
     /// The first [`HELD_SHOWN`] released, to say what they were.
     pub shown: Vec<HeldLock>,
+    /// Chains not scanned past a damaged link or mirror (their locks
+    /// there are not seen).
+    pub chains_cut: u64,
+    /// What the first of them says.
+    pub first_cut: Option<String>,
 }
 
 /// Whether a registered compute blade could hold lock word `w`, by the
@@ -207,7 +222,8 @@ fn ownable(w: u64, slots: &[SlotInfo]) -> bool {
     })
 }
 
-/// Releases the locks that no compute blade can hold: words without the
+/// Releases the locks that no compute blade can hold (in every chain, but
+/// past a damaged link: see [`Orphans::chains_cut`]): words without the
 /// LOCKED bit, and words naming a registry slot that is free or a thread or
 /// coroutine beyond its registration's shape. No transaction writes such a
 /// word (a compute blade registers before it locks, releases its locks
@@ -229,18 +245,24 @@ fn ownable(w: u64, slots: &[SlotInfo]) -> bool {
 pub async fn release_orphans(ctx: &Ctx, db: &Db) -> Result<Orphans> {
     let before = slots(ctx, db).await?;
     let mut held = Vec::new();
+    let (mut chains_cut, mut first_cut) = (0, None);
     for t in &db.tables {
-        scan(ctx, t, 1, |at, recs| {
-            let word = layout::lock_of(recs[0]);
+        let found = |v: &SlotView<'_>| {
+            let word = layout::lock_of(v.recs[0]);
             if word != 0 {
-                let state = layout::decode(recs[0], t.value_size).map_or(u8::MAX, |r| r.state);
-                held.push((at, HeldLock::of(t, recs[0], state, word)));
+                let state = layout::decode(v.recs[0], t.value_size).map_or(u8::MAX, |r| r.state);
+                held.push((v.primary(), HeldLock::of(t, v.recs[0], state, word)));
             }
+        };
+        scan_past(ctx, t, 1, found, |c| {
+            chains_cut += 1;
+            first_cut.get_or_insert_with(|| c.error.to_string());
+            Ok(())
         })
         .await?;
     }
     let after = slots(ctx, db).await?;
-    let mut out = Orphans { held: held.len() as u64, ..Orphans::default() };
+    let mut out = Orphans { held: held.len() as u64, chains_cut, first_cut, ..Orphans::default() };
     for (at, lock) in held {
         if ownable(lock.word, &before) || ownable(lock.word, &after) {
             continue;
@@ -284,15 +306,86 @@ async fn restore(ctx: &Ctx, db: &Db, it: &EntryItem, lw: u64) -> Result<()> {
     Ok(())
 }
 
-/// Calls `f(primary address, records)` for every slot of table `t` that is
-/// not free, with the records of the first `replicas` replicas (the
-/// primary's first), read in large pieces; follows overflow chains.
+/// A slot of a table as [`scan`] read it.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotView<'a> {
+    /// The record on each replica read (the primary's first); empty past
+    /// them.
+    pub recs: [&'a [u8]; MAX_REPLICAS],
+    /// Where each replica's record is (null past the replicas read).
+    pub at: [GlobalAddr; MAX_REPLICAS],
+    /// The home bucket of the slot's chain (on the primary).
+    pub chain: GlobalAddr,
+    /// The slot's position in its chain (0: the home bucket's first).
+    pub pos: u32,
+    /// A free slot comes before this one in its chain. Free slots are
+    /// always a chain's tail (inserts take the first free slot; no slot
+    /// turns free again), so this is damage: of this slot, if no copy holds
+    /// a row (a free slot's copy damaged); else of the free slot before it,
+    /// a row lost there, and searches stop there and never reach this one.
+    pub after_free: bool,
+}
+
+impl SlotView<'_> {
+    /// The primary's address of the record.
+    pub fn primary(&self) -> GlobalAddr {
+        self.at[0]
+    }
+}
+
+/// Whether a copy of a record is a free slot: all zero (a held lock word
+/// on the primary is an insert's, which locks a free slot before it
+/// writes it).
+fn is_free(rec: &[u8]) -> bool {
+    rec.iter().all(|b| *b == 0)
+}
+
+/// Calls `f` for every slot of table `t` that is not free on every one of
+/// the first `replicas` replicas (read in large pieces; the primary's
+/// first), following overflow chains. Every slot of a chain is visited:
+/// slots after a free one are damage, and flagged
+/// ([`SlotView::after_free`]).
 ///
 /// # Errors
 /// A chain that names no mirror; verb errors.
-pub async fn scan<F>(ctx: &Ctx, t: &Table, replicas: usize, mut f: F) -> Result<()>
+pub async fn scan<F>(ctx: &Ctx, t: &Table, replicas: usize, f: F) -> Result<()>
 where
-    F: FnMut(GlobalAddr, [&[u8]; MAX_REPLICAS]),
+    F: FnMut(&SlotView<'_>),
+{
+    scan_past(ctx, t, replicas, f, |c| Err(c.error)).await
+}
+
+/// Where [`scan_past`] met a chain's damaged link or mirror.
+#[derive(Debug)]
+pub struct Cut {
+    /// The chain's home bucket (on the primary).
+    pub home: GlobalAddr,
+    /// The bucket (on the primary) whose link is damaged, or that links to
+    /// a bucket whose mirrors are.
+    pub bucket: GlobalAddr,
+    /// Its link as read.
+    pub link: u64,
+    /// The damage is in the next bucket's mirrors, not in the link.
+    pub mirror: bool,
+    /// A slot of the chain up to `bucket` is free on every replica read. A
+    /// chain grows only when it has no free slot left, and a slot never
+    /// turns free again: so `bucket` is the chain's last, and its link
+    /// must be 0.
+    pub has_free: bool,
+    /// What [`scan`] fails with ([`DtxError::Corrupt`](crate::DtxError::Corrupt)).
+    pub error: crate::DtxError,
+}
+
+/// [`scan`], which calls `broken` where a chain's link or mirror is
+/// damaged, and goes on with the next chain if it returns `Ok`: the slots
+/// past the damage are not visited.
+///
+/// # Errors
+/// What `broken` returns; verb errors.
+pub async fn scan_past<F, B>(ctx: &Ctx, t: &Table, replicas: usize, mut f: F, mut broken: B) -> Result<()>
+where
+    F: FnMut(&SlotView<'_>),
+    B: FnMut(Cut) -> Result<()>,
 {
     let bb = t.bucket_bytes();
     let per = (256 << 10) / bb.max(1) + 1;
@@ -310,26 +403,46 @@ where
             let views: [&[u8]; MAX_REPLICAS] =
                 std::array::from_fn(|r| if r < replicas { &bufs[r][o..o + bb as usize] } else { &[][..] });
             let home = t.base[0].add((b + i) * bb);
-            each_slot(t, home, views, &mut f);
+            let at = std::array::from_fn(|r| if r < replicas { t.base[r].add((b + i) * bb) } else { GlobalAddr::NULL });
+            let mut walk = Walk { chain: home, pos: 0, free_seen: false };
+            each_slot(t, at, views, &mut walk, &mut f);
             let mut next = layout::header_of(views[0]).0;
             let (mut from, mut hops) = (home, 0);
             while next != 0 {
-                chain_within(ctx.blades(), t, home, hops)?;
+                let link = chain_within(ctx.blades(), t, home, hops).and_then(|()| {
+                    stored_addr(ctx.blades(), next, bb, || format!("table {}: the next bucket after {from}", t.id))
+                });
+                let at0 = match link {
+                    Ok(a) => a,
+                    Err(error) => {
+                        let has_free = walk.free_seen;
+                        broken(Cut { home, bucket: from, link: next, mirror: false, has_free, error })?;
+                        break;
+                    }
+                };
                 hops += 1;
-                let at =
-                    stored_addr(ctx.blades(), next, bb, || format!("table {}: the next bucket after {from}", t.id))?;
-                ctx.read(at, &mut chain[0]).await?;
+                ctx.read(at0, &mut chain[0]).await?;
                 let (nx, mirrors) = layout::header_of(&chain[0]);
-                for r in 1..replicas {
-                    let m = stored_addr(ctx.blades(), mirrors[r], bb, || {
-                        format!("table {}: replica {r} of overflow bucket {at}", t.id)
+                let mut at = [GlobalAddr::NULL; MAX_REPLICAS];
+                at[0] = at0;
+                let mirrored = (1..replicas).try_for_each(|r| {
+                    at[r] = stored_addr(ctx.blades(), mirrors[r], bb, || {
+                        format!("table {}: replica {r} of overflow bucket {at0}", t.id)
                     })?;
-                    ctx.read(m, &mut chain[r]).await?;
+                    Ok::<_, crate::DtxError>(())
+                });
+                if let Err(error) = mirrored {
+                    let has_free = walk.free_seen;
+                    broken(Cut { home, bucket: from, link: next, mirror: true, has_free, error })?;
+                    break;
+                }
+                for r in 1..replicas {
+                    ctx.read(at[r], &mut chain[r]).await?;
                 }
                 let views: [&[u8]; MAX_REPLICAS] =
                     std::array::from_fn(|r| if r < replicas { &chain[r][..] } else { &[][..] });
-                each_slot(t, at, views, &mut f);
-                (from, next) = (at, nx);
+                each_slot(t, at, views, &mut walk, &mut f);
+                (from, next) = (at0, nx);
             }
         }
         b += n;
@@ -337,10 +450,18 @@ where
     Ok(())
 }
 
-fn each_slot<F: FnMut(GlobalAddr, [&[u8]; MAX_REPLICAS])>(
+/// Where [`scan`] is in a chain.
+struct Walk {
+    chain: GlobalAddr,
+    pos: u32,
+    free_seen: bool,
+}
+
+fn each_slot<F: FnMut(&SlotView<'_>)>(
     t: &Table,
-    bucket: GlobalAddr,
+    bucket: [GlobalAddr; MAX_REPLICAS],
     views: [&[u8]; MAX_REPLICAS],
+    walk: &mut Walk,
     f: &mut F,
 ) {
     let rb = t.record_bytes();
@@ -348,11 +469,14 @@ fn each_slot<F: FnMut(GlobalAddr, [&[u8]; MAX_REPLICAS])>(
         let off = layout::slot_offset(t.value_size, s) as usize;
         let recs: [&[u8]; MAX_REPLICAS] =
             std::array::from_fn(|r| if views[r].is_empty() { &[][..] } else { &views[r][off..off + rb] });
-        let lock = layout::lock_of(recs[0]);
-        if recs[0][rb - 8] == state::FREE && recs[0][..40].iter().all(|b| *b == 0) && lock == 0 {
-            return; // free slots are the chain's tail
+        let free = recs.iter().all(|rec| is_free(rec));
+        if free {
+            walk.free_seen = true;
+        } else {
+            let at = bucket.map(|a| if a.is_null() { a } else { a.add(off as u64) });
+            f(&SlotView { recs, at, chain: walk.chain, pos: walk.pos, after_free: walk.free_seen });
         }
-        f(bucket.add(off as u64), recs);
+        walk.pos += 1;
     }
 }
 
@@ -363,10 +487,14 @@ pub struct AuditReport {
     pub live: Vec<u64>,
     /// Locks held (a quiescent database holds none).
     pub locks_held: u64,
-    /// Records whose replicas differ (outside the lock word).
+    /// Backup copies that differ from their primary (outside the primary's
+    /// lock word; a backup's is always 0).
     pub replica_mismatches: u64,
     /// Records that fail their CRC.
     pub torn: u64,
+    /// Rows after a free slot of their chain, which no search reaches (see
+    /// [`SlotView::after_free`]).
+    pub gaps: u64,
     /// The first [`HELD_SHOWN`] locks held, to say whose they are.
     pub held: Vec<HeldLock>,
 }
@@ -398,9 +526,10 @@ impl HeldLock {
 }
 
 impl AuditReport {
-    /// Violations: locks held, replicas that differ, torn records.
+    /// Violations: locks held, replicas that differ, torn records, records
+    /// after a gap.
     pub fn violations(&self) -> u64 {
-        self.locks_held + self.replica_mismatches + self.torn
+        self.locks_held + self.replica_mismatches + self.torn + self.gaps
     }
 }
 
@@ -413,9 +542,12 @@ impl AuditReport {
 pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) -> Result<AuditReport> {
     let mut rep = AuditReport { live: vec![0; db.tables.len()], ..AuditReport::default() };
     for t in &db.tables {
-        scan(ctx, t, db.replicas, |_, recs| {
+        scan(ctx, t, db.replicas, |v| {
             let rb = t.record_bytes();
-            let p = recs[0];
+            let (p, recs) = (v.recs[0], v.recs);
+            if v.after_free && crate::repair::row_key(t, v).is_some() {
+                rep.gaps += 1;
+            }
             let word = layout::lock_of(p);
             let rec = layout::decode(p, t.value_size);
             if word != 0 {
@@ -426,7 +558,7 @@ pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) ->
                 }
             }
             for r in recs.iter().take(db.replicas).skip(1) {
-                if r[..40] != p[..40] || r[48..rb] != p[48..rb] {
+                if r[..40] != p[..40] || r[48..rb] != p[48..rb] || layout::lock_of(r) != 0 {
                     rep.replica_mismatches += 1;
                 }
             }

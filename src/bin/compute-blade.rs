@@ -42,7 +42,7 @@ fn main() -> Result<()> {
         Job::Micro(m) => commands::micro(&cfg.session, &*transport, m)?,
         Job::Ycsb(y) => commands::ycsb(&cfg.session, &*transport, y)?,
         Job::Dtx(d) => commands::dtx(&cfg.session, transport.clone(), d)?,
-        Job::Recover(r) => commands::recover(&cfg.session, &*transport, r)?,
+        Job::Recover(r) => commands::recover(&cfg.session, transport.clone(), r)?,
         Job::Table(j) => commands::table(&cfg.session, &*transport, j)?,
     };
     if outcome == Outcome::Interrupted {

@@ -162,7 +162,7 @@ fn audit_of(ctx: Ctx, db: Arc<Db>, rt: &mut Runtime) -> Result<ford_dtx::recover
 }
 
 #[test]
-fn a_damaged_overflow_chain_is_reported_as_corrupt_by_reads_audits_and_recovery() {
+fn a_damaged_overflow_chain_is_reported_as_corrupt_by_reads_and_audits_and_counted_by_recovery() {
     let (b, mut rt, db, reg) = chained("chain");
     let t: Arc<dyn Transport> = b.transport.clone();
     assert_eq!(read_fresh(&mut rt, &t, &db, 29).unwrap(), 290, "through the chain");
@@ -180,12 +180,13 @@ fn a_damaged_overflow_chain_is_reported_as_corrupt_by_reads_audits_and_recovery(
     assert_eq!(read_fresh(&mut rt, &t, &db, 3).unwrap(), 30, "keys before the damage still read");
     let m = corrupt_message(audit_of(rt.ctx(), db.clone(), &mut rt));
     assert!(m.contains(says), "{m}");
-    // Recovery of a dead compute blade scans every chain for its locks.
+    // Recovery of a dead compute blade scans every chain for its locks, up
+    // to the damage, and says how many it could not finish.
     let dead = join(&t, &db);
     let (ctx, d, s) = (rt.ctx(), db.clone(), dead.slot());
     drop(dead);
-    let m = corrupt_message(rt.block_on(async move { recover(&ctx, &d, Which::Slot(s)).await }));
-    assert!(m.contains(says), "{m}");
+    let rec = rt.block_on(async move { recover(&ctx, &d, Which::Slot(s)).await }).unwrap();
+    assert_eq!(rec[0].chains_cut, 1, "{rec:?}");
     put(&mut rt, home, next.raw());
 
     // The overflow bucket names no backup of itself.
@@ -307,5 +308,186 @@ fn damaged_lock_words_that_no_compute_blade_can_hold_are_released_and_no_other()
     put(&mut rt, lock_of(25), 0);
     let rep = audit_of(rt.ctx(), db.clone(), &mut rt).unwrap();
     assert_eq!((rep.live[0], rep.locks_held, rep.replica_mismatches, rep.torn), (30, 0, 0, 0));
+    reg.close(&*t).unwrap();
+}
+
+/// Where copy `replica` (0: the primary) of key `key` of a [`chained`]
+/// table is: keys 0..22 in the home bucket, 22..30 in its overflow bucket.
+fn copy_at(rt: &mut Runtime, db: &Db, key: u64, replica: usize) -> GlobalAddr {
+    let t = db.table(0);
+    let (bucket, slot) = match key {
+        0..22 => (t.base[replica], key as usize),
+        _ => {
+            let next = GlobalAddr::from_raw(get(rt, t.base[0]));
+            let b = if replica == 0 { next } else { GlobalAddr::from_raw(get(rt, next.add(8 * replica as u64))) };
+            (b, key as usize - 22)
+        }
+    };
+    bucket.add(layout::slot_offset(8, slot))
+}
+
+fn read_rec(rt: &mut Runtime, at: GlobalAddr) -> Vec<u8> {
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let mut b = vec![0u8; layout::record_bytes(8)];
+        ctx.read(at, &mut b).await.unwrap();
+        b
+    })
+}
+
+fn write_rec(rt: &mut Runtime, at: GlobalAddr, rec: Vec<u8>) {
+    let ctx = rt.ctx();
+    rt.block_on(async move { ctx.write(at, &rec).await }).unwrap();
+}
+
+/// A valid record of key `key` at `version` with `value`, whose primary is
+/// at `home` (the lock word 0).
+fn rec_of(key: u64, home: GlobalAddr, version: u64, value: u64) -> Vec<u8> {
+    let mut rec = vec![0u8; layout::record_bytes(8)];
+    layout::encode(&mut rec, 8, 0, key, home, version, 0, layout::state::LIVE, &value.to_le_bytes());
+    rec
+}
+
+fn repair_with(rt: &mut Runtime, t: &Arc<dyn Transport>, db: &Arc<Db>) -> ford_dtx::repair::Repaired {
+    let reg = join(t, db);
+    let (ctx, d) = (rt.ctx(), db.clone());
+    let (r, reg) = rt.block_on(async move { (ford_dtx::repair::repair(&ctx, &d, &reg).await, reg) });
+    reg.close(&**t).unwrap();
+    r.unwrap()
+}
+
+#[test]
+fn damaged_records_are_repaired_from_the_copy_that_wins_and_the_rest_reported() {
+    use ford_dtx::layout::{Owner, LOCK, RECORD_HEADER};
+
+    let (b, mut rt, db, reg) = chained("repair");
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let at = |rt: &mut Runtime, key, r| copy_at(rt, &db, key, r);
+    let version = |rec: &[u8]| layout::decode(rec, 8).unwrap().version;
+    // Key 3: the primary's copy zeroed (it looks free). Before scans visited
+    // every slot, the audit stopped at it and missed the 26 keys after it.
+    let p3 = at(&mut rt, 3, 0);
+    write_rec(&mut rt, p3, vec![0; LOCK as usize]);
+    write_rec(&mut rt, p3.add(RECORD_HEADER as u64), vec![0; layout::record_bytes(8) - RECORD_HEADER]);
+    // Key 7: a byte of the backup's value flipped (its CRC fails).
+    let b7 = at(&mut rt, 7, 1);
+    let mut r = read_rec(&mut rt, b7);
+    r[RECORD_HEADER] ^= 0x40;
+    write_rec(&mut rt, b7, r);
+    // Key 10: the backup holds an older version (as from an old backing file).
+    let (p10, b10) = (at(&mut rt, 10, 0), at(&mut rt, 10, 1));
+    let v10 = version(&read_rec(&mut rt, p10));
+    write_rec(&mut rt, b10, rec_of(10, p10, v10 - 1, 1));
+    // Key 12: the primary does.
+    let p12 = at(&mut rt, 12, 0);
+    let v12 = version(&read_rec(&mut rt, p12));
+    write_rec(&mut rt, p12, rec_of(12, p12, v12 - 1, 2));
+    // Key 25, in the overflow bucket: the primary's CRC fails.
+    let p25 = at(&mut rt, 25, 0);
+    let mut r = read_rec(&mut rt, p25);
+    r[8] ^= 1;
+    write_rec(&mut rt, p25, r);
+    // Key 14: the backup holds key 16's record (another slot's).
+    let (b14, b16) = (at(&mut rt, 14, 1), at(&mut rt, 16, 1));
+    let r16 = read_rec(&mut rt, b16);
+    write_rec(&mut rt, b14, r16);
+    // Key 15: both copies fail: lost.
+    for r in 0..2 {
+        let a = at(&mut rt, 15, r);
+        put(&mut rt, a.add(RECORD_HEADER as u64), 0xbad);
+    }
+    // Key 18: both copies valid, of one version, with different values.
+    let (p18, b18) = (at(&mut rt, 18, 0), at(&mut rt, 18, 1));
+    let v18 = version(&read_rec(&mut rt, p18));
+    write_rec(&mut rt, b18, rec_of(18, p18, v18, 7));
+    // Key 20: the backup damaged, and the primary locked by a live compute
+    // blade's transaction.
+    let (p20, b20) = (at(&mut rt, 20, 0), at(&mut rt, 20, 1));
+    put(&mut rt, b20.add(16), 12345);
+    let held = Owner { blade: reg.slot(), thread: 0, coroutine: 0 }.lock_word(77);
+    put(&mut rt, p20.add(LOCK), held);
+    // The slot after the last key: the backup's garbage, the primary free.
+    let b30 = at(&mut rt, 30, 1);
+    put(&mut rt, b30.add(16), 0xfeed);
+    // Key 9: the backup's lock word (a backup's is always 0).
+    let b9 = at(&mut rt, 9, 1);
+    put(&mut rt, b9.add(LOCK), 0x1234);
+    // Key 11: the primary's trailer, between its state and its CRC (bytes
+    // the CRC does not cover).
+    let p11 = at(&mut rt, 11, 0);
+    let trailer = p11.add(RECORD_HEADER as u64 + 8);
+    let w = get(&mut rt, trailer);
+    put(&mut rt, trailer, w | 1 << 8);
+    // A free slot further on: both copies damaged, in other words.
+    let (p34, b34) = (at(&mut rt, 34, 0), at(&mut rt, 34, 1));
+    put(&mut rt, p34.add(16), 0xabc);
+    put(&mut rt, b34.add(RECORD_HEADER as u64), 0xdef);
+
+    let before = audit_of(rt.ctx(), db.clone(), &mut rt).unwrap();
+    assert_eq!(
+        (before.live[0], before.replica_mismatches, before.torn, before.locks_held, before.gaps),
+        (26, 12, 4, 1, 0),
+        "keys 3, 11, 15 and 25 read as no row on their primary; 15's copies fail alike: {before:?}"
+    );
+    // The overflow bucket's link (it has free slots: it is the chain's last).
+    let overflow = GlobalAddr::from_raw(get(&mut rt, db.table(0).base[0]));
+    put(&mut rt, overflow, NOWHERE);
+    corrupt_message(audit_of(rt.ctx(), db.clone(), &mut rt));
+
+    let rep = repair_with(&mut rt, &t, &db);
+    assert_eq!(
+        (rep.damaged, rep.repaired, rep.copies_rewritten, rep.links_repaired, rep.busy, rep.unrepairable, rep.gaps),
+        (13, 10, 11, 1, 1, 2, 0),
+        "{rep:?}"
+    );
+    assert_eq!(get(&mut rt, overflow), 0, "the chain ends at its bucket with free slots");
+    let mut why: Vec<(Option<u64>, &str)> = rep.left.iter().map(|l| (l.key, l.why.as_str())).collect();
+    why.sort();
+    assert_eq!(why.len(), 3, "{why:?}");
+    assert!(why[0].0.is_none() && why[0].1.contains("lock is held"), "{why:?}");
+    assert!(why[1].0.is_none() && why[1].1.contains("no copy passes"), "{why:?}");
+    assert_eq!(why[2].0, Some(18));
+    assert!(why[2].1.contains(&format!("version {v18}")), "{why:?}");
+
+    // Each repaired key reads its winner's value; both copies are equal.
+    for (key, want) in [(3, 30), (7, 70), (10, 100), (12, 120), (25, 250), (14, 140), (16, 160)] {
+        assert_eq!(read_fresh(&mut rt, &t, &db, key).unwrap(), want, "key {key}");
+        let (p, b) = (at(&mut rt, key, 0), at(&mut rt, key, 1));
+        let (rp, rb) = (read_rec(&mut rt, p), read_rec(&mut rt, b));
+        assert_eq!((&rp[..40], &rp[48..]), (&rb[..40], &rb[48..]), "key {key}");
+    }
+    for (what, a) in [("the tail slot", b30), ("a free slot's primary", p34), ("its backup", b34)] {
+        assert_eq!(read_rec(&mut rt, a), vec![0; layout::record_bytes(8)], "{what} made free again");
+    }
+    assert_eq!(get(&mut rt, b9.add(LOCK)), 0);
+    assert_eq!(read_fresh(&mut rt, &t, &db, 11).unwrap(), 110);
+    let after = audit_of(rt.ctx(), db.clone(), &mut rt).unwrap();
+    assert_eq!(
+        (after.live[0], after.replica_mismatches, after.torn, after.locks_held),
+        (29, 2, 1, 1),
+        "keys 15, 18 and 20 left: {after:?}"
+    );
+    // Once the lock is released, key 20 is repaired too; 15 and 18 stay.
+    put(&mut rt, p20.add(LOCK), 0);
+    let rep = repair_with(&mut rt, &t, &db);
+    assert_eq!((rep.damaged, rep.repaired, rep.unrepairable), (3, 1, 2), "{rep:?}");
+    assert_eq!(read_fresh(&mut rt, &t, &db, 20).unwrap(), 200);
+
+    // A gap: both copies of key 28 zeroed. Key 29 is after it: no search
+    // finds it, the audit counts it, and the repair cannot restore the row
+    // before it.
+    for r in 0..2 {
+        let a = at(&mut rt, 28, r);
+        write_rec(&mut rt, a, vec![0; layout::record_bytes(8)]);
+    }
+    let gap = audit_of(rt.ctx(), db.clone(), &mut rt).unwrap();
+    assert_eq!(gap.gaps, 1, "{gap:?}");
+    match read_fresh(&mut rt, &t, &db, 29) {
+        Err(TxnError::Abort(ford_dtx::Abort::NotFound)) => {}
+        other => panic!("a search stops at the free slot: {other:?}"),
+    }
+    let rep = repair_with(&mut rt, &t, &db);
+    assert_eq!((rep.gaps, rep.repaired), (1, 0), "{rep:?}");
+    assert!(rep.left.iter().any(|l| l.key == Some(29) && l.why.contains("free slot comes before")), "{rep:?}");
     reg.close(&*t).unwrap();
 }

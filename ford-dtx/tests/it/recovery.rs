@@ -320,9 +320,9 @@ fn a_transaction_that_released_a_lock_is_rolled_forward() {
         tx.commit().await.unwrap();
         let lw = tx.lock_word();
         let mut second = None;
-        ford_dtx::recovery::scan(&ctx, d.table(0), 1, |at, recs| {
-            if u(&recs[0][16..24]) == 1 {
-                second = Some(at);
+        ford_dtx::recovery::scan(&ctx, d.table(0), 1, |v| {
+            if u(&v.recs[0][16..24]) == 1 {
+                second = Some(v.primary());
             }
         })
         .await

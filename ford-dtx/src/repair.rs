@@ -1,0 +1,380 @@
+//! Repair of damaged records from their other replicas.
+//!
+//! Every record has k copies (the primary and k − 1 backups), written
+//! together by every commit and every recovery: when no transaction is in
+//! flight on a record, its copies are equal. Copies that differ, or one
+//! that fails its check, are damage (a backing file edited or half-restored
+//! from an older copy, a stray writer). [`repair`] finds such records and,
+//! where the copies can say what the record was, writes it back to the
+//! others:
+//!
+//! - a copy **counts** if it passes its CRC and is this slot's: its table,
+//!   and its primary address (`home`, which every copy records) are the
+//!   slot's. A free copy (all zero) counts as a free slot;
+//! - of the counting copies that hold a row, the one of the **highest
+//!   version** wins: a record's version counts its writes (commits and
+//!   recoveries both raise it), so it is the latest. Two such copies of the
+//!   same version that differ cannot be told apart: not repaired;
+//! - when no copy holds a row and one is free, or a free slot comes before
+//!   it in its chain (so it held no row: rows never follow a free slot), the
+//!   slot is made free again, but only if no row follows it in its chain
+//!   (free slots are always a chain's tail: a free slot before a row would
+//!   end searches short of it);
+//! - when every copy fails, but each in other words (bit rot, stray
+//!   writes), the record is rebuilt word by word: of the combinations of
+//!   the copies' words, the one that passes the check, as a row (a
+//!   CRC-32C, so a wrong one passes with odds of 2^-32 per try; at most 256
+//!   are tried) or as a free slot (then made free, at its chain's tail, as
+//!   above). Two combinations that pass: not repaired;
+//! - otherwise, when no copy counts, the record is lost: not repaired,
+//!   reported.
+//!
+//! The winner is written to every copy that differs from it (outside the
+//! lock word) while the repair holds the primary's lock, taken like a
+//! transaction's (a lock word naming the repair's own registration), so a
+//! repair may run beside transactions: a record whose lock is held is left
+//! alone and reported (run the repair again). A repair that dies leaves its
+//! locks to recovery, like any compute blade.
+//!
+//! A chain's link (kept on the primary only) that names no bucket is set
+//! to 0 when a slot of the chain is free: a chain grows only when it is
+//! full, so such a bucket is its last.
+//!
+//! Not repaired: a record after a gap (a free slot earlier in its chain,
+//! whose lost row no copy names); a damaged link of a full bucket, and an
+//! overflow bucket's damaged mirror, past which the chain is not checked;
+//! the catalog and the registry.
+
+use std::collections::HashMap;
+
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::db::{Db, Table};
+use crate::error::{DtxError, Result};
+use crate::layout::{self, state, Owner, MAX_REPLICAS};
+use crate::recovery::{scan_past, SlotView, HELD_SHOWN};
+use crate::registry::Registration;
+
+/// What [`repair`] found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Repaired {
+    /// Records whose copies differed, or one of which failed its check.
+    pub damaged: u64,
+    /// Of those, repaired: every copy now holds the winner.
+    pub repaired: u64,
+    /// Copies rewritten by the repairs.
+    pub copies_rewritten: u64,
+    /// Damaged records left alone because a transaction held their lock.
+    pub busy: u64,
+    /// Damaged records that no copy could restore.
+    pub unrepairable: u64,
+    /// Rows after a free slot of their chain (see
+    /// [`SlotView::after_free`]): not repaired.
+    pub gaps: u64,
+    /// Damaged links of buckets that have a free slot, set to 0 (the chain
+    /// ends there: see [`Cut::has_free`](crate::recovery::Cut::has_free)).
+    pub links_repaired: u64,
+    /// Chains whose link or mirror is damaged, and not repaired: their
+    /// slots past it are not checked (links are kept on the primary only).
+    pub chains_cut: u64,
+    /// The first [`HELD_SHOWN`] records not repaired, and why.
+    pub left: Vec<LeftDamaged>,
+}
+
+impl Repaired {
+    /// Damage the repair left: records busy, unrepairable, or after a gap,
+    /// and chains cut.
+    pub fn left_damaged(&self) -> u64 {
+        self.busy + self.unrepairable + self.gaps + self.chains_cut
+    }
+}
+
+/// Damage that [`repair`] did not repair.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LeftDamaged {
+    /// Table.
+    pub table: u32,
+    /// The primary copy's address (of a cut chain: its home bucket).
+    pub at: String,
+    /// Its key, if a copy that counts names it.
+    pub key: Option<u64>,
+    /// Why it was not repaired.
+    pub why: String,
+}
+
+/// What one copy of a record says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Says {
+    /// A free slot.
+    Free,
+    /// A row (live or deleted) of this version.
+    Row(u64),
+    /// Fails its CRC, or is another slot's record.
+    Bad,
+}
+
+/// What copy `rec` of the record whose primary is at `primary` says.
+pub(crate) fn copy_of(t: &Table, rec: &[u8], primary: GlobalAddr) -> Says {
+    match layout::decode(rec, t.value_size) {
+        Ok(r) if r.state == state::FREE => Says::Free,
+        Ok(r) if r.table == u64::from(t.id) && r.home == primary.raw() && r.value.len() == t.value_size => {
+            Says::Row(r.version)
+        }
+        _ => Says::Bad,
+    }
+}
+
+/// Whether two copies of a record of `rb` bytes are equal outside the lock
+/// word.
+fn same(a: &[u8], b: &[u8], rb: usize) -> bool {
+    a[..layout::LOCK as usize] == b[..layout::LOCK as usize]
+        && a[layout::RECORD_HEADER..rb] == b[layout::RECORD_HEADER..rb]
+}
+
+/// The key of the first copy of `v` that holds a row of its slot.
+pub(crate) fn row_key(t: &Table, v: &SlotView<'_>) -> Option<u64> {
+    v.recs
+        .iter()
+        .find(|c| !c.is_empty() && matches!(copy_of(t, c, v.primary()), Says::Row(_)))
+        .map(|c| layout::key_of(c).0)
+}
+
+/// Whether copy `r` of a record differs from `want` (outside the primary's
+/// lock word: a backup's is always 0).
+fn differs(copy: &[u8], want: &[u8], r: usize, rb: usize) -> bool {
+    !same(copy, want, rb) || (r > 0 && layout::lock_of(copy) != 0)
+}
+
+/// Whether a slot as scanned needs a repair: a copy fails, or differs from
+/// the primary's.
+fn damaged(t: &Table, v: &SlotView<'_>, replicas: usize) -> bool {
+    let rb = t.record_bytes();
+    (0..replicas).any(|r| copy_of(t, v.recs[r], v.primary()) == Says::Bad || differs(v.recs[r], v.recs[0], r, rb))
+}
+
+/// The record that wins (see the module docs), or why none does. `tail`:
+/// no later slot of its chain holds a row; `after_free`: a free slot comes
+/// before it (so it held no row either).
+fn winner(
+    t: &Table,
+    copies: &[Vec<u8>],
+    primary: GlobalAddr,
+    tail: bool,
+    after_free: bool,
+) -> std::result::Result<Vec<u8>, String> {
+    let rb = t.record_bytes();
+    let kinds: Vec<Says> = copies.iter().map(|c| copy_of(t, c, primary)).collect();
+    let best = kinds.iter().filter_map(|k| if let Says::Row(v) = k { Some(*v) } else { None }).max();
+    if let Some(v) = best {
+        let tops: Vec<usize> = (0..copies.len()).filter(|r| kinds[*r] == Says::Row(v)).collect();
+        if let Some(other) = tops.iter().find(|r| !same(&copies[tops[0]], &copies[**r], rb)) {
+            return Err(format!("copies {} and {other} both hold version {v}, and differ", tops[0]));
+        }
+        return Ok(copies[tops[0]].clone());
+    }
+    let mut free = kinds.contains(&Says::Free) || after_free;
+    if !free {
+        match merged(t, copies, primary) {
+            Some((rec, Says::Row(_))) => return Ok(rec),
+            Some(_) => free = true,
+            None => {}
+        }
+    }
+    match (free, tail) {
+        (true, true) => Ok(vec![0; rb]),
+        (true, false) => Err("no copy holds a row, and rows follow it in its chain: it cannot be made free".into()),
+        (false, _) => Err("no copy passes its check (a row lost, or a free slot: no copy says which)".into()),
+    }
+}
+
+/// Most combinations of words [`merged`] tries.
+const MERGES: usize = 256;
+
+/// A record rebuilt from copies that all fail their check, each damaged in
+/// other words: every 8-byte word taken from one of the copies, the one
+/// combination that passes the check (a row of this slot, or a free slot).
+/// `None` if no combination does, if more than one does, or if the copies
+/// differ in too many words to try them all ([`MERGES`]).
+fn merged(t: &Table, copies: &[Vec<u8>], primary: GlobalAddr) -> Option<(Vec<u8>, Says)> {
+    let rb = t.record_bytes();
+    let lock = layout::LOCK as usize / 8;
+    let word = |c: &[u8], w: usize| u64::from_le_bytes(c[8 * w..8 * w + 8].try_into().expect("8 bytes"));
+    let choices: Vec<Vec<u64>> = (0..rb / 8)
+        .map(|w| {
+            let mut v: Vec<u64> = if w == lock { vec![0] } else { copies.iter().map(|c| word(c, w)).collect() };
+            v.sort_unstable();
+            v.dedup();
+            v
+        })
+        .collect();
+    let combos = choices.iter().try_fold(1usize, |n, c| n.checked_mul(c.len()).filter(|n| *n <= MERGES))?;
+    let mut found: Option<(Vec<u8>, Says)> = None;
+    let mut rec = vec![0u8; rb];
+    for mut k in 0..combos {
+        for (w, c) in choices.iter().enumerate() {
+            rec[8 * w..8 * w + 8].copy_from_slice(&c[k % c.len()].to_le_bytes());
+            k /= c.len();
+        }
+        let kind = copy_of(t, &rec, primary);
+        if kind != Says::Bad {
+            if found.is_some() {
+                return None;
+            }
+            found = Some((rec.clone(), kind));
+        }
+    }
+    found
+}
+
+/// A damaged record found by the scan (not a row after a gap).
+struct Suspect {
+    at: [GlobalAddr; MAX_REPLICAS],
+    chain: GlobalAddr,
+    pos: u32,
+    after_free: bool,
+}
+
+/// Finds the damaged records of every table of `db` and repairs those whose
+/// copies can (see the module docs), holding each one's primary lock under
+/// `reg`'s name while it does.
+///
+/// # Errors
+/// [`DtxError::LeaseLost`] if `reg`'s lease may have expired (recovery may
+/// then be releasing the repair's locks; run it again); as
+/// [`scan`](crate::recovery::scan); verb errors.
+pub async fn repair(ctx: &Ctx, db: &Db, reg: &Registration) -> Result<Repaired> {
+    let owner = Owner { blade: reg.slot(), thread: 0, coroutine: 0 };
+    let mut out = Repaired::default();
+    let mut seq = 0u64;
+    for t in &db.tables {
+        let mut suspects = Vec::new();
+        // The last slot of every chain seen of which a copy holds a row.
+        let mut last = HashMap::new();
+        let found = |v: &SlotView<'_>| {
+            let key = row_key(t, v);
+            if key.is_some() {
+                last.insert(v.chain.raw(), v.pos);
+            }
+            if v.after_free && key.is_some() {
+                out.gaps += 1;
+                if out.left.len() < HELD_SHOWN {
+                    out.left.push(LeftDamaged {
+                        table: t.id,
+                        at: v.primary().to_string(),
+                        key,
+                        why: "a free slot comes before it in its chain: searches never reach it".into(),
+                    });
+                }
+            } else if damaged(t, v, db.replicas) {
+                suspects.push(Suspect { at: v.at, chain: v.chain, pos: v.pos, after_free: v.after_free });
+            }
+        };
+        let mut cuts = Vec::new();
+        scan_past(ctx, t, db.replicas, found, |c| {
+            cuts.push(c);
+            Ok(())
+        })
+        .await?;
+        for c in cuts {
+            if !c.mirror && c.has_free {
+                // The chain's last bucket (see `Cut::has_free`): it links nowhere.
+                if reg.lease_lost() {
+                    return Err(DtxError::LeaseLost);
+                }
+                if ctx.cas(c.bucket, c.link, 0).await? == c.link {
+                    out.links_repaired += 1;
+                    continue;
+                }
+            }
+            out.chains_cut += 1;
+            // The chain's slots are not all known, nor where its free tail is.
+            last.insert(c.home.raw(), u32::MAX);
+            if out.left.len() < HELD_SHOWN {
+                out.left.push(LeftDamaged { table: t.id, at: c.home.to_string(), key: None, why: c.error.to_string() });
+            }
+        }
+        for s in suspects {
+            seq += 1;
+            let tail = last.get(&s.chain.raw()).is_none_or(|p| *p <= s.pos);
+            repair_one(ctx, db, t, &s, owner.lock_word(seq), tail, reg, &mut out).await?;
+        }
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments, reason = "the repair's state, passed down once per record")]
+async fn repair_one(
+    ctx: &Ctx,
+    db: &Db,
+    t: &Table,
+    s: &Suspect,
+    lw: u64,
+    tail: bool,
+    reg: &Registration,
+    out: &mut Repaired,
+) -> Result<()> {
+    let primary = s.at[0];
+    let lock = primary.add(layout::LOCK);
+    let rb = t.record_bytes();
+    let left = |why: String, key: Option<u64>, out: &mut Repaired| {
+        if out.left.len() < HELD_SHOWN {
+            out.left.push(LeftDamaged { table: t.id, at: primary.to_string(), key, why });
+        }
+    };
+    if reg.lease_lost() {
+        return Err(DtxError::LeaseLost);
+    }
+    let held = ctx.cas(lock, 0, lw).await?;
+    if held != 0 {
+        out.damaged += 1;
+        out.busy += 1;
+        left(format!("its lock is held (word {held:#x}): run the repair again once it is released"), None, out);
+        return Ok(());
+    }
+    // Read again under the lock: what the scan saw may have changed.
+    let mut copies = vec![vec![0u8; rb]; db.replicas];
+    for (r, c) in copies.iter_mut().enumerate() {
+        ctx.read(s.at[r], c).await?;
+    }
+    let v = SlotView {
+        recs: std::array::from_fn(|r| if r < db.replicas { &copies[r][..] } else { &[][..] }),
+        at: s.at,
+        chain: s.chain,
+        pos: s.pos,
+        after_free: false,
+    };
+    if damaged(t, &v, db.replicas) {
+        out.damaged += 1;
+        match winner(t, &copies, primary, tail, s.after_free) {
+            Ok(mut rec) => {
+                let lock_at = layout::LOCK as usize;
+                let mut n = 0;
+                let differ: Vec<usize> = (0..db.replicas).filter(|r| differs(&copies[*r], &rec, *r, rb)).collect();
+                for r in differ.into_iter().rev() {
+                    if reg.lease_lost() {
+                        return Err(DtxError::LeaseLost);
+                    }
+                    if r == 0 {
+                        // Around the lock word, which stays the repair's.
+                        ctx.write(primary, &rec[..lock_at]).await?;
+                        ctx.write(primary.add(layout::RECORD_HEADER as u64), &rec[layout::RECORD_HEADER..]).await?;
+                    } else {
+                        rec[lock_at..lock_at + 8].fill(0);
+                        ctx.write(s.at[r], &rec).await?;
+                    }
+                    n += 1;
+                }
+                out.repaired += 1;
+                out.copies_rewritten += n;
+            }
+            Err(why) => {
+                out.unrepairable += 1;
+                let key =
+                    copies.iter().find(|c| matches!(copy_of(t, c, primary), Says::Row(_))).map(|c| layout::key_of(c).0);
+                left(why, key, out);
+            }
+        }
+    }
+    ctx.cas(lock, lw, 0).await?;
+    Ok(())
+}
