@@ -144,7 +144,7 @@ def main():
             blades.stop()
             now = [open(f, "rb").read() for f in files]
             differ = sum(1 for b in range(2) for o in words[b] if now[b][o:o + 8] != good[b][o:o + 8])
-            said = [l for l in rout.splitlines() if "repair:" in l or l.startswith("Error")]
+            said = [l for l in rout.splitlines() if "repair" in l or l.startswith("Error")]
             audit = [l for l in aout.splitlines() if l.startswith("audit:") or l.startswith("Error")]
             clean += acode == 0 and differ == 0
             print(f"seed {seed}: recover exit {rcode}, audit exit {acode}, table words changed {differ}")

@@ -412,11 +412,18 @@ fn repair(
     let (r, reg) = rt.block_on(async move { (ford_dtx::repair::repair(&ctx, &db, &reg).await, reg) });
     let r = r.map_err(|e| anyhow::anyhow!("repairing {name:?}: {e}"))?;
     reg.close(&**t).map_err(|e| anyhow::anyhow!("repairing {name:?}: {e}"))?;
+    if r.links_filled > 0 {
+        println!(
+            "{name}: repair: {} backup chain words filled in (a database made before chains were kept on every \
+             replica, or an extension cut short)",
+            r.links_filled
+        );
+    }
     if r.damaged + r.gaps + r.chains_cut + r.links_repaired == 0 {
         println!("{name}: repair: no damaged record");
     } else {
         println!(
-            "{name}: repair: {} damaged records, {} repaired ({} copies rewritten), {} chain links ended; left: {} locked, {} unrepairable, {} after a gap, {} chains cut",
+            "{name}: repair: {} damaged records, {} repaired ({} copies rewritten), {} chain words repaired; left: {} locked, {} unrepairable, {} after a gap, {} chains cut",
             r.damaged, r.repaired, r.copies_rewritten, r.links_repaired, r.busy, r.unrepairable, r.gaps, r.chains_cut
         );
     }

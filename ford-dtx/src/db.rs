@@ -378,27 +378,68 @@ impl Db {
     }
 }
 
+/// The copies of bucket `at` (a primary bucket of table `t`) on the first
+/// `replicas` replicas: positional in the bucket arrays, named by an
+/// overflow bucket's header ([`layout::header_of`]).
+///
+/// # Errors
+/// A header that names no bucket; verb errors.
+pub(crate) async fn bucket_copies(
+    ctx: &Ctx,
+    t: &Table,
+    replicas: usize,
+    at: GlobalAddr,
+) -> Result<[GlobalAddr; MAX_REPLICAS]> {
+    let array = t.base[0].blade() == at.blade()
+        && (t.base[0].offset()..t.base[0].offset() + t.buckets * t.bucket_bytes()).contains(&at.offset());
+    if array {
+        return Ok(t.array_mirrors(at, replicas));
+    }
+    let mut header = [0u8; layout::BUCKET_HEADER as usize];
+    ctx.read(at, &mut header).await?;
+    let mirrors = layout::header_of(&header).1;
+    let mut out = [GlobalAddr::NULL; MAX_REPLICAS];
+    out[0] = at;
+    for r in 1..replicas {
+        out[r] = stored_addr(ctx.blades(), mirrors[r], t.bucket_bytes(), || {
+            format!("table {}: replica {r} of overflow bucket {at}", t.id)
+        })?;
+    }
+    Ok(out)
+}
+
 /// Allocates an overflow bucket on every replica and links it after the
 /// chain's last bucket `last` (on the primary); returns the chain's new
-/// last bucket on every replica. The new primary bucket names its mirrors
-/// before it is linked, so the link publishes it whole. Under a race, the
-/// loser's buckets are left unused and the winner's returned.
+/// last bucket on the primary. Every copy of the new bucket names the
+/// others before the primary's link publishes it; once linked, each
+/// backup copy of `last` links to the new bucket's copy on its replica
+/// (so every replica's chain can be walked on its own, and a damaged link
+/// repaired from the others: [`crate::repair`]). An extension cut short
+/// there leaves backup links 0, which the repair fills in. Under a race,
+/// the loser's buckets are left unused and the winner's returned.
 ///
 /// # Errors
 /// A blade out of memory; verb errors.
 pub(crate) async fn extend_chain(ctx: &Ctx, t: &Table, replicas: usize, last: GlobalAddr) -> Result<GlobalAddr> {
-    let mut header = [0u8; layout::BUCKET_HEADER as usize];
-    let primary = ctx.alloc(last.blade(), t.bucket_bytes(), 64).await?;
+    let mut copies = [GlobalAddr::NULL; MAX_REPLICAS];
+    copies[0] = ctx.alloc(last.blade(), t.bucket_bytes(), 64).await?;
     let n = ctx.blades().len();
+    for (r, c) in copies.iter_mut().enumerate().take(replicas).skip(1) {
+        let blade = ((last.blade() as usize + r) % n) as u16;
+        *c = ctx.alloc(blade, t.bucket_bytes(), 64).await?;
+    }
+    for r in 0..replicas {
+        ctx.write(copies[r], &layout::header_bytes(0, &copies, r)).await?;
+    }
+    let old = ctx.cas(last, 0, copies[0].raw()).await?;
+    if old != 0 {
+        return stored_addr(ctx.blades(), old, t.bucket_bytes(), || {
+            format!("table {}: the next bucket after {last}", t.id)
+        });
+    }
+    let lasts = bucket_copies(ctx, t, replicas, last).await?;
     for r in 1..replicas {
-        let blade = ((primary.blade() as usize + r) % n) as u16;
-        let m = ctx.alloc(blade, t.bucket_bytes(), 64).await?;
-        header[8 * r..8 * r + 8].copy_from_slice(&m.raw().to_le_bytes());
+        ctx.write(lasts[r], &copies[r].raw().to_le_bytes()).await?;
     }
-    ctx.write(primary, &header).await?;
-    let old = ctx.cas(last, 0, primary.raw()).await?;
-    if old == 0 {
-        return Ok(primary);
-    }
-    stored_addr(ctx.blades(), old, t.bucket_bytes(), || format!("table {}: the next bucket after {last}", t.id))
+    Ok(copies[0])
 }

@@ -9,14 +9,19 @@
 //!             @48 value [value cap]   (value size rounded up to 8)
 //!             @48+cap trailer u64: state u8 | 0 u8 | 0 u16 | crc32c u32
 //!             64 B with 8-byte values (SmallBank), 96 B with 40-byte (TATP)
-//! bucket      next u64 (the primary's overflow bucket, 0 = none)
-//!             | mirror u64 × 3 (this overflow bucket on replicas 1..3)
+//! bucket      next u64 (the chain's next bucket on this replica, 0 = none)
+//!             | copy u64 × 3 (an overflow bucket's copies on replicas 1..3;
+//!             on a backup, the word of its own replica names the primary's
+//!             copy instead; 0 in the bucket arrays)
 //!             then 22 records
 //! hash store  per table and replica, an array of buckets; a key's bucket
 //!             is MurmurHash64A(key, seed) mod buckets, the same on every
-//!             replica; overflow buckets are chained on the primary only,
-//!             each naming its mirrors on the backups (written before the
-//!             bucket is linked, so a linked bucket always names them)
+//!             replica; overflow buckets are chained on every replica, each
+//!             copy naming the others (written before the primary's link
+//!             publishes the bucket, so a linked bucket always names them;
+//!             the backups' links follow it). Transactions walk the
+//!             primary's chain; the backups' let a damaged link or copy
+//!             word be repaired from the others'.
 //! lock word   bit 0 LOCKED | owner u16 @1 | thread u12 @17
 //!             | coroutine u12 @29 | transaction seq u23 @41
 //! ```
@@ -273,12 +278,36 @@ pub fn encode(
     out[t + 4..t + 8].copy_from_slice(&c.to_le_bytes());
 }
 
-/// A bucket header's next pointer (0: the chain ends) and its mirrors
-/// (`mirrors[r]` is the bucket on replica `r`, for `r ≥ 1`; 0 in the
-/// bucket arrays, where mirrors are at the same index of each replica's
-/// array).
+/// A primary bucket header's next pointer (0: the chain ends) and its
+/// mirrors (`mirrors[r]` is the bucket on replica `r`, for `r ≥ 1`; 0 in
+/// the bucket arrays, where mirrors are at the same index of each
+/// replica's array).
 pub fn header_of(bucket: &[u8]) -> (u64, [u64; MAX_REPLICAS]) {
     (word(bucket, 0), std::array::from_fn(|r| if r == 0 { 0 } else { word(bucket, 8 * r) }))
+}
+
+/// The copies of an overflow bucket named by its header as read on replica
+/// `r` (whose own word names the primary's copy), `copies[r]` being where
+/// it was read; and its next pointer.
+pub fn copies_named(header: &[u8], r: usize, at: GlobalAddr) -> (u64, [u64; MAX_REPLICAS]) {
+    let copies = std::array::from_fn(|j| match j {
+        _ if j == r => at.raw(),
+        0 => word(header, 8 * r),
+        _ => word(header, 8 * j),
+    });
+    (word(header, 0), copies)
+}
+
+/// The header of copy `r` of an overflow bucket whose copies are `copies`,
+/// linking to `next` (see [`copies_named`]).
+pub fn header_bytes(next: u64, copies: &[GlobalAddr; MAX_REPLICAS], r: usize) -> [u8; BUCKET_HEADER as usize] {
+    let mut h = [0u8; BUCKET_HEADER as usize];
+    h[..8].copy_from_slice(&next.to_le_bytes());
+    for j in 1..MAX_REPLICAS {
+        let w = if j == r { copies[0] } else { copies[j] };
+        h[8 * j..8 * j + 8].copy_from_slice(&w.raw().to_le_bytes());
+    }
+    h
 }
 
 /// The undo log (ours; FORD's logs had no recovery and wrapped).
@@ -378,6 +407,21 @@ pub mod registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_copy_of_an_overflow_bucket_names_the_others() {
+        let copies = [GlobalAddr::new(1, 4096), GlobalAddr::new(2, 8192), GlobalAddr::new(0, 64), GlobalAddr::NULL];
+        for r in 0..3 {
+            let h = header_bytes(77, &copies, r);
+            let (next, named) = copies_named(&h, r, copies[r]);
+            assert_eq!(next, 77);
+            assert_eq!(named, copies.map(GlobalAddr::raw), "copy {r}");
+            // The word of a backup's own replica names the primary.
+            let own = u64::from_le_bytes(h[8 * r..8 * r + 8].try_into().unwrap());
+            assert_eq!(own, if r == 0 { 77 } else { copies[0].raw() });
+        }
+        assert_eq!(header_of(&header_bytes(5, &copies, 0)), (5, [0, copies[1].raw(), copies[2].raw(), 0]));
+    }
 
     #[test]
     fn record_sizes_are_fords() {

@@ -1,4 +1,4 @@
-//! Repair of damaged records from their other replicas.
+//! Repair of damaged records and chains from their other replicas.
 //!
 //! Every record has k copies (the primary and k − 1 backups), written
 //! together by every commit and every recovery: when no transaction is in
@@ -36,22 +36,33 @@
 //! alone and reported (run the repair again). A repair that dies leaves its
 //! locks to recovery, like any compute blade.
 //!
-//! A chain's link (kept on the primary only) that names no bucket is set
-//! to 0 when a slot of the chain is free: a chain grows only when it is
-//! full, so such a bucket is its last.
+//! **Chains** first: every replica keeps the chain (see [`crate::layout`]):
+//! each copy of a bucket links to the next bucket's copy on its replica,
+//! and each copy of an overflow bucket names the others. Walking the
+//! chains of all replicas together, each link and each header is a witness
+//! of where the chain goes; the copies that most witnesses name (at least
+//! two, and more than any other candidate) are written to every link and
+//! header that differs (the primary's link by CAS). A backup's link or
+//! header that is 0 is filled in, not counted as damage (a database made
+//! before chains were kept on every replica, or an extension cut short
+//! between its links). A primary link that nothing explains is set to 0
+//! when a slot of the chain is free: a chain grows only when it is full,
+//! so such a bucket is its last.
 //!
 //! Not repaired: a record after a gap (a free slot earlier in its chain,
-//! whose lost row no copy names); a damaged link of a full bucket, and an
-//! overflow bucket's damaged mirror, past which the chain is not checked;
-//! the catalog and the registry.
+//! whose lost row no copy names); a link, or an overflow bucket's copy
+//! word, damaged on every replica, and the damaged primary link of a full
+//! bucket whose backups say the chain ends there (an extension cut short
+//! between its links leaves the same backups: not guessed), past which
+//! the chain is not checked; the catalog and the registry.
 
 use std::collections::HashMap;
 
 use smart_core::{Ctx, GlobalAddr};
 
-use crate::db::{Db, Table};
+use crate::db::{chain_within, stored_addr, Db, Table};
 use crate::error::{DtxError, Result};
-use crate::layout::{self, state, Owner, MAX_REPLICAS};
+use crate::layout::{self, state, Owner, BUCKET_HEADER, MAX_REPLICAS};
 use crate::recovery::{scan_past, SlotView, HELD_SHOWN};
 use crate::registry::Registration;
 
@@ -71,9 +82,15 @@ pub struct Repaired {
     /// Rows after a free slot of their chain (see
     /// [`SlotView::after_free`]): not repaired.
     pub gaps: u64,
-    /// Damaged links of buckets that have a free slot, set to 0 (the chain
-    /// ends there: see [`Cut::has_free`](crate::recovery::Cut::has_free)).
+    /// Damaged chain words repaired: links and copy words set to what the
+    /// other replicas' chains say, and primary links of buckets that have a
+    /// free slot set to 0 (the chain ends there: see
+    /// [`Cut::has_free`](crate::recovery::Cut::has_free)).
     pub links_repaired: u64,
+    /// Chain words of backups that were missing (0), written: a database
+    /// made before chains were kept on every replica, or an extension cut
+    /// short between the primary's link and the backups'. Not damage.
+    pub links_filled: u64,
     /// Chains whose link or mirror is damaged, and not repaired: their
     /// slots past it are not checked (links are kept on the primary only).
     pub chains_cut: u64,
@@ -247,6 +264,9 @@ pub async fn repair(ctx: &Ctx, db: &Db, reg: &Registration) -> Result<Repaired> 
     let mut out = Repaired::default();
     let mut seq = 0u64;
     for t in &db.tables {
+        if db.replicas > 1 {
+            repair_chains(ctx, t, db.replicas, reg, &mut out).await?;
+        }
         let mut suspects = Vec::new();
         // The last slot of every chain seen of which a copy holds a row.
         let mut last = HashMap::new();
@@ -376,5 +396,158 @@ async fn repair_one(
         }
     }
     ctx.cas(lock, lw, 0).await?;
+    Ok(())
+}
+
+/// Headers of buckets, read once each.
+struct Headers<'a> {
+    ctx: &'a Ctx,
+    read: HashMap<u64, [u8; BUCKET_HEADER as usize]>,
+}
+
+impl Headers<'_> {
+    async fn of(&mut self, at: GlobalAddr) -> Result<[u8; BUCKET_HEADER as usize]> {
+        if let Some(h) = self.read.get(&at.raw()) {
+            return Ok(*h);
+        }
+        let mut h = [0u8; BUCKET_HEADER as usize];
+        self.ctx.read(at, &mut h).await?;
+        self.read.insert(at.raw(), h);
+        Ok(h)
+    }
+
+    /// Writes `words` over the header at `at` (and remembers them).
+    async fn write(&mut self, at: GlobalAddr, h: [u8; BUCKET_HEADER as usize]) -> Result<()> {
+        self.ctx.write(at, &h).await?;
+        self.read.insert(at.raw(), h);
+        Ok(())
+    }
+}
+
+/// The copies of the bucket after one whose copies link to `links` (one
+/// word per replica), as the replicas' chains say. Each replica's link, and
+/// each copy's header (which names the other copies), is a witness; of the
+/// candidates (the copies named by each valid link and the header it
+/// leads to) the one with the most witnesses wins, if it has at least two
+/// and no other candidate has as many. `None`: no candidate does.
+async fn next_copies(
+    ctx: &Ctx,
+    t: &Table,
+    k: usize,
+    links: &[u64; MAX_REPLICAS],
+    heads: &mut Headers<'_>,
+) -> Result<Option<[GlobalAddr; MAX_REPLICAS]>> {
+    let bb = t.bucket_bytes();
+    let ok = |raw: u64| raw != 0 && stored_addr(ctx.blades(), raw, bb, String::new).is_ok();
+    let mut cands: Vec<[GlobalAddr; MAX_REPLICAS]> = Vec::new();
+    for (r, link) in links.iter().enumerate().take(k) {
+        if !ok(*link) {
+            continue;
+        }
+        let at = GlobalAddr::from_raw(*link);
+        let (_, named) = layout::copies_named(&heads.of(at).await?, r, at);
+        let v: [GlobalAddr; MAX_REPLICAS] =
+            std::array::from_fn(|j| if j < k { GlobalAddr::from_raw(named[j]) } else { GlobalAddr::NULL });
+        let distinct = (0..k).all(|a| (a + 1..k).all(|b| v[a] != v[b]));
+        if (0..k).all(|j| ok(v[j].raw())) && distinct && !cands.contains(&v) {
+            cands.push(v);
+        }
+    }
+    let mut best: Option<([GlobalAddr; MAX_REPLICAS], usize)> = None;
+    let mut tie = false;
+    for v in cands {
+        let mut score = 0;
+        for j in 0..k {
+            score += usize::from(links[j] == v[j].raw());
+            let (_, named) = layout::copies_named(&heads.of(v[j]).await?, j, v[j]);
+            score += usize::from((0..k).all(|i| named[i] == v[i].raw()));
+        }
+        match best {
+            Some((_, s)) if s > score => {}
+            Some((_, s)) if s == score => tie = true,
+            _ => {
+                best = Some((v, score));
+                tie = false;
+            }
+        }
+    }
+    Ok(best.filter(|(_, s)| *s >= 2 && !tie).map(|(v, _)| v))
+}
+
+/// Walks every chain of table `t` on its `k` replicas and makes every copy
+/// of every link and header agree with what the replicas' chains say
+/// (see [`next_copies`]). A primary link that no candidate explains is
+/// left to the record scan (which ends it if its bucket has a free slot,
+/// or reports the chain cut).
+async fn repair_chains(ctx: &Ctx, t: &Table, k: usize, reg: &Registration, out: &mut Repaired) -> Result<()> {
+    let bb = t.bucket_bytes();
+    let per = (256 << 10) / bb.max(1) + 1;
+    let mut heads = Headers { ctx, read: HashMap::new() };
+    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); k];
+    let mut b = 0;
+    while b < t.buckets {
+        let n = per.min(t.buckets - b);
+        for (r, buf) in bufs.iter_mut().enumerate() {
+            buf.resize((n * bb) as usize, 0);
+            ctx.read_all(t.base[r].add(b * bb), buf).await?;
+        }
+        for i in 0..n {
+            let o = (i * bb) as usize;
+            let home = t.base[0].add((b + i) * bb);
+            let mut cur = t.array_mirrors(home, k);
+            let mut links = [0u64; MAX_REPLICAS];
+            for r in 0..k {
+                links[r] = u64::from_le_bytes(bufs[r][o..o + 8].try_into().expect("8 bytes"));
+            }
+            let mut hops = 0;
+            while links[..k].iter().any(|l| *l != 0) && chain_within(ctx.blades(), t, home, hops).is_ok() {
+                hops += 1;
+                heads.read.clear();
+                let Some(next) = next_copies(ctx, t, k, &links, &mut heads).await? else { break };
+                if reg.lease_lost() {
+                    return Err(DtxError::LeaseLost);
+                }
+                // The primary's first, by CAS: an extension of this bucket
+                // CASes it from 0 (and a link that changed meanwhile ends
+                // this walk).
+                if links[0] != next[0].raw() {
+                    if ctx.cas(cur[0], links[0], next[0].raw()).await? != links[0] {
+                        break;
+                    }
+                    out.links_repaired += 1;
+                }
+                for r in 1..k {
+                    if links[r] != next[r].raw() {
+                        ctx.write(cur[r], &next[r].raw().to_le_bytes()).await?;
+                        if links[r] == 0 {
+                            out.links_filled += 1;
+                        } else {
+                            out.links_repaired += 1;
+                        }
+                    }
+                }
+                // The next bucket's copies name each other.
+                for r in 0..k {
+                    let h = heads.of(next[r]).await?;
+                    let mut want = layout::header_bytes(0, &next, r);
+                    want[..8].copy_from_slice(&h[..8]);
+                    if want != h {
+                        let missing = r > 0 && h[8..].iter().all(|b| *b == 0);
+                        heads.write(next[r], want).await?;
+                        if missing {
+                            out.links_filled += 1;
+                        } else {
+                            out.links_repaired += 1;
+                        }
+                    }
+                }
+                cur = next;
+                for r in 0..k {
+                    links[r] = u64::from_le_bytes(heads.of(cur[r]).await?[..8].try_into().expect("8 bytes"));
+                }
+            }
+        }
+        b += n;
+    }
     Ok(())
 }

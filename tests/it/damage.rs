@@ -256,7 +256,7 @@ fn recover_repair_restores_damaged_records_from_their_replicas_and_names_the_los
     assert_eq!(out.status.code(), Some(1), "one record is left damaged: {text}");
     assert!(
         text.contains(
-            "smallbank: repair: 7 damaged records, 6 repaired (6 copies rewritten), 0 chain links ended; left: 0 \
+            "smallbank: repair: 7 damaged records, 6 repaired (6 copies rewritten), 0 chain words repaired; left: 0 \
              locked, 1 unrepairable, 0 after a gap, 0 chains cut"
         ) && text.contains(&format!("at b0:{lost:#x}: no copy passes its check"))
             && text.contains("the repair of \"smallbank\" left damage: 1 records or chains"),

@@ -491,3 +491,56 @@ fn damaged_records_are_repaired_from_the_copy_that_wins_and_the_rest_reported() 
     assert!(rep.left.iter().any(|l| l.key == Some(29) && l.why.contains("free slot comes before")), "{rep:?}");
     reg.close(&*t).unwrap();
 }
+
+#[test]
+fn chains_are_kept_on_every_replica_and_a_damaged_link_or_copy_word_repaired_from_the_others() {
+    let (b, mut rt, db, reg) = chained("chains");
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (home, home1) = (db.table(0).base[0], db.table(0).base[1]);
+    let n0 = GlobalAddr::from_raw(get(&mut rt, home));
+    let n1 = GlobalAddr::from_raw(get(&mut rt, home1));
+    // The backup's chain: its home bucket links to the overflow bucket's
+    // copy on its replica, and each copy names the other.
+    assert!(!n1.is_null() && n1.blade() == 1, "{n1}");
+    assert_eq!((get(&mut rt, n0.add(8)), get(&mut rt, n1.add(8))), (n1.raw(), n0.raw()));
+    let clean = |rt: &mut Runtime| {
+        let rep = audit_of(rt.ctx(), db.clone(), rt).unwrap();
+        assert_eq!((rep.violations(), rep.live[0]), (0, 30), "{rep:?}");
+        assert_eq!(read_fresh(rt, &t, &db, 29).unwrap(), 290);
+    };
+    // Each damage alone, then the repair: (word, damage, repaired, filled).
+    let cases = [
+        ("the full home bucket's primary link, naming no blade", home, NOWHERE, 1, 0),
+        ("the same link zeroed (a search then ends there)", home, 0, 1, 0),
+        ("the overflow primary's word naming its backup", n0.add(8), NOWHERE, 1, 0),
+        ("the backup's link", home1, NOWHERE, 1, 0),
+        ("the backup overflow's word naming its primary", n1.add(8), 12345, 1, 0),
+        ("the backup's link missing (a database of before, or a cut extension)", home1, 0, 0, 1),
+    ];
+    for (what, at, w, repaired, filled) in cases {
+        put(&mut rt, at, w);
+        let rep = repair_with(&mut rt, &t, &db);
+        assert_eq!(
+            (rep.links_repaired, rep.links_filled, rep.chains_cut, rep.damaged, rep.left_damaged()),
+            (repaired, filled, 0, 0, 0),
+            "{what}: {rep:?}"
+        );
+        clean(&mut rt);
+        assert_eq!((get(&mut rt, home), get(&mut rt, home1)), (n0.raw(), n1.raw()), "{what}");
+        assert_eq!((get(&mut rt, n0.add(8)), get(&mut rt, n1.add(8))), (n1.raw(), n0.raw()), "{what}");
+    }
+    // A database made before chains were kept on every replica: the backup
+    // neither links nor names.
+    put(&mut rt, home1, 0);
+    put(&mut rt, n1.add(8), 0);
+    let rep = repair_with(&mut rt, &t, &db);
+    assert_eq!((rep.links_repaired, rep.links_filled, rep.left_damaged()), (0, 2, 0), "{rep:?}");
+    assert_eq!((get(&mut rt, home1), get(&mut rt, n1.add(8))), (n1.raw(), n0.raw()));
+    // Both links of the full bucket: nothing says where the chain went on.
+    put(&mut rt, home, NOWHERE);
+    put(&mut rt, home1, NOWHERE);
+    let rep = repair_with(&mut rt, &t, &db);
+    assert_eq!((rep.links_repaired, rep.chains_cut), (0, 1), "{rep:?}");
+    assert!(rep.left[0].why.contains("the next bucket after"), "{rep:?}");
+    reg.close(&*t).unwrap();
+}
