@@ -388,20 +388,12 @@ where
     B: FnMut(Cut) -> Result<()>,
 {
     let bb = t.bucket_bytes();
-    let per = (256 << 10) / bb.max(1) + 1;
-    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); replicas];
+    let mut arrays = Arrays::new(t, replicas);
     let mut chain: Vec<Vec<u8>> = vec![vec![0; bb as usize]; replicas];
-    let mut b = 0;
-    while b < t.buckets {
-        let n = per.min(t.buckets - b);
-        for (r, buf) in bufs.iter_mut().enumerate() {
-            buf.resize((n * bb) as usize, 0);
-            ctx.read_all(t.base[r].add(b * bb), buf).await?;
-        }
+    while let Some((b, n)) = arrays.next(ctx, t).await? {
         for i in 0..n {
-            let o = (i * bb) as usize;
             let views: [&[u8]; MAX_REPLICAS] =
-                std::array::from_fn(|r| if r < replicas { &bufs[r][o..o + bb as usize] } else { &[][..] });
+                std::array::from_fn(|r| if r < replicas { arrays.bucket(r, i) } else { &[][..] });
             let home = t.base[0].add((b + i) * bb);
             let at = std::array::from_fn(|r| if r < replicas { t.base[r].add((b + i) * bb) } else { GlobalAddr::NULL });
             let mut walk = Walk { chain: home, pos: 0, free_seen: false };
@@ -445,9 +437,45 @@ where
                 (from, next) = (at0, nx);
             }
         }
-        b += n;
     }
     Ok(())
+}
+
+/// A table's bucket arrays on its first replicas, read in pieces of about
+/// 256 KiB.
+pub(crate) struct Arrays {
+    bufs: Vec<Vec<u8>>,
+    next: u64,
+    per: u64,
+    bb: u64,
+}
+
+impl Arrays {
+    /// Before the first piece of table `t`'s arrays on `replicas` replicas.
+    pub(crate) fn new(t: &Table, replicas: usize) -> Arrays {
+        let bb = t.bucket_bytes();
+        Arrays { bufs: vec![Vec::new(); replicas], next: 0, per: (256 << 10) / bb.max(1) + 1, bb }
+    }
+
+    /// Reads the next piece: its first bucket and its number of buckets
+    /// (`None` past the last).
+    pub(crate) async fn next(&mut self, ctx: &Ctx, t: &Table) -> Result<Option<(u64, u64)>> {
+        if self.next >= t.buckets {
+            return Ok(None);
+        }
+        let (b, n) = (self.next, self.per.min(t.buckets - self.next));
+        for (r, buf) in self.bufs.iter_mut().enumerate() {
+            buf.resize((n * self.bb) as usize, 0);
+            ctx.read_all(t.base[r].add(b * self.bb), buf).await?;
+        }
+        self.next += n;
+        Ok(Some((b, n)))
+    }
+
+    /// Bucket `i` of the piece read last, on replica `r`.
+    pub(crate) fn bucket(&self, r: usize, i: u64) -> &[u8] {
+        &self.bufs[r][(i * self.bb) as usize..((i + 1) * self.bb) as usize]
+    }
 }
 
 /// Where [`scan`] is in a chain.

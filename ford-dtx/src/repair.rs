@@ -63,7 +63,7 @@ use smart_core::{Ctx, GlobalAddr};
 use crate::db::{chain_within, stored_addr, Db, Table};
 use crate::error::{DtxError, Result};
 use crate::layout::{self, state, Owner, BUCKET_HEADER, MAX_REPLICAS};
-use crate::recovery::{scan_past, SlotView, HELD_SHOWN};
+use crate::recovery::{scan_past, Arrays, SlotView, HELD_SHOWN};
 use crate::registry::Registration;
 
 /// What [`repair`] found and did.
@@ -481,24 +481,15 @@ async fn next_copies(
 /// or reports the chain cut).
 async fn repair_chains(ctx: &Ctx, t: &Table, k: usize, reg: &Registration, out: &mut Repaired) -> Result<()> {
     let bb = t.bucket_bytes();
-    let per = (256 << 10) / bb.max(1) + 1;
     let mut heads = Headers { ctx, read: HashMap::new() };
-    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); k];
-    let mut b = 0;
-    while b < t.buckets {
-        let n = per.min(t.buckets - b);
-        for (r, buf) in bufs.iter_mut().enumerate() {
-            buf.resize((n * bb) as usize, 0);
-            ctx.read_all(t.base[r].add(b * bb), buf).await?;
-        }
+    let mut arrays = Arrays::new(t, k);
+    while let Some((b, n)) = arrays.next(ctx, t).await? {
         for i in 0..n {
-            let o = (i * bb) as usize;
             let home = t.base[0].add((b + i) * bb);
             let mut cur = t.array_mirrors(home, k);
-            let mut links = [0u64; MAX_REPLICAS];
-            for r in 0..k {
-                links[r] = u64::from_le_bytes(bufs[r][o..o + 8].try_into().expect("8 bytes"));
-            }
+            let link = |h: &[u8]| u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
+            let mut links: [u64; MAX_REPLICAS] =
+                std::array::from_fn(|r| if r < k { link(arrays.bucket(r, i)) } else { 0 });
             let mut hops = 0;
             while links[..k].iter().any(|l| *l != 0) && chain_within(ctx.blades(), t, home, hops).is_ok() {
                 hops += 1;
@@ -543,11 +534,10 @@ async fn repair_chains(ctx: &Ctx, t: &Table, k: usize, reg: &Registration, out: 
                 }
                 cur = next;
                 for r in 0..k {
-                    links[r] = u64::from_le_bytes(heads.of(cur[r]).await?[..8].try_into().expect("8 bytes"));
+                    links[r] = link(&heads.of(cur[r]).await?);
                 }
             }
         }
-        b += n;
     }
     Ok(())
 }
