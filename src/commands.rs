@@ -194,6 +194,13 @@ fn audit_line(a: &Audited) {
         "audit: {} violations | rows per table {:?} | locks held {} | replica mismatches {} | torn {}",
         a.violations, d.live, d.locks_held, d.replica_mismatches, d.torn
     );
+    if d.gaps > 0 {
+        line += &format!(" | rows after a gap {}", d.gaps);
+    }
+    let w = d.chain_words;
+    if w.differ + w.missing > 0 {
+        line += &format!(" | backup chain words differing {}, missing {}", w.differ, w.missing);
+    }
     if let (Some(b), Some(e), Some(n)) = (a.balances, a.expected, a.ledger_txns) {
         line += &format!(" | balances {b} cents, initial + ledgers {e} cents ({n} ledger transactions)");
     }
@@ -202,6 +209,13 @@ fn audit_line(a: &Audited) {
         println!(
             "audit: the database's load never completed (it was interrupted): it lacks rows; the next smallbank or \
              tatp run on it loads the rest"
+        );
+    }
+    if w.missing > 0 {
+        println!(
+            "audit: {} backup chain words are missing (a database made before chains were kept on every replica, or \
+             an extension cut short): `compute-blade recover --repair` fills them in",
+            w.missing
         );
     }
     for h in &d.held {

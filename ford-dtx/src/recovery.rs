@@ -352,7 +352,7 @@ pub async fn scan<F>(ctx: &Ctx, t: &Table, replicas: usize, f: F) -> Result<()>
 where
     F: FnMut(&SlotView<'_>),
 {
-    scan_past(ctx, t, replicas, f, |c| Err(c.error)).await
+    scan_past(ctx, t, replicas, f, |c| Err(c.error)).await.map(|_| ())
 }
 
 /// Where [`scan_past`] met a chain's damaged link or mirror.
@@ -382,7 +382,7 @@ pub struct Cut {
 ///
 /// # Errors
 /// What `broken` returns; verb errors.
-pub async fn scan_past<F, B>(ctx: &Ctx, t: &Table, replicas: usize, mut f: F, mut broken: B) -> Result<()>
+pub async fn scan_past<F, B>(ctx: &Ctx, t: &Table, replicas: usize, mut f: F, mut broken: B) -> Result<ChainWords>
 where
     F: FnMut(&SlotView<'_>),
     B: FnMut(Cut) -> Result<()>,
@@ -390,6 +390,7 @@ where
     let bb = t.bucket_bytes();
     let mut arrays = Arrays::new(t, replicas);
     let mut chain: Vec<Vec<u8>> = vec![vec![0; bb as usize]; replicas];
+    let mut words = ChainWords::default();
     while let Some((b, n)) = arrays.next(ctx, t).await? {
         for i in 0..n {
             let views: [&[u8]; MAX_REPLICAS] =
@@ -399,7 +400,10 @@ where
             let mut walk = Walk { chain: home, pos: 0, free_seen: false };
             each_slot(t, at, views, &mut walk, &mut f);
             let mut next = layout::header_of(views[0]).0;
+            // The backups' links out of the bucket just visited.
+            let mut back = links_of(&views, replicas);
             let (mut from, mut hops) = (home, 0);
+            let mut ended = true;
             while next != 0 {
                 let link = chain_within(ctx.blades(), t, home, hops).and_then(|()| {
                     stored_addr(ctx.blades(), next, bb, || format!("table {}: the next bucket after {from}", t.id))
@@ -409,6 +413,7 @@ where
                     Err(error) => {
                         let has_free = walk.free_seen;
                         broken(Cut { home, bucket: from, link: next, mirror: false, has_free, error })?;
+                        ended = false;
                         break;
                     }
                 };
@@ -426,6 +431,7 @@ where
                 if let Err(error) = mirrored {
                     let has_free = walk.free_seen;
                     broken(Cut { home, bucket: from, link: next, mirror: true, has_free, error })?;
+                    ended = false;
                     break;
                 }
                 for r in 1..replicas {
@@ -433,12 +439,67 @@ where
                 }
                 let views: [&[u8]; MAX_REPLICAS] =
                     std::array::from_fn(|r| if r < replicas { &chain[r][..] } else { &[][..] });
+                words.check(&back, &at, &views, replicas);
                 each_slot(t, at, views, &mut walk, &mut f);
+                back = links_of(&views, replicas);
                 (from, next) = (at0, nx);
+            }
+            if ended {
+                // The primary's chain ends here: so do the backups'.
+                words.differ += back[1..replicas.max(1)].iter().filter(|l| **l != 0).count() as u64;
             }
         }
     }
-    Ok(())
+    Ok(words)
+}
+
+/// How the backups' chain words (their links, and their overflow copies'
+/// words naming the other copies) compare with the primary's chain, as
+/// [`scan_past`] walked it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ChainWords {
+    /// Words that differ from what the primary's chain says (damage).
+    pub differ: u64,
+    /// Words that are 0 where the primary's chain says otherwise: a
+    /// database made before chains were kept on every replica, or an
+    /// extension cut short between its links (`recover --repair` fills
+    /// them in).
+    pub missing: u64,
+}
+
+impl ChainWords {
+    /// Checks the backups' links `back` to, and the headers `views` of, an
+    /// overflow bucket whose copies are `at`.
+    fn check(
+        &mut self,
+        back: &[u64; MAX_REPLICAS],
+        at: &[GlobalAddr; MAX_REPLICAS],
+        views: &[&[u8]; MAX_REPLICAS],
+        replicas: usize,
+    ) {
+        for r in 1..replicas {
+            let want = layout::header_bytes(0, at, r);
+            let pairs = std::iter::once((back[r], at[r].raw())).chain((1..MAX_REPLICAS).map(|j| {
+                let w = |b: &[u8]| u64::from_le_bytes(b[8 * j..8 * j + 8].try_into().expect("8 bytes"));
+                (w(views[r]), w(&want))
+            }));
+            for (got, want) in pairs {
+                if got == want {
+                } else if got == 0 {
+                    self.missing += 1;
+                } else {
+                    self.differ += 1;
+                }
+            }
+        }
+    }
+}
+
+/// The links of a bucket's copies (0 past `replicas`).
+fn links_of(views: &[&[u8]; MAX_REPLICAS], replicas: usize) -> [u64; MAX_REPLICAS] {
+    std::array::from_fn(
+        |r| if r < replicas { u64::from_le_bytes(views[r][..8].try_into().expect("8 bytes")) } else { 0 },
+    )
 }
 
 /// A table's bucket arrays on its first replicas, read in pieces of about
@@ -523,6 +584,9 @@ pub struct AuditReport {
     /// Rows after a free slot of their chain, which no search reaches (see
     /// [`SlotView::after_free`]).
     pub gaps: u64,
+    /// The backups' chain words against the primary's chain (see
+    /// [`ChainWords`]); those that differ are violations.
+    pub chain_words: ChainWords,
     /// The first [`HELD_SHOWN`] locks held, to say whose they are.
     pub held: Vec<HeldLock>,
 }
@@ -555,13 +619,14 @@ impl HeldLock {
 
 impl AuditReport {
     /// Violations: locks held, replicas that differ, torn records, records
-    /// after a gap.
+    /// after a gap, backup chain words that differ.
     pub fn violations(&self) -> u64 {
-        self.locks_held + self.replica_mismatches + self.torn + self.gaps
+        self.locks_held + self.replica_mismatches + self.torn + self.gaps + self.chain_words.differ
     }
 }
 
-/// Audits every table: replicas agree, no lock held, every record intact;
+/// Audits every table: replicas agree (records and chains), no lock held,
+/// every record intact;
 /// calls `row(table, key, value)` for every visible row (to check the
 /// application's invariants).
 ///
@@ -570,7 +635,7 @@ impl AuditReport {
 pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) -> Result<AuditReport> {
     let mut rep = AuditReport { live: vec![0; db.tables.len()], ..AuditReport::default() };
     for t in &db.tables {
-        scan(ctx, t, db.replicas, |v| {
+        let found = |v: &SlotView<'_>| {
             let rb = t.record_bytes();
             let (p, recs) = (v.recs[0], v.recs);
             if v.after_free && crate::repair::row_key(t, v).is_some() {
@@ -598,8 +663,10 @@ pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) ->
                 Ok(_) => {}
                 Err(_) => rep.torn += 1,
             }
-        })
-        .await?;
+        };
+        let words = scan_past(ctx, t, db.replicas, found, |c| Err(c.error)).await?;
+        rep.chain_words.differ += words.differ;
+        rep.chain_words.missing += words.missing;
     }
     Ok(rep)
 }

@@ -508,17 +508,24 @@ fn chains_are_kept_on_every_replica_and_a_damaged_link_or_copy_word_repaired_fro
         assert_eq!((rep.violations(), rep.live[0]), (0, 30), "{rep:?}");
         assert_eq!(read_fresh(rt, &t, &db, 29).unwrap(), 290);
     };
-    // Each damage alone, then the repair: (word, damage, repaired, filled).
+    // Each damage alone, what the audit says of it (None: the database is
+    // corrupt; else the backup chain words that differ and are missing),
+    // then the repair: (word, damage, audit, repaired, filled).
     let cases = [
-        ("the full home bucket's primary link, naming no blade", home, NOWHERE, 1, 0),
-        ("the same link zeroed (a search then ends there)", home, 0, 1, 0),
-        ("the overflow primary's word naming its backup", n0.add(8), NOWHERE, 1, 0),
-        ("the backup's link", home1, NOWHERE, 1, 0),
-        ("the backup overflow's word naming its primary", n1.add(8), 12345, 1, 0),
-        ("the backup's link missing (a database of before, or a cut extension)", home1, 0, 0, 1),
+        ("the full home bucket's primary link, naming no blade", home, NOWHERE, None, 1, 0),
+        ("the same link zeroed (a search then ends there)", home, 0, Some((1, 0)), 1, 0),
+        ("the overflow primary's word naming its backup", n0.add(8), NOWHERE, None, 1, 0),
+        ("the backup's link", home1, NOWHERE, Some((1, 0)), 1, 0),
+        ("the backup overflow's word naming its primary", n1.add(8), 12345, Some((1, 0)), 1, 0),
+        ("the backup's link missing (a database of before, or a cut extension)", home1, 0, Some((0, 1)), 0, 1),
     ];
-    for (what, at, w, repaired, filled) in cases {
+    for (what, at, w, audit, repaired, filled) in cases {
         put(&mut rt, at, w);
+        match audit_of(rt.ctx(), db.clone(), &mut rt) {
+            Ok(a) => assert_eq!(Some((a.chain_words.differ, a.chain_words.missing)), audit, "{what}: {a:?}"),
+            Err(DtxError::Corrupt(_)) => assert_eq!(audit, None, "{what}"),
+            Err(e) => panic!("{what}: {e}"),
+        }
         let rep = repair_with(&mut rt, &t, &db);
         assert_eq!(
             (rep.links_repaired, rep.links_filled, rep.chains_cut, rep.damaged, rep.left_damaged()),
