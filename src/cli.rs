@@ -82,6 +82,9 @@ pub enum Cmd {
     Tatp(TatpArgs),
     /// Roll back or forward the transactions of dead compute blades.
     Recover(RecoverArgs),
+    /// Write a lost memory blade's copies of the FORD databases again, from
+    /// the other replicas, onto a fresh memory blade in its place.
+    Rebuild(RebuildArgs),
     /// List the indexes on the blades, or drop or check one.
     Table(TableArgs),
     /// Merge the records of compute blades that ran together (ops summed,
@@ -388,6 +391,21 @@ pub struct RecoverArgs {
     /// restore (exit status 1).
     #[arg(long)]
     pub repair: bool,
+}
+
+/// `compute-blade rebuild`.
+#[derive(Args, Debug)]
+pub struct RebuildArgs {
+    /// Options of every subcommand (only the blade options matter).
+    #[command(flatten)]
+    pub common: Common,
+    /// The place in --blades of the lost memory blade, where a fresh one now
+    /// listens (1 or more: blade 0 cannot be rebuilt).
+    #[arg(long)]
+    pub lost: u16,
+    /// Databases to rebuild (default: every FORD database on the blades).
+    #[arg(long, value_delimiter = ',')]
+    pub db: Vec<String>,
 }
 
 /// What `compute-blade table` does.

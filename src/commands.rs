@@ -14,7 +14,7 @@ use smart_bench::micro::{self, MicroConfig};
 use smart_core::{KvIndex, Transport};
 
 use crate::cli::TableAction;
-use crate::config::{App, Blades, DtxJob, DtxWorkload, RecoverJob, Session, TableJob, YcsbJob};
+use crate::config::{App, Blades, DtxJob, DtxWorkload, RebuildJob, RecoverJob, Session, TableJob, YcsbJob};
 use crate::report::{self, Subject};
 
 /// How a subcommand ended.
@@ -452,6 +452,132 @@ fn repair(
         eprintln!("compute-blade: the repair of {name:?} left damage: {} records or chains", r.left_damaged());
     }
     Ok(r)
+}
+
+/// `compute-blade rebuild`.
+///
+/// # Errors
+/// Blades that are not the set with a fresh blade in the lost one's place;
+/// other indexes on the blades; a compute blade running; verb errors.
+pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outcome> {
+    use ford_dtx::db::{Db, REBUILDING};
+    let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+    let lost = job.lost;
+    let ctx = rt.ctx();
+    let listed = rt.block_on(async move { list_indexes(&ctx).await })?;
+    let others: Vec<String> = listed
+        .iter()
+        .filter(|l| l.kind == "race" || l.kind == "sherman")
+        .map(|l| format!("{} {}", l.kind, l.name.as_deref().unwrap_or("(unnamed)")))
+        .collect();
+    if !others.is_empty() {
+        anyhow::bail!(
+            "these indexes also live on the blades: {}; they keep one copy of their data, so what they had on memory \
+             blade {lost} is lost, and their addresses there could meet the rebuilt copies: drop them first \
+             (`compute-blade table drop NAME`)",
+            others.join(", ")
+        );
+    }
+    let names: Vec<String> = if job.dbs.is_empty() {
+        listed.iter().filter(|l| l.kind == "ford").filter_map(|l| l.name.clone()).collect()
+    } else {
+        job.dbs.clone()
+    };
+    let ctx = rt.ctx();
+    let n2 = names.clone();
+    let dbs = rt.block_on(async move {
+        let mut dbs = Vec::new();
+        for name in &n2 {
+            let db = Db::open_unguarded(&ctx, name)
+                .await?
+                .ok_or_else(|| ford_dtx::DtxError::Config(format!("no database {name:?} on these blades")))?;
+            // A compute blade still running would write over the rebuild.
+            let now = ford_dtx::registry::now_ms();
+            for sl in ford_dtx::registry::slots(&ctx, &db).await? {
+                if sl.claim != 0 && sl.expiry_ms.saturating_add(ford_dtx::recovery::GRACE_MS) >= now {
+                    return Err(ford_dtx::DtxError::Config(format!(
+                        "database {name}: the compute blade of registry slot {} (pid {}) holds a lease for {} ms more: \
+                         stop it (or wait for its lease to expire, if it is dead) before the rebuild",
+                        sl.slot,
+                        sl.pid,
+                        (sl.expiry_ms + ford_dtx::recovery::GRACE_MS).saturating_sub(now)
+                    )));
+                }
+            }
+            dbs.push(std::sync::Arc::new(db));
+        }
+        Ok::<_, ford_dtx::DtxError>(dbs)
+    })?;
+    if dbs.is_empty() {
+        anyhow::bail!("no FORD database on these blades: nothing to rebuild");
+    }
+    let ctx = rt.ctx();
+    let all = dbs.clone();
+    let out = rt.block_on(async move {
+        let mut end = 0;
+        for db in &all {
+            end = end.max(ford_dtx::rebuild::extent_on(&ctx, db, lost).await?);
+        }
+        ctx.set_root(0, REBUILDING, smart_core::GlobalAddr::new(lost, smart_core::layout::HEAP_START)).await?;
+        // A rebuild that stopped after adopting the blade resumes: the set
+        // then already holds it.
+        if ctx.check_blade_set().await.is_err() {
+            ctx.adopt_blade(lost).await?;
+        }
+        let heap = ctx.read_u64(smart_core::GlobalAddr::new(lost, smart_core::layout::OFF_HEAP)).await?;
+        if heap == smart_core::layout::HEAP_START {
+            ctx.reserve_heap(lost, end).await?;
+        } else if heap != end.max(smart_core::layout::HEAP_START).next_multiple_of(4096) {
+            return Err(ford_dtx::DtxError::Config(format!(
+                "memory blade {lost} is in the set and its heap in use up to {heap:#x}: it was not lost (or was used \
+                 since it was adopted), so nothing is rebuilt on it"
+            )));
+        }
+        let mut out = Vec::new();
+        for db in &all {
+            let r = ford_dtx::rebuild::rebuild(&ctx, db, lost).await?;
+            let rec = ford_dtx::recovery::recover_after_loss(&ctx, db, lost).await?;
+            let orphans = ford_dtx::recovery::release_orphans(&ctx, db).await?;
+            out.push((r, rec, orphans));
+        }
+        ctx.drop_root(0, REBUILDING).await?;
+        Ok::<_, ford_dtx::DtxError>(out)
+    })?;
+    let mut settled = true;
+    let mut records = Vec::new();
+    for (name, (r, rec, orphans)) in names.iter().zip(out) {
+        println!(
+            "{name}: rebuilt on memory blade {lost}: {} bucket arrays, {} overflow buckets, {} bytes; {} undo log \
+             areas were there",
+            r.arrays, r.overflow, r.bytes, r.log_areas
+        );
+        for x in &rec {
+            println!(
+                "{name}: compute blade {} (pid {}): {} log entries, {} rolled back, {} rolled forward, {} locks released",
+                x.slot, x.pid, x.entries, x.rolled_back, x.rolled_forward, x.released
+            );
+            if x.log_lost {
+                settled = false;
+                println!(
+                    "{name}: compute blade {} (pid {}): its undo log was on memory blade {lost}: a transaction of it \
+                     that had begun writing when it died cannot be rolled back (audit the database)",
+                    x.slot, x.pid
+                );
+            }
+        }
+        if orphans.released > 0 {
+            println!("{name}: {} lock words that no compute blade could hold released", orphans.released);
+        }
+        records.push(json!({ "db": name, "rebuilt": r, "recovered": rec, "orphan_locks": orphans }));
+    }
+    if let Some(p) = &s.json {
+        let rec = json!({ "bench": "rebuild", "lost": lost, "databases": records });
+        std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")?;
+    }
+    if !settled {
+        eprintln!("compute-blade: transactions in flight whose undo log was on the lost blade were not settled");
+    }
+    Ok(Outcome::of(settled, false))
 }
 
 /// One index found on the blades by `table list`.

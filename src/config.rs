@@ -142,6 +142,8 @@ pub enum Job {
     Dtx(DtxJob),
     /// `recover`.
     Recover(RecoverJob),
+    /// `rebuild`.
+    Rebuild(RebuildJob),
     /// `table`.
     Table(TableJob),
 }
@@ -188,6 +190,15 @@ pub struct RecoverJob {
     pub slot: Option<u16>,
     /// Then repair damaged records from their replicas.
     pub repair: bool,
+}
+
+/// `rebuild`, resolved.
+#[derive(Clone, Debug)]
+pub struct RebuildJob {
+    /// The lost blade's place.
+    pub lost: u16,
+    /// Databases to rebuild (empty: every FORD database on the blades).
+    pub dbs: Vec<String>,
 }
 
 /// A whole `compute-blade` command line, resolved.
@@ -241,6 +252,25 @@ impl Config {
                 )
             }
             Cmd::Recover(a) => recover_config(a),
+            Cmd::Rebuild(a) => {
+                let session = Session::resolve(&a.common)?;
+                if a.db.iter().any(String::is_empty) {
+                    bail!("--db has an empty name");
+                }
+                let Blades::Remote { addrs, .. } = &session.blades else {
+                    bail!("rebuild needs --blades: embedded blades live and die with their process");
+                };
+                if a.lost == 0 || usize::from(a.lost) >= addrs.len() {
+                    bail!(
+                        "--lost {}: give the place (1 to {}) in --blades of the lost blade, where a fresh one now \
+                         listens (blade 0 holds the databases' catalogs and registries, which are not replicated, \
+                         and cannot be rebuilt)",
+                        a.lost,
+                        addrs.len().saturating_sub(1)
+                    );
+                }
+                Ok(Config { session, job: Job::Rebuild(RebuildJob { lost: a.lost, dbs: a.db.clone() }) })
+            }
             Cmd::Table(a) => table_config(a),
             Cmd::Merge(_) => bail!("merge reads records and needs no blades (run it as a command of its own)"),
             Cmd::VerbsInfo(_) => {

@@ -135,6 +135,10 @@ pub(crate) fn chain_within(blades: &[BladeInfo], t: &Table, home: GlobalAddr, ho
     Err(DtxError::Corrupt(format!("table {}: the chain of bucket {home} does not end", t.id)))
 }
 
+/// The named root on blade 0 that says a rebuild of the blade it names is
+/// in progress (until it is done, no database opens but for the rebuild).
+pub const REBUILDING: &str = "ford:rebuilding";
+
 fn root_name(name: &str) -> String {
     format!("ford:{name}")
 }
@@ -161,6 +165,21 @@ impl Db {
     /// A catalog that is not one, or made for another number of blades;
     /// verb errors.
     pub async fn open(ctx: &Ctx, name: &str) -> Result<Option<Db>> {
+        if let Some(at) = ctx.root(0, REBUILDING).await? {
+            return Err(DtxError::Config(format!(
+                "memory blade {b} is being rebuilt (a `compute-blade rebuild --lost {b}` did not finish): run it again \
+                 before anything else",
+                b = at.blade()
+            )));
+        }
+        Db::open_unguarded(ctx, name).await
+    }
+
+    /// [`Db::open`] while a rebuild is in progress (for the rebuild).
+    ///
+    /// # Errors
+    /// As [`Db::open`].
+    pub async fn open_unguarded(ctx: &Ctx, name: &str) -> Result<Option<Db>> {
         let Some(at) = ctx.root(0, &root_name(name)).await? else { return Ok(None) };
         let mut c = vec![0u8; catalog::BYTES];
         ctx.read(at, &mut c).await?;

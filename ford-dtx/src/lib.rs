@@ -14,6 +14,7 @@
 //! | `round` | a round trip: one batch per blade, posted together |
 //! | [`recovery`] | rolling dead compute blades' transactions back or forward; the audit |
 //! | [`repair`] | damaged records restored from their other replicas |
+//! | [`rebuild`] | a lost memory blade's copies written again from the other replicas |
 //! | [`error`] | errors and abort causes |
 //!
 //! Addresses read from the blades (the catalog's replicas and registry, a
@@ -62,6 +63,7 @@ pub mod db;
 pub mod dtx;
 pub mod error;
 pub mod layout;
+pub mod rebuild;
 pub mod recovery;
 pub mod registry;
 pub mod repair;

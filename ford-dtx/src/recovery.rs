@@ -54,6 +54,10 @@ pub struct Recovered {
     pub rolled_forward: u64,
     /// Locks of transactions without a log entry, released.
     pub released: u64,
+    /// Its undo log was on a lost memory blade
+    /// ([`recover_after_loss`]): its transactions in flight, if any had
+    /// begun writing, could not be rolled back.
+    pub log_lost: bool,
     /// Chains not scanned for its locks past a damaged link or mirror. Locks
     /// there that name it are released by [`release_orphans`] once the
     /// chain is whole again (its slot is then free).
@@ -74,6 +78,28 @@ pub enum Which {
 /// # Errors
 /// A corrupt log; verb errors (recovery can then be run again).
 pub async fn recover(ctx: &Ctx, db: &Db, which: Which) -> Result<Vec<Recovered>> {
+    recover_all(ctx, db, which, None).await
+}
+
+/// [`recover`] of the expired registrations after memory blade `lost` was
+/// lost and its copies rebuilt ([`crate::rebuild`]): the lock words of
+/// primaries that were on it are lost, so a transaction whose items'
+/// primaries were all there is decided by its surviving copies instead:
+/// if some surviving copy still has an item's old version, the write did
+/// not finish, and it is rolled back; else it had written every surviving
+/// copy (or is long finished), and it stands. (With some primaries
+/// surviving, their locks decide as in [`recover`].) A registration whose
+/// log area was on the lost blade lost its undo log: its locks are
+/// released, and it is reported ([`Recovered::log_lost`]): a transaction of
+/// it that was writing when it died cannot be rolled back.
+///
+/// # Errors
+/// As [`recover`].
+pub async fn recover_after_loss(ctx: &Ctx, db: &Db, lost: u16) -> Result<Vec<Recovered>> {
+    recover_all(ctx, db, Which::Expired, Some(lost)).await
+}
+
+async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: Option<u16>) -> Result<Vec<Recovered>> {
     let now = now_ms();
     let mut out = Vec::new();
     for s in slots(ctx, db).await? {
@@ -91,7 +117,7 @@ pub async fn recover(ctx: &Ctx, db: &Db, which: Which) -> Result<Vec<Recovered>>
         }
         // Hold the slot against other recoveries while this one runs.
         ctx.write(at.add(8), &(now_ms() + 60_000).to_le_bytes()).await?;
-        out.push(recover_slot(ctx, db, &s).await?);
+        out.push(recover_slot(ctx, db, &s, lost).await?);
         ctx.write(at.add(8), &now_ms().to_le_bytes()).await?;
         ctx.cas(at, mine, 0).await?;
     }
@@ -141,30 +167,44 @@ fn parse_entry(e: &[u8], nonce: u64, db: &Db) -> Option<(u64, Vec<EntryItem>)> {
     Some((w(24), out))
 }
 
-async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo) -> Result<Recovered> {
+async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: Option<u16>) -> Result<Recovered> {
     let mut rep = Recovered { slot: s.slot, pid: s.pid, ..Recovered::default() };
     let entry_bytes = log::entry_bytes(db.max_value);
-    if let Some((at, bytes)) = s.log_area(ctx, db)? {
+    let on_lost = |a: GlobalAddr| Some(a.blade()) == lost;
+    rep.log_lost = s.log_area(ctx, db)?.is_some_and(|(at, _)| on_lost(at));
+    if let Some((at, bytes)) = s.log_area(ctx, db)?.filter(|_| !rep.log_lost) {
         let mut area = vec![0u8; bytes as usize];
         ctx.read_all(at, &mut area).await?;
         for e in area.chunks(entry_bytes) {
             let Some((lw, items)) = parse_entry(e, s.nonce(), db) else { continue };
             rep.entries += 1;
+            // Whether each item's primary still holds the lock (None: the
+            // primary was on the lost blade, and its lock word with it).
             let mut held = Vec::with_capacity(items.len());
             for it in &items {
-                held.push(ctx.read_u64(it.loc[0].add(layout::LOCK)).await? == lw);
+                held.push(if on_lost(it.loc[0]) {
+                    None
+                } else {
+                    Some(ctx.read_u64(it.loc[0].add(layout::LOCK)).await? == lw)
+                });
             }
-            let n = held.iter().filter(|h| **h).count();
-            if n == items.len() && n > 0 {
+            let known: Vec<bool> = held.iter().flatten().copied().collect();
+            let back = if known.is_empty() {
+                // Every primary was lost: did the writes finish?
+                unfinished(ctx, db, &items, lost).await?
+            } else {
+                known.iter().all(|h| *h)
+            };
+            if back && !items.is_empty() {
                 for it in &items {
                     restore(ctx, db, it, lw).await?;
                 }
                 rep.rolled_back += 1;
-            } else if n > 0 {
+            } else if known.iter().any(|h| *h) {
                 rep.rolled_forward += 1;
             }
             for (it, h) in items.iter().zip(&held) {
-                if *h {
+                if *h != Some(false) {
                     ctx.cas(it.loc[0].add(layout::LOCK), lw, 0).await?;
                 }
             }
@@ -190,6 +230,20 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo) -> Result<Recovered> {
         }
     }
     Ok(rep)
+}
+
+/// Whether some surviving copy (not on blade `lost`) of an item of a logged
+/// transaction still has the item's old version: its writes did not
+/// finish.
+async fn unfinished(ctx: &Ctx, db: &Db, items: &[EntryItem], lost: Option<u16>) -> Result<bool> {
+    for it in items {
+        for at in it.loc.iter().take(db.replicas).filter(|a| Some(a.blade()) != lost) {
+            if ctx.read_u64(at.add(layout::VERSION)).await? == it.old_version {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// What [`release_orphans`] found and did.
@@ -502,20 +556,28 @@ fn links_of(views: &[&[u8]; MAX_REPLICAS], replicas: usize) -> [u64; MAX_REPLICA
     )
 }
 
-/// A table's bucket arrays on its first replicas, read in pieces of about
-/// 256 KiB.
+/// A table's bucket arrays on some of its replicas, read in pieces of
+/// about 256 KiB.
 pub(crate) struct Arrays {
     bufs: Vec<Vec<u8>>,
+    from: usize,
     next: u64,
     per: u64,
     bb: u64,
 }
 
 impl Arrays {
-    /// Before the first piece of table `t`'s arrays on `replicas` replicas.
+    /// Before the first piece of table `t`'s arrays on its first `replicas`
+    /// replicas.
     pub(crate) fn new(t: &Table, replicas: usize) -> Arrays {
+        Arrays::of(t, 0..replicas)
+    }
+
+    /// Before the first piece of table `t`'s arrays on replicas `which`.
+    pub(crate) fn of(t: &Table, which: std::ops::Range<usize>) -> Arrays {
         let bb = t.bucket_bytes();
-        Arrays { bufs: vec![Vec::new(); replicas], next: 0, per: (256 << 10) / bb.max(1) + 1, bb }
+        let (from, n) = (which.start, which.len());
+        Arrays { bufs: vec![Vec::new(); from + n], from, next: 0, per: (256 << 10) / bb.max(1) + 1, bb }
     }
 
     /// Reads the next piece: its first bucket and its number of buckets
@@ -525,7 +587,7 @@ impl Arrays {
             return Ok(None);
         }
         let (b, n) = (self.next, self.per.min(t.buckets - self.next));
-        for (r, buf) in self.bufs.iter_mut().enumerate() {
+        for (r, buf) in self.bufs.iter_mut().enumerate().skip(self.from) {
             buf.resize((n * self.bb) as usize, 0);
             ctx.read_all(t.base[r].add(b * self.bb), buf).await?;
         }

@@ -35,7 +35,9 @@ fn main() -> Result<()> {
     let transport = cfg.session.blades.connect()?;
     // `micro` touches only memory it allocates on each blade, found again
     // through that blade's own roots: it runs on any blades, in any order.
-    if !matches!(cfg.job, Job::Micro(_)) {
+    // `rebuild` checks the set itself, with a fresh blade in the lost one's
+    // place.
+    if !matches!(cfg.job, Job::Micro(_) | Job::Rebuild(_)) {
         commands::check_blade_set(&cfg.session, &*transport)?;
     }
     let outcome = match &cfg.job {
@@ -43,6 +45,7 @@ fn main() -> Result<()> {
         Job::Ycsb(y) => commands::ycsb(&cfg.session, &*transport, y)?,
         Job::Dtx(d) => commands::dtx(&cfg.session, transport.clone(), d)?,
         Job::Recover(r) => commands::recover(&cfg.session, transport.clone(), r)?,
+        Job::Rebuild(r) => commands::rebuild(&cfg.session, &*transport, r)?,
         Job::Table(j) => commands::table(&cfg.session, &*transport, j)?,
     };
     if outcome == Outcome::Interrupted {

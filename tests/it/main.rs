@@ -6,4 +6,5 @@ mod cli;
 mod damage;
 mod dtx;
 mod multi;
+mod rebuild;
 mod tables;

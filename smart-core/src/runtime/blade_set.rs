@@ -100,6 +100,84 @@ impl Ctx {
     }
 }
 
+impl Ctx {
+    /// Adopts a fresh memory blade as blade `i` of the set, in the place of
+    /// one that was lost (restarted without its backing file, or replaced),
+    /// for a rebuild of what it held from other blades' copies: checks that
+    /// blade `i` is fresh (no place in a set, nothing allocated) and that
+    /// the other blades form the set with the lost blade at `i`, then
+    /// records blade `i` in the set ([`Ctx::check_blade_set`] passes from
+    /// then on). Blade 0 cannot be replaced: every blade's place names the
+    /// set by blade 0's identity.
+    ///
+    /// # Errors
+    /// [`Error::BladeSet`] if blade `i` is 0, is not fresh, or the others
+    /// are not the set; verb errors.
+    pub async fn adopt_blade(&self, i: u16) -> Result<()> {
+        let n = self.blades().len();
+        let refuse = |blade, what: String| Err(Error::BladeSet { blade, what });
+        if i == 0 || usize::from(i) >= n {
+            return refuse(
+                i,
+                if i == 0 {
+                    "blade 0 cannot be replaced: every blade's place in the set names the set by blade 0's identity"
+                        .into()
+                } else {
+                    format!("there are {n} blades in this list")
+                },
+            );
+        }
+        let mut seen = Vec::with_capacity(n);
+        let mut fresh_heap = 0;
+        for b in 0..n {
+            let w = self.superblock(b as u16).await?;
+            let word = |off: u64| w[off as usize / 8];
+            seen.push(Seen {
+                identity: word(layout::OFF_IDENTITY),
+                place: word(layout::OFF_SET_PLACE),
+                next: word(layout::OFF_SET_NEXT),
+            });
+            if b == usize::from(i) {
+                fresh_heap = word(layout::OFF_HEAP);
+            }
+        }
+        let new = seen[usize::from(i)];
+        if new.place != 0 || new.next != 0 || fresh_heap != layout::HEAP_START {
+            return refuse(
+                i,
+                "is not a fresh memory blade: it has a place in a set, or memory in use (start a new memory-blade \
+                 process, without a backing file or on a new one, in the lost blade's place)"
+                    .into(),
+            );
+        }
+        let old = seen[usize::from(i) - 1].next;
+        if old == 0 {
+            return refuse(i, format!("blade {} of this list never had a next blade: no blade was lost here", i - 1));
+        }
+        // The others, judged as if the lost blade were still in its place.
+        let mut was = seen.clone();
+        was[usize::from(i)] = Seen { identity: old, place: 0, next: 0 };
+        for (b, s) in was.iter().enumerate() {
+            if b != usize::from(i) {
+                judge(&was, b, *s)?;
+            }
+        }
+        if seen.iter().enumerate().any(|(b, s)| b != usize::from(i) && s.identity == new.identity) {
+            return refuse(i, "has the identity of another blade in this list".into());
+        }
+        let prev = GlobalAddr::new(i - 1, layout::OFF_SET_NEXT);
+        if self.cas(prev, old, new.identity).await? != old {
+            return refuse(i, "another compute blade changed the set meanwhile".into());
+        }
+        let head = seen[0].identity;
+        self.cas(GlobalAddr::new(i, layout::OFF_SET_PLACE), 0, layout::set_place(head, i)).await?;
+        if let Some(next) = seen.get(usize::from(i) + 1) {
+            self.cas(GlobalAddr::new(i, layout::OFF_SET_NEXT), 0, next.identity).await?;
+        }
+        self.check_blade_set().await
+    }
+}
+
 /// Whether blade `b`, which says `s` of itself, fits its place in `seen`.
 fn judge(seen: &[Seen], b: usize, s: Seen) -> Result<()> {
     let blade = b as u16;

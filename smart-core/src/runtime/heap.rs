@@ -27,6 +27,32 @@ impl Ctx {
         Ok(w)
     }
 
+    /// Marks the heap of a fresh blade `blade` (nothing allocated yet) in
+    /// use up to offset `end` (rounded up to a page), so that what is
+    /// written there keeps its addresses: for a lost blade's contents
+    /// rebuilt in place from copies on other blades.
+    ///
+    /// # Errors
+    /// [`Error::Damaged`] if something was allocated on the blade already;
+    /// [`Error::OutOfMemory`] past its end; verb errors.
+    pub async fn reserve_heap(&self, blade: u16, end: u64) -> Result<()> {
+        let info = *self.0.blades.get(blade as usize).ok_or(Error::NoSuchBlade(blade, self.0.blades.len()))?;
+        let end = end.max(layout::HEAP_START).next_multiple_of(4096);
+        if end > info.size {
+            return Err(Error::OutOfMemory { blade, bytes: end - layout::HEAP_START, size: info.size });
+        }
+        let old = self.cas(GlobalAddr::new(blade, layout::OFF_HEAP), layout::HEAP_START, end).await?;
+        if old != layout::HEAP_START {
+            return Err(Error::Damaged {
+                blade,
+                what: format!(
+                    "its heap is in use up to {old:#x}: it is not fresh, so nothing is rebuilt in place on it"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Allocates `size` bytes aligned to `align` (a power of two ≤ 4096) on
     /// blade `blade`. Small allocations come from a chunk this thread took
     /// from the blade's heap with one FAA (the last chunk may be partial);

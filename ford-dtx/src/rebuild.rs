@@ -1,0 +1,226 @@
+//! Rebuilding a lost memory blade's copies from the other replicas.
+//!
+//! A memory blade that is lost (restarted without its backing file, or
+//! replaced) takes with it its copies of the tables placed on it: the
+//! bucket arrays and overflow buckets of the tables whose primary or backup
+//! it held, and the undo logs of the compute blades registered on it. Every
+//! record and every chain has copies on other blades (k ≥ 2), so the lost
+//! ones can be written again, **in place**: on a fresh blade adopted in the
+//! lost one's place ([`smart_core::Ctx::adopt_blade`]), whose heap is first
+//! marked in use up to the end of what the database had there
+//! ([`extent_on`], [`smart_core::Ctx::reserve_heap`]), every copy goes back
+//! to the address it had, so no address stored anywhere changes.
+//!
+//! [`rebuild`] copies each lost bucket array and overflow bucket from a
+//! surviving replica (walking the chains on it, which every replica keeps),
+//! lock words cleared (the locks of dead transactions on a lost primary
+//! are lost with it: recovery decides those transactions by what survives,
+//! see [`crate::recovery::recover_after_loss`]), each copy's chain words
+//! its own.
+//!
+//! Limits: blade 0 (the catalog, the registry and the named roots, which
+//! are not replicated) cannot be rebuilt; a database with one replica
+//! cannot; a chain whose surviving copies do not link (a database made
+//! before chains were kept on every replica, whose primary was lost) is
+//! reported and not rebuilt past that point.
+
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::db::{stored_addr, Db, Table};
+use crate::error::{DtxError, Result};
+use crate::layout::{self, MAX_REPLICAS, SLOTS};
+use crate::recovery::Arrays;
+use crate::registry::slots;
+
+/// What [`rebuild`] wrote on the lost blade.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Rebuilt {
+    /// Bucket arrays written again (a table's copy on the lost blade).
+    pub arrays: u64,
+    /// Overflow buckets written again.
+    pub overflow: u64,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Registry slots whose undo log area was on the lost blade (written
+    /// again empty: a dead compute blade's entries there are lost).
+    pub log_areas: u64,
+}
+
+/// The replica of table `t` to copy from: the first not on blade `lost`.
+fn source(t: &Table, replicas: usize, lost: u16) -> Option<usize> {
+    (0..replicas).find(|r| t.base[*r].blade() != lost)
+}
+
+/// Every bucket of every chain of table `t` that has a copy on blade
+/// `lost`, as the copies of each (the home bucket first), walked on replica
+/// `s` (which has none on `lost`). Calls `f(home index, chain)` per home
+/// bucket whose chain has an overflow bucket.
+async fn chains<F>(ctx: &Ctx, t: &Table, replicas: usize, s: usize, mut f: F) -> Result<()>
+where
+    F: FnMut(u64, &[[GlobalAddr; MAX_REPLICAS]]),
+{
+    let bb = t.bucket_bytes();
+    let mut arrays = Arrays::of(t, s..s + 1);
+    let mut header = [0u8; layout::BUCKET_HEADER as usize];
+    while let Some((b, n)) = arrays.next(ctx, t).await? {
+        for i in 0..n {
+            let home = t.base[0].add((b + i) * bb);
+            let mut chain = vec![t.array_mirrors(home, replicas)];
+            let mut next = u64::from_le_bytes(arrays.bucket(s, i)[..8].try_into().expect("8 bytes"));
+            while next != 0 {
+                crate::db::chain_within(ctx.blades(), t, home, chain.len() as u64 - 1)?;
+                let at = stored_addr(ctx.blades(), next, bb, || {
+                    format!("table {}: replica {s}'s next bucket after {}", t.id, chain[chain.len() - 1][s])
+                })?;
+                ctx.read(at, &mut header).await?;
+                let (nx, named) = layout::copies_named(&header, s, at);
+                let mut copies = [GlobalAddr::NULL; MAX_REPLICAS];
+                for r in 0..replicas {
+                    copies[r] = stored_addr(ctx.blades(), named[r], bb, || {
+                        format!("table {}: replica {r} of the overflow bucket at {at} (replica {s})", t.id)
+                    })?;
+                }
+                chain.push(copies);
+                next = nx;
+            }
+            if chain.len() > 1 {
+                f(b + i, &chain);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The end (an offset) of what database `db` has on blade `lost`: its
+/// bucket arrays, overflow buckets and undo log areas there; 0 if nothing.
+///
+/// # Errors
+/// [`DtxError::Config`] if `lost` is blade 0 or the database has one
+/// replica; a chain that cannot be walked on a surviving replica; verb
+/// errors.
+pub async fn extent_on(ctx: &Ctx, db: &Db, lost: u16) -> Result<u64> {
+    refuse_unrebuildable(db, lost)?;
+    let mut end = 0;
+    for t in &db.tables {
+        let bb = t.bucket_bytes();
+        for r in 0..db.replicas {
+            if t.base[r].blade() == lost {
+                end = end.max(t.base[r].offset() + t.buckets * bb);
+            }
+        }
+        let Some(s) = source(t, db.replicas, lost) else { continue };
+        if (0..db.replicas).all(|r| t.base[r].blade() != lost) {
+            continue;
+        }
+        chains(ctx, t, db.replicas, s, |_, chain| {
+            for c in chain.iter().flatten().filter(|c| c.blade() == lost) {
+                end = end.max(c.offset() + bb);
+            }
+        })
+        .await?;
+    }
+    for s in slots(ctx, db).await? {
+        if s.log.blade() == lost && !s.log.is_null() {
+            if let Some((at, bytes)) = s.log_area(ctx, db)? {
+                end = end.max(at.offset() + bytes);
+            }
+        }
+    }
+    Ok(end)
+}
+
+fn refuse_unrebuildable(db: &Db, lost: u16) -> Result<()> {
+    if lost == 0 {
+        return Err(DtxError::Config(format!(
+            "database {}: memory blade 0 holds its catalog and registry, which are not replicated: it cannot be \
+             rebuilt",
+            db.name
+        )));
+    }
+    if db.replicas < 2 {
+        return Err(DtxError::Config(format!(
+            "database {} keeps one copy of each record (--replicas 1): what was on memory blade {lost} is lost",
+            db.name
+        )));
+    }
+    Ok(())
+}
+
+/// Writes what database `db` had on blade `lost` again, in place, from the
+/// other replicas (see the module docs). The blade must have been adopted
+/// and its heap reserved past [`extent_on`]. No compute blade may run on
+/// the database meanwhile.
+///
+/// # Errors
+/// As [`extent_on`]; verb errors. Idempotent: run again after a failure.
+pub async fn rebuild(ctx: &Ctx, db: &Db, lost: u16) -> Result<Rebuilt> {
+    refuse_unrebuildable(db, lost)?;
+    let mut out = Rebuilt::default();
+    for t in &db.tables {
+        let Some(s) = source(t, db.replicas, lost) else { continue };
+        let on_lost: Vec<usize> = (0..db.replicas).filter(|r| t.base[*r].blade() == lost).collect();
+        if on_lost.is_empty() {
+            continue;
+        }
+        let bb = t.bucket_bytes();
+        // The arrays: the source's buckets, lock words and headers cleared
+        // (the chain words are written below).
+        let mut arrays = Arrays::of(t, s..s + 1);
+        while let Some((b, n)) = arrays.next(ctx, t).await? {
+            let mut piece = Vec::with_capacity((n * bb) as usize);
+            for i in 0..n {
+                let mut bucket = arrays.bucket(s, i).to_vec();
+                clear_for_copy(t, &mut bucket);
+                piece.extend_from_slice(&bucket);
+            }
+            for r in &on_lost {
+                ctx.write_all(t.base[*r].add(b * bb), &piece).await?;
+                out.bytes += piece.len() as u64;
+            }
+        }
+        out.arrays += on_lost.len() as u64;
+        // The chains: overflow buckets, and the links to them.
+        let mut work = Vec::new();
+        chains(ctx, t, db.replicas, s, |_, chain| work.push(chain.to_vec())).await?;
+        let mut bucket = vec![0u8; bb as usize];
+        for chain in work {
+            for (j, copies) in chain.iter().enumerate() {
+                let next = chain.get(j + 1);
+                for r in &on_lost {
+                    let link = next.map_or(0, |n| n[*r].raw());
+                    if j == 0 {
+                        // A home bucket: only its link.
+                        ctx.write(copies[*r], &link.to_le_bytes()).await?;
+                        continue;
+                    }
+                    ctx.read(copies[s], &mut bucket).await?;
+                    clear_for_copy(t, &mut bucket);
+                    bucket[..layout::BUCKET_HEADER as usize].copy_from_slice(&layout::header_bytes(link, copies, *r));
+                    ctx.write_all(copies[*r], &bucket).await?;
+                    out.overflow += 1;
+                    out.bytes += bb;
+                }
+            }
+        }
+    }
+    for s in slots(ctx, db).await? {
+        if s.log.blade() == lost && !s.log.is_null() {
+            if let Some((at, bytes)) = s.log_area(ctx, db)? {
+                ctx.write_all(at, &vec![0u8; bytes as usize]).await?;
+                out.log_areas += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A bucket read from one replica, made ready to be another's copy: its
+/// header cleared and its records' lock words (a backup's are 0; a lost
+/// primary's held locks are lost).
+fn clear_for_copy(t: &Table, bucket: &mut [u8]) {
+    bucket[..layout::BUCKET_HEADER as usize].fill(0);
+    for slot in 0..SLOTS {
+        let at = (layout::slot_offset(t.value_size, slot) + layout::LOCK) as usize;
+        bucket[at..at + 8].fill(0);
+    }
+}
