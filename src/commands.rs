@@ -536,7 +536,7 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
         let mut out = Vec::new();
         for db in &all {
             let r = ford_dtx::rebuild::rebuild(&ctx, db, lost).await?;
-            let rec = ford_dtx::recovery::recover_after_loss(&ctx, db, lost).await?;
+            let rec = ford_dtx::recovery::recover_after_loss(&ctx, db, lost, Which::Expired).await?;
             let orphans = ford_dtx::recovery::release_orphans(&ctx, db).await?;
             out.push((r, rec, orphans));
         }

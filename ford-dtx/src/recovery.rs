@@ -81,7 +81,7 @@ pub async fn recover(ctx: &Ctx, db: &Db, which: Which) -> Result<Vec<Recovered>>
     recover_all(ctx, db, which, None).await
 }
 
-/// [`recover`] of the expired registrations after memory blade `lost` was
+/// [`recover`] of registrations `which` after memory blade `lost` was
 /// lost and its copies rebuilt ([`crate::rebuild`]): the lock words of
 /// primaries that were on it are lost, so a transaction whose items'
 /// primaries were all there is decided by its surviving copies instead:
@@ -95,8 +95,8 @@ pub async fn recover(ctx: &Ctx, db: &Db, which: Which) -> Result<Vec<Recovered>>
 ///
 /// # Errors
 /// As [`recover`].
-pub async fn recover_after_loss(ctx: &Ctx, db: &Db, lost: u16) -> Result<Vec<Recovered>> {
-    recover_all(ctx, db, Which::Expired, Some(lost)).await
+pub async fn recover_after_loss(ctx: &Ctx, db: &Db, lost: u16, which: Which) -> Result<Vec<Recovered>> {
+    recover_all(ctx, db, which, Some(lost)).await
 }
 
 async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: Option<u16>) -> Result<Vec<Recovered>> {

@@ -370,3 +370,96 @@ fn a_compute_blade_whose_lease_lapsed_stops_locking_and_committing() {
     });
     ok.close(&*t).unwrap();
 }
+
+#[test]
+fn a_transaction_cut_short_when_a_blade_is_lost_is_settled_by_what_survives() {
+    use ford_dtx::layout::{self, LOCK};
+    use ford_dtx::recovery::{recover_after_loss, scan};
+
+    // Items: (table, key). Table 0 lives on blades 0 (primary) and 1, table
+    // 1 on blades 1 (primary) and 2; blade 1 is lost. Each case: the items
+    // of a transaction cut short in its commit, the copies its WRITEs had
+    // reached (table, key, replica), and whether it must stand.
+    type Item = (u32, u64);
+    let cases: [(&str, [Item; 2], &[(u32, u64, usize)], bool); 3] = [
+        ("one primary lost, one surviving and locked", [(1, 0), (0, 0)], &[(1, 0, 1)], false),
+        ("both primaries lost, one surviving copy written", [(1, 0), (1, 1)], &[(1, 0, 1)], false),
+        ("both primaries lost, every surviving copy written", [(1, 0), (1, 1)], &[(1, 0, 1), (1, 1, 1)], true),
+    ];
+    for (what, items, written, stands) in cases {
+        let b = backends::embedded(3);
+        let t: Arc<dyn Transport> = b.transport.clone();
+        let (mut rt, db, first) = open(&t, &spec("loss", &[8, 8], 16, 2), 1, 1);
+        // The transaction's compute blade: registry slot 2, whose undo log
+        // is on blade 2 (slot 1's is on blade 1, the lost one).
+        let reg = join(&t, &db);
+        assert_eq!(reg.slot(), 2);
+        let placed: Vec<[u16; 2]> =
+            (0..2).map(|i| [db.table(i).base[0].blade(), db.table(i).base[1].blade()]).collect();
+        assert_eq!(placed, vec![[0, 1], [1, 2]]);
+        let dtx = reg.open_thread(rt.ctx());
+        let slot = reg.slot();
+        let (ctx, d) = (rt.ctx(), db.clone());
+        let ok = rt.block_on(async move {
+            for table in 0..2 {
+                for key in 0..2 {
+                    insert_one(&dtx, table, key, START).await.unwrap();
+                }
+            }
+            // Every copy of every row, before the transaction.
+            let mut before = std::collections::HashMap::new();
+            for table in 0..2u32 {
+                scan(&ctx, d.table(table), 2, |v| {
+                    let key = layout::key_of(v.recs[0]).0;
+                    before.insert((table, key), (v.at, [v.recs[0].to_vec(), v.recs[1].to_vec()]));
+                })
+                .await
+                .unwrap();
+            }
+            let mut tx = dtx.txn(0);
+            tx.begin();
+            let ids = items.map(|(table, key)| tx.update(table, key));
+            tx.execute().await.unwrap();
+            tx.write(ids[0], &(START + 7).to_le_bytes());
+            tx.write(ids[1], &(START - 7).to_le_bytes());
+            tx.commit().await.unwrap();
+            let lw = tx.lock_word();
+            // Back to the instant it died: its locks held, its WRITEs only on
+            // the copies they reached.
+            for (table, key) in items {
+                let (at, old) = &before[&(table, key)];
+                for r in 0..2 {
+                    if !written.contains(&(table, key, r)) {
+                        ctx.write(at[r], &old[r]).await.unwrap();
+                    }
+                }
+                ctx.write(at[0].add(LOCK), &lw.to_le_bytes()).await.unwrap();
+            }
+            // Blade 1 is lost: its copies are gone.
+            for table in 0..2u32 {
+                let tb = d.table(table);
+                for r in (0..2).filter(|r| tb.base[*r].blade() == 1) {
+                    ctx.write_all(tb.base[r], &vec![0u8; (tb.buckets * tb.bucket_bytes()) as usize]).await.unwrap();
+                }
+            }
+            let rebuilt = ford_dtx::rebuild::rebuild(&ctx, &d, 1).await.unwrap();
+            assert_eq!(rebuilt.arrays, 2, "{what}");
+            let rec = recover_after_loss(&ctx, &d, 1, Which::Slot(slot)).await.unwrap();
+            assert_eq!((rec[0].rolled_back, rec[0].log_lost), (u64::from(!stands), false), "{what}: {rec:?}");
+            let mut rows = std::collections::HashMap::new();
+            let rep = audit(&ctx, &d, |table, key, v| {
+                rows.insert((table, key), u(v));
+            })
+            .await
+            .unwrap();
+            assert_eq!(rep.violations(), 0, "{what}: {rep:?}");
+            let values = items.map(|i| rows[&i]);
+            let want = if stands { [START + 7, START - 7] } else { [START, START] };
+            assert_eq!(values, want, "{what}: wholly applied or wholly absent");
+            true
+        });
+        assert!(ok);
+        drop(reg);
+        first.close(&*t).unwrap();
+    }
+}
