@@ -518,20 +518,42 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
         for db in &all {
             end = end.max(ford_dtx::rebuild::extent_on(&ctx, db, lost).await?);
         }
-        ctx.set_root(0, REBUILDING, smart_core::GlobalAddr::new(lost, smart_core::layout::HEAP_START)).await?;
-        // A rebuild that stopped after adopting the blade resumes: the set
-        // then already holds it.
-        if ctx.check_blade_set().await.is_err() {
-            ctx.adopt_blade(lost).await?;
-        }
-        let heap = ctx.read_u64(smart_core::GlobalAddr::new(lost, smart_core::layout::OFF_HEAP)).await?;
-        if heap == smart_core::layout::HEAP_START {
-            ctx.reserve_heap(lost, end).await?;
-        } else if heap != end.max(smart_core::layout::HEAP_START).next_multiple_of(4096) {
-            return Err(ford_dtx::DtxError::Config(format!(
-                "memory blade {lost} is in the set and its heap in use up to {heap:#x}: it was not lost (or was used \
-                 since it was adopted), so nothing is rebuilt on it"
-            )));
+        let target = end.max(smart_core::layout::HEAP_START).next_multiple_of(4096);
+        let guard = smart_core::GlobalAddr::new(lost, smart_core::layout::HEAP_START);
+        if ctx.check_blade_set().await.is_ok() {
+            // The set holds blade `lost`: a rebuild of it that stopped after
+            // adopting it resumes (its mark is still on blade 0); a blade
+            // that was not lost is left alone.
+            if ctx.root(0, REBUILDING).await?.map(|g| g.blade()) != Some(lost) {
+                return Err(ford_dtx::DtxError::Config(format!(
+                    "memory blade {lost} is the one this set had (or its rebuild finished): it was not lost, so \
+                     nothing is rebuilt on it"
+                )));
+            }
+            let heap = ctx.read_u64(smart_core::GlobalAddr::new(lost, smart_core::layout::OFF_HEAP)).await?;
+            if heap == smart_core::layout::HEAP_START {
+                ctx.reserve_heap(lost, target).await?;
+            } else if heap != target {
+                return Err(ford_dtx::DtxError::Config(format!(
+                    "memory blade {lost}, being rebuilt, has its heap in use up to {heap:#x}, not {target:#x}: \
+                     something else allocated on it"
+                )));
+            }
+        } else {
+            let size = ctx.blades()[usize::from(lost)].size;
+            if target > size {
+                return Err(ford_dtx::DtxError::Config(format!(
+                    "memory blade {lost} has {size} bytes; what was lost reached offset {target:#x}: start it with a \
+                     larger --size"
+                )));
+            }
+            ctx.set_root(0, REBUILDING, guard).await?;
+            if let Err(e) = ctx.adopt_blade(lost).await {
+                // Refused: nothing changed, so nothing is in progress.
+                ctx.drop_root(0, REBUILDING).await?;
+                return Err(e.into());
+            }
+            ctx.reserve_heap(lost, target).await?;
         }
         let mut out = Vec::new();
         for db in &all {

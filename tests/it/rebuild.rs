@@ -16,6 +16,22 @@ fn three() -> (Vec<Blade>, Vec<String>) {
     (b, addrs)
 }
 
+/// A short audited SmallBank run of 2 000 accounts on `list`: its record.
+fn smallbank(list: &str, name: &str) -> Value {
+    let q = ["--blades", list, "--duration", "0.3", "--warmup", "0", "--quiet", "--audit"];
+    run_json(name, &[&["smallbank", "--accounts", "2000", "--hot", "50"], &q[..]].concat())
+}
+
+/// SIGKILLs blade `i` (its memory goes with it) and starts a fresh one in
+/// its place: the new `--blades` list.
+fn lose(blades: &mut Vec<Blade>, addrs: &mut [String], i: usize) -> String {
+    drop(blades.remove(i));
+    let fresh = Blade::start(&["--size", "64MiB"]);
+    addrs[i] = fresh.addr.clone();
+    blades.insert(i, fresh);
+    addrs.join(",")
+}
+
 /// `--audit-only` of `workload` on `list`: its exit status and record.
 fn audit(workload: &str, list: &str, name: &str) -> (Option<i32>, Value) {
     let j = crate::cli::tmp(name);
@@ -47,15 +63,11 @@ fn a_lost_memory_blade_is_rebuilt_from_the_other_replicas() {
     let (mut blades, mut addrs) = three();
     let list = addrs.join(",");
     let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0", "--quiet", "--audit"];
-    let sb = run_json("rb-sb.json", &[&["smallbank", "--accounts", "2000", "--hot", "50"], &q[..]].concat());
+    let sb = smallbank(&list, "rb-sb.json");
     let ta = run_json("rb-tatp.json", &[&["tatp", "--subscribers", "2000"], &q[..]].concat());
     assert_eq!((sb["violations"].as_u64(), ta["violations"].as_u64()), (Some(0), Some(0)));
     // Blade 1 dies with its memory; a fresh one takes its place.
-    drop(blades.remove(1));
-    let fresh = Blade::start(&["--size", "64MiB"]);
-    addrs[1] = fresh.addr.clone();
-    blades.insert(1, fresh);
-    let list = addrs.join(",");
+    let list = lose(&mut blades, &mut addrs, 1);
     let (code, _) = audit("smallbank", &list, "rb-refused.json");
     assert_ne!(code, Some(0), "a replaced blade is refused until rebuilt");
     let out = compute(&["rebuild", "--blades", &list, "--lost", "0"]);
@@ -68,9 +80,28 @@ fn a_lost_memory_blade_is_rebuilt_from_the_other_replicas() {
         assert_eq!(code, Some(0), "{w}: {r}");
         assert_eq!(r["audit"]["db"]["live"], before["audit"]["db"]["live"], "{w}: every row is back");
     }
+    // A blade that is not fresh (something allocated on it) is not taken
+    // for a lost one.
+    let used = Blade::start(&["--size", "64MiB"]);
+    let m = compute(&[
+        "micro",
+        "--blades",
+        &used.addr,
+        "--op",
+        "read",
+        "--size",
+        "8",
+        "--duration",
+        "0.1",
+        "--warmup",
+        "0",
+    ]);
+    assert!(m.status.success(), "{m:?}");
+    let other = [addrs[0].as_str(), used.addr.as_str(), addrs[2].as_str()].join(",");
+    let (code, text) = rebuild(&other, "1");
+    assert!(code == Some(1) && text.contains("is not a fresh memory blade"), "{text}");
     // The rebuilt blade serves transactions.
-    let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0", "--quiet", "--audit"];
-    let again = run_json("rb-again.json", &[&["smallbank", "--accounts", "2000", "--hot", "50"], &q[..]].concat());
+    let again = smallbank(&list, "rb-again.json");
     assert_eq!(again["violations"].as_u64(), Some(0), "{again}");
 }
 
@@ -107,4 +138,37 @@ fn a_memory_blade_lost_under_running_transactions_is_rebuilt_and_the_money_kept(
     let (code, r) = audit("smallbank", &list, "rbl-audit.json");
     assert_eq!(code, Some(0), "money conserved, no lock held, replicas equal: {r}");
     assert_eq!(r["audit"]["balances"], r["audit"]["expected"], "{r}");
+}
+
+#[test]
+fn a_rebuild_that_stopped_after_adopting_the_blade_refuses_other_commands_and_resumes() {
+    use smart_core::{GlobalAddr, Runtime, RuntimeConfig, TcpTransport};
+
+    let (mut blades, mut addrs) = three();
+    let sb = smallbank(&addrs.join(","), "rbr-sb.json");
+    let list = lose(&mut blades, &mut addrs, 1);
+    // What a rebuild does before it writes anything, and no more: it dies
+    // there.
+    {
+        let t = TcpTransport::connect(&addrs).unwrap();
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            let guard = GlobalAddr::new(1, smart_core::layout::HEAP_START);
+            ctx.set_root(0, ford_dtx::db::REBUILDING, guard).await.unwrap();
+            ctx.adopt_blade(1).await.unwrap();
+        });
+    }
+    let (code, _) = audit("smallbank", &list, "rbr-refused.json");
+    assert_eq!(code, Some(1));
+    let out = compute(&["smallbank", "--blades", &list, "--audit-only"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("memory blade 1 is being rebuilt"), "{out:?}");
+    let (code, text) = rebuild(&list, "1");
+    assert_eq!(code, Some(0), "{text}");
+    let (code, r) = audit("smallbank", &list, "rbr-audit.json");
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["audit"]["db"]["live"], sb["audit"]["db"]["live"]);
+    // A set whose blades were all kept: nothing to rebuild.
+    let (code, text) = rebuild(&list, "2");
+    assert!(code == Some(1) && text.contains("it was not lost"), "{text}");
 }

@@ -381,7 +381,8 @@ fn a_transaction_cut_short_when_a_blade_is_lost_is_settled_by_what_survives() {
     // of a transaction cut short in its commit, the copies its WRITEs had
     // reached (table, key, replica), and whether it must stand.
     type Item = (u32, u64);
-    let cases: [(&str, [Item; 2], &[(u32, u64, usize)], bool); 3] = [
+    type Case<'a> = (&'a str, [Item; 2], &'a [(u32, u64, usize)], bool);
+    let cases: [Case<'_>; 3] = [
         ("one primary lost, one surviving and locked", [(1, 0), (0, 0)], &[(1, 0, 1)], false),
         ("both primaries lost, one surviving copy written", [(1, 0), (1, 1)], &[(1, 0, 1)], false),
         ("both primaries lost, every surviving copy written", [(1, 0), (1, 1)], &[(1, 0, 1), (1, 1, 1)], true),
