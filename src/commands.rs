@@ -513,6 +513,8 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     }
     let ctx = rt.ctx();
     let all = dbs.clone();
+    let progress = s.run.progress;
+    let started = std::time::Instant::now();
     let out = rt.block_on(async move {
         let mut end = 0;
         for db in &all {
@@ -557,6 +559,9 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
         }
         let mut out = Vec::new();
         for db in &all {
+            if progress {
+                eprintln!("{}: rebuilding its copies on memory blade {lost} …", db.name);
+            }
             let r = ford_dtx::rebuild::rebuild(&ctx, db, lost).await?;
             let rec = ford_dtx::recovery::recover_after_loss(&ctx, db, lost, Which::Expired).await?;
             let orphans = ford_dtx::recovery::release_orphans(&ctx, db).await?;
@@ -565,6 +570,7 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
         ctx.drop_root(0, REBUILDING).await?;
         Ok::<_, ford_dtx::DtxError>(out)
     })?;
+    let secs = started.elapsed().as_secs_f64();
     let mut settled = true;
     let mut records = Vec::new();
     for (name, (r, rec, orphans)) in names.iter().zip(out) {
@@ -593,9 +599,10 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
         records.push(json!({ "db": name, "rebuilt": r, "recovered": rec, "orphan_locks": orphans }));
     }
     if let Some(p) = &s.json {
-        let rec = json!({ "bench": "rebuild", "lost": lost, "databases": records });
+        let rec = json!({ "bench": "rebuild", "lost": lost, "seconds": secs, "databases": records });
         std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")?;
     }
+    println!("rebuilt in {secs:.1} s");
     if !settled {
         eprintln!("compute-blade: transactions in flight whose undo log was on the lost blade were not settled");
     }
