@@ -362,38 +362,11 @@ pub fn recover(s: &Session, t: Arc<dyn Transport>, job: &RecoverJob) -> Result<O
         if v.is_empty() {
             println!("{name}: no dead compute blade");
         }
-        for r in &v {
-            let cut = if r.chains_cut > 0 {
-                format!(" ({} chains not scanned past a damaged link)", r.chains_cut)
-            } else {
-                String::new()
-            };
-            println!(
-                "{name}: compute blade {} (pid {}): {} log entries, {} rolled back, {} rolled forward, {} locks released{cut}",
-                r.slot, r.pid, r.entries, r.rolled_back, r.rolled_forward, r.released
-            );
-        }
+        print_recovered(name, &v);
         let orphans = orphans.map_err(|e| {
             anyhow::anyhow!("recovering {name:?}: scanning for lock words no compute blade can hold: {e}")
         })?;
-        if orphans.released > 0 {
-            let shown: Vec<String> =
-                orphans.shown.iter().map(|h| format!("table {} key {} word {:#x}", h.table, h.key, h.word)).collect();
-            let more = if orphans.released > shown.len() as u64 { ", …" } else { "" };
-            println!(
-                "{name}: {} damaged lock words that no compute blade could hold released (of {} held): {}{more}",
-                orphans.released,
-                orphans.held,
-                shown.join(", ")
-            );
-        }
-        if orphans.chains_cut > 0 {
-            println!(
-                "{name}: {} chains not scanned for lock words past a damaged link or mirror: {}",
-                orphans.chains_cut,
-                orphans.first_cut.as_deref().unwrap_or("")
-            );
-        }
+        print_orphans(name, &orphans);
         let repaired = if job.repair {
             let r = repair(&mut rt, &t, db, name)?;
             left += r.left_damaged();
@@ -409,6 +382,43 @@ pub fn recover(s: &Session, t: Arc<dyn Transport>, job: &RecoverJob) -> Result<O
         std::fs::write(p, serde_json::to_string_pretty(&json!({ "bench": "recover", "databases": all }))? + "\n")?;
     }
     Ok(Outcome::of(left == 0, false))
+}
+
+/// What recovery did for each dead compute blade of database `name`.
+fn print_recovered(name: &str, v: &[ford_dtx::recovery::Recovered]) {
+    for r in v {
+        let cut = if r.chains_cut > 0 {
+            format!(" ({} chains not scanned past a damaged link)", r.chains_cut)
+        } else {
+            String::new()
+        };
+        println!(
+            "{name}: compute blade {} (pid {}): {} log entries, {} rolled back, {} rolled forward, {} locks released{cut}",
+            r.slot, r.pid, r.entries, r.rolled_back, r.rolled_forward, r.released
+        );
+    }
+}
+
+/// What the release of lock words no compute blade can hold did.
+fn print_orphans(name: &str, orphans: &ford_dtx::recovery::Orphans) {
+    if orphans.released > 0 {
+        let shown: Vec<String> =
+            orphans.shown.iter().map(|h| format!("table {} key {} word {:#x}", h.table, h.key, h.word)).collect();
+        let more = if orphans.released > shown.len() as u64 { ", …" } else { "" };
+        println!(
+            "{name}: {} damaged lock words that no compute blade could hold released (of {} held): {}{more}",
+            orphans.released,
+            orphans.held,
+            shown.join(", ")
+        );
+    }
+    if orphans.chains_cut > 0 {
+        println!(
+            "{name}: {} chains not scanned for lock words past a damaged link or mirror: {}",
+            orphans.chains_cut,
+            orphans.first_cut.as_deref().unwrap_or("")
+        );
+    }
 }
 
 /// `recover --repair` of database `name`: registers a compute blade of one
@@ -579,11 +589,8 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
              areas were there",
             r.arrays, r.overflow, r.bytes, r.log_areas
         );
+        print_recovered(name, &rec);
         for x in &rec {
-            println!(
-                "{name}: compute blade {} (pid {}): {} log entries, {} rolled back, {} rolled forward, {} locks released",
-                x.slot, x.pid, x.entries, x.rolled_back, x.rolled_forward, x.released
-            );
             if x.log_lost {
                 settled = false;
                 println!(
@@ -593,9 +600,7 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
                 );
             }
         }
-        if orphans.released > 0 {
-            println!("{name}: {} lock words that no compute blade could hold released", orphans.released);
-        }
+        print_orphans(name, &orphans);
         records.push(json!({ "db": name, "rebuilt": r, "recovered": rec, "orphan_locks": orphans }));
     }
     if let Some(p) = &s.json {

@@ -397,9 +397,35 @@ impl Db {
     }
 }
 
+/// The copies, on the first `replicas` replicas, of the overflow bucket of
+/// table `t` whose copy on replica `r` is at `at` with header `header`
+/// ([`layout::copies_named`]), each checked to name a bucket
+/// ([`stored_addr`]).
+///
+/// # Errors
+/// [`DtxError::Corrupt`] for a copy word that names no bucket.
+pub(crate) fn overflow_copies(
+    blades: &[BladeInfo],
+    t: &Table,
+    replicas: usize,
+    header: &[u8],
+    r: usize,
+    at: GlobalAddr,
+) -> Result<[GlobalAddr; MAX_REPLICAS]> {
+    let (_, named) = layout::copies_named(header, r, at);
+    let mut out = [GlobalAddr::NULL; MAX_REPLICAS];
+    for (j, c) in out.iter_mut().enumerate().take(replicas) {
+        *c = stored_addr(blades, named[j], t.bucket_bytes(), || {
+            let by = if r == 0 { String::new() } else { format!(" (named by its copy on replica {r})") };
+            format!("table {}: replica {j} of overflow bucket {at}{by}", t.id)
+        })?;
+    }
+    Ok(out)
+}
+
 /// The copies of bucket `at` (a primary bucket of table `t`) on the first
 /// `replicas` replicas: positional in the bucket arrays, named by an
-/// overflow bucket's header ([`layout::header_of`]).
+/// overflow bucket's header ([`overflow_copies`]).
 ///
 /// # Errors
 /// A header that names no bucket; verb errors.
@@ -416,15 +442,7 @@ pub(crate) async fn bucket_copies(
     }
     let mut header = [0u8; layout::BUCKET_HEADER as usize];
     ctx.read(at, &mut header).await?;
-    let mirrors = layout::header_of(&header).1;
-    let mut out = [GlobalAddr::NULL; MAX_REPLICAS];
-    out[0] = at;
-    for r in 1..replicas {
-        out[r] = stored_addr(ctx.blades(), mirrors[r], t.bucket_bytes(), || {
-            format!("table {}: replica {r} of overflow bucket {at}", t.id)
-        })?;
-    }
-    Ok(out)
+    overflow_copies(ctx.blades(), t, replicas, &header, 0, at)
 }
 
 /// Allocates an overflow bucket on every replica and links it after the

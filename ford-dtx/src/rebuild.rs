@@ -26,7 +26,7 @@
 
 use smart_core::{Ctx, GlobalAddr};
 
-use crate::db::{stored_addr, Db, Table};
+use crate::db::{overflow_copies, stored_addr, Db, Table};
 use crate::error::{DtxError, Result};
 use crate::layout::{self, MAX_REPLICAS, SLOTS};
 use crate::recovery::Arrays;
@@ -46,18 +46,32 @@ pub struct Rebuilt {
     pub log_areas: u64,
 }
 
-/// The replica of table `t` to copy from: the first not on blade `lost`.
-fn source(t: &Table, replicas: usize, lost: u16) -> Option<usize> {
-    (0..replicas).find(|r| t.base[*r].blade() != lost)
+/// The replicas of table `t` on blade `lost`, and the one to copy them
+/// from (the first not there); `None` if it has none there.
+fn lost_and_source(t: &Table, replicas: usize, lost: u16) -> Option<(Vec<usize>, usize)> {
+    let on_lost: Vec<usize> = (0..replicas).filter(|r| t.base[*r].blade() == lost).collect();
+    let s = (0..replicas).find(|r| t.base[*r].blade() != lost)?;
+    (!on_lost.is_empty()).then_some((on_lost, s))
+}
+
+/// The undo log areas of registry slots that are on blade `lost`.
+async fn logs_on(ctx: &Ctx, db: &Db, lost: u16) -> Result<Vec<(GlobalAddr, u64)>> {
+    let mut out = Vec::new();
+    for s in slots(ctx, db).await? {
+        if s.log.blade() == lost && !s.log.is_null() {
+            out.extend(s.log_area(ctx, db)?);
+        }
+    }
+    Ok(out)
 }
 
 /// Every bucket of every chain of table `t` that has a copy on blade
 /// `lost`, as the copies of each (the home bucket first), walked on replica
-/// `s` (which has none on `lost`). Calls `f(home index, chain)` per home
-/// bucket whose chain has an overflow bucket.
+/// `s` (which has none on `lost`). Calls `f(chain)` per home bucket whose
+/// chain has an overflow bucket.
 async fn chains<F>(ctx: &Ctx, t: &Table, replicas: usize, s: usize, mut f: F) -> Result<()>
 where
-    F: FnMut(u64, &[[GlobalAddr; MAX_REPLICAS]]),
+    F: FnMut(&[[GlobalAddr; MAX_REPLICAS]]),
 {
     let bb = t.bucket_bytes();
     let mut arrays = Arrays::of(t, s..s + 1);
@@ -66,25 +80,18 @@ where
         for i in 0..n {
             let home = t.base[0].add((b + i) * bb);
             let mut chain = vec![t.array_mirrors(home, replicas)];
-            let mut next = u64::from_le_bytes(arrays.bucket(s, i)[..8].try_into().expect("8 bytes"));
+            let mut next = layout::header_of(arrays.bucket(s, i)).0;
             while next != 0 {
                 crate::db::chain_within(ctx.blades(), t, home, chain.len() as u64 - 1)?;
                 let at = stored_addr(ctx.blades(), next, bb, || {
                     format!("table {}: replica {s}'s next bucket after {}", t.id, chain[chain.len() - 1][s])
                 })?;
                 ctx.read(at, &mut header).await?;
-                let (nx, named) = layout::copies_named(&header, s, at);
-                let mut copies = [GlobalAddr::NULL; MAX_REPLICAS];
-                for r in 0..replicas {
-                    copies[r] = stored_addr(ctx.blades(), named[r], bb, || {
-                        format!("table {}: replica {r} of the overflow bucket at {at} (replica {s})", t.id)
-                    })?;
-                }
-                chain.push(copies);
-                next = nx;
+                chain.push(overflow_copies(ctx.blades(), t, replicas, &header, s, at)?);
+                next = layout::header_of(&header).0;
             }
             if chain.len() > 1 {
-                f(b + i, &chain);
+                f(&chain);
             }
         }
     }
@@ -102,29 +109,20 @@ pub async fn extent_on(ctx: &Ctx, db: &Db, lost: u16) -> Result<u64> {
     refuse_unrebuildable(db, lost)?;
     let mut end = 0;
     for t in &db.tables {
+        let Some((on_lost, s)) = lost_and_source(t, db.replicas, lost) else { continue };
         let bb = t.bucket_bytes();
-        for r in 0..db.replicas {
-            if t.base[r].blade() == lost {
-                end = end.max(t.base[r].offset() + t.buckets * bb);
-            }
+        for r in on_lost {
+            end = end.max(t.base[r].offset() + t.buckets * bb);
         }
-        let Some(s) = source(t, db.replicas, lost) else { continue };
-        if (0..db.replicas).all(|r| t.base[r].blade() != lost) {
-            continue;
-        }
-        chains(ctx, t, db.replicas, s, |_, chain| {
+        chains(ctx, t, db.replicas, s, |chain| {
             for c in chain.iter().flatten().filter(|c| c.blade() == lost) {
                 end = end.max(c.offset() + bb);
             }
         })
         .await?;
     }
-    for s in slots(ctx, db).await? {
-        if s.log.blade() == lost && !s.log.is_null() {
-            if let Some((at, bytes)) = s.log_area(ctx, db)? {
-                end = end.max(at.offset() + bytes);
-            }
-        }
+    for (at, bytes) in logs_on(ctx, db, lost).await? {
+        end = end.max(at.offset() + bytes);
     }
     Ok(end)
 }
@@ -157,21 +155,15 @@ pub async fn rebuild(ctx: &Ctx, db: &Db, lost: u16) -> Result<Rebuilt> {
     refuse_unrebuildable(db, lost)?;
     let mut out = Rebuilt::default();
     for t in &db.tables {
-        let Some(s) = source(t, db.replicas, lost) else { continue };
-        let on_lost: Vec<usize> = (0..db.replicas).filter(|r| t.base[*r].blade() == lost).collect();
-        if on_lost.is_empty() {
-            continue;
-        }
+        let Some((on_lost, s)) = lost_and_source(t, db.replicas, lost) else { continue };
         let bb = t.bucket_bytes();
         // The arrays: the source's buckets, lock words and headers cleared
         // (the chain words are written below).
         let mut arrays = Arrays::of(t, s..s + 1);
-        while let Some((b, n)) = arrays.next(ctx, t).await? {
-            let mut piece = Vec::with_capacity((n * bb) as usize);
-            for i in 0..n {
-                let mut bucket = arrays.bucket(s, i).to_vec();
-                clear_for_copy(t, &mut bucket);
-                piece.extend_from_slice(&bucket);
+        while let Some((b, _)) = arrays.next(ctx, t).await? {
+            let mut piece = arrays.piece(s).to_vec();
+            for bucket in piece.chunks_mut(bb as usize) {
+                clear_for_copy(t, bucket);
             }
             for r in &on_lost {
                 ctx.write_all(t.base[*r].add(b * bb), &piece).await?;
@@ -181,21 +173,27 @@ pub async fn rebuild(ctx: &Ctx, db: &Db, lost: u16) -> Result<Rebuilt> {
         out.arrays += on_lost.len() as u64;
         // The chains: overflow buckets, and the links to them.
         let mut work = Vec::new();
-        chains(ctx, t, db.replicas, s, |_, chain| work.push(chain.to_vec())).await?;
+        chains(ctx, t, db.replicas, s, |chain| work.push(chain.to_vec())).await?;
         let mut bucket = vec![0u8; bb as usize];
         for chain in work {
             for (j, copies) in chain.iter().enumerate() {
-                let next = chain.get(j + 1);
-                for r in &on_lost {
-                    let link = next.map_or(0, |n| n[*r].raw());
-                    if j == 0 {
-                        // A home bucket: only its link.
-                        ctx.write(copies[*r], &link.to_le_bytes()).await?;
-                        continue;
+                let link = |r: usize| chain.get(j + 1).map_or(0, |n| n[r].raw());
+                if j == 0 {
+                    // A home bucket (its records came with the array): only
+                    // its link.
+                    for r in &on_lost {
+                        ctx.write(copies[*r], &link(*r).to_le_bytes()).await?;
                     }
-                    ctx.read(copies[s], &mut bucket).await?;
-                    clear_for_copy(t, &mut bucket);
-                    bucket[..layout::BUCKET_HEADER as usize].copy_from_slice(&layout::header_bytes(link, copies, *r));
+                    continue;
+                }
+                ctx.read(copies[s], &mut bucket).await?;
+                clear_for_copy(t, &mut bucket);
+                for r in &on_lost {
+                    bucket[..layout::BUCKET_HEADER as usize].copy_from_slice(&layout::header_bytes(
+                        link(*r),
+                        copies,
+                        *r,
+                    ));
                     ctx.write_all(copies[*r], &bucket).await?;
                     out.overflow += 1;
                     out.bytes += bb;
@@ -203,13 +201,9 @@ pub async fn rebuild(ctx: &Ctx, db: &Db, lost: u16) -> Result<Rebuilt> {
             }
         }
     }
-    for s in slots(ctx, db).await? {
-        if s.log.blade() == lost && !s.log.is_null() {
-            if let Some((at, bytes)) = s.log_area(ctx, db)? {
-                ctx.write_all(at, &vec![0u8; bytes as usize]).await?;
-                out.log_areas += 1;
-            }
-        }
+    for (at, bytes) in logs_on(ctx, db, lost).await? {
+        ctx.write_all(at, &vec![0u8; bytes as usize]).await?;
+        out.log_areas += 1;
     }
     Ok(out)
 }

@@ -30,7 +30,7 @@
 
 use smart_core::{Ctx, GlobalAddr};
 
-use crate::db::{chain_within, stored_addr, Db, Table};
+use crate::db::{chain_within, overflow_copies, stored_addr, Db, Table};
 use crate::error::Result;
 use crate::layout::{self, log, registry, state, Owner, MAX_REPLICAS};
 use crate::registry::{now_ms, slots, SlotInfo};
@@ -171,8 +171,9 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: Option<u16>) -> Re
     let mut rep = Recovered { slot: s.slot, pid: s.pid, ..Recovered::default() };
     let entry_bytes = log::entry_bytes(db.max_value);
     let on_lost = |a: GlobalAddr| Some(a.blade()) == lost;
-    rep.log_lost = s.log_area(ctx, db)?.is_some_and(|(at, _)| on_lost(at));
-    if let Some((at, bytes)) = s.log_area(ctx, db)?.filter(|_| !rep.log_lost) {
+    let area = s.log_area(ctx, db)?;
+    rep.log_lost = area.is_some_and(|(at, _)| on_lost(at));
+    if let Some((at, bytes)) = area.filter(|_| !rep.log_lost) {
         let mut area = vec![0u8; bytes as usize];
         ctx.read_all(at, &mut area).await?;
         for e in area.chunks(entry_bytes) {
@@ -473,21 +474,16 @@ where
                 };
                 hops += 1;
                 ctx.read(at0, &mut chain[0]).await?;
-                let (nx, mirrors) = layout::header_of(&chain[0]);
-                let mut at = [GlobalAddr::NULL; MAX_REPLICAS];
-                at[0] = at0;
-                let mirrored = (1..replicas).try_for_each(|r| {
-                    at[r] = stored_addr(ctx.blades(), mirrors[r], bb, || {
-                        format!("table {}: replica {r} of overflow bucket {at0}", t.id)
-                    })?;
-                    Ok::<_, crate::DtxError>(())
-                });
-                if let Err(error) = mirrored {
-                    let has_free = walk.free_seen;
-                    broken(Cut { home, bucket: from, link: next, mirror: true, has_free, error })?;
-                    ended = false;
-                    break;
-                }
+                let nx = layout::header_of(&chain[0]).0;
+                let at = match overflow_copies(ctx.blades(), t, replicas, &chain[0], 0, at0) {
+                    Ok(at) => at,
+                    Err(error) => {
+                        let has_free = walk.free_seen;
+                        broken(Cut { home, bucket: from, link: next, mirror: true, has_free, error })?;
+                        ended = false;
+                        break;
+                    }
+                };
                 for r in 1..replicas {
                     ctx.read(at[r], &mut chain[r]).await?;
                 }
@@ -532,17 +528,16 @@ impl ChainWords {
         replicas: usize,
     ) {
         for r in 1..replicas {
-            let want = layout::header_bytes(0, at, r);
-            let pairs = std::iter::once((back[r], at[r].raw())).chain((1..MAX_REPLICAS).map(|j| {
-                let w = |b: &[u8]| u64::from_le_bytes(b[8 * j..8 * j + 8].try_into().expect("8 bytes"));
-                (w(views[r]), w(&want))
-            }));
-            for (got, want) in pairs {
-                if got == want {
-                } else if got == 0 {
-                    self.missing += 1;
-                } else {
-                    self.differ += 1;
+            // The link to this copy, then the header's words naming the others.
+            let want = layout::header_bytes(at[r].raw(), at, r);
+            let mut got = [0u8; layout::BUCKET_HEADER as usize];
+            got[..8].copy_from_slice(&back[r].to_le_bytes());
+            got[8..].copy_from_slice(&views[r][8..layout::BUCKET_HEADER as usize]);
+            for (g, w) in got.chunks(8).zip(want.chunks(8)) {
+                match (g == w, g.iter().all(|b| *b == 0)) {
+                    (true, _) => {}
+                    (false, true) => self.missing += 1,
+                    (false, false) => self.differ += 1,
                 }
             }
         }
@@ -551,9 +546,7 @@ impl ChainWords {
 
 /// The links of a bucket's copies (0 past `replicas`).
 fn links_of(views: &[&[u8]; MAX_REPLICAS], replicas: usize) -> [u64; MAX_REPLICAS] {
-    std::array::from_fn(
-        |r| if r < replicas { u64::from_le_bytes(views[r][..8].try_into().expect("8 bytes")) } else { 0 },
-    )
+    std::array::from_fn(|r| if r < replicas { layout::header_of(views[r]).0 } else { 0 })
 }
 
 /// A table's bucket arrays on some of its replicas, read in pieces of
@@ -593,6 +586,11 @@ impl Arrays {
         }
         self.next += n;
         Ok(Some((b, n)))
+    }
+
+    /// The piece read last, on replica `r`.
+    pub(crate) fn piece(&self, r: usize) -> &[u8] {
+        &self.bufs[r]
     }
 
     /// Bucket `i` of the piece read last, on replica `r`.
@@ -712,8 +710,8 @@ pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) ->
                     rep.held.push(HeldLock::of(t, p, state, word));
                 }
             }
-            for r in recs.iter().take(db.replicas).skip(1) {
-                if r[..40] != p[..40] || r[48..rb] != p[48..rb] || layout::lock_of(r) != 0 {
+            for (r, copy) in recs.iter().enumerate().take(db.replicas).skip(1) {
+                if crate::repair::differs(copy, p, r, rb) {
                     rep.replica_mismatches += 1;
                 }
             }

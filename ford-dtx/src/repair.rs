@@ -91,8 +91,8 @@ pub struct Repaired {
     /// made before chains were kept on every replica, or an extension cut
     /// short between the primary's link and the backups'. Not damage.
     pub links_filled: u64,
-    /// Chains whose link or mirror is damaged, and not repaired: their
-    /// slots past it are not checked (links are kept on the primary only).
+    /// Chains whose link or copy word is damaged, and not repaired: their
+    /// slots past it are not checked.
     pub chains_cut: u64,
     /// The first [`HELD_SHOWN`] records not repaired, and why.
     pub left: Vec<LeftDamaged>,
@@ -103,6 +103,13 @@ impl Repaired {
     /// and chains cut.
     pub fn left_damaged(&self) -> u64 {
         self.busy + self.unrepairable + self.gaps + self.chains_cut
+    }
+
+    /// Names damage left, among the first [`HELD_SHOWN`].
+    fn leave(&mut self, table: u32, at: GlobalAddr, key: Option<u64>, why: String) {
+        if self.left.len() < HELD_SHOWN {
+            self.left.push(LeftDamaged { table, at: at.to_string(), key, why });
+        }
     }
 }
 
@@ -158,15 +165,16 @@ pub(crate) fn row_key(t: &Table, v: &SlotView<'_>) -> Option<u64> {
 
 /// Whether copy `r` of a record differs from `want` (outside the primary's
 /// lock word: a backup's is always 0).
-fn differs(copy: &[u8], want: &[u8], r: usize, rb: usize) -> bool {
+pub(crate) fn differs(copy: &[u8], want: &[u8], r: usize, rb: usize) -> bool {
     !same(copy, want, rb) || (r > 0 && layout::lock_of(copy) != 0)
 }
 
-/// Whether a slot as scanned needs a repair: a copy fails, or differs from
-/// the primary's.
-fn damaged(t: &Table, v: &SlotView<'_>, replicas: usize) -> bool {
+/// Whether a record whose copies are `recs` (the primary's, at `primary`,
+/// first) needs a repair: a copy fails, or differs from the primary's.
+fn damaged<C: AsRef<[u8]>>(t: &Table, recs: &[C], primary: GlobalAddr) -> bool {
     let rb = t.record_bytes();
-    (0..replicas).any(|r| copy_of(t, v.recs[r], v.primary()) == Says::Bad || differs(v.recs[r], v.recs[0], r, rb))
+    let p = recs[0].as_ref();
+    recs.iter().enumerate().any(|(r, c)| copy_of(t, c.as_ref(), primary) == Says::Bad || differs(c.as_ref(), p, r, rb))
 }
 
 /// The record that wins (see the module docs), or why none does. `tail`:
@@ -277,15 +285,9 @@ pub async fn repair(ctx: &Ctx, db: &Db, reg: &Registration) -> Result<Repaired> 
             }
             if v.after_free && key.is_some() {
                 out.gaps += 1;
-                if out.left.len() < HELD_SHOWN {
-                    out.left.push(LeftDamaged {
-                        table: t.id,
-                        at: v.primary().to_string(),
-                        key,
-                        why: "a free slot comes before it in its chain: searches never reach it".into(),
-                    });
-                }
-            } else if damaged(t, v, db.replicas) {
+                let why = "a free slot comes before it in its chain: searches never reach it";
+                out.leave(t.id, v.primary(), key, why.into());
+            } else if damaged(t, &v.recs[..db.replicas], v.primary()) {
                 suspects.push(Suspect { at: v.at, chain: v.chain, pos: v.pos, after_free: v.after_free });
             }
         };
@@ -309,9 +311,7 @@ pub async fn repair(ctx: &Ctx, db: &Db, reg: &Registration) -> Result<Repaired> 
             out.chains_cut += 1;
             // The chain's slots are not all known, nor where its free tail is.
             last.insert(c.home.raw(), u32::MAX);
-            if out.left.len() < HELD_SHOWN {
-                out.left.push(LeftDamaged { table: t.id, at: c.home.to_string(), key: None, why: c.error.to_string() });
-            }
+            out.leave(t.id, c.home, None, c.error.to_string());
         }
         for s in suspects {
             seq += 1;
@@ -336,11 +336,6 @@ async fn repair_one(
     let primary = s.at[0];
     let lock = primary.add(layout::LOCK);
     let rb = t.record_bytes();
-    let left = |why: String, key: Option<u64>, out: &mut Repaired| {
-        if out.left.len() < HELD_SHOWN {
-            out.left.push(LeftDamaged { table: t.id, at: primary.to_string(), key, why });
-        }
-    };
     if reg.lease_lost() {
         return Err(DtxError::LeaseLost);
     }
@@ -348,7 +343,8 @@ async fn repair_one(
     if held != 0 {
         out.damaged += 1;
         out.busy += 1;
-        left(format!("its lock is held (word {held:#x}): run the repair again once it is released"), None, out);
+        let why = format!("its lock is held (word {held:#x}): run the repair again once it is released");
+        out.leave(t.id, primary, None, why);
         return Ok(());
     }
     // Read again under the lock: what the scan saw may have changed.
@@ -356,14 +352,7 @@ async fn repair_one(
     for (r, c) in copies.iter_mut().enumerate() {
         ctx.read(s.at[r], c).await?;
     }
-    let v = SlotView {
-        recs: std::array::from_fn(|r| if r < db.replicas { &copies[r][..] } else { &[][..] }),
-        at: s.at,
-        chain: s.chain,
-        pos: s.pos,
-        after_free: false,
-    };
-    if damaged(t, &v, db.replicas) {
+    if damaged(t, &copies, primary) {
         out.damaged += 1;
         match winner(t, &copies, primary, tail, s.after_free) {
             Ok(mut rec) => {
@@ -391,7 +380,7 @@ async fn repair_one(
                 out.unrepairable += 1;
                 let key =
                     copies.iter().find(|c| matches!(copy_of(t, c, primary), Says::Row(_))).map(|c| layout::key_of(c).0);
-                left(why, key, out);
+                out.leave(t.id, primary, key, why);
             }
         }
     }
@@ -416,12 +405,17 @@ impl Headers<'_> {
         Ok(h)
     }
 
-    /// Writes `words` over the header at `at` (and remembers them).
+    /// Writes header `h` at `at` (and remembers it).
     async fn write(&mut self, at: GlobalAddr, h: [u8; BUCKET_HEADER as usize]) -> Result<()> {
         self.ctx.write(at, &h).await?;
         self.read.insert(at.raw(), h);
         Ok(())
     }
+}
+
+/// Whether link `raw` names a bucket of table `t` on one of the blades.
+fn names_bucket(ctx: &Ctx, t: &Table, raw: u64) -> bool {
+    raw != 0 && stored_addr(ctx.blades(), raw, t.bucket_bytes(), String::new).is_ok()
 }
 
 /// The copies of the bucket after one whose copies link to `links` (one
@@ -437,8 +431,7 @@ async fn next_copies(
     links: &[u64; MAX_REPLICAS],
     heads: &mut Headers<'_>,
 ) -> Result<Option<[GlobalAddr; MAX_REPLICAS]>> {
-    let bb = t.bucket_bytes();
-    let ok = |raw: u64| raw != 0 && stored_addr(ctx.blades(), raw, bb, String::new).is_ok();
+    let ok = |raw: u64| names_bucket(ctx, t, raw);
     let mut cands: Vec<[GlobalAddr; MAX_REPLICAS]> = Vec::new();
     for (r, link) in links.iter().enumerate().take(k) {
         if !ok(*link) {
@@ -487,7 +480,7 @@ async fn repair_chains(ctx: &Ctx, t: &Table, k: usize, reg: &Registration, out: 
         for i in 0..n {
             let home = t.base[0].add((b + i) * bb);
             let mut cur = t.array_mirrors(home, k);
-            let link = |h: &[u8]| u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
+            let link = |h: &[u8]| layout::header_of(h).0;
             let mut links: [u64; MAX_REPLICAS] =
                 std::array::from_fn(|r| if r < k { link(arrays.bucket(r, i)) } else { 0 });
             let mut hops = 0;
