@@ -487,7 +487,18 @@ async fn repair_chains(ctx: &Ctx, t: &Table, k: usize, reg: &Registration, out: 
             while links[..k].iter().any(|l| *l != 0) && chain_within(ctx.blades(), t, home, hops).is_ok() {
                 hops += 1;
                 heads.read.clear();
-                let Some(next) = next_copies(ctx, t, k, &links, &mut heads).await? else { break };
+                let Some(next) = next_copies(ctx, t, k, &links, &mut heads).await? else {
+                    // No candidate: a backup's link that names no bucket is
+                    // never right (its chain ends here, or its next bucket
+                    // is lost to it either way).
+                    for r in 1..k {
+                        if links[r] != 0 && !names_bucket(ctx, t, links[r]) {
+                            ctx.write(cur[r], &0u64.to_le_bytes()).await?;
+                            out.links_repaired += 1;
+                        }
+                    }
+                    break;
+                };
                 if reg.lease_lost() {
                     return Err(DtxError::LeaseLost);
                 }

@@ -517,6 +517,7 @@ fn chains_are_kept_on_every_replica_and_a_damaged_link_or_copy_word_repaired_fro
         ("the overflow primary's word naming its backup", n0.add(8), NOWHERE, None, 1, 0),
         ("the backup's link", home1, NOWHERE, Some((1, 0)), 1, 0),
         ("the backup overflow's word naming its primary", n1.add(8), 12345, Some((1, 0)), 1, 0),
+        ("the backup's link out of the chain's last bucket, naming no blade", n1, NOWHERE, Some((1, 0)), 1, 0),
         ("the backup's link missing (a database of before, or a cut extension)", home1, 0, Some((0, 1)), 0, 1),
     ];
     for (what, at, w, audit, repaired, filled) in cases {
@@ -535,6 +536,7 @@ fn chains_are_kept_on_every_replica_and_a_damaged_link_or_copy_word_repaired_fro
         clean(&mut rt);
         assert_eq!((get(&mut rt, home), get(&mut rt, home1)), (n0.raw(), n1.raw()), "{what}");
         assert_eq!((get(&mut rt, n0.add(8)), get(&mut rt, n1.add(8))), (n1.raw(), n0.raw()), "{what}");
+        assert_eq!(get(&mut rt, n1), 0, "{what}: the chain ends there on the backup too");
     }
     // A database made before chains were kept on every replica: the backup
     // neither links nor names.
@@ -544,10 +546,12 @@ fn chains_are_kept_on_every_replica_and_a_damaged_link_or_copy_word_repaired_fro
     assert_eq!((rep.links_repaired, rep.links_filled, rep.left_damaged()), (0, 2, 0), "{rep:?}");
     assert_eq!((get(&mut rt, home1), get(&mut rt, n1.add(8))), (n1.raw(), n0.raw()));
     // Both links of the full bucket: nothing says where the chain went on.
+    // (The backup's, naming no bucket, is cleared; the chain is cut.)
     put(&mut rt, home, NOWHERE);
     put(&mut rt, home1, NOWHERE);
     let rep = repair_with(&mut rt, &t, &db);
-    assert_eq!((rep.links_repaired, rep.chains_cut), (0, 1), "{rep:?}");
+    assert_eq!((rep.links_repaired, rep.chains_cut), (1, 1), "{rep:?}");
+    assert_eq!(get(&mut rt, home1), 0);
     assert!(rep.left[0].why.contains("the next bucket after"), "{rep:?}");
     reg.close(&*t).unwrap();
 }
