@@ -144,6 +144,12 @@ pub struct Common {
     /// spec-lookup.
     #[arg(long, default_value = "all")]
     pub smart: String,
+    /// The parts of conflict-avoid that are on, as the steps of the paper's
+    /// figure 14: backoff (randomized exponential backoff, the cap fixed at
+    /// C_limit), dyn-limit (+ the controller that moves the cap), all (+
+    /// coroutine throttling and the key gate). Needs conflict-avoid in --smart.
+    #[arg(long, default_value = "all")]
+    pub conflict_avoid_parts: String,
     /// QP policy: shared, multiplexed:K, per-thread-qp, per-thread-db
     /// (default: per-thread-db with thd-res-alloc, else per-thread-qp).
     #[arg(long)]

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use smart_bench::harness::{RunConfig, StartGate};
 use smart_bench::micro::MicroConfig;
 use smart_core::runtime::{MAX_BATCH, MAX_TASKS};
-use smart_core::smart::{DoorbellConfig, SmartConfig};
+use smart_core::smart::{ConflictParts, DoorbellConfig, SmartConfig};
 use smart_core::{EmbeddedTransport, Opcode, Runtime, RuntimeConfig, TcpTransport, Transport};
 use ycsb::bench::YcsbConfig;
 
@@ -359,6 +359,15 @@ impl Session {
     /// The first bad flag, named.
     pub fn resolve(c: &Common) -> Result<Session> {
         let mut smart = SmartConfig::parse(&c.smart).map_err(|e| anyhow::anyhow!("--smart: {e}"))?;
+        let parts: ConflictParts =
+            c.conflict_avoid_parts.parse().map_err(|e| anyhow::anyhow!("--conflict-avoid-parts: {e}"))?;
+        match smart.conflict_avoid.as_mut() {
+            Some(bc) => *bc = bc.with_parts(parts),
+            None if parts != ConflictParts::All => {
+                bail!("--conflict-avoid-parts {} needs conflict-avoid in --smart", parts.name())
+            }
+            None => {}
+        }
         smart.doorbells = parse_doorbells(&c.doorbells)?;
         smart.shared_cq = c.cq == CqArg::Shared;
         if let Some(p) = &c.qp_policy {

@@ -31,6 +31,10 @@ RACE = "none"
 SMART_HT = "thd-res-alloc,work-req-throt,conflict-avoid"
 SHERMAN_PLUS = "thd-res-alloc,work-req-throt,conflict-avoid"
 SMART_BT = "all"
+# The steps of the paper's figure 14 (--conflict-avoid-parts; None: without
+# ConflictAvoid).
+CONFLICT_STEPS = [(None, "without ConflictAvoid"), ("backoff", "+Backoff"), ("dyn-limit", "+DynLimit"),
+                  ("all", "+CoroThrot")]
 
 
 @dataclass
@@ -212,9 +216,20 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
                                                           "--coroutines", "64", "--smart", smart, "--phase-ms", str(ms)]))
         return f
     if name == "14":
-        f = Figure("14", f"Update-only at {tmax} threads: retries with and without ConflictAvoid", "Zipfian skew",
-                   ["update-only"], [Metric("retries_per_op", "retries per operation"),
-                                     Metric("throughput_mops", "throughput (Mop/s)")],
+        f = Figure("14", "RACE, update-only (Zipf 0.99), depth 8: the parts of ConflictAvoid as threads grow",
+                   "threads", ["update-only"], [Metric("throughput_mops", "throughput (Mop/s)"),
+                                                Metric("retries_per_op", "retries per operation")],
+                   distribution="verbs.ops_by_retries", reference="fig14.csv")
+        for parts, label in CONFLICT_STEPS:
+            smart = SMART_HT if parts else "thd-res-alloc,work-req-throt"
+            for t in threads:
+                f.points.append(Point("update-only", label, t, ycsb("update-only", smart, t, keys, extra=(
+                    ["--conflict-avoid-parts", parts] if parts else [])), table=True))
+        return f
+    if name == "14skew":
+        f = Figure("14skew", f"RACE, update-only at {tmax} threads: retries with and without ConflictAvoid as skew grows",
+                   "Zipfian skew", ["update-only"], [Metric("retries_per_op", "retries per operation"),
+                                                     Metric("throughput_mops", "throughput (Mop/s)")],
                    distribution="verbs.ops_by_retries")
         for smart, label in [("thd-res-alloc,work-req-throt", "without ConflictAvoid"), (SMART_HT, "with ConflictAvoid")]:
             for z in sweep(mode, [0.5, 0.99], [0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1.1, 1.2]):
@@ -224,7 +239,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
     raise SystemExit(f"figure {name!r}: not one of {', '.join(FIGURES)} (or all)")
 
 
-FIGURES = ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "12df", "13a", "13b", "14", "table1"]
+FIGURES = ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "12df", "13a", "13b", "14", "14skew", "table1"]
 ABSENT: dict[str, str] = {}
 RETRY_BUCKETS = ["0", "1", "2", "3–4", "5–8", "9–16", "17–32", ">32"]
 
@@ -348,15 +363,18 @@ def xval(fig: Figure, row: dict) -> float:
     return get(row["record"], fig.x_key) * fig.x_scale if fig.x_key else row["x"]
 
 
-def reference(fig: Figure) -> dict[tuple[str, str], list[tuple[float, float]]]:
-    """The paper's curves for this figure: (panel, series) → [(x, y)]."""
+def reference(fig: Figure) -> dict[tuple[str, str, str], list[tuple[float, float]]]:
+    """The paper's curves for this figure: (metric key, panel, series) →
+    [(x, y)]. A reference file without a `metric` column holds curves of
+    the figure's first metric."""
     if not fig.reference:
         return {}
     p = Path(__file__).resolve().parent / "reference" / fig.reference
-    curves: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    curves: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     with p.open() as f:
         for row in csv.DictReader(line for line in f if not line.startswith("#")):
-            curves.setdefault((row["panel"], row["series"]), []).append((float(row["x"]), float(row["y"])))
+            key = (row.get("metric") or fig.metrics[0].key, row["panel"], row["series"])
+            curves.setdefault(key, []).append((float(row["x"]), float(row["y"])))
     return curves
 
 
@@ -372,7 +390,9 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
     if not rows:
         raise LaunchError(f"{jl}: no runs to plot")
     ref = reference(fig)
-    nrows = len(fig.metrics) + (1 if ref else 0)
+    # A row of the paper's curves under ours for each metric they give.
+    ref_metrics = [m for m in fig.metrics if any(k[0] == m.key for k in ref)]
+    nrows = len(fig.metrics) + len(ref_metrics)
     ncols = len(fig.panels) + (1 if fig.distribution else 0)
     fig_, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
     series = list(dict.fromkeys(r["series"] for r in rows))
@@ -397,31 +417,39 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
             ax.grid(alpha=0.3)
             if len(fig.panels) > 1:
                 ax.set_title(f"YCSB {panel.upper()}" if len(panel) == 1 else panel)
-        if ref and not any(k[0] == panel for k in ref):
-            axes[-1][c].axis("off")
-            axes[-1][c].text(0.5, 0.5, "no reference result\nfor this panel", ha="center", va="center")
-        elif ref:
-            ax = axes[-1][c]
+        for r_i, m in enumerate(ref_metrics, start=len(fig.metrics)):
+            ax = axes[r_i][c]
+            if not any(k[:2] == (m.key, panel) for k in ref):
+                ax.axis("off")
+                ax.text(0.5, 0.5, "no reference result\nfor this panel", ha="center", va="center")
+                continue
             if not fig.x_key:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if fig.log_x:
                 ax.set_xscale("log", base=2)
+            curves = {}
             for s in series:
                 mine = [r for r in sorted(rows, key=lambda r: r["x"]) if r["panel"] == panel and r["series"] == s]
-                ours = [(xval(fig, r), get(r["record"], fig.metrics[0].key)) for r in mine]
-                theirs = list(ref.get((panel, s), []))
+                ours = [(xval(fig, r), get(r["record"], m.key)) for r in mine]
+                theirs = list(ref.get((m.key, panel, s), []))
                 if not fig.x_key:
                     ours, theirs = sorted(ours), sorted(theirs)
-                for pts, style, who in ((ours, "-", "ours"), (theirs, "--", "paper")):
-                    top = max((y for _, y in pts), default=0)
-                    # A latency–throughput curve (x_key): both axes
-                    # normalised, the points in the order of the offered load.
+                curves[s] = (ours, theirs)
+            # Against the swept value, each side (ours, the paper's) is
+            # normalised to its largest value in the panel, so the series
+            # keep their order and distances; a latency–throughput curve
+            # (x_key) to its own maxima on both axes.
+            tops = [max((y for c in curves.values() for _, y in c[i]), default=0) for i in (0, 1)]
+            for s, sides in curves.items():
+                for i, (pts, style, who) in enumerate(((sides[0], "-", "ours"), (sides[1], "--", "paper"))):
+                    top = max((y for _, y in pts), default=0) if fig.x_key else tops[i]
                     right = max((x for x, _ in pts), default=0) if fig.x_key else 1
-                    if top > 0 and right > 0:
+                    if pts and top > 0 and right > 0:
                         ax.plot([x / right for x, _ in pts], [y / top for _, y in pts], style, color=colors[s],
                                 marker="o" if who == "ours" else None, label=f"{s} ({who})")
             ax.set_xlabel(f"{fig.x_label}, normalised" if fig.x_key else fig.x_label)
-            ax.set_ylabel(f"{fig.metrics[0].label}, normalised" if fig.x_key else "normalised to its maximum")
+            what = m.label.split(" (")[0]
+            ax.set_ylabel(f"{what},\nnormalised" if fig.x_key else f"{what},\n÷ the panel's largest")
             ax.set_title("shape: ours (solid) vs paper (dashed)", fontsize=9)
             ax.grid(alpha=0.3)
     if fig.distribution:

@@ -221,12 +221,25 @@ class Figures(unittest.TestCase):
         for name in figures.FIGURES:
             f = figures.build(name, "full", 96)
             ours = {(p.panel, p.series) for p in f.points}
-            for key, pts in figures.reference(f).items():
-                self.assertIn(key, ours, f"figure {name}: the paper's curve {key} matches none of ours")
+            metrics = [m.key for m in f.metrics]
+            for (metric, *key), pts in figures.reference(f).items():
+                self.assertIn(tuple(key), ours, f"figure {name}: the paper's curve {key} matches none of ours")
+                self.assertIn(metric, metrics, f"figure {name}: the paper's curve {key} is of no metric of ours")
                 self.assertGreater(len(pts), 1, (name, key))
             if f.reference:
                 with_reference.append(name)
-        self.assertEqual(with_reference, ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "12df", "13a", "13b", "table1"])
+        self.assertEqual(with_reference, ["3a", "3b", "4", "5", "7", "8", "9", "10", "11", "12", "12df", "13a", "13b", "14", "table1"])
+
+    def test_figure_14_has_the_papers_curves_of_both_metrics_for_each_step(self):
+        f = figures.build("14", "full", 96)
+        ref = figures.reference(f)
+        for metric in ("throughput_mops", "retries_per_op"):
+            for _, label in figures.CONFLICT_STEPS:
+                self.assertEqual([x for x, _ in ref[(metric, "update-only", label)]], [1, 16, 32, 48, 64, 80, 88, 96])
+        # Each step is its own --conflict-avoid-parts (none without ConflictAvoid).
+        parts = {p.series: p.args[p.args.index("--conflict-avoid-parts") + 1] if "--conflict-avoid-parts" in p.args
+                 else None for p in f.points}
+        self.assertEqual(parts, dict((label, p) for p, label in figures.CONFLICT_STEPS))
 
     def test_threads_never_exceed_the_cluster(self):
         f = figures.build("8", "full", 24)

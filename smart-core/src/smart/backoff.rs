@@ -96,6 +96,58 @@ pub struct BackoffConfig {
     /// [`Ctx::op_on`](crate::Ctx::op_on)) run one at a time instead of
     /// colliding (not in the paper; see the runtime's `keygate` module).
     pub key_gate: bool,
+    /// Whether the controller moves at all. Off, the cap stays at C_limit
+    /// and every coroutine may enter an operation: plain truncated
+    /// exponential backoff, the "+Backoff" step of the paper's figure 14.
+    pub adaptive: bool,
+}
+
+/// Which parts of ConflictAvoid are on: the steps of the paper's figure 14,
+/// each adding one part to the one before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConflictParts {
+    /// "+Backoff": randomized exponential backoff, C0 · 2^k before the k-th
+    /// retry, up to a fixed cap, C_limit; no controller, no coroutine
+    /// throttling, no key gate. The Smart artifact's step left the cap
+    /// unbounded (C0 · 2^20, about 2 s); here it stays where the dynamic
+    /// limit's range ends, since an operation keeps its epoch pinned while
+    /// it waits (race-ht), and waits of seconds held back the reclamation of
+    /// memory that long (an update-only run on embedded blades ran out of a
+    /// 256 MiB blade within 3 s).
+    Backoff,
+    /// "+DynLimit": the controller moves the cap between C0 and C_limit by
+    /// the retry rate (and, unless [`BackoffConfig::paper`], goodput); no
+    /// coroutine throttling, no key gate.
+    DynLimit,
+    /// "+CoroThrot": all of ConflictAvoid (the default): the controller also
+    /// lowers `n_max`, and operations on one key wait at the key gate.
+    All,
+}
+
+impl ConflictParts {
+    /// The command-line names, in order.
+    pub const NAMES: [&'static str; 3] = ["backoff", "dyn-limit", "all"];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConflictParts::Backoff => "backoff",
+            ConflictParts::DynLimit => "dyn-limit",
+            ConflictParts::All => "all",
+        }
+    }
+}
+
+impl std::str::FromStr for ConflictParts {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "backoff" => Ok(ConflictParts::Backoff),
+            "dyn-limit" => Ok(ConflictParts::DynLimit),
+            "all" => Ok(ConflictParts::All),
+            other => Err(format!("unknown parts {other:?}; use one of {}", ConflictParts::NAMES.join(", "))),
+        }
+    }
 }
 
 impl Default for BackoffConfig {
@@ -115,6 +167,7 @@ impl Default for BackoffConfig {
             margin: 0.05,
             no_wait_level: true,
             key_gate: true,
+            adaptive: true,
         }
     }
 }
@@ -130,6 +183,29 @@ impl BackoffConfig {
             no_wait_level: false,
             key_gate: false,
             ..BackoffConfig::default()
+        }
+    }
+
+    /// This configuration with only `parts` of ConflictAvoid on (see
+    /// [`ConflictParts`]); `All` leaves it as it is.
+    pub fn with_parts(self, parts: ConflictParts) -> BackoffConfig {
+        match parts {
+            ConflictParts::All => self,
+            ConflictParts::DynLimit => BackoffConfig { throttle_coroutines: false, key_gate: false, ..self },
+            ConflictParts::Backoff => {
+                BackoffConfig { throttle_coroutines: false, key_gate: false, adaptive: false, ..self }
+            }
+        }
+    }
+
+    /// Which parts of ConflictAvoid this configuration has on.
+    pub fn parts(&self) -> ConflictParts {
+        if !self.adaptive {
+            ConflictParts::Backoff
+        } else if !self.throttle_coroutines && !self.key_gate {
+            ConflictParts::DynLimit
+        } else {
+            ConflictParts::All
         }
     }
 }
@@ -190,10 +266,12 @@ impl Backoff {
     pub fn new(cfg: BackoffConfig, coroutines: usize, now_ns: u64) -> Backoff {
         let n = coroutines.max(1);
         // Halvings of n_max down to 1.
-        let halvings = if cfg.throttle_coroutines { usize::BITS - (n - 1).leading_zeros() } else { 0 };
+        let halvings = if cfg.throttle_coroutines && cfg.adaptive { usize::BITS - (n - 1).leading_zeros() } else { 0 };
+        let max_level = u32::from(cfg.no_wait_level) + cfg.limit_shift + halvings;
         Backoff {
-            level: 0,
-            max_level: u32::from(cfg.no_wait_level) + cfg.limit_shift + halvings,
+            // Without the controller, the cap stays at C_limit.
+            level: if cfg.adaptive { 0 } else { max_level },
+            max_level,
             n_limit: n,
             window_start: now_ns,
             ops: 0,
@@ -298,6 +376,9 @@ impl Backoff {
             retries as f64 / ops as f64
         };
         let before = (self.cap_ns(), self.n_max());
+        if !self.cfg.adaptive {
+            return false;
+        }
         if self.cfg.goodput_guard {
             self.guarded(ops, p);
         } else if p > self.cfg.p_high {
@@ -424,6 +505,37 @@ mod tests {
         assert_eq!(b.n_max(), 4, "pinned and still retrying → n_max halves");
         drive(&mut b, &mut now, 10, 100, 300);
         assert_eq!(b.n_max(), 1, "... down to 1");
+    }
+
+    /// The ablation steps of figure 14: plain backoff never moves and never
+    /// throttles; the dynamic limit moves the cap but keeps `n_max`.
+    #[test]
+    fn the_parts_of_conflict_avoid_switch_off_the_controller_and_the_throttling() {
+        for base in [BackoffConfig::default(), BackoffConfig::paper()] {
+            let plain = base.with_parts(ConflictParts::Backoff);
+            assert_eq!(plain.parts(), ConflictParts::Backoff);
+            let mut b = Backoff::new(plain, 16, 0);
+            let mut now = 0;
+            assert_eq!(b.cap_ns(), b.limit_ns(), "the cap at C_limit from the start");
+            assert_eq!(b.on_retry(3), base.base_ns << 3, "C0 · 2^k before the k-th retry");
+            assert_eq!(b.on_retry(40), b.limit_ns(), "... up to the cap");
+            drive(&mut b, &mut now, 200, 100, 300);
+            assert_eq!((b.cap_ns(), b.n_max()), (b.limit_ns(), 16), "skewed: nothing moves");
+            drive(&mut b, &mut now, 200, 100, 0);
+            assert_eq!(b.cap_ns(), b.limit_ns(), "calm: nothing moves either");
+
+            let dynamic = base.with_parts(ConflictParts::DynLimit);
+            assert_eq!((dynamic.parts(), dynamic.key_gate), (ConflictParts::DynLimit, false));
+            let mut b = Backoff::new(BackoffConfig { trial_ops: 800, ..dynamic }, 16, 0);
+            assert_eq!(b.cap_ns(), rest(&b), "the controller starts at rest");
+            drive(&mut b, &mut now, 2_000, 100, 300);
+            assert!(b.cap_ns() > rest(&b), "skewed: the cap rises");
+            assert_eq!(b.n_max(), 16, "... and n_max never falls");
+            assert_eq!(base.with_parts(ConflictParts::All), base);
+            assert_eq!(base.parts(), ConflictParts::All);
+        }
+        assert_eq!("dyn-limit".parse(), Ok(ConflictParts::DynLimit));
+        assert!("coro".parse::<ConflictParts>().unwrap_err().contains("backoff, dyn-limit, all"));
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod throttle;
 use std::fmt;
 use std::str::FromStr;
 
-pub use backoff::{Backoff, BackoffConfig};
+pub use backoff::{Backoff, BackoffConfig, ConflictParts};
 pub use qp::{DoorbellConfig, QpBinding, QpPlan};
 pub use throttle::{CreditThrottle, Search, Tuner, TunerConfig};
 
