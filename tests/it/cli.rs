@@ -211,6 +211,8 @@ fn bad_arguments_fail_with_a_message() {
         (&["micro", "--batch", "0"], "--batch"),
         (&["micro", "--threads", "0"], "--threads"),
         (&["micro", "--smart", "warp-drive"], "unknown technique"),
+        (&["micro", "--conflict-avoid-parts", "some"], "use one of backoff, dyn-limit, all"),
+        (&["micro", "--smart", "none", "--conflict-avoid-parts", "backoff"], "needs conflict-avoid in --smart"),
         (&["micro", "--qp-policy", "bogus"], "--qp-policy"),
         (&["micro", "--qp-policy", "multiplexed:0"], "multiplexed:K"),
         (&["micro", "--doorbells", "4:0"], "--doorbells"),
@@ -389,14 +391,21 @@ fn a_blade_refuses_bad_backing_files_and_sizes_without_leaving_files_behind() {
 
 #[test]
 fn smart_techniques_and_qp_policies_show_in_the_record() {
-    for (args, policy, flags) in [
-        (&[][..], "per-thread-db", [true, true, true, true]),
-        (&["--smart", "all"][..], "per-thread-db", [true, true, true, true]),
-        (&["--smart", "none"][..], "per-thread-qp", [false, false, false, false]),
+    for (args, policy, flags, parts) in [
+        (&[][..], "per-thread-db", [true, true, true, true], Some("all")),
+        (&["--smart", "all"][..], "per-thread-db", [true, true, true, true], Some("all")),
+        (&["--smart", "none"][..], "per-thread-qp", [false, false, false, false], None),
         (
             &["--smart", "conflict-avoid", "--qp-policy", "multiplexed:2", "--cq", "shared"][..],
             "multiplexed:2",
             [false, false, true, false],
+            Some("all"),
+        ),
+        (
+            &["--smart", "conflict-avoid", "--conflict-avoid-parts", "backoff", "--qp-policy", "shared"][..],
+            "shared",
+            [false, false, true, false],
+            Some("backoff"),
         ),
     ] {
         let json = tmp(&format!("smart-{policy}.json"));
@@ -412,8 +421,16 @@ fn smart_techniques_and_qp_policies_show_in_the_record() {
         for (n, f) in names.iter().zip(flags) {
             assert_eq!(r["smart"][n], f, "{args:?}: {n}");
         }
+        assert_eq!(r["smart"]["conflict_avoid_parts"].as_str(), parts, "{args:?}");
         assert_eq!(r["violations"], 0);
         assert_eq!(r["smart_state"].as_array().unwrap().len(), 2);
+        if parts == Some("backoff") {
+            // The cap stays at C_limit (C0 · 2^10 = 2.048 ms), and no
+            // coroutine is throttled, however many retries.
+            for t in r["smart_state"].as_array().unwrap() {
+                assert_eq!((t["backoff_cap_ns"].as_u64(), t["n_max"].as_u64()), (Some(2_048_000), Some(4)), "{t}");
+            }
+        }
         assert_eq!(r["cq"], if policy == "multiplexed:2" { "shared" } else { "per-thread" });
         assert!(!r["timeline"].as_array().unwrap().is_empty());
         assert!(r["doorbell_rings"].as_array().unwrap().iter().any(|v| v.as_u64().unwrap() > 0));
