@@ -216,9 +216,19 @@ impl Registration {
                     lo.store(true, Ordering::SeqCst);
                     e
                 };
-                let mut rt = Runtime::new(&*transport, 0, small_runtime()).map_err(|e| fence(e.to_string()))?;
-                let ctx = rt.ctx();
                 let every = (lease / 4).max(Duration::from_millis(10));
+                // A renewal is given half a lease to complete. It starts at
+                // least three quarters of a lease before the expiry it
+                // extends, so one that hangs (the path to the registry's
+                // blade stalls while this process and the blade live)
+                // fences this compute blade a quarter lease before that
+                // expiry, not after the run's request time-out (10 s by
+                // default, as long as the default lease): until then its
+                // transactions would go on locking and committing while
+                // recovery, elsewhere, could take them for dead.
+                let cfg = RuntimeConfig { request_timeout: Some(lease / 2), ..small_runtime() };
+                let mut rt = Runtime::new(&*transport, 0, cfg).map_err(|e| fence(e.to_string()))?;
+                let ctx = rt.ctx();
                 let mut next = std::time::Instant::now();
                 while !st.load(Ordering::Relaxed) {
                     if std::time::Instant::now() >= next {

@@ -9,9 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ford_dtx::db::Db;
 use ford_dtx::recovery::{audit, recover, Which};
 use ford_dtx::Registration;
-use smart_core::Transport;
+use smart_core::{Runtime, RuntimeConfig, Transport};
 use smart_testkit::backends;
 use smart_testkit::die::Die;
 
@@ -463,4 +464,118 @@ fn a_transaction_cut_short_when_a_blade_is_lost_is_settled_by_what_survives() {
         drop(reg);
         first.close(&*t).unwrap();
     }
+}
+
+/// A TCP relay between the compute side and a memory blade that can stall:
+/// while `stalled`, it stops reading (what was sent waits in the sockets'
+/// buffers, as on a path that lost its packets), without closing anything.
+struct StallingRelay {
+    addr: String,
+    stalled: Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StallingRelay {
+    fn new(to: std::net::SocketAddr) -> StallingRelay {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stalled = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, sp) = (stalled.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !sp.load(Ordering::Relaxed) {
+                let Ok((near, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                near.set_nonblocking(false).unwrap();
+                let far = std::net::TcpStream::connect(to).unwrap();
+                for (mut from, mut into) in [(near.try_clone().unwrap(), far.try_clone().unwrap()), (far, near)] {
+                    let (st, sp) = (st.clone(), sp.clone());
+                    from.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 1 << 16];
+                        while !sp.load(Ordering::Relaxed) {
+                            if st.load(Ordering::Relaxed) {
+                                std::thread::sleep(Duration::from_millis(5));
+                                continue;
+                            }
+                            match from.read(&mut buf) {
+                                Ok(0) => break,
+                                Ok(n) => {
+                                    if into.write_all(&buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                    ) => {}
+                                Err(_) => break,
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        StallingRelay { addr, stalled, stop }
+    }
+}
+
+impl Drop for StallingRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A renewal whose WRITE never completes (the path to the registry's blade
+/// stalls, the blade and this process both alive) fences the compute blade
+/// well before its lease can expire: recovery elsewhere may roll its
+/// transactions back from then on. Before, the heartbeat waited for the
+/// WRITE as long as any request (10 s), so a compute blade with a 2 s lease
+/// went on locking and committing for seconds after recovery could begin.
+#[test]
+fn a_renewal_that_never_completes_fences_before_the_lease_expires() {
+    use smart_core::blade::BladeServer;
+    use smart_core::region::Region;
+    use std::sync::atomic::Ordering;
+    let blade =
+        BladeServer::bind("127.0.0.1:0", Arc::new(Region::anonymous(8 << 20).unwrap())).unwrap().spawn().unwrap();
+    let relay = StallingRelay::new(blade.addr());
+    let t: Arc<dyn Transport> = Arc::new(smart_core::TcpTransport::connect(std::slice::from_ref(&relay.addr)).unwrap());
+    let mut rt = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let s = spec("stall", &[8], 16, 1);
+    let db = Arc::new(rt.block_on(async move { Db::create(&ctx, &s).await }).unwrap().0);
+    let lease = Duration::from_secs(2);
+    let reg = Registration::register(t.clone(), db.clone(), 1, 1, lease).unwrap();
+    // A few renewals go through.
+    std::thread::sleep(lease);
+    assert!(!reg.lease_lost(), "renewals over a working path keep the lease");
+    relay.stalled.store(true, Ordering::Relaxed);
+    let stalled = std::time::Instant::now();
+    while !reg.lease_lost() && stalled.elapsed() < lease * 4 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let fenced_ms = ford_dtx::registry::now_ms();
+    assert!(reg.lease_lost(), "never fenced within {:?} of the stall", lease * 4);
+    // The expiry that the last renewal to land set, read past the relay.
+    let direct: Arc<dyn Transport> = Arc::new(smart_core::TcpTransport::connect(&[blade.addr().to_string()]).unwrap());
+    let mut rt = Runtime::new(&*direct, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let slot = reg.slot();
+    let expiry = rt.block_on(async move { ford_dtx::registry::slots(&ctx, &db).await }).unwrap()[usize::from(slot) - 1]
+        .expiry_ms;
+    assert!(
+        fenced_ms + 100 < expiry,
+        "fenced at {fenced_ms} ms, {:?} after the stall, within 100 ms of the lease's expiry ({expiry} ms) or after it",
+        stalled.elapsed()
+    );
+    relay.stalled.store(false, Ordering::Relaxed);
+    drop(reg);
+    drop(relay);
 }
