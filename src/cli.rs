@@ -406,7 +406,8 @@ pub struct RebuildArgs {
     #[command(flatten)]
     pub common: Common,
     /// The place in --blades of the lost memory blade, where a fresh one now
-    /// listens (1 or more: blade 0 cannot be rebuilt).
+    /// listens (blade 0 too: its catalogs and registries come back from
+    /// their mirrors on blade 1).
     #[arg(long)]
     pub lost: u16,
     /// Databases to rebuild (default: every FORD database on the blades).

@@ -63,7 +63,14 @@ pub fn check_blade_set(s: &Session, t: &dyn Transport) -> Result<()> {
     rt.block_on(async move { ctx.check_blade_set().await }).map_err(|e| match e {
         smart_core::Error::BladeSet { blade, what } => {
             let at = addrs.get(usize::from(blade)).map_or(String::new(), |a| format!(" ({a})"));
-            anyhow::anyhow!("memory blade {blade}{at} {what}")
+            // A lost blade whose FORD databases' copies can come back.
+            let hint = if what.contains("restarted without its backing file or replaced") {
+                " (the FORD databases' copies and catalogs it held can be rebuilt on a fresh blade in its place: \
+                 `compute-blade rebuild --lost I`, see the README's \"Transactions\")"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("memory blade {blade}{at} {what}{hint}")
         }
         e => anyhow::Error::new(e).context("checking the memory blades"),
     })
@@ -429,6 +436,16 @@ fn repair(
     db: Arc<ford_dtx::db::Db>,
     name: &str,
 ) -> Result<ford_dtx::repair::Repaired> {
+    let (ctx, d) = (rt.ctx(), db.clone());
+    let mirrored = rt
+        .block_on(async move { ford_dtx::mirror::ensure(&ctx, &d).await })
+        .map_err(|e| anyhow::anyhow!("repairing {name:?}: writing its mirror: {e}"))?;
+    if mirrored {
+        println!(
+            "{name}: repair: its mirror written on memory blade 1 (a database made before mirrors were kept: blade 0 \
+             can now be rebuilt)"
+        );
+    }
     let lease = std::time::Duration::from_secs(10);
     let reg = ford_dtx::Registration::register(t.clone(), db.clone(), 1, 1, lease)
         .map_err(|e| anyhow::anyhow!("repairing {name:?}: registering: {e}"))?;
@@ -464,14 +481,58 @@ fn repair(
     Ok(r)
 }
 
+/// What a rebuild did per database: the copies written, the recovery of
+/// the dead compute blades, the orphan locks released.
+type RebuiltDb = (ford_dtx::rebuild::Rebuilt, Vec<ford_dtx::recovery::Recovered>, ford_dtx::recovery::Orphans);
+
 /// `compute-blade rebuild`.
 ///
 /// # Errors
 /// Blades that are not the set with a fresh blade in the lost one's place;
 /// other indexes on the blades; a compute blade running; verb errors.
 pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outcome> {
-    use ford_dtx::db::{Db, REBUILDING};
     let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+    let lost = job.lost;
+    let started = std::time::Instant::now();
+    let (names, out) = if lost == 0 { rebuild_blade0(&mut rt, s, job)? } else { rebuild_blade(&mut rt, s, job)? };
+    let secs = started.elapsed().as_secs_f64();
+    let mut settled = true;
+    let mut records = Vec::new();
+    for (name, (r, rec, orphans)) in names.iter().zip(out) {
+        println!(
+            "{name}: rebuilt on memory blade {lost}: {} bucket arrays, {} overflow buckets, {} bytes; {} undo log \
+             areas were there",
+            r.arrays, r.overflow, r.bytes, r.log_areas
+        );
+        print_recovered(name, &rec);
+        for x in &rec {
+            if x.log_lost {
+                settled = false;
+                println!(
+                    "{name}: compute blade {} (pid {}): its undo log was on memory blade {lost}: a transaction of it \
+                     that had begun writing when it died cannot be rolled back (audit the database)",
+                    x.slot, x.pid
+                );
+            }
+        }
+        print_orphans(name, &orphans);
+        records.push(json!({ "db": name, "rebuilt": r, "recovered": rec, "orphan_locks": orphans }));
+    }
+    if let Some(p) = &s.json {
+        let rec = json!({ "bench": "rebuild", "lost": lost, "seconds": secs, "databases": records });
+        std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")?;
+    }
+    println!("rebuilt in {secs:.1} s");
+    if !settled {
+        eprintln!("compute-blade: transactions in flight whose undo log was on the lost blade were not settled");
+    }
+    Ok(Outcome::of(settled, false))
+}
+
+/// The rebuild of blade `job.lost` (not 0): the databases found through
+/// blade 0, which lives.
+fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) -> Result<(Vec<String>, Vec<RebuiltDb>)> {
+    use ford_dtx::db::{Db, REBUILDING};
     let lost = job.lost;
     let ctx = rt.ctx();
     let listed = rt.block_on(async move { list_indexes(&ctx).await })?;
@@ -524,7 +585,6 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     let ctx = rt.ctx();
     let all = dbs.clone();
     let progress = s.run.progress;
-    let started = std::time::Instant::now();
     let out = rt.block_on(async move {
         let mut end = 0;
         for db in &all {
@@ -542,13 +602,15 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
                      nothing is rebuilt on it"
                 )));
             }
+            // (A resumed rebuild may find less: recovery freed
+            // registrations whose log areas counted before.)
             let heap = ctx.read_u64(smart_core::GlobalAddr::new(lost, smart_core::layout::OFF_HEAP)).await?;
             if heap == smart_core::layout::HEAP_START {
                 ctx.reserve_heap(lost, target).await?;
-            } else if heap != target {
+            } else if heap < target {
                 return Err(ford_dtx::DtxError::Config(format!(
-                    "memory blade {lost}, being rebuilt, has its heap in use up to {heap:#x}, not {target:#x}: \
-                     something else allocated on it"
+                    "memory blade {lost}, being rebuilt, has its heap in use up to {heap:#x}, short of what was \
+                     lost ({target:#x}): it was not reserved by this rebuild"
                 )));
             }
         } else {
@@ -567,51 +629,150 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
             }
             ctx.reserve_heap(lost, target).await?;
         }
-        let mut out = Vec::new();
-        for db in &all {
-            if progress {
-                eprintln!("{}: rebuilding its copies on memory blade {lost} …", db.name);
-            }
-            let r = ford_dtx::rebuild::rebuild(&ctx, db, lost).await?;
-            let rec = ford_dtx::recovery::recover_after_loss(&ctx, db, lost, Which::Expired).await?;
-            let orphans = ford_dtx::recovery::release_orphans(&ctx, db).await?;
-            out.push((r, rec, orphans));
-        }
+        let out = rebuild_copies(&ctx, &all, lost, progress).await?;
         ctx.drop_root(0, REBUILDING).await?;
         Ok::<_, ford_dtx::DtxError>(out)
     })?;
-    let secs = started.elapsed().as_secs_f64();
-    let mut settled = true;
-    let mut records = Vec::new();
-    for (name, (r, rec, orphans)) in names.iter().zip(out) {
-        println!(
-            "{name}: rebuilt on memory blade {lost}: {} bucket arrays, {} overflow buckets, {} bytes; {} undo log \
-             areas were there",
-            r.arrays, r.overflow, r.bytes, r.log_areas
-        );
-        print_recovered(name, &rec);
-        for x in &rec {
-            if x.log_lost {
-                settled = false;
-                println!(
-                    "{name}: compute blade {} (pid {}): its undo log was on memory blade {lost}: a transaction of it \
-                     that had begun writing when it died cannot be rolled back (audit the database)",
-                    x.slot, x.pid
+    Ok((names, out))
+}
+
+/// Writes every database's copies on blade `lost` again, then settles the
+/// transactions of dead compute blades and releases orphan locks.
+async fn rebuild_copies(
+    ctx: &smart_core::Ctx,
+    dbs: &[std::sync::Arc<ford_dtx::db::Db>],
+    lost: u16,
+    progress: bool,
+) -> std::result::Result<Vec<RebuiltDb>, ford_dtx::DtxError> {
+    let mut out = Vec::new();
+    for db in dbs {
+        if progress {
+            eprintln!("{}: rebuilding its copies on memory blade {lost} …", db.name);
+        }
+        let r = ford_dtx::rebuild::rebuild(ctx, db, lost).await?;
+        let rec = ford_dtx::recovery::recover_after_loss(ctx, db, lost, Which::Expired).await?;
+        let orphans = ford_dtx::recovery::release_orphans(ctx, db).await?;
+        out.push((r, rec, orphans));
+    }
+    Ok(out)
+}
+
+/// The rebuild of blade 0: the databases found through their mirrors on
+/// blade 1 ([`ford_dtx::mirror`]). Blade 0 is adopted (taking the set's
+/// identity) once the leases of the compute blades the mirrors name have
+/// run out, marked as being rebuilt, and given back each catalog, registry
+/// and named root before its copies are rebuilt. Run again, it resumes.
+fn rebuild_blade0(
+    rt: &mut smart_core::Runtime,
+    s: &Session,
+    job: &RebuildJob,
+) -> Result<(Vec<String>, Vec<RebuiltDb>)> {
+    use ford_dtx::db::REBUILDING;
+    use ford_dtx::mirror;
+    use smart_core::layout::{HEAP_START, OFF_HEAP};
+    let ctx = rt.ctx();
+    let progress = s.run.progress;
+    let wanted = job.dbs.clone();
+    let (mirrors, adopted, target) = rt.block_on(async move {
+        let config = |m: String| Err(ford_dtx::DtxError::Config(m));
+        let mirrors = mirror::list(&ctx).await?;
+        if let Some(w) = wanted.iter().find(|w| !mirrors.iter().any(|m| &m.db.name == *w)) {
+            return config(format!("no mirror of a database {w:?} on memory blade 1"));
+        }
+        if mirrors.is_empty() {
+            return config(
+                "no FORD database keeps a mirror on memory blade 1, so nothing says what blade 0 held (a database \
+                 made before mirrors were kept gets one from `compute-blade recover --repair`, run while blade 0 \
+                 lives)"
+                    .into(),
+            );
+        }
+        let adopted = ctx.check_blade_set().await.is_ok();
+        if adopted {
+            // A blade 0 that the set has: a rebuild of it that stopped
+            // after adopting it resumes (its mark, or a catalog root not
+            // back yet, says so); the blade 0 that was never lost is left
+            // alone.
+            let marked = ctx.root(0, REBUILDING).await?.map(|g| g.blade()) == Some(0);
+            let mut restored = true;
+            for m in &mirrors {
+                restored &= ctx.root(0, &format!("ford:{}", m.db.name)).await?.is_some();
+            }
+            if !marked && restored {
+                return config(
+                    "memory blade 0 is the one this set had (or its rebuild finished): it was not lost, so nothing \
+                     is rebuilt on it"
+                        .into(),
                 );
             }
         }
-        print_orphans(name, &orphans);
-        records.push(json!({ "db": name, "rebuilt": r, "recovered": rec, "orphan_locks": orphans }));
+        // What the databases had on blade 0, read on the others (blade 0's
+        // registry is empty until restored: the log areas come from the
+        // mirrors).
+        let mut end = HEAP_START;
+        for m in &mirrors {
+            end = end.max(m.end_on_blade0()).max(ford_dtx::rebuild::extent_on(&ctx, &m.db, 0).await?);
+        }
+        let target = end.next_multiple_of(4096);
+        let size = ctx.blades()[0].size;
+        if !adopted && target > size {
+            return config(format!(
+                "memory blade 0 has {size} bytes; what was lost reached offset {target:#x}: start it with a larger \
+                 --size"
+            ));
+        }
+        Ok((mirrors, adopted, target))
+    })?;
+    if !adopted {
+        // Every compute blade registered when blade 0 was lost fails its
+        // next renewal there and fences itself: once the longest lease
+        // (and recovery's grace) has passed, none locks or commits any more.
+        let wait = mirrors.iter().map(mirror::Mirror::longest_lease_ms).max().unwrap_or(0);
+        if wait > 0 {
+            let wait = wait + ford_dtx::recovery::GRACE_MS;
+            if progress {
+                let k: usize = mirrors.iter().map(|m| m.slots.iter().filter(|s| s.claim != 0).count()).sum();
+                eprintln!(
+                    "waiting {:.1} s: {k} compute blades were registered; each fences itself within its lease once \
+                     a renewal on blade 0 fails",
+                    wait as f64 / 1e3
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(wait));
+        }
     }
-    if let Some(p) = &s.json {
-        let rec = json!({ "bench": "rebuild", "lost": lost, "seconds": secs, "databases": records });
-        std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")?;
-    }
-    println!("rebuilt in {secs:.1} s");
-    if !settled {
-        eprintln!("compute-blade: transactions in flight whose undo log was on the lost blade were not settled");
-    }
-    Ok(Outcome::of(settled, false))
+    let ctx = rt.ctx();
+    let out = rt.block_on(async move {
+        // The mark first: from the adoption on, a compute blade that opened
+        // a database before its catalog were back would create it anew.
+        ctx.set_root(0, REBUILDING, smart_core::GlobalAddr::new(0, HEAP_START)).await?;
+        if !adopted {
+            if let Err(e) = ctx.adopt_blade(0).await {
+                // Refused: nothing changed, so nothing is in progress.
+                ctx.drop_root(0, REBUILDING).await?;
+                return Err(e.into());
+            }
+        }
+        for m in &mirrors {
+            mirror::restore(&ctx, m).await?;
+        }
+        // (A resumed rebuild may find less: recovery freed registrations
+        // whose log areas counted before.)
+        let heap = ctx.read_u64(smart_core::GlobalAddr::new(0, OFF_HEAP)).await?;
+        if heap == HEAP_START {
+            ctx.reserve_heap(0, target).await?;
+        } else if heap < target {
+            return Err(ford_dtx::DtxError::Config(format!(
+                "memory blade 0, being rebuilt, has its heap in use up to {heap:#x}, short of what was lost \
+                 ({target:#x}): it was not reserved by this rebuild"
+            )));
+        }
+        let dbs: Vec<_> = mirrors.iter().map(|m| std::sync::Arc::new(m.db.clone())).collect();
+        let out = rebuild_copies(&ctx, &dbs, 0, progress).await?;
+        ctx.drop_root(0, REBUILDING).await?;
+        Ok((mirrors.iter().map(|m| m.db.name.clone()).collect::<Vec<_>>(), out))
+    })?;
+    Ok(out)
 }
 
 /// One index found on the blades by `table list`.

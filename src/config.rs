@@ -260,14 +260,16 @@ impl Config {
                 let Blades::Remote { addrs, .. } = &session.blades else {
                     bail!("rebuild needs --blades: embedded blades live and die with their process");
                 };
-                if a.lost == 0 || usize::from(a.lost) >= addrs.len() {
+                if usize::from(a.lost) >= addrs.len() || addrs.len() < 2 {
                     bail!(
-                        "--lost {}: give the place (1 to {}) in --blades of the lost blade, where a fresh one now \
-                         listens (blade 0 holds the databases' catalogs and registries, which are not replicated, \
-                         and cannot be rebuilt)",
+                        "--lost {}: give the place (0 to {}) in --blades of the lost blade, where a fresh one now \
+                         listens (a set of at least 2 blades: with one, nothing else keeps a copy)",
                         a.lost,
                         addrs.len().saturating_sub(1)
                     );
+                }
+                if a.lost == 0 && !a.db.is_empty() {
+                    bail!("--db does not apply to --lost 0: blade 0 held every database's catalog, and all come back");
                 }
                 Ok(Config { session, job: Job::Rebuild(RebuildJob { lost: a.lost, dbs: a.db.clone() }) })
             }

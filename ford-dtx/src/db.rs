@@ -139,13 +139,13 @@ pub(crate) fn chain_within(blades: &[BladeInfo], t: &Table, home: GlobalAddr, ho
 /// in progress (until it is done, no database opens but for the rebuild).
 pub const REBUILDING: &str = "ford:rebuilding";
 
-fn root_name(name: &str) -> String {
+pub(crate) fn root_name(name: &str) -> String {
     format!("ford:{name}")
 }
 
 /// The named root (on blade 0) that says a database's load completed: it
 /// names the catalog, as `ford:NAME` does.
-fn loaded_root(name: &str) -> String {
+pub(crate) fn loaded_root(name: &str) -> String {
     format!("ford:{name}:loaded")
 }
 
@@ -183,20 +183,30 @@ impl Db {
         let Some(at) = ctx.root(0, &root_name(name)).await? else { return Ok(None) };
         let mut c = vec![0u8; catalog::BYTES];
         ctx.read(at, &mut c).await?;
-        if word(&c, 0) == catalog::MAGIC_V1 {
+        Db::parse(ctx.blades(), name, &c, &format!("root ford:{name} at {at}")).map(Some)
+    }
+
+    /// The database `name` whose catalog bytes are `c` (read at `where_`,
+    /// for messages), checked as [`Db::open`] checks it.
+    ///
+    /// # Errors
+    /// As [`Db::open`].
+    pub(crate) fn parse(blades: &[BladeInfo], name: &str, c: &[u8], where_: &str) -> Result<Db> {
+        if word(c, 0) == catalog::MAGIC_V1 {
             return Err(DtxError::Config(format!(
                 "database {name} was made by an older version (records with CRC-32, now CRC-32C): \
                  restart its memory blades without their backing files to make it anew"
             )));
         }
-        if word(&c, 0) != catalog::MAGIC {
-            return Err(DtxError::Corrupt(format!("root ford:{name} at {at} holds no catalog")));
+        if word(c, 0) != catalog::MAGIC {
+            return Err(DtxError::Corrupt(format!("{where_} holds no catalog")));
         }
-        let (ntables, replicas, blades) = (word(&c, 8) as usize, word(&c, 16) as usize, word(&c, 24) as usize);
-        if blades != ctx.blades().len() {
+        let run = blades;
+        let (ntables, replicas, blades) = (word(c, 8) as usize, word(c, 16) as usize, word(c, 24) as usize);
+        if blades != run.len() {
             return Err(DtxError::Config(format!(
                 "database {name} was created over {blades} memory blades; this run has {}",
-                ctx.blades().len()
+                run.len()
             )));
         }
         if ntables == 0 || ntables > catalog::MAX_TABLES || replicas == 0 || replicas > MAX_REPLICAS.min(blades) {
@@ -208,10 +218,10 @@ impl Db {
             .map(|t| {
                 let e = catalog::HEADER + t * catalog::TABLE;
                 Table {
-                    id: word(&c, e) as u32,
-                    value_size: word(&c, e + 8) as usize,
-                    buckets: word(&c, e + 16),
-                    base: std::array::from_fn(|r| GlobalAddr::from_raw(word(&c, e + 32 + 8 * r))),
+                    id: word(c, e) as u32,
+                    value_size: word(c, e + 8) as usize,
+                    buckets: word(c, e + 16),
+                    base: std::array::from_fn(|r| GlobalAddr::from_raw(word(c, e + 32 + 8 * r))),
                 }
             })
             .collect();
@@ -220,11 +230,11 @@ impl Db {
             tables,
             replicas,
             blades,
-            registry: GlobalAddr::from_raw(word(&c, 32)),
-            max_value: word(&c, 56) as usize,
+            registry: GlobalAddr::from_raw(word(c, 32)),
+            max_value: word(c, 56) as usize,
         };
-        db.check_catalog(ctx.blades())?;
-        Ok(Some(db))
+        db.check_catalog(run)?;
+        Ok(db)
     }
 
     /// Checks what the catalog says against what [`Db::create`] writes:
@@ -299,6 +309,7 @@ impl Db {
         }
         if let Some(db) = Db::open(ctx, &spec.name).await? {
             db.check_shape(spec)?;
+            crate::mirror::ensure(ctx, &db).await?;
             return Ok((db, true));
         }
         let max_value = spec.tables.iter().map(|t| t.value_size).max().unwrap_or(8);
@@ -341,6 +352,8 @@ impl Db {
         let won = ctx.set_root(0, &root_name(&spec.name), at).await?;
         let db = Db::open(ctx, &spec.name).await?.ok_or_else(|| DtxError::Corrupt("catalog vanished".into()))?;
         db.check_shape(spec)?;
+        // Before anyone registers on it (registrations are mirrored too).
+        crate::mirror::ensure(ctx, &db).await?;
         Ok((db, won != at))
     }
 
@@ -388,7 +401,7 @@ impl Db {
             return Err(DtxError::Corrupt(format!("database {}: its root ford:{} is gone", self.name, self.name)));
         };
         ctx.set_root(0, &loaded_root(&self.name), catalog).await?;
-        Ok(())
+        crate::mirror::mark_loaded(ctx, self).await
     }
 
     /// Registry slot `i`'s address.

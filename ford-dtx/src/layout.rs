@@ -404,6 +404,32 @@ pub mod registry {
     pub const RECOVERING: u64 = 1 << 63;
 }
 
+/// A database's mirror on blade 1 (see [`crate::mirror`]): what a
+/// rebuild of blade 0 needs that only blade 0 holds.
+///
+/// ```text
+/// @0 magic "FORDMIR1"   @8 the catalog's address (on blade 0)
+/// @16 1 once the load completed (the root ford:NAME:loaded), else 0
+/// @24 the database's name (a block written by Ctx::write_name, on blade 1)
+/// @32..@64 0
+/// @64 the catalog's bytes (catalog::BYTES)
+/// @64 + catalog::BYTES  the registry's slots as registered (registry::SLOTS
+///     × registry::SLOT): claim, lease (ms, not an expiry), log area,
+///     threads, coroutines, pid
+/// ```
+pub mod mirror {
+    /// "FORDMIR1".
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDMIR1");
+    /// Bytes of the header.
+    pub const HEADER: usize = 64;
+    /// Offset of the catalog's copy.
+    pub const CATALOG: usize = HEADER;
+    /// Offset of the registry's copy.
+    pub const REGISTRY: usize = CATALOG + super::catalog::BYTES;
+    /// Bytes of a mirror.
+    pub const BYTES: usize = REGISTRY + (super::registry::SLOTS * super::registry::SLOT) as usize;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,6 +63,7 @@ pub mod db;
 pub mod dtx;
 pub mod error;
 pub mod layout;
+pub mod mirror;
 pub mod rebuild;
 pub mod recovery;
 pub mod registry;

@@ -18,11 +18,14 @@
 //! see [`crate::recovery::recover_after_loss`]), each copy's chain words
 //! its own.
 //!
-//! Limits: blade 0 (the catalog, the registry and the named roots, which
-//! are not replicated) cannot be rebuilt; a database with one replica
-//! cannot; a chain whose surviving copies do not link (a database made
-//! before chains were kept on every replica, whose primary was lost) is
-//! reported and not rebuilt past that point.
+//! Blade 0 also held the catalog, the registry and the named roots: a
+//! rebuild of blade 0 first writes them back from the database's mirror on
+//! blade 1 ([`crate::mirror::restore`]).
+//!
+//! Limits: a database with one replica cannot be rebuilt; a chain whose
+//! surviving copies do not link (a database made before chains were kept on
+//! every replica, whose primary was lost) is reported and not rebuilt past
+//! that point.
 
 use smart_core::{Ctx, GlobalAddr};
 
@@ -102,9 +105,8 @@ where
 /// bucket arrays, overflow buckets and undo log areas there; 0 if nothing.
 ///
 /// # Errors
-/// [`DtxError::Config`] if `lost` is blade 0 or the database has one
-/// replica; a chain that cannot be walked on a surviving replica; verb
-/// errors.
+/// [`DtxError::Config`] if the database has one replica; a chain that
+/// cannot be walked on a surviving replica; verb errors.
 pub async fn extent_on(ctx: &Ctx, db: &Db, lost: u16) -> Result<u64> {
     refuse_unrebuildable(db, lost)?;
     let mut end = 0;
@@ -128,13 +130,6 @@ pub async fn extent_on(ctx: &Ctx, db: &Db, lost: u16) -> Result<u64> {
 }
 
 fn refuse_unrebuildable(db: &Db, lost: u16) -> Result<()> {
-    if lost == 0 {
-        return Err(DtxError::Config(format!(
-            "database {}: memory blade 0 holds its catalog and registry, which are not replicated: it cannot be \
-             rebuilt",
-            db.name
-        )));
-    }
     if db.replicas < 2 {
         return Err(DtxError::Config(format!(
             "database {} keeps one copy of each record (--replicas 1): what was on memory blade {lost} is lost",

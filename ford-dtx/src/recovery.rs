@@ -119,7 +119,9 @@ async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: Option<u16>) -> Res
         ctx.write(at.add(8), &(now_ms() + 60_000).to_le_bytes()).await?;
         out.push(recover_slot(ctx, db, &s, lost).await?);
         ctx.write(at.add(8), &now_ms().to_le_bytes()).await?;
-        ctx.cas(at, mine, 0).await?;
+        if ctx.cas(at, mine, 0).await? == mine {
+            crate::mirror::unregister(ctx, db, s.slot, s.nonce()).await?;
+        }
     }
     Ok(out)
 }

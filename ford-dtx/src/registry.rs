@@ -40,7 +40,7 @@ pub struct SlotInfo {
 }
 
 impl SlotInfo {
-    fn parse(slot: u16, b: &[u8]) -> SlotInfo {
+    pub(crate) fn parse(slot: u16, b: &[u8]) -> SlotInfo {
         let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         SlotInfo {
             slot,
@@ -151,6 +151,9 @@ pub(crate) async fn claim(
             b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
         }
         ctx.write(db.registry_slot(s.slot).add(8), &b[..40]).await?;
+        // Before the first lock: a rebuild of blade 0 finds this compute
+        // blade's undo log through the mirror.
+        crate::mirror::register(ctx, db, &info, lease.as_millis() as u64).await?;
         return Ok((info, me));
     }
     Err(DtxError::RegistryFull(registry::SLOTS - 1))
@@ -294,7 +297,14 @@ impl Registration {
         let mut rt = Runtime::new(transport, 0, small_runtime())?;
         let ctx = rt.ctx();
         let (at, me) = (self.db.registry_slot(self.info.slot), self.info.claim);
-        let old = rt.block_on(async move { ctx.cas(at, me, 0).await })?;
+        let (db, slot) = (self.db.clone(), self.info.slot);
+        let old = rt.block_on(async move {
+            let old = ctx.cas(at, me, 0).await?;
+            if old == me {
+                crate::mirror::unregister(&ctx, &db, slot, me).await?;
+            }
+            Ok::<_, DtxError>(old)
+        })?;
         if old != me {
             return Err(DtxError::Config(format!(
                 "registry slot {} was taken over (claim {old:#x}): this compute blade's lease had expired",

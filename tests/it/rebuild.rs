@@ -70,8 +70,12 @@ fn a_lost_memory_blade_is_rebuilt_from_the_other_replicas() {
     let list = lose(&mut blades, &mut addrs, 1);
     let (code, _) = audit("smallbank", &list, "rb-refused.json");
     assert_ne!(code, Some(0), "a replaced blade is refused until rebuilt");
+    // Blade 0 lives: with blade 1 fresh, no mirror says what it held.
     let out = compute(&["rebuild", "--blades", &list, "--lost", "0"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("blade 0"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no FORD database keeps a mirror on memory blade 1"),
+        "{out:?}"
+    );
     let (code, text) = rebuild(&list, "1");
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("smallbank: rebuilt on memory blade 1: 2 bucket arrays"), "{text}");
@@ -171,4 +175,85 @@ fn a_rebuild_that_stopped_after_adopting_the_blade_refuses_other_commands_and_re
     // A set whose blades were all kept: nothing to rebuild.
     let (code, text) = rebuild(&list, "2");
     assert!(code == Some(1) && text.contains("it was not lost"), "{text}");
+}
+
+/// Blade 0 held every database's catalog, registry and named roots besides
+/// its copies of the tables: lost under a running SmallBank compute blade,
+/// it comes back from the databases' mirrors on blade 1 and the other
+/// replicas, and the dead compute blade's transactions are settled.
+#[test]
+fn a_lost_blade_0_is_rebuilt_from_the_mirrors_and_the_other_replicas() {
+    let (mut blades, mut addrs) = three();
+    let list = addrs.join(",");
+    let db = ["--accounts", "2000", "--hot", "50", "--quiet", "--audit"];
+    let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0"];
+    assert_eq!(run_json("rb0-load.json", &[&["smallbank"][..], &db, &q].concat())["violations"], 0);
+    let ta = run_json("rb0-tatp.json", &[&["tatp", "--subscribers", "2000", "--audit", "--quiet"][..], &q].concat());
+    assert_eq!(ta["violations"], 0, "{ta}");
+    let mut run = Command::new(COMPUTE)
+        .args(["smallbank", "--blades", &list, "--threads", "2", "--duration", "20", "--warmup", "0", "--lease", "1"])
+        .args(db)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let list = lose(&mut blades, &mut addrs, 0);
+    let st = wait_bounded(&mut run, Duration::from_secs(60), "the run whose blade 0 died");
+    assert_eq!(st.code(), Some(1), "the run fails: its memory blade is unreachable");
+    let (code, _) = audit("smallbank", &list, "rb0-refused.json");
+    assert_eq!(code, Some(1), "a replaced blade 0 is refused until rebuilt");
+    let out = compute(&["rebuild", "--blades", &list, "--lost", "0"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    // It waits for the dead compute blade's lease (1 s and the grace), then
+    // settles its transactions from its undo log (on blade 1).
+    assert!(text.contains("waiting 3.0 s: 1 compute blades were registered"), "{text}");
+    assert!(text.contains("smallbank: rebuilt on memory blade 0: 2 bucket arrays"), "{text}");
+    assert!(text.contains("tatp: rebuilt on memory blade 0: 3 bucket arrays"), "{text}");
+    assert!(text.contains("rolled back") && !text.contains("cannot be rolled back"), "{text}");
+    let (code, r) = audit("smallbank", &list, "rb0-audit.json");
+    assert_eq!(code, Some(0), "money conserved, no lock held, replicas equal: {r}");
+    assert_eq!(r["audit"]["balances"], r["audit"]["expected"], "{r}");
+    let (code, r) = audit("tatp", &list, "rb0-tatp-audit.json");
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["audit"]["db"]["live"], ta["audit"]["db"]["live"], "every TATP row is back");
+    // Both loads completed before: the rebuilt blade 0 says so (no reload).
+    let t = compute(&["table", "list", "--blades", &list]);
+    let tables = String::from_utf8_lossy(&t.stdout);
+    assert_eq!(tables.matches(", loaded").count(), 2, "{tables}");
+    // The rebuilt blade serves transactions; and it was not lost.
+    let again = smallbank(&list, "rb0-again.json");
+    assert_eq!(again["violations"].as_u64(), Some(0), "{again}");
+    let (code, text) = rebuild(&list, "0");
+    assert!(code == Some(1) && text.contains("it was not lost"), "{text}");
+}
+
+/// A rebuild of blade 0 that stopped right after adopting the fresh blade
+/// (its mark set, nothing restored): other commands refuse the databases,
+/// and the rebuild run again finishes it.
+#[test]
+fn a_rebuild_of_blade_0_that_stopped_after_adopting_it_resumes() {
+    use smart_core::{GlobalAddr, Runtime, RuntimeConfig, TcpTransport};
+
+    let (mut blades, mut addrs) = three();
+    let sb = smallbank(&addrs.join(","), "rb0r-sb.json");
+    let list = lose(&mut blades, &mut addrs, 0);
+    {
+        let t = TcpTransport::connect(&addrs).unwrap();
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            let guard = GlobalAddr::new(0, smart_core::layout::HEAP_START);
+            ctx.set_root(0, ford_dtx::db::REBUILDING, guard).await.unwrap();
+            ctx.adopt_blade(0).await.unwrap();
+        });
+    }
+    let out = compute(&["smallbank", "--blades", &list, "--audit-only"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("memory blade 0 is being rebuilt"), "{out:?}");
+    let (code, text) = rebuild(&list, "0");
+    assert_eq!(code, Some(0), "{text}");
+    let (code, r) = audit("smallbank", &list, "rb0r-audit.json");
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["audit"]["db"]["live"], sb["audit"]["db"]["live"]);
 }

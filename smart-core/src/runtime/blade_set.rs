@@ -101,34 +101,12 @@ impl Ctx {
 }
 
 impl Ctx {
-    /// Adopts a fresh memory blade as blade `i` of the set, in the place of
-    /// one that was lost (restarted without its backing file, or replaced),
-    /// for a rebuild of what it held from other blades' copies: checks that
-    /// blade `i` is fresh (no place in a set, nothing allocated) and that
-    /// the other blades form the set with the lost blade at `i`, then
-    /// records blade `i` in the set ([`Ctx::check_blade_set`] passes from
-    /// then on). Blade 0 cannot be replaced: every blade's place names the
-    /// set by blade 0's identity.
-    ///
-    /// # Errors
-    /// [`Error::BladeSet`] if blade `i` is 0, is not fresh, or the others
-    /// are not the set; verb errors.
-    pub async fn adopt_blade(&self, i: u16) -> Result<()> {
+    /// The superblock words of every blade (identity, place, next), and the
+    /// heap pointer of blade `i`.
+    async fn set_words(&self, i: u16) -> Result<(Vec<Seen>, u64)> {
         let n = self.blades().len();
-        let refuse = |blade, what: String| Err(Error::BladeSet { blade, what });
-        if i == 0 || usize::from(i) >= n {
-            return refuse(
-                i,
-                if i == 0 {
-                    "blade 0 cannot be replaced: every blade's place in the set names the set by blade 0's identity"
-                        .into()
-                } else {
-                    format!("there are {n} blades in this list")
-                },
-            );
-        }
         let mut seen = Vec::with_capacity(n);
-        let mut fresh_heap = 0;
+        let mut heap = 0;
         for b in 0..n {
             let w = self.superblock(b as u16).await?;
             let word = |off: u64| w[off as usize / 8];
@@ -138,9 +116,43 @@ impl Ctx {
                 next: word(layout::OFF_SET_NEXT),
             });
             if b == usize::from(i) {
-                fresh_heap = word(layout::OFF_HEAP);
+                heap = word(layout::OFF_HEAP);
             }
         }
+        Ok((seen, heap))
+    }
+
+    /// Adopts a fresh memory blade as blade `i` of the set, in the place of
+    /// one that was lost (restarted without its backing file, or replaced),
+    /// for a rebuild of what it held from other blades' copies: checks that
+    /// blade `i` is fresh (no place in a set, nothing allocated) and that
+    /// the other blades form the set with the lost blade at `i`, then
+    /// records blade `i` in the set ([`Ctx::check_blade_set`] passes from
+    /// then on).
+    ///
+    /// Every blade's place names the set by blade 0's identity (its top 48
+    /// bits), so a blade adopted as blade 0 takes those bits of the lost
+    /// blade 0's identity, which blade 1's place keeps (its own low 16 bits
+    /// stay): the other blades' places then name it, and nothing else of
+    /// theirs changes. It needs a blade 1 that was in the set.
+    ///
+    /// # Errors
+    /// [`Error::BladeSet`] if blade `i` is not fresh, the others are not
+    /// the set, or (for blade 0) there is no blade 1 that knows the set;
+    /// verb errors.
+    pub async fn adopt_blade(&self, i: u16) -> Result<()> {
+        let n = self.blades().len();
+        let refuse = |blade, what: String| Err(Error::BladeSet { blade, what });
+        if usize::from(i) >= n {
+            return refuse(i, format!("there are {n} blades in this list"));
+        }
+        if i == 0 && n < 2 {
+            return refuse(
+                0,
+                "a set of one blade keeps no trace of it elsewhere: there is no set to adopt it into".into(),
+            );
+        }
+        let (seen, fresh_heap) = self.set_words(i).await?;
         let new = seen[usize::from(i)];
         if new.place != 0 || new.next != 0 || fresh_heap != layout::HEAP_START {
             return refuse(
@@ -150,13 +162,32 @@ impl Ctx {
                     .into(),
             );
         }
-        let old = seen[usize::from(i) - 1].next;
-        if old == 0 {
-            return refuse(i, format!("blade {} of this list never had a next blade: no blade was lost here", i - 1));
-        }
+        // The lost blade as the others remember it.
+        let old = if i == 0 {
+            if seen[1].place & 0xffff != 1 || seen[1].place >> 16 == 0 {
+                return refuse(
+                    0,
+                    "blade 1 of this list has no place as blade 1 of a set: no blade 0 was lost here".into(),
+                );
+            }
+            Seen {
+                identity: (seen[1].place & !0xffff) | (new.identity & 0xffff),
+                place: layout::set_place(seen[1].place, 0),
+                next: seen[1].identity,
+            }
+        } else {
+            let old = seen[usize::from(i) - 1].next;
+            if old == 0 {
+                return refuse(
+                    i,
+                    format!("blade {} of this list never had a next blade: no blade was lost here", i - 1),
+                );
+            }
+            Seen { identity: old, place: 0, next: 0 }
+        };
         // The others, judged as if the lost blade were still in its place.
         let mut was = seen.clone();
-        was[usize::from(i)] = Seen { identity: old, place: 0, next: 0 };
+        was[usize::from(i)] = old;
         for (b, s) in was.iter().enumerate() {
             if b != usize::from(i) {
                 judge(&was, b, *s)?;
@@ -165,11 +196,20 @@ impl Ctx {
         if seen.iter().enumerate().any(|(b, s)| b != usize::from(i) && s.identity == new.identity) {
             return refuse(i, "has the identity of another blade in this list".into());
         }
-        let prev = GlobalAddr::new(i - 1, layout::OFF_SET_NEXT);
-        if self.cas(prev, old, new.identity).await? != old {
-            return refuse(i, "another compute blade changed the set meanwhile".into());
+        if i == 0 {
+            // Taking the set's bits is the adoption: once the identity word
+            // holds them, the others' places name this blade.
+            let at = GlobalAddr::new(0, layout::OFF_IDENTITY);
+            if self.cas(at, new.identity, old.identity).await? != new.identity {
+                return refuse(0, "another compute blade changed this blade meanwhile".into());
+            }
+        } else {
+            let prev = GlobalAddr::new(i - 1, layout::OFF_SET_NEXT);
+            if self.cas(prev, old.identity, new.identity).await? != old.identity {
+                return refuse(i, "another compute blade changed the set meanwhile".into());
+            }
         }
-        let head = seen[0].identity;
+        let head = if i == 0 { old.identity } else { seen[0].identity };
         self.cas(GlobalAddr::new(i, layout::OFF_SET_PLACE), 0, layout::set_place(head, i)).await?;
         if let Some(next) = seen.get(usize::from(i) + 1) {
             self.cas(GlobalAddr::new(i, layout::OFF_SET_NEXT), 0, next.identity).await?;

@@ -1,0 +1,240 @@
+//! A database's mirror on blade 1: what only blade 0 holds, kept where a
+//! rebuild of blade 0 can find it.
+//!
+//! Every record and every chain has copies on k blades, but blade 0 alone
+//! holds a database's catalog (where each table's replicas are), its
+//! registry of compute blades (whose slots name their undo logs) and the
+//! named roots that find them. Lost with blade 0, they would take the
+//! whole database along, replicas and all. So each database over two or
+//! more blades keeps a mirror on blade 1 (layout: [`crate::layout::mirror`]),
+//! found by a named root `ford:NAME` there:
+//! - the catalog's bytes and address, written once at creation (a catalog
+//!   never changes);
+//! - whether the load completed (the root `ford:NAME:loaded`);
+//! - each registration: a compute blade writes its slot's copy (claim,
+//!   lease length, log area, shape, pid) after claiming the slot and before
+//!   its first lock; a clean exit and a recovery clear it after freeing the
+//!   slot. So the mirror names every compute blade that may hold a lock.
+//!
+//! Lease renewals are not mirrored: after blade 0 is lost, every compute
+//! blade's next renewal fails and it fences itself (see
+//! [`crate::registry::Registration`]), so a rebuild waits one lease and
+//! takes them all for dead.
+//!
+//! [`restore`] writes a mirror back onto a blade adopted as blade 0
+//! ([`smart_core::Ctx::adopt_blade`]) at the old addresses; the tables'
+//! copies there are then rebuilt as on any lost blade
+//! ([`crate::rebuild`]). [`ensure`] writes the mirror of a database made
+//! before mirrors were kept (`compute-blade recover --repair`).
+
+use smart_core::{Ctx, GlobalAddr};
+
+use crate::db::{loaded_root, root_name, stored_addr, Db};
+use crate::error::{DtxError, Result};
+use crate::layout::{catalog, mirror, registry};
+use crate::registry::SlotInfo;
+
+/// The blade that holds mirrors.
+pub const BLADE: u16 = 1;
+
+fn word(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+/// Where database `name`'s mirror is; `None` if it has none (a database
+/// over one blade, or one made before mirrors were kept).
+///
+/// # Errors
+/// [`DtxError::Corrupt`] if the root names no mirror; verb errors.
+pub async fn find(ctx: &Ctx, name: &str) -> Result<Option<GlobalAddr>> {
+    if ctx.blades().len() <= usize::from(BLADE) {
+        return Ok(None);
+    }
+    let Some(at) = ctx.root(BLADE, &root_name(name)).await? else { return Ok(None) };
+    let at = stored_addr(ctx.blades(), at.raw(), mirror::BYTES as u64, || format!("the mirror of database {name}"))?;
+    if ctx.read_u64(at).await? != mirror::MAGIC {
+        return Err(DtxError::Corrupt(format!("the mirror of database {name} at {at} is not one")));
+    }
+    Ok(Some(at))
+}
+
+/// Writes `db`'s mirror on blade 1 unless it has one (or the database is
+/// over one blade); says whether it wrote one. Under a race, one mirror
+/// wins and the others' blocks are left unused. Registrations already in
+/// the registry are copied with the time their lease has left as their
+/// lease.
+///
+/// # Errors
+/// A database without its catalog root; allocation and verb errors.
+pub async fn ensure(ctx: &Ctx, db: &Db) -> Result<bool> {
+    if ctx.blades().len() <= usize::from(BLADE) || find(ctx, &db.name).await?.is_some() {
+        return Ok(false);
+    }
+    let Some(catalog_at) = ctx.root(0, &root_name(&db.name)).await? else {
+        return Err(DtxError::Corrupt(format!("database {}: its root ford:{} is gone", db.name, db.name)));
+    };
+    let mut m = vec![0u8; mirror::BYTES];
+    let loaded = ctx.root(0, &loaded_root(&db.name)).await?.is_some();
+    let name = ctx.write_name(BLADE, &db.name).await?;
+    for (i, v) in [mirror::MAGIC, catalog_at.raw(), u64::from(loaded), name.raw()].into_iter().enumerate() {
+        m[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    ctx.read(catalog_at, &mut m[mirror::CATALOG..mirror::REGISTRY]).await?;
+    let now = crate::registry::now_ms();
+    for s in crate::registry::slots(ctx, db).await? {
+        if s.claim != 0 {
+            let lease = s.expiry_ms.saturating_sub(now);
+            m[slot_offset(s.slot)..][..48].copy_from_slice(&slot_bytes(&s, s.nonce(), lease));
+        }
+    }
+    let at = ctx.alloc(BLADE, mirror::BYTES as u64, 64).await?;
+    ctx.write_all(at, &m).await?;
+    Ok(ctx.set_root(BLADE, &root_name(&db.name), at).await? == at)
+}
+
+fn slot_offset(slot: u16) -> usize {
+    mirror::REGISTRY + usize::from(slot) * registry::SLOT as usize
+}
+
+/// A registry slot's words, with `claim` and `second` (a lease length in
+/// the mirror, an expiry in the registry) in place of the slot's.
+fn slot_bytes(s: &SlotInfo, claim: u64, second: u64) -> [u8; 48] {
+    let mut b = [0u8; 48];
+    for (i, v) in [claim, second, s.log.raw(), s.threads, s.coroutines, s.pid].into_iter().enumerate() {
+        b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+/// Records registration `s` (claim `s.claim`, a lease of `lease_ms`) in
+/// `db`'s mirror, if it has one.
+///
+/// # Errors
+/// Verb errors.
+pub(crate) async fn register(ctx: &Ctx, db: &Db, s: &SlotInfo, lease_ms: u64) -> Result<()> {
+    if let Some(m) = find(ctx, &db.name).await? {
+        ctx.write(m.add(slot_offset(s.slot) as u64), &slot_bytes(s, s.claim, lease_ms)).await?;
+    }
+    Ok(())
+}
+
+/// Clears slot `slot` in `db`'s mirror if it still records registration
+/// `nonce` (after the slot was freed).
+///
+/// # Errors
+/// Verb errors.
+pub(crate) async fn unregister(ctx: &Ctx, db: &Db, slot: u16, nonce: u64) -> Result<()> {
+    if let Some(m) = find(ctx, &db.name).await? {
+        ctx.cas(m.add(slot_offset(slot) as u64), nonce, 0).await?;
+    }
+    Ok(())
+}
+
+/// Records in `db`'s mirror that its load completed.
+///
+/// # Errors
+/// Verb errors.
+pub(crate) async fn mark_loaded(ctx: &Ctx, db: &Db) -> Result<()> {
+    if let Some(m) = find(ctx, &db.name).await? {
+        ctx.write(m.add(16), &1u64.to_le_bytes()).await?;
+    }
+    Ok(())
+}
+
+/// A mirror as read.
+#[derive(Clone, Debug)]
+pub struct Mirror {
+    /// Where it is (on blade 1).
+    pub at: GlobalAddr,
+    /// The database, as its catalog's copy says.
+    pub db: Db,
+    /// Where the catalog was (on blade 0).
+    pub catalog_at: GlobalAddr,
+    /// Whether its load completed.
+    pub loaded: bool,
+    /// The registrations it names: each slot with its lease length (ms) in
+    /// `expiry_ms`.
+    pub slots: Vec<SlotInfo>,
+}
+
+impl Mirror {
+    /// The end (an offset on blade 0) of the catalog, the registry and the
+    /// registrations' undo log areas there.
+    pub fn end_on_blade0(&self) -> u64 {
+        let mut end = (self.catalog_at.offset() + catalog::BYTES as u64)
+            .max(self.db.registry.offset() + registry::SLOTS * registry::SLOT);
+        for s in &self.slots {
+            if s.claim != 0 && s.log.blade() == 0 && !s.log.is_null() {
+                end = end.max(s.log.offset() + s.threads * s.coroutines * crate::registry::ring_bytes(&self.db));
+            }
+        }
+        end
+    }
+
+    /// The longest lease among the registrations it names (ms).
+    pub fn longest_lease_ms(&self) -> u64 {
+        self.slots.iter().filter(|s| s.claim != 0).map(|s| s.expiry_ms).max().unwrap_or(0)
+    }
+}
+
+/// Every database mirror on blade 1 (none over a single blade).
+///
+/// # Errors
+/// A mirror whose name or catalog is damaged, as [`DtxError::Corrupt`];
+/// verb errors.
+pub async fn list(ctx: &Ctx) -> Result<Vec<Mirror>> {
+    let mut out = Vec::new();
+    if ctx.blades().len() <= usize::from(BLADE) {
+        return Ok(out);
+    }
+    for (tag, at) in ctx.roots(BLADE).await? {
+        if ctx.read_u64(at).await? != mirror::MAGIC {
+            continue;
+        }
+        let at = stored_addr(ctx.blades(), at.raw(), mirror::BYTES as u64, || "a database mirror".into())?;
+        let mut m = vec![0u8; mirror::BYTES];
+        ctx.read_all(at, &mut m).await?;
+        let name = ctx
+            .read_name(GlobalAddr::from_raw(word(&m, 24)))
+            .await?
+            .filter(|n| smart_core::layout::root_tag(&root_name(n)) == tag)
+            .ok_or_else(|| DtxError::Corrupt(format!("the database mirror at {at} holds no name of its root")))?;
+        let db = Db::parse(ctx.blades(), &name, &m[mirror::CATALOG..mirror::REGISTRY], &format!("the mirror at {at}"))?;
+        let catalog_at = stored_addr(ctx.blades(), word(&m, 8), catalog::BYTES as u64, || {
+            format!("the mirror of database {name}: the catalog's address")
+        })?;
+        if catalog_at.blade() != 0 {
+            return Err(DtxError::Corrupt(format!(
+                "the mirror of database {name}: the catalog was on blade {}",
+                catalog_at.blade()
+            )));
+        }
+        let slots = (1..registry::SLOTS as u16)
+            .map(|i| SlotInfo::parse(i, &m[slot_offset(i)..][..registry::SLOT as usize]))
+            .collect();
+        out.push(Mirror { at, db, catalog_at, loaded: word(&m, 16) == 1, slots });
+    }
+    Ok(out)
+}
+
+/// Writes mirror `m` back on blade 0, at the old addresses: the catalog,
+/// the registry (each registration it names with an expiry of 0, so that
+/// recovery takes it for dead) and the named roots. Idempotent.
+///
+/// # Errors
+/// Verb errors.
+pub async fn restore(ctx: &Ctx, m: &Mirror) -> Result<()> {
+    let mut c = vec![0u8; catalog::BYTES];
+    ctx.read(m.at.add(mirror::CATALOG as u64), &mut c).await?;
+    ctx.write_all(m.catalog_at, &c).await?;
+    let mut r = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
+    for s in m.slots.iter().filter(|s| s.claim != 0) {
+        r[usize::from(s.slot) * registry::SLOT as usize..][..48].copy_from_slice(&slot_bytes(s, s.claim, 0));
+    }
+    ctx.write_all(m.db.registry, &r).await?;
+    ctx.set_root(0, &root_name(&m.db.name), m.catalog_at).await?;
+    if m.loaded {
+        ctx.set_root(0, &loaded_root(&m.db.name), m.catalog_at).await?;
+    }
+    Ok(())
+}
