@@ -1,0 +1,94 @@
+//! The mirror on blade 1 of what only blade 0 holds: the catalog, the load
+//! mark and every registration that may hold a lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ford_dtx::mirror::{self, Mirror};
+use ford_dtx::recovery::{recover, Which};
+use ford_dtx::Registration;
+use smart_core::{Ctx, Runtime, Transport};
+use smart_testkit::backends;
+
+use crate::{open, spec};
+
+/// The one mirror on the blades.
+fn the_mirror(rt: &mut Runtime) -> Mirror {
+    let ctx = rt.ctx();
+    let mut all = rt.block_on(async move { mirror::list(&ctx).await }).unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    all.remove(0)
+}
+
+/// The claimed slots of a mirror: (slot, claim, lease ms, log area).
+fn claimed(m: &Mirror) -> Vec<(u16, u64, u64, smart_core::GlobalAddr)> {
+    m.slots.iter().filter(|s| s.claim != 0).map(|s| (s.slot, s.claim, s.expiry_ms, s.log)).collect()
+}
+
+#[test]
+fn the_mirror_follows_the_catalog_the_load_and_every_registration() {
+    let b = backends::embedded(3);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, live) = open(&t, &spec("mirrored", &[8, 16], 64, 2), 1, 2);
+    let m = the_mirror(&mut rt);
+    assert_eq!(m.db, *db, "the catalog's copy is the catalog");
+    assert!(!m.loaded);
+    assert_eq!(claimed(&m), vec![(live.slot(), live.info.claim, 30_000, live.info.log)], "the live registration");
+    let ctx = rt.ctx();
+    let d = db.clone();
+    rt.block_on(async move { d.mark_loaded(&ctx).await }).unwrap();
+    assert!(the_mirror(&mut rt).loaded, "the load mark");
+    // A clean exit clears its slot's copy.
+    let other = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_millis(300)).unwrap();
+    assert_eq!(claimed(&the_mirror(&mut rt)).len(), 2);
+    other.close(&*t).unwrap();
+    assert_eq!(claimed(&the_mirror(&mut rt)).len(), 1, "closed: cleared");
+    // A dead one's stays until recovery frees its slot.
+    let dead = Registration::register(t.clone(), db.clone(), 1, 1, Duration::from_millis(300)).unwrap();
+    let dead_slot = dead.slot();
+    drop(dead);
+    assert!(claimed(&the_mirror(&mut rt)).iter().any(|c| c.0 == dead_slot), "dead, not yet recovered");
+    std::thread::sleep(Duration::from_millis(300 + ford_dtx::recovery::GRACE_MS + 200));
+    let (ctx, d) = (rt.ctx(), db.clone());
+    let rec = rt.block_on(async move { recover(&ctx, &d, Which::Expired).await }).unwrap();
+    assert_eq!(rec.len(), 1);
+    assert_eq!(claimed(&the_mirror(&mut rt)).len(), 1, "recovered: cleared");
+    assert_eq!(claimed(&the_mirror(&mut rt))[0].0, live.slot(), "the live one stays");
+    live.close(&*t).unwrap();
+}
+
+#[test]
+fn a_database_without_a_mirror_gets_one_with_its_live_registrations() {
+    let b = backends::embedded(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, live) = open(&t, &spec("older", &[8], 16, 2), 1, 1);
+    // As a database made before mirrors were kept.
+    let ctx: Ctx = rt.ctx();
+    let d = db.clone();
+    let written = rt.block_on(async move {
+        ctx.drop_root(mirror::BLADE, "ford:older").await.unwrap();
+        assert_eq!(mirror::find(&ctx, "older").await.unwrap(), None);
+        let w = mirror::ensure(&ctx, &d).await.unwrap();
+        (w, mirror::ensure(&ctx, &d).await.unwrap())
+    });
+    assert_eq!(written, (true, false), "written once");
+    let m = the_mirror(&mut rt);
+    let c = claimed(&m);
+    assert_eq!((c.len(), c[0].0, c[0].1, c[0].3), (1, live.slot(), live.info.claim, live.info.log));
+    assert!((1..=30_000).contains(&c[0].2), "the time its lease has left: {}", c[0].2);
+    live.close(&*t).unwrap();
+}
+
+#[test]
+fn a_database_over_one_blade_has_no_mirror() {
+    let b = backends::embedded(1);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, live) = open(&t, &spec("alone", &[8], 16, 1), 1, 1);
+    let ctx = rt.ctx();
+    let d = db.clone();
+    let (found, listed) = rt.block_on(async move {
+        (mirror::find(&ctx, &d.name).await.unwrap(), mirror::list(&ctx).await.unwrap().len())
+    });
+    assert_eq!((found, listed), (None, 0));
+    live.close(&*t).unwrap();
+}
