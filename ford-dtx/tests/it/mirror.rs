@@ -86,9 +86,8 @@ fn a_database_over_one_blade_has_no_mirror() {
     let (mut rt, db, live) = open(&t, &spec("alone", &[8], 16, 1), 1, 1);
     let ctx = rt.ctx();
     let d = db.clone();
-    let (found, listed) = rt.block_on(async move {
-        (mirror::find(&ctx, &d.name).await.unwrap(), mirror::list(&ctx).await.unwrap().len())
-    });
+    let (found, listed) = rt
+        .block_on(async move { (mirror::find(&ctx, &d.name).await.unwrap(), mirror::list(&ctx).await.unwrap().len()) });
     assert_eq!((found, listed), (None, 0));
     live.close(&*t).unwrap();
 }
