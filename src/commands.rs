@@ -630,6 +630,13 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
             ctx.reserve_heap(lost, target).await?;
         }
         let out = rebuild_copies(&ctx, &all, lost, progress).await?;
+        if lost == ford_dtx::mirror::BLADE {
+            // The mirrors were there: written again (no compute blade is
+            // registered now).
+            for db in &all {
+                ford_dtx::mirror::ensure(&ctx, db).await?;
+            }
+        }
         ctx.drop_root(0, REBUILDING).await?;
         Ok::<_, ford_dtx::DtxError>(out)
     })?;

@@ -188,7 +188,10 @@ pub async fn list(ctx: &Ctx) -> Result<Vec<Mirror>> {
         return Ok(out);
     }
     for (tag, at) in ctx.roots(BLADE).await? {
-        if ctx.read_u64(at).await? != mirror::MAGIC {
+        // Other roots name other objects (of any size, anywhere).
+        if smart_core::layout::check_heap_place(ctx.blades(), at, 8).is_err()
+            || ctx.read_u64(at).await? != mirror::MAGIC
+        {
             continue;
         }
         let at = stored_addr(ctx.blades(), at.raw(), mirror::BYTES as u64, || "a database mirror".into())?;

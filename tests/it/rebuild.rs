@@ -104,7 +104,17 @@ fn a_lost_memory_blade_is_rebuilt_from_the_other_replicas() {
     let other = [addrs[0].as_str(), used.addr.as_str(), addrs[2].as_str()].join(",");
     let (code, text) = rebuild(&other, "1");
     assert!(code == Some(1) && text.contains("is not a fresh memory blade"), "{text}");
-    // The rebuilt blade serves transactions.
+    // The mirrors were on blade 1: its rebuild wrote them again, so blade 0
+    // can be lost next and come back.
+    let list = lose(&mut blades, &mut addrs, 0);
+    let (code, text) = rebuild(&list, "0");
+    assert_eq!(code, Some(0), "{text}");
+    for (w, before) in [("smallbank", &sb), ("tatp", &ta)] {
+        let (code, r) = audit(w, &list, "rb-audit0.json");
+        assert_eq!(code, Some(0), "{w}: {r}");
+        assert_eq!(r["audit"]["db"]["live"], before["audit"]["db"]["live"], "{w}: every row is back");
+    }
+    // The rebuilt blades serve transactions.
     let again = smallbank(&list, "rb-again.json");
     assert_eq!(again["violations"].as_u64(), Some(0), "{again}");
 }
