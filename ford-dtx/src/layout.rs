@@ -512,4 +512,10 @@ mod tests {
         assert!(log::entry_bytes(MAX_VALUE) <= 8 << 10);
         assert_eq!(catalog::BYTES, 64 + 16 * 64);
     }
+
+    #[test]
+    fn the_mirror_layout_is_pinned() {
+        assert_eq!(mirror::MAGIC.to_le_bytes(), *b"FORDMIR1");
+        assert_eq!((mirror::HEADER, mirror::CATALOG, mirror::REGISTRY, mirror::BYTES), (64, 64, 1152, 1152 + 256 * 64));
+    }
 }
