@@ -58,6 +58,34 @@ fn rebuild(list: &str, lost: &str) -> (Option<i32>, String) {
     }
 }
 
+/// What a rebuild of blade `i` does before it writes anything, and no
+/// more (it dies there): its mark on blade 0, and the fresh blade adopted.
+fn adopt_and_stop(addrs: &[String], i: u16) {
+    use smart_core::{GlobalAddr, Runtime, RuntimeConfig, TcpTransport};
+    let t = TcpTransport::connect(addrs).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let guard = GlobalAddr::new(i, smart_core::layout::HEAP_START);
+        ctx.set_root(0, ford_dtx::db::REBUILDING, guard).await.unwrap();
+        ctx.adopt_blade(i).await.unwrap();
+    });
+}
+
+/// A SmallBank compute blade of 2 threads with a 1 s lease, started on
+/// `list` with the database options `db`, 1.5 s into its run.
+fn running_smallbank(list: &str, db: &[&str]) -> std::process::Child {
+    let run = Command::new(COMPUTE)
+        .args(["smallbank", "--blades", list, "--threads", "2", "--duration", "20", "--warmup", "0", "--lease", "1"])
+        .args(db)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    run
+}
+
 #[test]
 fn a_lost_memory_blade_is_rebuilt_from_the_other_replicas() {
     let (mut blades, mut addrs) = three();
@@ -128,14 +156,7 @@ fn a_memory_blade_lost_under_running_transactions_is_rebuilt_and_the_money_kept(
     assert_eq!(run_json("rbl-load.json", &[&["smallbank"][..], &db, &q].concat())["violations"], 0);
     // Blade 2 (the ledger's primary, a backup of the checking accounts)
     // dies under a run of 2 threads with a 1 s lease.
-    let mut run = Command::new(COMPUTE)
-        .args(["smallbank", "--blades", &list, "--threads", "2", "--duration", "20", "--warmup", "0", "--lease", "1"])
-        .args(db)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let mut run = running_smallbank(&list, &db);
     drop(blades.remove(2));
     let st = wait_bounded(&mut run, Duration::from_secs(60), "the run whose memory blade died");
     assert_eq!(st.code(), Some(1), "the run fails: its memory blade is unreachable");
@@ -156,23 +177,10 @@ fn a_memory_blade_lost_under_running_transactions_is_rebuilt_and_the_money_kept(
 
 #[test]
 fn a_rebuild_that_stopped_after_adopting_the_blade_refuses_other_commands_and_resumes() {
-    use smart_core::{GlobalAddr, Runtime, RuntimeConfig, TcpTransport};
-
     let (mut blades, mut addrs) = three();
     let sb = smallbank(&addrs.join(","), "rbr-sb.json");
     let list = lose(&mut blades, &mut addrs, 1);
-    // What a rebuild does before it writes anything, and no more: it dies
-    // there.
-    {
-        let t = TcpTransport::connect(&addrs).unwrap();
-        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
-        let ctx = rt.ctx();
-        rt.block_on(async move {
-            let guard = GlobalAddr::new(1, smart_core::layout::HEAP_START);
-            ctx.set_root(0, ford_dtx::db::REBUILDING, guard).await.unwrap();
-            ctx.adopt_blade(1).await.unwrap();
-        });
-    }
+    adopt_and_stop(&addrs, 1);
     let (code, _) = audit("smallbank", &list, "rbr-refused.json");
     assert_eq!(code, Some(1));
     let out = compute(&["smallbank", "--blades", &list, "--audit-only"]);
@@ -200,14 +208,7 @@ fn a_lost_blade_0_is_rebuilt_from_the_mirrors_and_the_other_replicas() {
     assert_eq!(run_json("rb0-load.json", &[&["smallbank"][..], &db, &q].concat())["violations"], 0);
     let ta = run_json("rb0-tatp.json", &[&["tatp", "--subscribers", "2000", "--audit", "--quiet"][..], &q].concat());
     assert_eq!(ta["violations"], 0, "{ta}");
-    let mut run = Command::new(COMPUTE)
-        .args(["smallbank", "--blades", &list, "--threads", "2", "--duration", "20", "--warmup", "0", "--lease", "1"])
-        .args(db)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let mut run = running_smallbank(&list, &db);
     let list = lose(&mut blades, &mut addrs, 0);
     let st = wait_bounded(&mut run, Duration::from_secs(60), "the run whose blade 0 died");
     assert_eq!(st.code(), Some(1), "the run fails: its memory blade is unreachable");
@@ -244,21 +245,10 @@ fn a_lost_blade_0_is_rebuilt_from_the_mirrors_and_the_other_replicas() {
 /// and the rebuild run again finishes it.
 #[test]
 fn a_rebuild_of_blade_0_that_stopped_after_adopting_it_resumes() {
-    use smart_core::{GlobalAddr, Runtime, RuntimeConfig, TcpTransport};
-
     let (mut blades, mut addrs) = three();
     let sb = smallbank(&addrs.join(","), "rb0r-sb.json");
     let list = lose(&mut blades, &mut addrs, 0);
-    {
-        let t = TcpTransport::connect(&addrs).unwrap();
-        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
-        let ctx = rt.ctx();
-        rt.block_on(async move {
-            let guard = GlobalAddr::new(0, smart_core::layout::HEAP_START);
-            ctx.set_root(0, ford_dtx::db::REBUILDING, guard).await.unwrap();
-            ctx.adopt_blade(0).await.unwrap();
-        });
-    }
+    adopt_and_stop(&addrs, 0);
     let out = compute(&["smallbank", "--blades", &list, "--audit-only"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("memory blade 0 is being rebuilt"), "{out:?}");
     let (code, text) = rebuild(&list, "0");
