@@ -257,3 +257,25 @@ fn a_rebuild_of_blade_0_that_stopped_after_adopting_it_resumes() {
     assert_eq!(code, Some(0), "{r}");
     assert_eq!(r["audit"]["db"]["live"], sb["audit"]["db"]["live"]);
 }
+
+/// Two blades lost at once, with two replicas: neither is taken into the
+/// set by the other's rebuild. Before, adopting blade 1 recorded the fresh
+/// blade 2 as its next blade, so blade 2 joined the set with none of what
+/// the lost one held, and nothing refused it after.
+#[test]
+fn a_second_lost_blade_is_not_taken_into_the_set_by_a_rebuild() {
+    let (mut blades, mut addrs) = three();
+    smallbank(&addrs.join(","), "rb2-sb.json");
+    lose(&mut blades, &mut addrs, 1);
+    let list = lose(&mut blades, &mut addrs, 2);
+    for (lost, other) in [("1", "2"), ("2", "1")] {
+        let (code, text) = rebuild(&list, lost);
+        assert_eq!(code, Some(1), "{text}");
+        assert!(
+            text.contains(&format!("memory blade {other}")) && text.contains("has no place in the set either"),
+            "{text}"
+        );
+    }
+    let (code, _) = audit("smallbank", &list, "rb2-refused.json");
+    assert_eq!(code, Some(1), "still refused");
+}

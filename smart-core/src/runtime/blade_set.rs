@@ -162,6 +162,19 @@ impl Ctx {
                     .into(),
             );
         }
+        // Every other blade must have its place: one without is lost too
+        // (or new), and adopting this one would record it as this one's
+        // next blade, taking it into the set with nothing of what the lost
+        // one held.
+        if let Some(j) = (0..n).find(|&j| j != usize::from(i) && seen[j].place == 0) {
+            return refuse(
+                j as u16,
+                format!(
+                    "has no place in the set either: it was lost too, or is new; a rebuild of blade {i} needs \
+                     every other blade of the set as it was"
+                ),
+            );
+        }
         // The lost blade as the others remember it.
         let old = if i == 0 {
             if seen[1].place & 0xffff != 1 || seen[1].place >> 16 == 0 {
