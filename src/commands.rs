@@ -208,6 +208,18 @@ fn audit_line(a: &Audited) {
     if w.differ + w.missing > 0 {
         line += &format!(" | backup chain words differing {}, missing {}", w.differ, w.missing);
     }
+    let m = d.mirror;
+    if m.present == Some(false) {
+        line +=
+            " | no mirror on memory blade 1 (a database made before mirrors were kept: `recover --repair` writes one)";
+    }
+    if m.violations() > 0 {
+        line += &format!(
+            " | mirror: catalog {}, {} registrations missing (`recover --repair` writes it anew)",
+            if m.catalog_differs { "differs or damaged" } else { "same" },
+            m.registrations_missing
+        );
+    }
     if let (Some(b), Some(e), Some(n)) = (a.balances, a.expected, a.ledger_txns) {
         line += &format!(" | balances {b} cents, initial + ledgers {e} cents ({n} ledger transactions)");
     }
@@ -438,13 +450,19 @@ fn repair(
 ) -> Result<ford_dtx::repair::Repaired> {
     let (ctx, d) = (rt.ctx(), db.clone());
     let mirrored = rt
-        .block_on(async move { ford_dtx::mirror::ensure(&ctx, &d).await })
-        .map_err(|e| anyhow::anyhow!("repairing {name:?}: writing its mirror: {e}"))?;
-    if mirrored {
-        println!(
-            "{name}: repair: its mirror written on memory blade 1 (a database made before mirrors were kept: blade 0 \
-             can now be rebuilt)"
-        );
+        .block_on(async move {
+            let c = ford_dtx::mirror::check(&ctx, &d).await?;
+            match c.present {
+                Some(false) => ford_dtx::mirror::ensure(&ctx, &d).await.map(|w| w.then_some("written")),
+                Some(true) if c.violations() > 0 => {
+                    ford_dtx::mirror::rewrite(&ctx, &d).await.map(|w| w.then_some("written anew (it was wrong)"))
+                }
+                _ => Ok(None),
+            }
+        })
+        .map_err(|e| anyhow::anyhow!("repairing {name:?}: its mirror: {e}"))?;
+    if let Some(how) = mirrored {
+        println!("{name}: repair: its mirror on memory blade 1 {how}: blade 0 can be rebuilt from it");
     }
     let lease = std::time::Duration::from_secs(10);
     let reg = ford_dtx::Registration::register(t.clone(), db.clone(), 1, 1, lease)

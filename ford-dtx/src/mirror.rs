@@ -59,17 +59,42 @@ pub async fn find(ctx: &Ctx, name: &str) -> Result<Option<GlobalAddr>> {
 }
 
 /// Writes `db`'s mirror on blade 1 unless it has one (or the database is
-/// over one blade); says whether it wrote one. Under a race, one mirror
-/// wins and the others' blocks are left unused. Registrations already in
-/// the registry are copied with the time their lease has left as their
-/// lease.
+/// over one blade); says whether it wrote one. A mirror that is damaged
+/// (its root names no mirror) is replaced. Under a race, one mirror wins
+/// and the others' blocks are left unused. Registrations already in the
+/// registry are copied with the time their lease has left as their lease.
 ///
 /// # Errors
 /// A database without its catalog root; allocation and verb errors.
 pub async fn ensure(ctx: &Ctx, db: &Db) -> Result<bool> {
-    if ctx.blades().len() <= usize::from(BLADE) || find(ctx, &db.name).await?.is_some() {
+    if ctx.blades().len() <= usize::from(BLADE) {
         return Ok(false);
     }
+    match find(ctx, &db.name).await {
+        Ok(Some(_)) => Ok(false),
+        Ok(None) => write(ctx, db).await,
+        Err(DtxError::Corrupt(_)) => {
+            ctx.drop_root(BLADE, &root_name(&db.name)).await?;
+            write(ctx, db).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes `db`'s mirror anew, in place of the one it has (a repair of a
+/// mirror that [`check`] finds wrong); says whether this one won.
+///
+/// # Errors
+/// As [`ensure`].
+pub async fn rewrite(ctx: &Ctx, db: &Db) -> Result<bool> {
+    if ctx.blades().len() <= usize::from(BLADE) {
+        return Ok(false);
+    }
+    ctx.drop_root(BLADE, &root_name(&db.name)).await?;
+    write(ctx, db).await
+}
+
+async fn write(ctx: &Ctx, db: &Db) -> Result<bool> {
     let Some(catalog_at) = ctx.root(0, &root_name(&db.name)).await? else {
         return Err(DtxError::Corrupt(format!("database {}: its root ford:{} is gone", db.name, db.name)));
     };
@@ -89,7 +114,79 @@ pub async fn ensure(ctx: &Ctx, db: &Db) -> Result<bool> {
     }
     let at = ctx.alloc(BLADE, mirror::BYTES as u64, 64).await?;
     ctx.write_all(at, &m).await?;
-    Ok(ctx.set_root(BLADE, &root_name(&db.name), at).await? == at)
+    if ctx.set_root(BLADE, &root_name(&db.name), at).await? != at {
+        return Ok(false);
+    }
+    // A compute blade that registered after the copy above, and looked for
+    // the mirror before its root was set, wrote no copy of its slot: copied
+    // here. One that looks after this finds the root.
+    let now = crate::registry::now_ms();
+    for s in crate::registry::slots(ctx, db).await? {
+        let copy = at.add(slot_offset(s.slot) as u64);
+        if s.claim != 0 && ctx.read_u64(copy).await? != s.nonce() {
+            ctx.write(copy, &slot_bytes(&s, s.nonce(), s.expiry_ms.saturating_sub(now))).await?;
+        }
+    }
+    Ok(true)
+}
+
+/// What the audit finds of a database's mirror.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MirrorCheck {
+    /// Whether the database keeps a mirror; `None` over one blade (where it
+    /// has none to keep). A database made before mirrors were kept has none
+    /// until its next run or `compute-blade recover --repair`.
+    pub present: Option<bool>,
+    /// The mirror is damaged, or its copy of the catalog is not the catalog
+    /// (a violation: a rebuild of blade 0 would put wrong tables back).
+    pub catalog_differs: bool,
+    /// Registrations in the registry that the mirror does not name
+    /// (violations: a rebuild of blade 0 would not settle their
+    /// transactions).
+    pub registrations_missing: u64,
+}
+
+impl MirrorCheck {
+    /// Its violations.
+    pub fn violations(&self) -> u64 {
+        u64::from(self.catalog_differs) + self.registrations_missing
+    }
+}
+
+/// Checks `db`'s mirror against blade 0: the catalog's copy, and every
+/// registration in the registry named there.
+///
+/// # Errors
+/// Verb errors.
+pub async fn check(ctx: &Ctx, db: &Db) -> Result<MirrorCheck> {
+    if ctx.blades().len() <= usize::from(BLADE) {
+        return Ok(MirrorCheck::default());
+    }
+    let at = match find(ctx, &db.name).await {
+        Ok(Some(at)) => at,
+        Ok(None) => return Ok(MirrorCheck { present: Some(false), ..MirrorCheck::default() }),
+        Err(DtxError::Corrupt(_)) => {
+            return Ok(MirrorCheck { present: Some(true), catalog_differs: true, ..MirrorCheck::default() });
+        }
+        Err(e) => return Err(e),
+    };
+    let mut m = vec![0u8; mirror::BYTES];
+    ctx.read_all(at, &mut m).await?;
+    let mut out = MirrorCheck { present: Some(true), ..MirrorCheck::default() };
+    let mut c = vec![0u8; catalog::BYTES];
+    match ctx.root(0, &root_name(&db.name)).await? {
+        Some(catalog_at) if catalog_at.raw() == word(&m, 8) => {
+            ctx.read(catalog_at, &mut c).await?;
+            out.catalog_differs = c[..] != m[mirror::CATALOG..mirror::REGISTRY];
+        }
+        _ => out.catalog_differs = true,
+    }
+    for s in crate::registry::slots(ctx, db).await? {
+        if s.claim != 0 && word(&m, slot_offset(s.slot)) != s.nonce() {
+            out.registrations_missing += 1;
+        }
+    }
+    Ok(out)
 }
 
 fn slot_offset(slot: u16) -> usize {

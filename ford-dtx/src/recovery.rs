@@ -651,6 +651,9 @@ pub struct AuditReport {
     pub chain_words: ChainWords,
     /// The first [`HELD_SHOWN`] locks held, to say whose they are.
     pub held: Vec<HeldLock>,
+    /// The mirror on blade 1 against the catalog and the registry (see
+    /// [`crate::mirror::check`]); what differs is a violation.
+    pub mirror: crate::mirror::MirrorCheck,
 }
 
 /// How many held locks an [`AuditReport`] names.
@@ -683,7 +686,12 @@ impl AuditReport {
     /// Violations: locks held, replicas that differ, torn records, records
     /// after a gap, backup chain words that differ.
     pub fn violations(&self) -> u64 {
-        self.locks_held + self.replica_mismatches + self.torn + self.gaps + self.chain_words.differ
+        self.locks_held
+            + self.replica_mismatches
+            + self.torn
+            + self.gaps
+            + self.chain_words.differ
+            + self.mirror.violations()
     }
 }
 
@@ -730,6 +738,7 @@ pub async fn audit<F: FnMut(u32, u64, &[u8])>(ctx: &Ctx, db: &Db, mut row: F) ->
         rep.chain_words.differ += words.differ;
         rep.chain_words.missing += words.missing;
     }
+    rep.mirror = crate::mirror::check(ctx, db).await?;
     Ok(rep)
 }
 

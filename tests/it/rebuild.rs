@@ -279,3 +279,31 @@ fn a_second_lost_blade_is_not_taken_into_the_set_by_a_rebuild() {
     let (code, _) = audit("smallbank", &list, "rb2-refused.json");
     assert_eq!(code, Some(1), "still refused");
 }
+
+/// A mirror that went wrong (a word of its catalog's copy changed) fails
+/// the audit, and `recover --repair` writes it anew.
+#[test]
+fn a_wrong_mirror_fails_the_audit_and_the_repair_writes_it_anew() {
+    use smart_core::{Runtime, RuntimeConfig, TcpTransport};
+    let (_blades, addrs) = three();
+    let list = addrs.join(",");
+    smallbank(&list, "rbm-sb.json");
+    {
+        let t = TcpTransport::connect(&addrs).unwrap();
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            let at = ford_dtx::mirror::find(&ctx, "smallbank").await.unwrap().unwrap();
+            ctx.write(at.add(ford_dtx::layout::mirror::CATALOG as u64 + 16), &9u64.to_le_bytes()).await.unwrap();
+        });
+    }
+    let (code, r) = audit("smallbank", &list, "rbm-bad.json");
+    assert_eq!(code, Some(1), "{r}");
+    assert_eq!(r["audit"]["db"]["mirror"]["catalog_differs"], true, "{r}");
+    let out = compute(&["recover", "--blades", &list, "--repair"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("smallbank: repair: its mirror on memory blade 1 written anew (it was wrong)"), "{text}");
+    let (code, r) = audit("smallbank", &list, "rbm-good.json");
+    assert_eq!(code, Some(0), "{r}");
+}

@@ -89,5 +89,50 @@ fn a_database_over_one_blade_has_no_mirror() {
     let (found, listed) = rt
         .block_on(async move { (mirror::find(&ctx, &d.name).await.unwrap(), mirror::list(&ctx).await.unwrap().len()) });
     assert_eq!((found, listed), (None, 0));
+    let (ctx, d) = (rt.ctx(), db.clone());
+    let c = rt.block_on(async move { mirror::check(&ctx, &d).await }).unwrap();
+    assert_eq!((c.present, c.violations()), (None, 0));
+    live.close(&*t).unwrap();
+}
+
+#[test]
+fn the_audit_finds_a_wrong_mirror_and_a_rewrite_mends_it() {
+    let b = backends::embedded(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, live) = open(&t, &spec("checked", &[8], 16, 2), 1, 1);
+    let ctx = rt.ctx();
+    let d = db.clone();
+    let nonce = live.info.claim;
+    let slot = u64::from(live.slot());
+    rt.block_on(async move {
+        let audit = |ctx: Ctx, d: Arc<ford_dtx::db::Db>| async move {
+            ford_dtx::recovery::audit(&ctx, &d, |_, _, _| {}).await.unwrap()
+        };
+        let clean = audit(ctx.clone(), d.clone()).await;
+        assert_eq!((clean.mirror.present, clean.violations()), (Some(true), 0), "{clean:?}");
+        let at = mirror::find(&ctx, &d.name).await.unwrap().unwrap();
+        let reg = at.add(ford_dtx::layout::mirror::REGISTRY as u64 + slot * 64);
+        // A word of the catalog's copy, and the live registration's copy.
+        ctx.write(at.add(ford_dtx::layout::mirror::CATALOG as u64 + 8), &7u64.to_le_bytes()).await.unwrap();
+        ctx.write(reg, &0u64.to_le_bytes()).await.unwrap();
+        let bad = audit(ctx.clone(), d.clone()).await;
+        assert!(bad.mirror.catalog_differs, "{bad:?}");
+        assert_eq!((bad.mirror.registrations_missing, bad.violations()), (1, 2), "{bad:?}");
+        assert!(mirror::rewrite(&ctx, &d).await.unwrap());
+        let at2 = mirror::find(&ctx, &d.name).await.unwrap().unwrap();
+        assert_ne!(at2, at, "a new mirror");
+        assert_eq!(ctx.read_u64(at2.add(ford_dtx::layout::mirror::REGISTRY as u64 + slot * 64)).await.unwrap(), nonce);
+        assert_eq!(audit(ctx.clone(), d.clone()).await.violations(), 0);
+        // A mirror whose root names no mirror is damaged: replaced.
+        ctx.write(at2, &0u64.to_le_bytes()).await.unwrap();
+        let damaged = mirror::check(&ctx, &d).await.unwrap();
+        assert!(damaged.catalog_differs && damaged.violations() == 1, "{damaged:?}");
+        assert!(mirror::ensure(&ctx, &d).await.unwrap(), "replaced");
+        assert_eq!(mirror::check(&ctx, &d).await.unwrap().violations(), 0);
+        // Without a mirror: no violation, but the audit says so.
+        ctx.drop_root(mirror::BLADE, "ford:checked").await.unwrap();
+        let none = audit(ctx.clone(), d.clone()).await;
+        assert_eq!((none.mirror.present, none.violations()), (Some(false), 0));
+    });
     live.close(&*t).unwrap();
 }
