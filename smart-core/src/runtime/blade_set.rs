@@ -36,28 +36,16 @@ impl Ctx {
     /// # Errors
     /// [`Error::BladeSet`], [`Error::Layout`]; verb errors.
     pub async fn check_blade_set(&self) -> Result<()> {
-        let n = self.blades().len();
-        let mut seen = Vec::with_capacity(n);
-        for b in 0..n {
-            let blade = u16::try_from(b).expect("at most MAX_BLADES blades");
-            let w = self.superblock(blade).await?;
-            let word = |off: u64| w[off as usize / 8];
-            let s = Seen {
-                identity: word(layout::OFF_IDENTITY),
-                place: word(layout::OFF_SET_PLACE),
-                next: word(layout::OFF_SET_NEXT),
-            };
-            if s.identity >> 16 == 0 {
-                return Err(Error::Damaged {
-                    blade,
-                    what: format!(
-                        "its identity word is {:#x}: a memory blade draws one when it starts (an older memory-blade \
-                         build, or a damaged superblock)",
-                        s.identity
-                    ),
-                });
-            }
-            seen.push(s);
+        let (seen, _) = self.set_words(0).await?;
+        if let Some((blade, s)) = seen.iter().enumerate().find(|(_, s)| s.identity >> 16 == 0) {
+            return Err(Error::Damaged {
+                blade: blade as u16,
+                what: format!(
+                    "its identity word is {:#x}: a memory blade draws one when it starts (an older memory-blade \
+                     build, or a damaged superblock)",
+                    s.identity
+                ),
+            });
         }
         // Every check before any write, so that a refused list changes
         // nothing.
