@@ -609,7 +609,6 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
             end = end.max(ford_dtx::rebuild::extent_on(&ctx, db, lost).await?);
         }
         let target = end.max(smart_core::layout::HEAP_START).next_multiple_of(4096);
-        let guard = smart_core::GlobalAddr::new(lost, smart_core::layout::HEAP_START);
         if ctx.check_blade_set().await.is_ok() {
             // The set holds blade `lost`: a rebuild of it that stopped after
             // adopting it resumes (its mark is still on blade 0); a blade
@@ -620,33 +619,11 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
                      nothing is rebuilt on it"
                 )));
             }
-            // (A resumed rebuild may find less: recovery freed
-            // registrations whose log areas counted before.)
-            let heap = ctx.read_u64(smart_core::GlobalAddr::new(lost, smart_core::layout::OFF_HEAP)).await?;
-            if heap == smart_core::layout::HEAP_START {
-                ctx.reserve_heap(lost, target).await?;
-            } else if heap < target {
-                return Err(ford_dtx::DtxError::Config(format!(
-                    "memory blade {lost}, being rebuilt, has its heap in use up to {heap:#x}, short of what was \
-                     lost ({target:#x}): it was not reserved by this rebuild"
-                )));
-            }
         } else {
-            let size = ctx.blades()[usize::from(lost)].size;
-            if target > size {
-                return Err(ford_dtx::DtxError::Config(format!(
-                    "memory blade {lost} has {size} bytes; what was lost reached offset {target:#x}: start it with a \
-                     larger --size"
-                )));
-            }
-            ctx.set_root(0, REBUILDING, guard).await?;
-            if let Err(e) = ctx.adopt_blade(lost).await {
-                // Refused: nothing changed, so nothing is in progress.
-                ctx.drop_root(0, REBUILDING).await?;
-                return Err(e.into());
-            }
-            ctx.reserve_heap(lost, target).await?;
+            fits(&ctx, lost, target)?;
+            mark_and_adopt(&ctx, lost).await?;
         }
+        reserve_lost(&ctx, lost, target).await?;
         let out = rebuild_copies(&ctx, &all, lost, progress).await?;
         if lost == ford_dtx::mirror::BLADE {
             // The mirrors were there: written again (no compute blade is
@@ -659,6 +636,48 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
         Ok::<_, ford_dtx::DtxError>(out)
     })?;
     Ok((names, out))
+}
+
+/// Refuses a fresh blade `lost` too small for what was lost there (up to
+/// offset `target`).
+fn fits(ctx: &smart_core::Ctx, lost: u16, target: u64) -> std::result::Result<(), ford_dtx::DtxError> {
+    let size = ctx.blades()[usize::from(lost)].size;
+    if target > size {
+        return Err(ford_dtx::DtxError::Config(format!(
+            "memory blade {lost} has {size} bytes; what was lost reached offset {target:#x}: start it with a larger \
+             --size"
+        )));
+    }
+    Ok(())
+}
+
+/// Sets the rebuild's mark on blade 0 (naming blade `lost`), then adopts the
+/// fresh blade `lost`; a refused adoption changed nothing, so the mark goes.
+async fn mark_and_adopt(ctx: &smart_core::Ctx, lost: u16) -> std::result::Result<(), ford_dtx::DtxError> {
+    use ford_dtx::db::REBUILDING;
+    ctx.set_root(0, REBUILDING, smart_core::GlobalAddr::new(lost, smart_core::layout::HEAP_START)).await?;
+    if let Err(e) = ctx.adopt_blade(lost).await {
+        ctx.drop_root(0, REBUILDING).await?;
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// Marks blade `lost`'s heap in use up to `target`, unless a rebuild of it
+/// that resumes did already (and may now find less: recovery freed
+/// registrations whose log areas counted before).
+async fn reserve_lost(ctx: &smart_core::Ctx, lost: u16, target: u64) -> std::result::Result<(), ford_dtx::DtxError> {
+    use smart_core::layout::{HEAP_START, OFF_HEAP};
+    let heap = ctx.read_u64(smart_core::GlobalAddr::new(lost, OFF_HEAP)).await?;
+    if heap == HEAP_START {
+        ctx.reserve_heap(lost, target).await?;
+    } else if heap < target {
+        return Err(ford_dtx::DtxError::Config(format!(
+            "memory blade {lost}, being rebuilt, has its heap in use up to {heap:#x}, short of what was lost \
+             ({target:#x}): it was not reserved by this rebuild"
+        )));
+    }
+    Ok(())
 }
 
 /// Writes every database's copies on blade `lost` again, then settles the
@@ -694,7 +713,7 @@ fn rebuild_blade0(
 ) -> Result<(Vec<String>, Vec<RebuiltDb>)> {
     use ford_dtx::db::REBUILDING;
     use ford_dtx::mirror;
-    use smart_core::layout::{HEAP_START, OFF_HEAP};
+    use smart_core::layout::HEAP_START;
     let ctx = rt.ctx();
     let progress = s.run.progress;
     let wanted = job.dbs.clone();
@@ -721,7 +740,7 @@ fn rebuild_blade0(
             let marked = ctx.root(0, REBUILDING).await?.map(|g| g.blade()) == Some(0);
             let mut restored = true;
             for m in &mirrors {
-                restored &= ctx.root(0, &format!("ford:{}", m.db.name)).await?.is_some();
+                restored &= ctx.root(0, &ford_dtx::db::root_name(&m.db.name)).await?.is_some();
             }
             if !marked && restored {
                 return config(
@@ -739,12 +758,8 @@ fn rebuild_blade0(
             end = end.max(m.end_on_blade0()).max(ford_dtx::rebuild::extent_on(&ctx, &m.db, 0).await?);
         }
         let target = end.next_multiple_of(4096);
-        let size = ctx.blades()[0].size;
-        if !adopted && target > size {
-            return config(format!(
-                "memory blade 0 has {size} bytes; what was lost reached offset {target:#x}: start it with a larger \
-                 --size"
-            ));
+        if !adopted {
+            fits(&ctx, 0, target)?;
         }
         Ok((mirrors, adopted, target))
     })?;
@@ -770,32 +785,19 @@ fn rebuild_blade0(
     let out = rt.block_on(async move {
         // The mark first: from the adoption on, a compute blade that opened
         // a database before its catalog were back would create it anew.
-        ctx.set_root(0, REBUILDING, smart_core::GlobalAddr::new(0, HEAP_START)).await?;
-        if !adopted {
-            if let Err(e) = ctx.adopt_blade(0).await {
-                // Refused: nothing changed, so nothing is in progress.
-                ctx.drop_root(0, REBUILDING).await?;
-                return Err(e.into());
-            }
+        if adopted {
+            ctx.set_root(0, REBUILDING, smart_core::GlobalAddr::new(0, HEAP_START)).await?;
+        } else {
+            mark_and_adopt(&ctx, 0).await?;
         }
         for m in &mirrors {
             mirror::restore(&ctx, m).await?;
         }
-        // (A resumed rebuild may find less: recovery freed registrations
-        // whose log areas counted before.)
-        let heap = ctx.read_u64(smart_core::GlobalAddr::new(0, OFF_HEAP)).await?;
-        if heap == HEAP_START {
-            ctx.reserve_heap(0, target).await?;
-        } else if heap < target {
-            return Err(ford_dtx::DtxError::Config(format!(
-                "memory blade 0, being rebuilt, has its heap in use up to {heap:#x}, short of what was lost \
-                 ({target:#x}): it was not reserved by this rebuild"
-            )));
-        }
+        reserve_lost(&ctx, 0, target).await?;
         let dbs: Vec<_> = mirrors.iter().map(|m| std::sync::Arc::new(m.db.clone())).collect();
         let out = rebuild_copies(&ctx, &dbs, 0, progress).await?;
         ctx.drop_root(0, REBUILDING).await?;
-        Ok((mirrors.iter().map(|m| m.db.name.clone()).collect::<Vec<_>>(), out))
+        Ok::<_, ford_dtx::DtxError>((mirrors.iter().map(|m| m.db.name.clone()).collect::<Vec<_>>(), out))
     })?;
     Ok(out)
 }

@@ -139,7 +139,8 @@ pub(crate) fn chain_within(blades: &[BladeInfo], t: &Table, home: GlobalAddr, ho
 /// in progress (until it is done, no database opens but for the rebuild).
 pub const REBUILDING: &str = "ford:rebuilding";
 
-pub(crate) fn root_name(name: &str) -> String {
+/// The named root (on blade 0) of database `name`'s catalog, `ford:NAME`.
+pub fn root_name(name: &str) -> String {
     format!("ford:{name}")
 }
 

@@ -105,26 +105,18 @@ async fn write(ctx: &Ctx, db: &Db) -> Result<bool> {
         m[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
     }
     ctx.read(catalog_at, &mut m[mirror::CATALOG..mirror::REGISTRY]).await?;
-    let now = crate::registry::now_ms();
-    for s in crate::registry::slots(ctx, db).await? {
-        if s.claim != 0 {
-            let lease = s.expiry_ms.saturating_sub(now);
-            m[slot_offset(s.slot)..][..48].copy_from_slice(&slot_bytes(&s, s.nonce(), lease));
-        }
-    }
     let at = ctx.alloc(BLADE, mirror::BYTES as u64, 64).await?;
     ctx.write_all(at, &m).await?;
     if ctx.set_root(BLADE, &root_name(&db.name), at).await? != at {
         return Ok(false);
     }
-    // A compute blade that registered after the copy above, and looked for
-    // the mirror before its root was set, wrote no copy of its slot: copied
-    // here. One that looks after this finds the root.
+    // The registrations already there, once the root is set: one that
+    // comes later finds the root and writes its own copy.
     let now = crate::registry::now_ms();
     for s in crate::registry::slots(ctx, db).await? {
-        let copy = at.add(slot_offset(s.slot) as u64);
-        if s.claim != 0 && ctx.read_u64(copy).await? != s.nonce() {
-            ctx.write(copy, &slot_bytes(&s, s.nonce(), s.expiry_ms.saturating_sub(now))).await?;
+        if s.claim != 0 {
+            let lease = s.expiry_ms.saturating_sub(now);
+            ctx.write(at.add(slot_offset(s.slot) as u64), &s.bytes(s.nonce(), lease)).await?;
         }
     }
     Ok(true)
@@ -193,16 +185,6 @@ fn slot_offset(slot: u16) -> usize {
     mirror::REGISTRY + usize::from(slot) * registry::SLOT as usize
 }
 
-/// A registry slot's words, with `claim` and `second` (a lease length in
-/// the mirror, an expiry in the registry) in place of the slot's.
-fn slot_bytes(s: &SlotInfo, claim: u64, second: u64) -> [u8; 48] {
-    let mut b = [0u8; 48];
-    for (i, v) in [claim, second, s.log.raw(), s.threads, s.coroutines, s.pid].into_iter().enumerate() {
-        b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
-    }
-    b
-}
-
 /// Records registration `s` (claim `s.claim`, a lease of `lease_ms`) in
 /// `db`'s mirror, if it has one.
 ///
@@ -210,7 +192,7 @@ fn slot_bytes(s: &SlotInfo, claim: u64, second: u64) -> [u8; 48] {
 /// Verb errors.
 pub(crate) async fn register(ctx: &Ctx, db: &Db, s: &SlotInfo, lease_ms: u64) -> Result<()> {
     if let Some(m) = find(ctx, &db.name).await? {
-        ctx.write(m.add(slot_offset(s.slot) as u64), &slot_bytes(s, s.claim, lease_ms)).await?;
+        ctx.write(m.add(slot_offset(s.slot) as u64), &s.bytes(s.claim, lease_ms)).await?;
     }
     Ok(())
 }
@@ -329,7 +311,7 @@ pub async fn restore(ctx: &Ctx, m: &Mirror) -> Result<()> {
     ctx.write_all(m.catalog_at, &c).await?;
     let mut r = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
     for s in m.slots.iter().filter(|s| s.claim != 0) {
-        r[usize::from(s.slot) * registry::SLOT as usize..][..48].copy_from_slice(&slot_bytes(s, s.claim, 0));
+        r[usize::from(s.slot) * registry::SLOT as usize..][..48].copy_from_slice(&s.bytes(s.claim, 0));
     }
     ctx.write_all(m.db.registry, &r).await?;
     ctx.set_root(0, &root_name(&m.db.name), m.catalog_at).await?;

@@ -465,27 +465,28 @@ where
                 let link = chain_within(ctx.blades(), t, home, hops).and_then(|()| {
                     stored_addr(ctx.blades(), next, bb, || format!("table {}: the next bucket after {from}", t.id))
                 });
-                let at0 = match link {
-                    Ok(a) => a,
-                    Err(error) => {
+                // The next bucket and its copies, or the damage (in the
+                // link, or in the copies its header names).
+                let step = match link {
+                    Ok(at0) => {
+                        hops += 1;
+                        ctx.read(at0, &mut chain[0]).await?;
+                        overflow_copies(ctx.blades(), t, replicas, &chain[0], 0, at0)
+                            .map(|at| (at0, at))
+                            .map_err(|e| (true, e))
+                    }
+                    Err(e) => Err((false, e)),
+                };
+                let (at0, at) = match step {
+                    Ok(s) => s,
+                    Err((mirror, error)) => {
                         let has_free = walk.free_seen;
-                        broken(Cut { home, bucket: from, link: next, mirror: false, has_free, error })?;
+                        broken(Cut { home, bucket: from, link: next, mirror, has_free, error })?;
                         ended = false;
                         break;
                     }
                 };
-                hops += 1;
-                ctx.read(at0, &mut chain[0]).await?;
                 let nx = layout::header_of(&chain[0]).0;
-                let at = match overflow_copies(ctx.blades(), t, replicas, &chain[0], 0, at0) {
-                    Ok(at) => at,
-                    Err(error) => {
-                        let has_free = walk.free_seen;
-                        broken(Cut { home, bucket: from, link: next, mirror: true, has_free, error })?;
-                        ended = false;
-                        break;
-                    }
-                };
                 for r in 1..replicas {
                     ctx.read(at[r], &mut chain[r]).await?;
                 }

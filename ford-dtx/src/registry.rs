@@ -53,6 +53,17 @@ impl SlotInfo {
         }
     }
 
+    /// The slot's words as [`SlotInfo::parse`] reads them, with `claim` and
+    /// `second` in place of the claim and the expiry (the mirror keeps a
+    /// lease length there, see [`crate::mirror`]).
+    pub(crate) fn bytes(&self, claim: u64, second: u64) -> [u8; 48] {
+        let mut b = [0u8; 48];
+        for (i, v) in [claim, second, self.log.raw(), self.threads, self.coroutines, self.pid].into_iter().enumerate() {
+            b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
     /// The registration nonce (the claim without the recovering bit).
     pub fn nonce(&self) -> u64 {
         self.claim & !registry::RECOVERING
@@ -136,21 +147,17 @@ pub(crate) async fn claim(
         };
         // The slot records this registration's shape (the area may be
         // larger; a later registration then sees only this much).
-        let (threads, coroutines) = (threads as u64, coroutines as u64);
-        let mut b = [0u8; 48];
         let info = SlotInfo {
             slot: s.slot,
             claim: me,
             expiry_ms: now_ms() + lease.as_millis() as u64,
             log,
-            threads,
-            coroutines,
+            threads: threads as u64,
+            coroutines: coroutines as u64,
             pid: u64::from(std::process::id()),
         };
-        for (i, v) in [info.expiry_ms, log.raw(), threads, coroutines, info.pid].into_iter().enumerate() {
-            b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
-        }
-        ctx.write(db.registry_slot(s.slot).add(8), &b[..40]).await?;
+        // All but the claim, which the CAS above wrote.
+        ctx.write(db.registry_slot(s.slot).add(8), &info.bytes(me, info.expiry_ms)[8..]).await?;
         // Before the first lock: a rebuild of blade 0 finds this compute
         // blade's undo log through the mirror.
         crate::mirror::register(ctx, db, &info, lease.as_millis() as u64).await?;

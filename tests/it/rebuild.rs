@@ -18,8 +18,8 @@ fn three() -> (Vec<Blade>, Vec<String>) {
 
 /// A short audited SmallBank run of 2 000 accounts on `list`: its record.
 fn smallbank(list: &str, name: &str) -> Value {
-    let q = ["--blades", list, "--duration", "0.3", "--warmup", "0", "--quiet", "--audit"];
-    run_json(name, &[&["smallbank", "--accounts", "2000", "--hot", "50"], &q[..]].concat())
+    let q = ["--blades", list, "--duration", "0.3", "--warmup", "0", "--quiet"];
+    run_json(name, &[&SMALLBANK[..], &q[..]].concat())
 }
 
 /// SIGKILLs blade `i` (its memory goes with it) and starts a fresh one in
@@ -72,12 +72,15 @@ fn adopt_and_stop(addrs: &[String], i: u16) {
     });
 }
 
-/// A SmallBank compute blade of 2 threads with a 1 s lease, started on
-/// `list` with the database options `db`, 1.5 s into its run.
-fn running_smallbank(list: &str, db: &[&str]) -> std::process::Child {
+/// The SmallBank database of [`smallbank`].
+const SMALLBANK: [&str; 6] = ["smallbank", "--accounts", "2000", "--hot", "50", "--audit"];
+
+/// An audited SmallBank compute blade of 2 threads with a 1 s lease on
+/// `list`, 1.5 s into its run.
+fn running_smallbank(list: &str) -> std::process::Child {
     let run = Command::new(COMPUTE)
-        .args(["smallbank", "--blades", list, "--threads", "2", "--duration", "20", "--warmup", "0", "--lease", "1"])
-        .args(db)
+        .args(SMALLBANK)
+        .args(["--blades", list, "--threads", "2", "--duration", "20", "--warmup", "0", "--lease", "1", "--quiet"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -151,12 +154,10 @@ fn a_lost_memory_blade_is_rebuilt_from_the_other_replicas() {
 fn a_memory_blade_lost_under_running_transactions_is_rebuilt_and_the_money_kept() {
     let (mut blades, mut addrs) = three();
     let list = addrs.join(",");
-    let db = ["--accounts", "2000", "--hot", "50", "--quiet", "--audit"];
-    let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0"];
-    assert_eq!(run_json("rbl-load.json", &[&["smallbank"][..], &db, &q].concat())["violations"], 0);
+    assert_eq!(smallbank(&list, "rbl-load.json")["violations"], 0);
     // Blade 2 (the ledger's primary, a backup of the checking accounts)
     // dies under a run of 2 threads with a 1 s lease.
-    let mut run = running_smallbank(&list, &db);
+    let mut run = running_smallbank(&list);
     drop(blades.remove(2));
     let st = wait_bounded(&mut run, Duration::from_secs(60), "the run whose memory blade died");
     assert_eq!(st.code(), Some(1), "the run fails: its memory blade is unreachable");
@@ -203,12 +204,11 @@ fn a_rebuild_that_stopped_after_adopting_the_blade_refuses_other_commands_and_re
 fn a_lost_blade_0_is_rebuilt_from_the_mirrors_and_the_other_replicas() {
     let (mut blades, mut addrs) = three();
     let list = addrs.join(",");
-    let db = ["--accounts", "2000", "--hot", "50", "--quiet", "--audit"];
-    let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0"];
-    assert_eq!(run_json("rb0-load.json", &[&["smallbank"][..], &db, &q].concat())["violations"], 0);
-    let ta = run_json("rb0-tatp.json", &[&["tatp", "--subscribers", "2000", "--audit", "--quiet"][..], &q].concat());
+    assert_eq!(smallbank(&list, "rb0-load.json")["violations"], 0);
+    let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0", "--quiet", "--audit"];
+    let ta = run_json("rb0-tatp.json", &[&["tatp", "--subscribers", "2000"][..], &q].concat());
     assert_eq!(ta["violations"], 0, "{ta}");
-    let mut run = running_smallbank(&list, &db);
+    let mut run = running_smallbank(&list);
     let list = lose(&mut blades, &mut addrs, 0);
     let st = wait_bounded(&mut run, Duration::from_secs(60), "the run whose blade 0 died");
     assert_eq!(st.code(), Some(1), "the run fails: its memory blade is unreachable");

@@ -125,28 +125,25 @@ pub enum ConflictParts {
 }
 
 impl ConflictParts {
-    /// The command-line names, in order.
+    /// The steps, in order.
+    pub const ALL: [ConflictParts; 3] = [ConflictParts::Backoff, ConflictParts::DynLimit, ConflictParts::All];
+    /// Their command-line names, in the same order.
     pub const NAMES: [&'static str; 3] = ["backoff", "dyn-limit", "all"];
 
     /// The command-line name.
     pub fn name(self) -> &'static str {
-        match self {
-            ConflictParts::Backoff => "backoff",
-            ConflictParts::DynLimit => "dyn-limit",
-            ConflictParts::All => "all",
-        }
+        Self::NAMES[self as usize]
     }
 }
 
 impl std::str::FromStr for ConflictParts {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "backoff" => Ok(ConflictParts::Backoff),
-            "dyn-limit" => Ok(ConflictParts::DynLimit),
-            "all" => Ok(ConflictParts::All),
-            other => Err(format!("unknown parts {other:?}; use one of {}", ConflictParts::NAMES.join(", "))),
-        }
+        Self::NAMES
+            .iter()
+            .position(|n| *n == s)
+            .map(|i| Self::ALL[i])
+            .ok_or_else(|| format!("unknown parts {s:?}; use one of {}", Self::NAMES.join(", ")))
     }
 }
 
