@@ -412,8 +412,15 @@ fn print_recovered(name: &str, v: &[ford_dtx::recovery::Recovered]) {
             String::new()
         };
         println!(
-            "{name}: compute blade {} (pid {}): {} log entries, {} rolled back, {} rolled forward, {} locks released{cut}",
-            r.slot, r.pid, r.entries, r.rolled_back, r.rolled_forward, r.released
+            "{name}: compute blade {} (pid {}): {}; {} log entries, {} rolled back, {} rolled forward, {} locks \
+             released{cut}",
+            r.slot,
+            r.pid,
+            r.fencing(),
+            r.entries,
+            r.rolled_back,
+            r.rolled_forward,
+            r.released
         );
     }
 }
@@ -467,6 +474,8 @@ fn repair(
     let lease = std::time::Duration::from_secs(10);
     let reg = ford_dtx::Registration::register(t.clone(), db.clone(), 1, 1, lease)
         .map_err(|e| anyhow::anyhow!("repairing {name:?}: registering: {e}"))?;
+    // The repair's locks name the registration: its runtime does too.
+    let mut rt = smart_core::Runtime::new(&**t, 0, reg.runtime_config(rt.ctx().config()))?;
     let ctx = rt.ctx();
     let (r, reg) = rt.block_on(async move { (ford_dtx::repair::repair(&ctx, &db, &reg).await, reg) });
     let r = r.map_err(|e| anyhow::anyhow!("repairing {name:?}: {e}"))?;

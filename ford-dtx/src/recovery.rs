@@ -6,6 +6,10 @@
 //! perhaps a durable undo log entry, perhaps some of its record WRITEs.
 //! [`recover`] finds the registry slots whose lease expired (or the one it
 //! is told), and for each:
+//! 0. revokes its registration on every memory blade ([`Ctx::revoke`]):
+//!    over TCP the blades refuse its verbs from then on, so a compute blade
+//!    that only seemed dead (paused, or behind a stalled network) cannot
+//!    write over what recovery repairs;
 //! 1. reads every log entry of that registration (its nonce, CRC-checked);
 //!    for each, reads the primaries' lock words of its items:
 //!    - all still held by it: the transaction was not acknowledged (it
@@ -28,7 +32,7 @@
 //! Committed transactions stay (nothing rolls them back); uncommitted ones
 //! leave nothing behind.
 
-use smart_core::{Ctx, GlobalAddr};
+use smart_core::{Ctx, Fencing, GlobalAddr};
 
 use crate::db::{chain_within, overflow_copies, stored_addr, Db, Table};
 use crate::error::Result;
@@ -62,6 +66,20 @@ pub struct Recovered {
     /// there that name it are released by [`release_orphans`] once the
     /// chain is whole again (its slot is then free).
     pub chains_cut: u64,
+    /// Whether the memory blades refuse its verbs now (see [`Ctx::revoke`]);
+    /// `None` before its registration was revoked.
+    pub fenced: Option<Fencing>,
+}
+
+impl Recovered {
+    /// How the memory blades treat it now, for messages.
+    pub fn fencing(&self) -> String {
+        match self.fenced {
+            Some(Fencing::Enforced(n)) => format!("fenced on {n} memory blades"),
+            Some(Fencing::NotEnforced(why)) => format!("not fenced on the memory blades ({why})"),
+            None => "not fenced".into(),
+        }
+    }
 }
 
 /// Which registrations to recover.
@@ -117,7 +135,11 @@ async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: Option<u16>) -> Res
         }
         // Hold the slot against other recoveries while this one runs.
         ctx.write(at.add(8), &(now_ms() + 60_000).to_le_bytes()).await?;
-        out.push(recover_slot(ctx, db, &s, lost).await?);
+        // Before anything is repaired: no verb of the dead compute blade
+        // runs on a memory blade from here on (where the backend can
+        // refuse them).
+        let fenced = ctx.revoke(s.nonce())?;
+        out.push(Recovered { fenced: Some(fenced), ..recover_slot(ctx, db, &s, lost).await? });
         ctx.write(at.add(8), &now_ms().to_le_bytes()).await?;
         if ctx.cas(at, mine, 0).await? == mine {
             crate::mirror::unregister(ctx, db, s.slot, s.nonce()).await?;

@@ -218,6 +218,7 @@ impl Registration {
         let stop = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicBool::new(false));
         let (st, lo, at) = (stop.clone(), lost.clone(), db.registry_slot(info.slot).add(8));
+        let tag = info.claim;
         let mut expires = info.expiry_ms;
         let heartbeat = std::thread::Builder::new()
             .name(format!("lease-{}", info.slot))
@@ -236,7 +237,9 @@ impl Registration {
                 // default, as long as the default lease): until then its
                 // transactions would go on locking and committing while
                 // recovery, elsewhere, could take them for dead.
-                let cfg = RuntimeConfig { request_timeout: Some(lease / 2), ..small_runtime() };
+                // Tagged: once a recovery revoked this registration, the
+                // blades refuse its renewals too.
+                let cfg = RuntimeConfig { request_timeout: Some(lease / 2), fence_tag: tag, ..small_runtime() };
                 let mut rt = Runtime::new(&*transport, 0, cfg).map_err(|e| fence(e.to_string()))?;
                 let ctx = rt.ctx();
                 let mut next = std::time::Instant::now();
@@ -261,6 +264,20 @@ impl Registration {
             .map_err(|e| DtxError::Config(format!("starting the lease thread: {e}")))?;
         let prints = Arc::new(crate::cache::Prints::new(&db));
         Ok(Registration { db, info, threads, coroutines, stop, lost, heartbeat: Some(heartbeat), prints })
+    }
+
+    /// The fence tag of this registration (its nonce): the runtimes that
+    /// lock or commit for it must name it ([`Registration::runtime_config`]),
+    /// so that a recovery that takes this compute blade for dead makes the
+    /// memory blades refuse their verbs ([`smart_core::fence`]).
+    pub fn fence_tag(&self) -> u64 {
+        self.info.claim
+    }
+
+    /// `base` with this registration's [`Registration::fence_tag`]: the
+    /// configuration of every runtime whose transactions use it.
+    pub fn runtime_config(&self, base: &RuntimeConfig) -> RuntimeConfig {
+        RuntimeConfig { fence_tag: self.fence_tag(), ..base.clone() }
     }
 
     /// Whether the lease may have been lost (see [`DtxError::LeaseLost`]).
@@ -301,7 +318,7 @@ impl Registration {
     /// errors.
     pub fn close(mut self, transport: &dyn Transport) -> Result<()> {
         self.stop_heartbeat().map_err(|e| DtxError::Config(format!("lease heartbeat failed: {e}")))?;
-        let mut rt = Runtime::new(transport, 0, small_runtime())?;
+        let mut rt = Runtime::new(transport, 0, self.runtime_config(&small_runtime()))?;
         let ctx = rt.ctx();
         let (at, me) = (self.db.registry_slot(self.info.slot), self.info.claim);
         let (db, slot) = (self.db.clone(), self.info.slot);

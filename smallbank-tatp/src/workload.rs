@@ -474,8 +474,13 @@ pub fn run<W: Workload + Clone + 'static>(
     if cfg.progress {
         for r in &recovered {
             eprintln!(
-                "recovered dead compute blade {} (pid {}): {} rolled back, {} rolled forward, {} locks released",
-                r.slot, r.pid, r.rolled_back, r.rolled_forward, r.released
+                "recovered dead compute blade {} (pid {}): {}; {} rolled back, {} rolled forward, {} locks released",
+                r.slot,
+                r.pid,
+                r.fencing(),
+                r.rolled_back,
+                r.rolled_forward,
+                r.released
             );
         }
     }
@@ -483,6 +488,10 @@ pub fn run<W: Workload + Clone + 'static>(
     if cfg.progress {
         eprintln!("registered as compute blade {} of database {:?} (pid {})", reg.slot(), d.db, std::process::id());
     }
+    // Every runtime that locks or commits for this registration names it, so
+    // that a recovery that takes this compute blade for dead fences it on
+    // the memory blades.
+    let cfg = &RunConfig { runtime: reg.runtime_config(&cfg.runtime), ..cfg.clone() };
     let counts = Mutex::new(Counts::new(w.types().len()));
     let stats = Mutex::new(DtxStats::default());
     let phase = |load| Phase {

@@ -25,6 +25,10 @@
 //! error state (later batches are flushed until the client resets it). A
 //! malformed, truncated or oversized frame, or a failed handshake, closes
 //! only that connection, with the reason on stderr; the blade keeps serving.
+//!
+//! Fencing: a connection may name its owner (a tag frame), and any client
+//! may revoke an owner; the blade then runs none of that owner's requests
+//! any more (see [`crate::fence`]).
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -33,6 +37,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::fence::{ConnFence, Fences};
 use crate::layout;
 use crate::region::{NoPause, Region};
 use crate::verbs::{Opcode, WcStatus};
@@ -73,6 +78,7 @@ pub struct BladeServer {
     handshake_timeout: Duration,
     live: Arc<AtomicUsize>,
     durable: bool,
+    fences: Arc<Fences>,
 }
 
 /// A blade server running on a background thread; stops when dropped.
@@ -118,6 +124,7 @@ impl BladeServer {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             live: Arc::new(AtomicUsize::new(0)),
+            fences: Arc::new(Fences::default()),
             durable: false,
         })
     }
@@ -213,10 +220,17 @@ impl BladeServer {
                     let region = self.region.clone();
                     let (rkey, stop, verbs) = (self.rkey, self.stop.clone(), self.verbs.clone());
                     let (live, deadline, durable) = (self.live.clone(), self.handshake_timeout, self.durable);
+                    let fences = self.fences.clone();
                     live.fetch_add(1, Ordering::Relaxed);
                     let spawned = std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
                         let _live = LiveGuard(&live);
-                        let how = Serving { rkey, verbs: verbs.as_deref(), handshake_timeout: deadline, durable };
+                        let how = Serving {
+                            rkey,
+                            verbs: verbs.as_deref(),
+                            handshake_timeout: deadline,
+                            durable,
+                            fences: &fences,
+                        };
                         if let Err(reason) = serve_conn(stream, &region, &stop, how) {
                             eprintln!("memory-blade: closing connection from {peer}: {reason}");
                         }
@@ -297,11 +311,12 @@ struct Serving<'v> {
     verbs: Option<&'v dyn VerbsAcceptor>,
     handshake_timeout: Duration,
     durable: bool,
+    fences: &'v Fences,
 }
 
 /// Serves one connection; `Err` carries the reason for closing it early.
 fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving<'_>) -> Result<(), String> {
-    let Serving { rkey, verbs, handshake_timeout, durable } = how;
+    let Serving { rkey, verbs, handshake_timeout, durable, fences } = how;
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut hello = [0u8; wire::HELLO_LEN];
@@ -331,7 +346,19 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
     }
     // Wake up now and then to notice a stop request.
     s.set_read_timeout(Some(Duration::from_millis(200))).map_err(|e| e.to_string())?;
-    let mut conn = Conn { region, rkey, qp_error: false, out: Vec::with_capacity(64 << 10), durable, wrote: false };
+    let fence = fences.attach();
+    // However this connection ends, it runs no request any more.
+    let _left = Left(&fence);
+    let mut conn = Conn {
+        region,
+        rkey,
+        qp_error: false,
+        out: Vec::with_capacity(64 << 10),
+        durable,
+        wrote: false,
+        fences,
+        fence: &fence,
+    };
     let mut buf = vec![0u8; 256 << 10];
     let (mut start, mut end) = (0usize, 0usize);
     loop {
@@ -358,6 +385,9 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
         };
         end += n;
         conn.out.clear();
+        if !fence.enter() {
+            return Err(fenced(&mut s, &buf[start..end]));
+        }
         prefetch_frames(conn.region, conn.rkey, &buf[start..end]);
         while end - start >= HEADER_LEN {
             let h = Header::get(&buf[start..]);
@@ -372,11 +402,17 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
             start += total;
             if conn.out.len() >= FLUSH_BYTES {
                 // Send before running more frames: the responses a client
-                // can make the blade hold stay bounded.
+                // can make the blade hold stay bounded. Not fenced while it
+                // sends (a client that stops reading holds no revocation up).
+                fence.leave();
                 conn.send(&mut s)?;
                 conn.out.clear();
+                if !fence.enter() {
+                    return Err(fenced(&mut s, &buf[start..end]));
+                }
             }
         }
+        fence.leave();
         if start == end {
             start = 0;
             end = 0;
@@ -389,6 +425,35 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
             conn.out = Vec::with_capacity(64 << 10);
         }
     }
+}
+
+/// Clears a connection's `busy` when it ends.
+struct Left<'a>(&'a ConnFence);
+
+impl Drop for Left<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
+/// Answers every complete request frame at the front of `bytes` with
+/// [`WcStatus::Fenced`] (best effort: the connection closes next), and
+/// says why it closes.
+fn fenced(s: &mut TcpStream, mut bytes: &[u8]) -> String {
+    let mut out = Vec::new();
+    while bytes.len() >= HEADER_LEN {
+        let h = Header::get(bytes);
+        let total = HEADER_LEN + h.len as usize;
+        if h.len as usize > MAX_FRAME || bytes.len() < total {
+            break;
+        }
+        let status = WcStatus::Fenced as u8;
+        Header { len: 0, kind: status, count: 0, wr_id: h.wr_id }.put(&mut out);
+        bytes = &bytes[total..];
+    }
+    let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
+    let _ = s.write_all(&out);
+    "its owner was revoked (a recovery took that compute blade for dead): its requests are refused".into()
 }
 
 /// Hints the CPU to fetch the remote lines of every WR in the complete
@@ -473,6 +538,8 @@ struct Conn<'r> {
     durable: bool,
     /// This connection wrote since its last answer.
     wrote: bool,
+    fences: &'r Fences,
+    fence: &'r ConnFence,
 }
 
 impl Conn<'_> {
@@ -504,6 +571,20 @@ impl Conn<'_> {
                 Ok(())
             }
             wire::KIND_BATCH => self.batch(h, body),
+            wire::KIND_TAG | wire::KIND_REVOKE => {
+                let tag = match <[u8; wire::TAG_LEN]>::try_from(body) {
+                    Ok(b) if h.count == 0 && u64::from_le_bytes(b) != 0 => u64::from_le_bytes(b),
+                    _ => return Err("malformed tag or revoke frame (it carries one non-zero 8-byte tag)".into()),
+                };
+                let ok = if h.kind == wire::KIND_TAG {
+                    self.fences.tag(self.fence, tag)
+                } else {
+                    self.fences.revoke(tag, self.fence)
+                };
+                let kind = if ok { 0 } else { WcStatus::Fenced as u8 };
+                Header { len: 0, kind, count: 0, wr_id: h.wr_id }.put(&mut self.out);
+                Ok(())
+            }
             k => Err(format!("unknown frame kind {k}")),
         }
     }

@@ -45,6 +45,7 @@ pub mod barrier;
 pub mod blade;
 pub mod crc;
 mod error;
+pub mod fence;
 pub mod hash;
 pub mod index;
 pub mod layout;
@@ -58,7 +59,7 @@ pub mod verbs;
 pub mod wire;
 
 pub use addr::GlobalAddr;
-pub use backend::{BladeInfo, ChaosConfig, EmbeddedTransport, TcpTransport, ThreadSpec, Transport};
+pub use backend::{BladeInfo, ChaosConfig, EmbeddedTransport, Fencing, TcpTransport, ThreadSpec, Transport};
 pub use error::{Error, Result};
 pub use index::{Audit, IndexStats, KvIndex};
 pub use runtime::{Batch, Ctx, Done, Runtime, RuntimeConfig};

@@ -81,6 +81,12 @@ pub enum WcStatus {
     /// The connection to the memory blade failed (`IBV_WC_RETRY_EXC_ERR`).
     #[error("transport failure: the memory blade is unreachable")]
     Transport = 4,
+    /// The memory blade refuses this connection's owner: its tag was
+    /// revoked (a recovery took the compute blade for dead). The TCP
+    /// transport's own status; an RNIC reports a QP its responder moved to
+    /// the error state as a transport failure.
+    #[error("fenced: the memory blade refuses this compute blade (a recovery revoked its registration)")]
+    Fenced = 5,
 }
 
 impl WcStatus {
@@ -91,6 +97,7 @@ impl WcStatus {
             2 => WcStatus::RemoteInvalidRequest,
             3 => WcStatus::Flushed,
             4 => WcStatus::Transport,
+            5 => WcStatus::Fenced,
             _ => return None,
         })
     }

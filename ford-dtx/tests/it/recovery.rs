@@ -579,3 +579,59 @@ fn a_renewal_that_never_completes_fences_before_the_lease_expires() {
     drop(reg);
     drop(relay);
 }
+
+#[test]
+fn a_compute_blade_taken_for_dead_cannot_write_over_what_recovery_repaired() {
+    // A compute blade pauses (SIGSTOP, a frozen VM) holding X's lock, after
+    // its last lease check. Recovery takes it for dead, releases the lock,
+    // and W commits X = 50. Then A wakes up and commits X = 99: its log
+    // write and commit WRITEs would land on W's value (a lost update) if the
+    // memory blades still ran its verbs. Over TCP they refuse them once
+    // recovery revoked its registration.
+    let b = backends::tcp(2);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, reg) = open(&t, &spec("paused", &[8], 16, 2), 1, 2);
+    let dtx = reg.open_thread(rt.ctx());
+    rt.block_on({
+        let dtx = dtx.clone();
+        async move { insert_rows(&dtx, 0..1, |_| START).await }
+    });
+    let paused = join(&t, &db);
+    let mut rt_a = Runtime::new(&*t, 0, paused.runtime_config(&RuntimeConfig::default())).unwrap();
+    let da = paused.open_thread(rt_a.ctx());
+    let (mut tx, x) = rt_a.block_on(async move {
+        let mut tx = da.txn(0);
+        tx.begin();
+        let x = tx.update(0, 0);
+        tx.execute().await.unwrap();
+        (tx, x)
+    });
+    let (ctx, d, dw, slot) = (rt.ctx(), db.clone(), dtx.clone(), paused.slot());
+    let rec = rt.block_on(async move {
+        let rec = recover(&ctx, &d, Which::Slot(slot)).await.unwrap();
+        let mut w = dw.txn(1);
+        w.begin();
+        let x = w.update(0, 0);
+        w.execute().await.unwrap();
+        w.write(x, &50u64.to_le_bytes());
+        w.commit().await.unwrap();
+        rec
+    });
+    assert_eq!(rec.len(), 1, "{rec:?}");
+    assert_eq!((rec[0].released, rec[0].fenced), (1, Some(smart_core::Fencing::Enforced(2))), "{rec:?}");
+    assert!(rec[0].fencing().contains("fenced on 2 memory blades"));
+    let verdict = rt_a.block_on(async move {
+        tx.write(x, &99u64.to_le_bytes());
+        tx.commit().await
+    });
+    assert!(verdict.is_err(), "the compute blade taken for dead committed: {verdict:?}");
+    let (ctx, d) = (rt.ctx(), db.clone());
+    rt.block_on(async move {
+        let mut rows = Vec::new();
+        let rep = audit(&ctx, &d, |_, k, v| rows.push((k, u(v)))).await.unwrap();
+        assert_eq!(rep.violations(), 0, "{rep:?}");
+        assert_eq!(rows, vec![(0, 50)], "W's commit stands");
+    });
+    drop(paused);
+    reg.close(&*t).unwrap();
+}

@@ -465,4 +465,10 @@ impl Endpoint for EmbeddedEndpoint {
             Ok(())
         })
     }
+
+    fn revoke(&mut self, _tag: u64) -> Result<crate::Fencing> {
+        Ok(crate::Fencing::NotEnforced(
+            "the embedded backend's blades live in the compute process: a compute blade that stops, stops its verbs",
+        ))
+    }
 }

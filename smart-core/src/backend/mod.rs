@@ -46,6 +46,20 @@ pub struct ThreadSpec {
     /// can overflow, not even when every WR of an errored QP comes back as
     /// a flushed completion.
     pub max_wrs: usize,
+    /// The owner its connections name to the memory blades (0: none), for
+    /// [`Endpoint::revoke`]: e.g. a compute blade's registration nonce.
+    pub fence_tag: u64,
+}
+
+/// What the memory blades do about a revoked owner ([`Endpoint::revoke`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fencing {
+    /// These many blades refuse the owner's connections from now on: no
+    /// verb of theirs runs there after the call returned.
+    Enforced(usize),
+    /// The backend's blades cannot refuse them (why).
+    NotEnforced(&'static str),
 }
 
 /// The process-wide part of a backend.
@@ -119,6 +133,16 @@ pub trait Endpoint: fmt::Debug {
     /// # Errors
     /// [`Error::QpBusy`] if batches are still in flight on that QP.
     fn reset_qp(&mut self, qp: u16) -> Result<()>;
+
+    /// Makes every memory blade refuse the connections whose
+    /// [`ThreadSpec::fence_tag`] is `tag` (see [`crate::fence`]), from any
+    /// process: once it returns `Enforced`, none of their verbs runs on a
+    /// blade any more. A control operation that blocks the thread for a
+    /// round trip per blade (recovery calls it once per dead compute blade).
+    ///
+    /// # Errors
+    /// A blade that cannot be reached or does not answer; tag 0.
+    fn revoke(&mut self, tag: u64) -> Result<Fencing>;
 }
 
 /// A thread's registered local memory: the buffers WRs read from and

@@ -150,7 +150,7 @@ impl Transport for TcpTransport {
     }
 
     fn open_thread(&self, thread: usize, spec: ThreadSpec) -> Result<Box<dyn Endpoint>> {
-        let port = SoftPort::open(&self.nic, thread, spec.local_bytes, |b| self.connect_qp(b))?;
+        let port = SoftPort::open(&self.nic, thread, spec.local_bytes, |b| self.connect_qp(b, spec.fence_tag))?;
         // One pollfd per QP at most: sized now, so that waiting never
         // allocates (the first wait may come long after warm-up).
         let fds = Vec::with_capacity(port.qps.len());
@@ -159,15 +159,31 @@ impl Transport for TcpTransport {
 }
 
 impl TcpTransport {
-    /// Opens one QP (connection) to blade `b`.
-    fn connect_qp(&self, b: usize) -> Result<Conn> {
+    /// Opens one QP (connection) to blade `b`, naming its owner `tag` (0:
+    /// none).
+    fn connect_qp(&self, b: usize, tag: u64) -> Result<Conn> {
         let peer = &self.peers[b];
-        let (stream, now) = handshake(peer, wire::PROTOCOL_VERSION)?;
+        let (mut stream, now) = handshake(peer, wire::PROTOCOL_VERSION)?;
         if now.size != self.infos[b].size {
             return Err(Error::Handshake {
                 peer: peer.clone(),
                 reason: "blade changed size since the transport connected".into(),
             });
+        }
+        if tag != 0 {
+            let status = control(&mut stream, peer, wire::KIND_TAG, tag, CONNECT_TIMEOUT)?;
+            if status == WcStatus::Fenced as u8 {
+                return Err(Error::Handshake {
+                    peer: peer.clone(),
+                    reason: format!(
+                        "the memory blade refuses this compute blade: a recovery revoked its registration \
+                         (fence tag {tag:#x})"
+                    ),
+                });
+            }
+            if status != 0 {
+                return Err(Error::Handshake { peer: peer.clone(), reason: format!("tag refused (status {status})") });
+            }
         }
         stream.set_nonblocking(true).map_err(|source| Error::Io { peer: peer.clone(), cause: source })?;
         Ok(Conn {
@@ -182,6 +198,43 @@ impl TcpTransport {
             batches: VecDeque::new(),
             broken: None,
         })
+    }
+}
+
+/// How long a revocation may take on one blade: it waits for the requests
+/// that the owner's connections are running there.
+pub const REVOKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Sends a tag or revoke frame on a blocking stream and returns the status
+/// of its answer.
+fn control(s: &mut TcpStream, peer: &str, kind: u8, tag: u64, timeout: Duration) -> Result<u8> {
+    let io = |source| Error::Io { peer: peer.to_string(), cause: source };
+    let mut f = Vec::with_capacity(HEADER_LEN + wire::TAG_LEN);
+    Header { len: wire::TAG_LEN as u32, kind, count: 0, wr_id: 0 }.put(&mut f);
+    f.extend_from_slice(&tag.to_le_bytes());
+    s.write_all(&f).map_err(io)?;
+    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    let mut h = [0u8; HEADER_LEN];
+    s.read_exact(&mut h).map_err(io)?;
+    s.set_read_timeout(None).map_err(io)?;
+    let h = Header::get(&h);
+    if h.len != 0 || h.wr_id != 0 {
+        return Err(Error::Handshake { peer: peer.to_string(), reason: "malformed answer to a control frame".into() });
+    }
+    Ok(h.kind)
+}
+
+/// Makes memory blade `peer` refuse every connection whose owner is `tag`
+/// (see [`crate::fence`]): returns once none of them runs a request there.
+///
+/// # Errors
+/// An unreachable blade, one that does not answer within
+/// [`REVOKE_TIMEOUT`], or an older blade that does not know the request.
+pub fn revoke(peer: &str, tag: u64) -> Result<()> {
+    let (mut s, _) = handshake(peer, wire::PROTOCOL_VERSION)?;
+    match control(&mut s, peer, wire::KIND_REVOKE, tag, REVOKE_TIMEOUT)? {
+        0 => Ok(()),
+        st => Err(Error::Handshake { peer: peer.to_string(), reason: format!("revocation refused (status {st})") }),
     }
 }
 
@@ -487,5 +540,13 @@ impl Endpoint for TcpEndpoint {
             }
             Ok(())
         })
+    }
+
+    fn revoke(&mut self, tag: u64) -> Result<crate::Fencing> {
+        let peers: Vec<String> = self.port.qps.iter_mut().map(|c| c.with(|c| c.peer.clone())).collect();
+        for p in &peers {
+            revoke(p, tag)?;
+        }
+        Ok(crate::Fencing::Enforced(peers.len()))
     }
 }

@@ -24,6 +24,10 @@ pub struct RuntimeConfig {
     /// [`Error::Timeout`](crate::Error::Timeout) (its slot stays reserved
     /// for a late completion); `None`: wait forever.
     pub request_timeout: Option<std::time::Duration>,
+    /// The owner this thread's connections name to the memory blades (0:
+    /// none), so that [`Ctx::revoke`](super::Ctx::revoke) of it elsewhere
+    /// makes the blades refuse them (see [`crate::fence`]).
+    pub fence_tag: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -35,6 +39,7 @@ impl Default for RuntimeConfig {
             coroutines: 8,
             smart: SmartConfig::default(),
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+            fence_tag: 0,
         }
     }
 }

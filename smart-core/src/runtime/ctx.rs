@@ -269,4 +269,19 @@ impl Ctx {
     pub fn reset_qp(&self, blade: u16) -> Result<()> {
         self.0.ep.borrow_mut().reset_qp(blade)
     }
+
+    /// Makes every memory blade refuse the threads whose
+    /// [`RuntimeConfig::fence_tag`] is `tag`, in any process (see
+    /// [`crate::fence`] and [`Endpoint::revoke`]): once it returns
+    /// [`Fencing::Enforced`](crate::Fencing::Enforced), none of their verbs
+    /// runs on a blade. Blocks this thread for a round trip per blade.
+    ///
+    /// # Errors
+    /// A blade that cannot be reached; tag 0.
+    pub fn revoke(&self, tag: u64) -> Result<crate::Fencing> {
+        if tag == 0 {
+            return Err(crate::Error::Unsupported("fence tag 0 names no owner".into()));
+        }
+        self.0.ep.borrow_mut().revoke(tag)
+    }
 }

@@ -9,7 +9,8 @@
 //! mismatch it closes after answering; on a wrong magic it closes at once.
 //!
 //! **Request frame** (client → blade): header `len u32` (body bytes),
-//! `kind u8` (1 batch, 2 reset QP), `reserved u8`, `nwr u16`, `wr_id u64`;
+//! `kind u8` (1 batch, 2 reset QP, 4 tag, 5 revoke), `reserved u8`, `nwr
+//! u16`, `wr_id u64`;
 //! then `nwr` WR descriptors of [`WR_DESC_LEN`] bytes: `op u8`, 3 reserved,
 //! `rkey u32`, `remote offset u64`, `len u32`, reserved u32, `compare_add
 //! u64`, `swap u64`; a WRITE's descriptor is followed by its `len` payload
@@ -19,6 +20,14 @@
 //! or a [`WcStatus`]), reserved u8, `failed u16` (index of the failing WR),
 //! `wr_id u64`; then, for every WR that succeeded, in order: a READ's data or
 //! an atomic's 8-byte old value (WRITEs add nothing).
+//!
+//! **Fencing.** A tag frame (body: a non-zero `tag u64`) names the owner of
+//! the connection, e.g. a compute blade's registration; it is answered with
+//! an empty response, status 0, or [`WcStatus::Fenced`] if that tag was
+//! revoked. A revoke frame (body: `tag u64`) makes the blade refuse every
+//! connection with that tag from then on: it is answered (status 0) only
+//! once none of them is running a request, and the blade answers their
+//! later batches with [`WcStatus::Fenced`] and closes them.
 
 pub mod conn;
 
@@ -46,6 +55,12 @@ pub const MAX_WRS: usize = 1024;
 pub const KIND_BATCH: u8 = 1;
 /// Frame kind: reset the connection's QP from the error state.
 pub const KIND_RESET: u8 = 2;
+/// Frame kind: name the connection's owner (body: the tag, u64).
+pub const KIND_TAG: u8 = 4;
+/// Frame kind: refuse every connection with a tag (body: the tag, u64).
+pub const KIND_REVOKE: u8 = 5;
+/// Bytes of a tag or revoke frame's body.
+pub const TAG_LEN: usize = 8;
 /// Welcome status: accepted.
 pub const STATUS_OK: u32 = 0;
 /// Welcome status: protocol versions differ.

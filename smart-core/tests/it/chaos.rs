@@ -86,7 +86,7 @@ fn without_chaos_single_thread_reads_are_never_torn() {
 /// came back in another order than 0, 1, 2, 3.
 fn rounds_reordered_across_qps(b: &smart_testkit::backends::Backend) -> usize {
     let infos = b.transport.blades().to_vec();
-    let mut ep = b.transport.open_thread(0, ThreadSpec { local_bytes: 4096, max_wrs: 64 }).unwrap();
+    let mut ep = b.transport.open_thread(0, ThreadSpec { local_bytes: 4096, max_wrs: 64, fence_tag: 0 }).unwrap();
     let mut crossed = 0;
     let mut out = Vec::new();
     for round in 0..200u64 {

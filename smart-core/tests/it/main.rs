@@ -4,6 +4,7 @@ mod alloc;
 mod blade;
 mod chaos;
 mod concurrency;
+mod fence;
 mod frames;
 mod reclaim;
 mod semantics;

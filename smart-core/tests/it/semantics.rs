@@ -128,8 +128,8 @@ fn bad_wrs_get_error_completions_and_error_only_their_qp() {
 pub(crate) fn bad_wrs_get_error_completions_and_error_only_their_qp_on(b: &Backend) {
     let name = b.name;
     let info = b.transport.blades()[0];
-    let mut ep = b.transport.open_thread(0, ThreadSpec { local_bytes: 4096, max_wrs: 64 }).unwrap();
-    let mut other = b.transport.open_thread(1, ThreadSpec { local_bytes: 4096, max_wrs: 64 }).unwrap();
+    let mut ep = b.transport.open_thread(0, ThreadSpec { local_bytes: 4096, max_wrs: 64, fence_tag: 0 }).unwrap();
+    let mut other = b.transport.open_thread(1, ThreadSpec { local_bytes: 4096, max_wrs: 64, fence_tag: 0 }).unwrap();
     let wr = |op, off: u64, len, rkey| WorkRequest {
         op,
         local_off: 0,
@@ -290,7 +290,7 @@ fn batches_posted_before_a_poll_execute_in_posting_order() {
 pub(crate) fn batches_posted_before_a_poll_execute_in_posting_order_on(b: &Backend) {
     let name = b.name;
     let info = b.transport.blades()[0];
-    let mut ep = b.transport.open_thread(0, ThreadSpec { local_bytes: 4096, max_wrs: 64 }).unwrap();
+    let mut ep = b.transport.open_thread(0, ThreadSpec { local_bytes: 4096, max_wrs: 64, fence_tag: 0 }).unwrap();
     let at = 8192u64;
     let wr = |op, local_off: u32, compare_add, swap| WorkRequest {
         op,
@@ -336,7 +336,7 @@ fn teardown_with_wrs_in_flight_is_clean() {
 pub(crate) fn teardown_with_wrs_in_flight_is_clean_on(b: Backend) {
     let name = b.name;
     let info = b.transport.blades()[0];
-    let spec = ThreadSpec { local_bytes: 4 << 20, max_wrs: 64 };
+    let spec = ThreadSpec { local_bytes: 4 << 20, max_wrs: 64, fence_tag: 0 };
     let read = |i: u32| WorkRequest {
         op: Opcode::Read,
         local_off: i << 20,

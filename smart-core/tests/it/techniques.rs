@@ -110,6 +110,10 @@ impl Endpoint for CountingEp {
     fn reset_qp(&mut self, qp: u16) -> smart_core::Result<()> {
         self.inner.reset_qp(qp)
     }
+
+    fn revoke(&mut self, tag: u64) -> smart_core::Result<smart_core::Fencing> {
+        self.inner.revoke(tag)
+    }
 }
 
 /// Runs 16 coroutines × 50 batches of 2 WRs, plus one batch of 5 WRs;

@@ -589,6 +589,13 @@ impl Endpoint for VerbsEndpoint {
         out.len() - before
     }
 
+    fn revoke(&mut self, _tag: u64) -> Result<crate::Fencing> {
+        Ok(crate::Fencing::NotEnforced(
+            "not built for the verbs transport: an RNIC serves a QP without the blade's CPU, so the blade would have \
+             to move the owner's QPs to the error state",
+        ))
+    }
+
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
         let b = qp as usize;
         if b >= self.qps.len() {

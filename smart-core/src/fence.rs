@@ -1,0 +1,269 @@
+//! Fencing on the memory blade: refusing a compute blade that was taken for
+//! dead.
+//!
+//! A lease alone cannot stop a compute blade that only seems dead: a
+//! process paused (SIGSTOP, a VM frozen, a long page-fault storm) between
+//! checking its lease and posting a WRITE, or a WRITE that a stalled
+//! network delivers late, lands after a recovery elsewhere has already
+//! repaired the records it touched. So the blade itself refuses it, the
+//! way a fencing token works: a client names the owner of each connection
+//! with a *tag* (a compute blade's registration nonce), and a recovery
+//! *revokes* that tag on every blade before it repairs anything. From the
+//! moment a revocation is answered, no request of a connection with that
+//! tag runs on this blade: later batches are answered with
+//! [`WcStatus::Fenced`](crate::WcStatus::Fenced) and the connection is
+//! closed, and a new connection that names the tag is refused.
+//!
+//! The barrier between a connection and a revocation is two flags per
+//! connection, written and read in the opposite orders (model-checked with
+//! loom: `RUSTFLAGS="--cfg loom" cargo test -p smart-core --lib loom`). A
+//! connection sets `busy`, then reads `revoked`, before it runs the
+//! requests of one read from its socket, and clears `busy` after. A
+//! revocation sets `revoked`, then waits until it reads `busy` clear. With
+//! both orders sequentially consistent, either the connection sees
+//! `revoked` and runs nothing, or the revocation sees `busy` and waits for
+//! the requests that had started. The connection does not hold `busy`
+//! while it sends answers, so a client that stops reading cannot hold a
+//! revocation up.
+//!
+//! The blade remembers the last [`REMEMBERED`] revoked tags, in memory: a
+//! blade restarted on its backing file forgets them, but also closed every
+//! connection it had.
+
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+/// Revoked tags a blade remembers (the oldest are forgotten first).
+pub const REMEMBERED: usize = 1 << 16;
+
+/// One connection's side of the barrier.
+#[derive(Debug, Default)]
+pub(crate) struct ConnFence {
+    tag: AtomicU64,
+    revoked: AtomicBool,
+    busy: AtomicBool,
+}
+
+impl ConnFence {
+    /// Before running requests: `false` if the connection's tag was revoked
+    /// (it must run none, and close).
+    pub(crate) fn enter(&self) -> bool {
+        self.busy.store(true, Ordering::SeqCst);
+        if self.revoked.load(Ordering::SeqCst) {
+            self.busy.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// After running them.
+    pub(crate) fn leave(&self) {
+        self.busy.store(false, Ordering::Release);
+    }
+
+    fn revoke(&self) {
+        self.revoked.store(true, Ordering::SeqCst);
+    }
+
+    fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::SeqCst)
+    }
+
+    fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+}
+
+/// Waits until `other`, whose `revoked` is set, runs no request. Gives up
+/// (`false`) if `me` is revoked meanwhile: two connections revoking each
+/// other's tags must not wait for each other forever.
+fn quiesce(other: &ConnFence, me: &ConnFence) -> bool {
+    while other.is_busy() {
+        if me.is_revoked() {
+            return false;
+        }
+        #[cfg(loom)]
+        loom::thread::yield_now();
+        #[cfg(not(loom))]
+        std::thread::yield_now();
+    }
+    true
+}
+
+#[derive(Debug, Default)]
+struct State {
+    revoked: HashSet<u64>,
+    order: VecDeque<u64>,
+    conns: Vec<Weak<ConnFence>>,
+}
+
+/// A blade's fences: its connections and the tags revoked.
+#[derive(Debug, Default)]
+pub(crate) struct Fences {
+    state: Mutex<State>,
+}
+
+impl Fences {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new connection's fence.
+    pub(crate) fn attach(&self) -> Arc<ConnFence> {
+        let c = Arc::new(ConnFence::default());
+        let mut s = self.state();
+        s.conns.retain(|w| w.strong_count() > 0);
+        s.conns.push(Arc::downgrade(&c));
+        c
+    }
+
+    /// Names `c`'s owner `tag`: `false` (and `c` revoked) if that tag was
+    /// revoked.
+    pub(crate) fn tag(&self, c: &ConnFence, tag: u64) -> bool {
+        let s = self.state();
+        if s.revoked.contains(&tag) {
+            c.revoke();
+            return false;
+        }
+        c.tag.store(tag, Ordering::Relaxed);
+        true
+    }
+
+    /// Revokes `tag`, for the connection `me` (which is running this
+    /// request): returns once no other connection with that tag runs a
+    /// request, `false` if `me` was revoked meanwhile.
+    pub(crate) fn revoke(&self, tag: u64, me: &ConnFence) -> bool {
+        let victims: Vec<Arc<ConnFence>> = {
+            let mut s = self.state();
+            if s.revoked.insert(tag) {
+                s.order.push_back(tag);
+                if s.order.len() > REMEMBERED {
+                    let old = s.order.pop_front().expect("not empty");
+                    s.revoked.remove(&old);
+                }
+            }
+            let v: Vec<Arc<ConnFence>> = s
+                .conns
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|c| c.tag.load(Ordering::Relaxed) == tag)
+                .collect();
+            for c in &v {
+                c.revoke();
+            }
+            v
+        };
+        victims.iter().filter(|c| !std::ptr::eq(Arc::as_ptr(c), me)).all(|c| quiesce(c, me))
+    }
+
+    #[cfg(all(test, not(loom)))]
+    fn remembers(&self, tag: u64) -> bool {
+        self.state().revoked.contains(&tag)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_revoked_tag_stops_its_connections_and_refuses_new_ones() {
+        let f = Fences::default();
+        let (a, b, other, me) = (f.attach(), f.attach(), f.attach(), f.attach());
+        assert!(f.tag(&a, 7) && f.tag(&b, 7) && f.tag(&other, 8));
+        assert!(a.enter());
+        a.leave();
+        assert!(f.revoke(7, &me));
+        assert!(!a.enter() && !b.enter(), "a revoked connection runs nothing more");
+        assert!(other.enter(), "another owner's connection is unaffected");
+        other.leave();
+        let late = f.attach();
+        assert!(!f.tag(&late, 7), "a new connection naming a revoked tag is refused");
+        assert!(!late.enter());
+        assert!(me.enter(), "the revoking connection goes on");
+    }
+
+    #[test]
+    fn a_connection_revoking_its_own_tag_does_not_wait_for_itself() {
+        let f = Fences::default();
+        let me = f.attach();
+        assert!(f.tag(&me, 3));
+        assert!(me.enter());
+        assert!(f.revoke(3, &me));
+        me.leave();
+        assert!(!me.enter());
+    }
+
+    #[test]
+    fn a_revocation_waits_for_a_running_request_and_gives_up_if_revoked_itself() {
+        let f = Arc::new(Fences::default());
+        let (busy, me) = (f.attach(), f.attach());
+        assert!(f.tag(&busy, 5) && f.tag(&me, 6));
+        assert!(busy.enter());
+        let (f2, me2) = (f.clone(), me.clone());
+        let t = std::thread::spawn(move || f2.revoke(5, &me2));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!t.is_finished(), "the revocation waits while the connection runs a request");
+        busy.leave();
+        assert!(t.join().unwrap());
+        // Two connections revoking each other's tags: neither waits forever.
+        let (x, y) = (f.attach(), f.attach());
+        assert!(f.tag(&x, 10) && f.tag(&y, 11));
+        assert!(x.enter() && y.enter());
+        let (f3, y2) = (f.clone(), y.clone());
+        let t = std::thread::spawn(move || f3.revoke(10, &y2));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!f.revoke(11, &x), "x was revoked while it waited for y");
+        assert!(!t.join().unwrap());
+    }
+
+    #[test]
+    fn the_oldest_revoked_tags_are_forgotten_past_the_limit() {
+        let f = Fences::default();
+        let me = f.attach();
+        for t in 1..=REMEMBERED as u64 + 1 {
+            assert!(f.revoke(t, &me));
+        }
+        assert!(!f.remembers(1));
+        assert!(f.remembers(2) && f.remembers(REMEMBERED as u64 + 1));
+        assert!(f.revoke(2, &me), "revoking a remembered tag again keeps it once");
+        assert!(f.remembers(2));
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// No request runs after a revocation returns: a connection runs two
+    /// reads' requests while another thread revokes its tag.
+    #[test]
+    fn loom_no_request_runs_after_a_revocation_returns() {
+        loom::model(|| {
+            let conn = Arc::new(ConnFence::default());
+            let me = Arc::new(ConnFence::default());
+            let done = Arc::new(AtomicBool::new(false));
+            let (c, d) = (conn.clone(), done.clone());
+            let t = thread::spawn(move || {
+                for _ in 0..2 {
+                    if !c.enter() {
+                        return;
+                    }
+                    assert!(!d.load(Ordering::SeqCst), "a request ran after the revocation returned");
+                    c.leave();
+                }
+            });
+            conn.revoke();
+            assert!(quiesce(&conn, &me));
+            done.store(true, Ordering::SeqCst);
+            t.join().unwrap();
+        });
+    }
+}

@@ -1,0 +1,94 @@
+//! Fencing on the TCP memory blade: a revoked owner's verbs never run.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use smart_core::backend::tcp::{handshake, revoke};
+use smart_core::blade::BladeServer;
+use smart_core::region::Region;
+use smart_core::wire::{self, Header, WrDesc};
+use smart_core::{Error, Fencing, Opcode, Runtime, RuntimeConfig, TcpTransport, Transport, WcStatus};
+
+fn tagged(tag: u64) -> RuntimeConfig {
+    RuntimeConfig { fence_tag: tag, slots: 8, ..RuntimeConfig::default() }
+}
+
+#[test]
+fn a_revoked_owner_runs_no_verb_and_cannot_connect_again() {
+    let blades: Vec<_> = (0..2)
+        .map(|_| BladeServer::bind("127.0.0.1:0", Arc::new(Region::anonymous(1 << 20).unwrap())).unwrap())
+        .map(|b| b.spawn().unwrap())
+        .collect();
+    let addrs: Vec<String> = blades.iter().map(|h| h.addr().to_string()).collect();
+    let t = TcpTransport::connect(&addrs).unwrap();
+    let mut dead = Runtime::new(&t, 0, tagged(42)).unwrap();
+    let mut other = Runtime::new(&t, 1, tagged(43)).unwrap();
+    let mut rec = Runtime::new(&t, 2, tagged(0)).unwrap();
+    let (dc, oc, rc) = (dead.ctx(), other.ctx(), rec.ctx());
+    let (x, y) = rec.block_on(async move { (rc.alloc(0, 64, 8).await.unwrap(), rc.alloc(1, 64, 8).await.unwrap()) });
+    let c = dc.clone();
+    dead.block_on(async move {
+        c.write(x, &1u64.to_le_bytes()).await.unwrap();
+        c.write(y, &1u64.to_le_bytes()).await.unwrap();
+    });
+    assert_eq!(rec.ctx().revoke(42).unwrap(), Fencing::Enforced(2));
+    let c = dc.clone();
+    let err = dead.block_on(async move { c.write(x, &2u64.to_le_bytes()).await }).unwrap_err();
+    assert!(matches!(err, Error::Wc { status: WcStatus::Fenced, .. }), "{err}");
+    assert!(err.to_string().contains("fenced"), "{err}");
+    let c = dc.clone();
+    assert!(dead.block_on(async move { c.faa(y, 5).await }).is_err());
+    // Nothing of it ran; another owner's verbs still do.
+    let c = oc.clone();
+    other.block_on(async move { c.faa(y, 10).await.unwrap() });
+    let c = rec.ctx();
+    let (vx, vy) = rec.block_on(async move { (c.read_u64(x).await.unwrap(), c.read_u64(y).await.unwrap()) });
+    assert_eq!((vx, vy), (1, 11));
+    // A new thread of the revoked owner is refused, by name.
+    let err = Runtime::new(&t, 3, tagged(42)).unwrap_err();
+    assert!(err.to_string().contains("revoked its registration"), "{err}");
+    assert!(rec.ctx().revoke(0).unwrap_err().to_string().contains("tag 0"));
+    drop(blades);
+}
+
+/// The write that a stalled network delivers late: the frame of a WRITE of
+/// the revoked owner arrives (its second half) after the revocation was
+/// answered, and does not run.
+#[test]
+fn a_write_delivered_after_the_revocation_does_not_land() {
+    let region = Arc::new(Region::anonymous(1 << 20).unwrap());
+    let blade = BladeServer::bind("127.0.0.1:0", region.clone()).unwrap().spawn().unwrap();
+    let peer = blade.addr().to_string();
+    let (mut s, info) = handshake(&peer, wire::PROTOCOL_VERSION).unwrap();
+    let mut f = Vec::new();
+    Header { len: wire::TAG_LEN as u32, kind: wire::KIND_TAG, count: 0, wr_id: 0 }.put(&mut f);
+    f.extend_from_slice(&77u64.to_le_bytes());
+    s.write_all(&f).unwrap();
+    let mut h = [0u8; wire::HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(Header::get(&h).kind, 0, "the tag is accepted");
+    let at = 1u64 << 19;
+    let d = WrDesc { op: Opcode::Write as u8, rkey: info.rkey, remote: at, len: 8, compare_add: 0, swap: 0 };
+    let mut w = Vec::new();
+    Header { len: (wire::WR_DESC_LEN + 8) as u32, kind: wire::KIND_BATCH, count: 1, wr_id: 9 }.put(&mut w);
+    d.put(&mut w);
+    w.extend_from_slice(&0xdead_beefu64.to_le_bytes());
+    let half = w.len() / 2;
+    s.write_all(&w[..half]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    revoke(&peer, 77).unwrap();
+    s.write_all(&w[half..]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.read_exact(&mut h).unwrap();
+    let h = Header::get(&h);
+    assert_eq!((h.wr_id, h.kind), (9, WcStatus::Fenced as u8), "the late batch is answered as fenced");
+    let mut rest = [0u8; 8];
+    assert!(matches!(s.read(&mut rest), Ok(0) | Err(_)), "and the connection closes");
+    let mut v = [0u8; 8];
+    region.read(at, &mut v).unwrap();
+    assert_eq!(u64::from_le_bytes(v), 0, "the late WRITE did not land");
+    // The same blade still serves others.
+    let t = TcpTransport::connect(&[peer]).unwrap();
+    assert_eq!(t.blades().len(), 1);
+}
