@@ -19,10 +19,13 @@
 //! loom: `RUSTFLAGS="--cfg loom" cargo test -p smart-core --lib loom`). A
 //! connection sets `busy`, then reads `revoked`, before it runs the
 //! requests of one read from its socket, and clears `busy` after. A
-//! revocation sets `revoked`, then waits until it reads `busy` clear. With
-//! both orders sequentially consistent, either the connection sees
-//! `revoked` and runs nothing, or the revocation sees `busy` and waits for
-//! the requests that had started. The connection does not hold `busy`
+//! revocation sets `revoked`, then waits until it reads `busy` clear. A
+//! sequentially consistent fence sits between each side's store and load
+//! (Dekker's pattern), so either the connection sees `revoked` and runs
+//! nothing, or the revocation sees `busy` and waits for the requests that
+//! had started. (The same with sequentially consistent loads and stores
+//! and no fences also holds in the C++ model, but loom, which models
+//! such accesses as acquire/release, rightly cannot prove it.) The connection does not hold `busy`
 //! while it sends answers, so a client that stops reading cannot hold a
 //! revocation up.
 //!
@@ -31,9 +34,9 @@
 //! connection it had.
 
 #[cfg(loom)]
-use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 #[cfg(not(loom))]
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -53,8 +56,9 @@ impl ConnFence {
     /// Before running requests: `false` if the connection's tag was revoked
     /// (it must run none, and close).
     pub(crate) fn enter(&self) -> bool {
-        self.busy.store(true, Ordering::SeqCst);
-        if self.revoked.load(Ordering::SeqCst) {
+        self.busy.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if self.revoked.load(Ordering::Relaxed) {
             self.busy.store(false, Ordering::Release);
             return false;
         }
@@ -66,16 +70,18 @@ impl ConnFence {
         self.busy.store(false, Ordering::Release);
     }
 
+    /// Sets `revoked`; the caller then waits with [`quiesce`].
     fn revoke(&self) {
-        self.revoked.store(true, Ordering::SeqCst);
+        self.revoked.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
     }
 
     fn is_revoked(&self) -> bool {
-        self.revoked.load(Ordering::SeqCst)
+        self.revoked.load(Ordering::Relaxed)
     }
 
     fn is_busy(&self) -> bool {
-        self.busy.load(Ordering::SeqCst)
+        self.busy.load(Ordering::Acquire)
     }
 }
 
