@@ -300,6 +300,38 @@ fn compute_blades_killed_at_random_points_lose_nothing_after_recovery() {
     assert_eq!(r["violations"], 0);
 }
 
+/// A compute blade that only seems dead: SIGSTOPped in the middle of a run
+/// until its lease (1 s) and recovery's grace (2 s) have passed. The
+/// recovery that takes it for dead revokes its registration on both memory
+/// blades, so when it wakes up (SIGCONT), in the middle of transactions
+/// whose locks recovery released, the blades refuse its verbs and close its
+/// connections: nothing it does lands, and the audit stays clean.
+#[test]
+fn a_paused_compute_blade_taken_for_dead_is_refused_by_the_memory_blades() {
+    let (b1, b2) = (Blade::start(&["--size", "64MiB"]), Blade::start(&["--size", "64MiB"]));
+    let blades = format!("{},{}", b1.addr, b2.addr);
+    short_smallbank(&blades, "0.3");
+    let (mut child, slot, rest) = start_smallbank(&blades, &["--lease", "1"]);
+    std::thread::sleep(Duration::from_millis(kill_point(0, 200, 400)));
+    signal(&child, "-STOP");
+    std::thread::sleep(Duration::from_millis(3_300));
+    let r = run_json("recover-paused.json", &["recover", "--blades", &blades, "--db", "smallbank"]);
+    let rec = &r["databases"][0]["recovered"][0];
+    signal(&child, "-CONT");
+    assert_eq!(rec["slot"], slot, "{r}");
+    assert_eq!(rec["fenced"], serde_json::json!({"enforced": 2}), "{r}");
+    let status =
+        crate::cli::wait_bounded(&mut child, Duration::from_secs(30), "the woken compute blade did not stop");
+    assert!(!status.success());
+    let err = rest.join().unwrap();
+    assert!(err.contains("the memory blade closed the connection"), "the blades did not refuse it: {err}");
+    eprintln!("{rec}\n{err}");
+    let a = audit_only(&blades);
+    assert_eq!(a["audit"]["balances"], a["audit"]["expected"], "money not conserved");
+    assert_eq!(a["audit"]["db"]["locks_held"], 0);
+    assert_eq!(a["audit"]["db"]["replica_mismatches"], 0);
+}
+
 /// Runs audited SmallBank on `blades` until `fail` (called 700 ms in) makes
 /// its blades fail under it; returns the transactions that its record says
 /// it committed (those a ledger counts) and its registry slot.
