@@ -324,7 +324,10 @@ fn a_paused_compute_blade_taken_for_dead_is_refused_by_the_memory_blades() {
         crate::cli::wait_bounded(&mut child, Duration::from_secs(30), "the woken compute blade did not stop");
     assert!(!status.success());
     let err = rest.join().unwrap();
-    assert!(err.contains("the memory blade closed the connection"), "the blades did not refuse it: {err}");
+    assert!(
+        err.contains("the memory blade refuses this compute blade (a recovery revoked its registration)"),
+        "the blades did not refuse it: {err}"
+    );
     eprintln!("{rec}\n{err}");
     let a = audit_only(&blades);
     assert_eq!(a["audit"]["balances"], a["audit"]["expected"], "money not conserved");

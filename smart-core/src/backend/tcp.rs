@@ -197,6 +197,7 @@ impl TcpTransport {
             sq: VecDeque::new(),
             batches: VecDeque::new(),
             broken: None,
+            fenced: false,
         })
     }
 }
@@ -255,6 +256,8 @@ struct Conn {
     batches: VecDeque<(u64, u16, usize)>,
     /// Why the connection is unusable, once it is.
     broken: Option<String>,
+    /// The blade answered a batch as fenced (it closes the connection next).
+    fenced: bool,
 }
 
 #[derive(Debug)]
@@ -343,6 +346,11 @@ impl Conn {
                 }
             }
             match self.stream.read(&mut self.inb[self.end..]) {
+                Ok(0) if self.fenced => {
+                    return Err("the memory blade refuses this compute blade (a recovery revoked its registration) \
+                                and closed the connection"
+                        .into())
+                }
                 Ok(0) => return Err("the memory blade closed the connection".into()),
                 Ok(n) => self.end += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -368,6 +376,7 @@ impl Conn {
                     0 => Ok(()),
                     s => Err((WcStatus::from_u8(s).ok_or_else(|| format!("unknown status {s}"))?, h.count)),
                 };
+                self.fenced |= matches!(status, Err((WcStatus::Fenced, _)));
                 let ok_wrs = match status {
                     Ok(()) => n,
                     Err((_, i)) => i.min(n),
