@@ -153,12 +153,8 @@ impl Fences {
                     s.revoked.remove(&old);
                 }
             }
-            let v: Vec<Arc<ConnFence>> = s
-                .conns
-                .iter()
-                .filter_map(Weak::upgrade)
-                .filter(|c| c.tag.load(Ordering::Relaxed) == tag)
-                .collect();
+            let v: Vec<Arc<ConnFence>> =
+                s.conns.iter().filter_map(Weak::upgrade).filter(|c| c.tag.load(Ordering::Relaxed) == tag).collect();
             for c in &v {
                 c.revoke();
             }

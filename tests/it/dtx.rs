@@ -320,8 +320,7 @@ fn a_paused_compute_blade_taken_for_dead_is_refused_by_the_memory_blades() {
     signal(&child, "-CONT");
     assert_eq!(rec["slot"], slot, "{r}");
     assert_eq!(rec["fenced"], serde_json::json!({"enforced": 2}), "{r}");
-    let status =
-        crate::cli::wait_bounded(&mut child, Duration::from_secs(30), "the woken compute blade did not stop");
+    let status = crate::cli::wait_bounded(&mut child, Duration::from_secs(30), "the woken compute blade did not stop");
     assert!(!status.success());
     let err = rest.join().unwrap();
     assert!(

@@ -109,8 +109,11 @@ impl Runtime {
         if cfg.slots as u64 * cfg.slot_bytes as u64 > u64::from(u32::MAX) {
             return Err(Error::Unsupported("slots × slot_bytes must stay below 4 GiB".into()));
         }
-        let spec =
-            ThreadSpec { local_bytes: cfg.slots * cfg.slot_bytes, max_wrs: cfg.slots * MAX_BATCH, fence_tag: cfg.fence_tag };
+        let spec = ThreadSpec {
+            local_bytes: cfg.slots * cfg.slot_bytes,
+            max_wrs: cfg.slots * MAX_BATCH,
+            fence_tag: cfg.fence_tag,
+        };
         let ep = transport.open_thread(thread, spec)?;
         let local = ep.local().clone();
         let slots = Slots::new(cfg.slots);

@@ -38,7 +38,7 @@ pub const HELLO_MAGIC: [u8; 8] = *b"SMRTRNIC";
 /// Blade greeting magic.
 pub const WELCOME_MAGIC: [u8; 8] = *b"SMRTBLAD";
 /// Version of this protocol; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Bytes of the client greeting.
 pub const HELLO_LEN: usize = 16;
 /// Bytes of the blade's answer.
