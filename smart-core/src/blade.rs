@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::fence::{ConnFence, Fences};
+use crate::fence::{ConnFence, Fences, Revocable};
 use crate::layout;
 use crate::region::{NoPause, Region};
 use crate::verbs::{Opcode, WcStatus};
@@ -50,11 +50,12 @@ pub trait VerbsAcceptor: Send + Sync + std::fmt::Debug {
     /// The region's verbs information for clients.
     fn info(&self) -> BladeVerbsInfo;
     /// Creates a QP connected to `remote`; returns it (kept until the client
-    /// disconnects) and its own endpoint.
+    /// disconnects; moved to the error state if its owner is revoked) and
+    /// its own endpoint.
     ///
     /// # Errors
     /// A reason for the client.
-    fn accept(&self, remote: &QpEndpoint) -> Result<(Box<dyn Send>, QpEndpoint), String>;
+    fn accept(&self, remote: &QpEndpoint) -> Result<(Box<dyn Revocable>, QpEndpoint), String>;
 }
 
 /// Responses held for one connection before they are sent mid-`read`.
@@ -340,7 +341,7 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
     }
     if wants_verbs {
         return match verbs {
-            Some(v) => serve_verbs_control(s, v, stop),
+            Some(v) => serve_verbs_control(s, v, stop, fences),
             None => Err("client asked for RDMA verbs; this blade serves TCP only (--transport tcp)".into()),
         };
     }
@@ -485,10 +486,17 @@ fn prefetch_frames(region: &Region, rkey: u32, mut bytes: &[u8]) {
 }
 
 /// Serves a verbs client's control connection: one QP per request, all
-/// kept until it disconnects.
-fn serve_verbs_control(mut s: TcpStream, v: &dyn VerbsAcceptor, stop: &AtomicBool) -> Result<(), String> {
+/// kept until it disconnects. A QP requested under a fence tag is held by a
+/// fence of its own, which a revocation of that tag finds.
+fn serve_verbs_control(
+    mut s: TcpStream,
+    v: &dyn VerbsAcceptor,
+    stop: &AtomicBool,
+    fences: &Fences,
+) -> Result<(), String> {
     s.write_all(&v.info().encode()).map_err(|e| format!("sending verbs info: {e}"))?;
-    let mut qps: Vec<Box<dyn Send>> = Vec::new();
+    let mut qps: Vec<Box<dyn Revocable>> = Vec::new();
+    let mut tagged: Vec<Arc<ConnFence>> = Vec::new();
     let mut hdr = [0u8; HEADER_LEN];
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -507,16 +515,37 @@ fn serve_verbs_control(mut s: TcpStream, v: &dyn VerbsAcceptor, stop: &AtomicBoo
         s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
         s.read_exact(&mut hdr[1..]).map_err(|e| format!("reading a QP request: {e}"))?;
         let h = Header::get(&hdr);
-        if h.kind != conn::KIND_QP_CONNECT || h.len as usize != conn::QP_ENDPOINT_LEN {
+        let n = h.len as usize;
+        if h.kind != conn::KIND_QP_CONNECT || (n != conn::QP_ENDPOINT_LEN && n != conn::QP_TAGGED_LEN) {
             return Err(format!("unexpected control frame (kind {}, {} bytes)", h.kind, h.len));
         }
-        let mut body = [0u8; conn::QP_ENDPOINT_LEN];
-        s.read_exact(&mut body).map_err(|e| format!("reading a QP request: {e}"))?;
-        let answer = QpEndpoint::decode(&body).and_then(|remote| v.accept(&remote));
+        let mut body = [0u8; conn::QP_TAGGED_LEN];
+        s.read_exact(&mut body[..n]).map_err(|e| format!("reading a QP request: {e}"))?;
+        let tag = u64::from_le_bytes(body[conn::QP_ENDPOINT_LEN..].try_into().expect("8 bytes"));
+        // A tagged QP is accepted inside its fence's barrier: a revocation
+        // of the tag either refuses it here or finds it held.
+        let fence = (tag != 0).then(|| fences.attach());
+        if let Some(f) = &fence {
+            f.enter();
+        }
+        let answer = QpEndpoint::decode(&body[..conn::QP_ENDPOINT_LEN]).and_then(|remote| {
+            match &fence {
+                Some(f) if !fences.tag(f, tag) => {
+                    return Err(format!(
+                        "this compute blade is refused: a recovery revoked its registration (fence tag {tag:#x})"
+                    ))
+                }
+                _ => {}
+            }
+            v.accept(&remote)
+        });
         let mut out = Vec::with_capacity(HEADER_LEN + 64);
         match answer {
             Ok((qp, mine)) => {
-                qps.push(qp);
+                match &fence {
+                    Some(f) => f.hold(qp),
+                    None => qps.push(qp),
+                }
                 Header { len: conn::QP_ENDPOINT_LEN as u32, kind: 0, count: 0, wr_id: h.wr_id }.put(&mut out);
                 out.extend_from_slice(&mine.encode());
             }
@@ -524,6 +553,10 @@ fn serve_verbs_control(mut s: TcpStream, v: &dyn VerbsAcceptor, stop: &AtomicBoo
                 Header { len: reason.len() as u32, kind: 1, count: 0, wr_id: h.wr_id }.put(&mut out);
                 out.extend_from_slice(reason.as_bytes());
             }
+        }
+        if let Some(f) = fence {
+            f.leave();
+            tagged.push(f);
         }
         s.write_all(&out).map_err(|e| format!("answering a QP request: {e}"))?;
     }
@@ -576,12 +609,21 @@ impl Conn<'_> {
                     Ok(b) if h.count == 0 && u64::from_le_bytes(b) != 0 => u64::from_le_bytes(b),
                     _ => return Err("malformed tag or revoke frame (it carries one non-zero 8-byte tag)".into()),
                 };
-                let ok = if h.kind == wire::KIND_TAG {
-                    self.fences.tag(self.fence, tag)
+                let kind = if h.kind == wire::KIND_TAG {
+                    if self.fences.tag(self.fence, tag) {
+                        0
+                    } else {
+                        WcStatus::Fenced as u8
+                    }
                 } else {
-                    self.fences.revoke(tag, self.fence)
+                    match self.fences.revoke(tag, self.fence) {
+                        Ok(()) => 0,
+                        Err(why) => {
+                            eprintln!("memory-blade: revoking fence tag {tag:#x} failed: {why}");
+                            WcStatus::Transport as u8
+                        }
+                    }
                 };
-                let kind = if ok { 0 } else { WcStatus::Fenced as u8 };
                 Header { len: 0, kind, count: 0, wr_id: h.wr_id }.put(&mut self.out);
                 Ok(())
             }

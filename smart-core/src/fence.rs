@@ -29,6 +29,12 @@
 //! while it sends answers, so a client that stops reading cannot hold a
 //! revocation up.
 //!
+//! An RDMA client's verbs run on the blade's RNIC without its CPU, so for a
+//! QP that a verbs client connected under a tag, revocation moves the
+//! blade's end of the QP to the error state ([`Revocable`]) before it is
+//! answered: the RNIC then drops that QP's requests, and the client's
+//! verbs fail (retries exceeded).
+//!
 //! The blade remembers the last [`REMEMBERED`] revoked tags, in memory: a
 //! blade restarted on its backing file forgets them, but also closed every
 //! connection it had.
@@ -44,12 +50,30 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 /// Revoked tags a blade remembers (the oldest are forgotten first).
 pub const REMEMBERED: usize = 1 << 16;
 
-/// One connection's side of the barrier.
-#[derive(Debug, Default)]
+/// What a revocation must stop besides requests the blade's CPU runs: the
+/// blade's end of a verbs client's QP.
+pub trait Revocable: Send {
+    /// Stops it for good (a QP: to the error state).
+    ///
+    /// # Errors
+    /// Why it could not be stopped.
+    fn revoke(&mut self) -> Result<(), String>;
+}
+
+/// One connection's (or verbs QP's) side of the barrier.
+#[derive(Default)]
 pub(crate) struct ConnFence {
     tag: AtomicU64,
     revoked: AtomicBool,
     busy: AtomicBool,
+    /// Stopped by a revocation once the connection is quiescent.
+    held: Mutex<Vec<Box<dyn Revocable>>>,
+}
+
+impl std::fmt::Debug for ConnFence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnFence").field("tag", &self.tag).field("revoked", &self.revoked).finish_non_exhaustive()
+    }
 }
 
 impl ConnFence {
@@ -68,6 +92,18 @@ impl ConnFence {
     /// After running them.
     pub(crate) fn leave(&self) {
         self.busy.store(false, Ordering::Release);
+    }
+
+    /// Keeps `r` until the connection ends, to be stopped if it is revoked.
+    /// Call it between [`ConnFence::enter`] and [`ConnFence::leave`], so
+    /// that a revocation either finds it or was seen by `enter`.
+    pub(crate) fn hold(&self, r: Box<dyn Revocable>) {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).push(r);
+    }
+
+    /// Stops what it holds (after it was revoked and is quiescent).
+    fn stop_held(&self) -> Result<(), String> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).iter_mut().try_for_each(|r| r.revoke())
     }
 
     /// Sets `revoked`; the caller then waits with [`quiesce`].
@@ -142,8 +178,11 @@ impl Fences {
 
     /// Revokes `tag`, for the connection `me` (which is running this
     /// request): returns once no other connection with that tag runs a
-    /// request, `false` if `me` was revoked meanwhile.
-    pub(crate) fn revoke(&self, tag: u64, me: &ConnFence) -> bool {
+    /// request and what they hold is stopped.
+    ///
+    /// # Errors
+    /// `me` was revoked meanwhile, or something held could not be stopped.
+    pub(crate) fn revoke(&self, tag: u64, me: &ConnFence) -> Result<(), String> {
         let victims: Vec<Arc<ConnFence>> = {
             let mut s = self.state();
             if s.revoked.insert(tag) {
@@ -160,7 +199,11 @@ impl Fences {
             }
             v
         };
-        victims.iter().filter(|c| !std::ptr::eq(Arc::as_ptr(c), me)).all(|c| quiesce(c, me))
+        let others = || victims.iter().filter(|c| !std::ptr::eq(Arc::as_ptr(c), me));
+        if !others().all(|c| quiesce(c, me)) {
+            return Err("this connection was revoked while it waited".into());
+        }
+        others().try_for_each(|c| c.stop_held())
     }
 
     #[cfg(all(test, not(loom)))]
@@ -180,7 +223,7 @@ mod tests {
         assert!(f.tag(&a, 7) && f.tag(&b, 7) && f.tag(&other, 8));
         assert!(a.enter());
         a.leave();
-        assert!(f.revoke(7, &me));
+        assert!(f.revoke(7, &me).is_ok());
         assert!(!a.enter() && !b.enter(), "a revoked connection runs nothing more");
         assert!(other.enter(), "another owner's connection is unaffected");
         other.leave();
@@ -196,7 +239,7 @@ mod tests {
         let me = f.attach();
         assert!(f.tag(&me, 3));
         assert!(me.enter());
-        assert!(f.revoke(3, &me));
+        assert!(f.revoke(3, &me).is_ok());
         me.leave();
         assert!(!me.enter());
     }
@@ -208,7 +251,7 @@ mod tests {
         assert!(f.tag(&busy, 5) && f.tag(&me, 6));
         assert!(busy.enter());
         let (f2, me2) = (f.clone(), me.clone());
-        let t = std::thread::spawn(move || f2.revoke(5, &me2));
+        let t = std::thread::spawn(move || f2.revoke(5, &me2).is_ok());
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!t.is_finished(), "the revocation waits while the connection runs a request");
         busy.leave();
@@ -218,10 +261,42 @@ mod tests {
         assert!(f.tag(&x, 10) && f.tag(&y, 11));
         assert!(x.enter() && y.enter());
         let (f3, y2) = (f.clone(), y.clone());
-        let t = std::thread::spawn(move || f3.revoke(10, &y2));
+        let t = std::thread::spawn(move || f3.revoke(10, &y2).is_ok());
         std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(!f.revoke(11, &x), "x was revoked while it waited for y");
+        assert!(f.revoke(11, &x).is_err(), "x was revoked while it waited for y");
         assert!(!t.join().unwrap());
+    }
+
+    struct Stop(Arc<AtomicBool>, bool);
+
+    impl Revocable for Stop {
+        fn revoke(&mut self) -> Result<(), String> {
+            self.0.store(true, Ordering::SeqCst);
+            if self.1 {
+                Ok(())
+            } else {
+                Err("cannot".into())
+            }
+        }
+    }
+
+    #[test]
+    fn what_a_revoked_connection_holds_is_stopped_before_the_answer() {
+        let f = Fences::default();
+        let (qp, other, me) = (f.attach(), f.attach(), f.attach());
+        let (stopped, untouched) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        assert!(qp.enter() && f.tag(&qp, 9));
+        qp.hold(Box::new(Stop(stopped.clone(), true)));
+        qp.leave();
+        assert!(f.tag(&other, 10));
+        other.hold(Box::new(Stop(untouched.clone(), true)));
+        assert!(f.revoke(9, &me).is_ok());
+        assert!(stopped.load(Ordering::SeqCst) && !untouched.load(Ordering::SeqCst));
+        // A failure to stop it fails the revocation.
+        let bad = f.attach();
+        assert!(f.tag(&bad, 11));
+        bad.hold(Box::new(Stop(Arc::new(AtomicBool::new(false)), false)));
+        assert_eq!(f.revoke(11, &me), Err("cannot".to_string()));
     }
 
     #[test]
@@ -229,11 +304,11 @@ mod tests {
         let f = Fences::default();
         let me = f.attach();
         for t in 1..=REMEMBERED as u64 + 1 {
-            assert!(f.revoke(t, &me));
+            assert!(f.revoke(t, &me).is_ok());
         }
         assert!(!f.remembers(1));
         assert!(f.remembers(2) && f.remembers(REMEMBERED as u64 + 1));
-        assert!(f.revoke(2, &me), "revoking a remembered tag again keeps it once");
+        assert!(f.revoke(2, &me).is_ok(), "revoking a remembered tag again keeps it once");
         assert!(f.remembers(2));
     }
 }

@@ -3,10 +3,12 @@
 //! After the usual handshake (with [`FLAG_VERBS`] in the greeting's flags),
 //! the blade sends a [`BladeVerbsInfo`]. Then, for each QP the compute side
 //! wants, it sends a `KIND_QP_CONNECT` frame whose body is a [`QpEndpoint`]
-//! (its QP), and the blade answers with a frame whose body is the blade's
-//! matching [`QpEndpoint`] (status 0), or with a non-zero status and a
-//! UTF-8 reason. The blade keeps those QPs while the control connection is
-//! open. All integers are little-endian.
+//! (its QP), optionally followed by a non-zero fence tag (u64: the QP's
+//! owner, see [`crate::fence`]), and the blade answers with a frame whose
+//! body is the blade's matching [`QpEndpoint`] (status 0), or with a
+//! non-zero status and a UTF-8 reason. The blade keeps those QPs while the
+//! control connection is open; a revocation of a QP's tag moves the
+//! blade's end to the error state. All integers are little-endian.
 
 /// Greeting flag: the client wants verbs connection data, not TCP verbs.
 pub const FLAG_VERBS: u32 = 1;
@@ -16,6 +18,8 @@ pub const STATUS_NO_VERBS: u32 = 2;
 pub const KIND_QP_CONNECT: u8 = 3;
 /// Bytes of an encoded [`QpEndpoint`].
 pub const QP_ENDPOINT_LEN: usize = 32;
+/// Bytes of a QP request with a fence tag.
+pub const QP_TAGGED_LEN: usize = QP_ENDPOINT_LEN + 8;
 /// Bytes of an encoded [`BladeVerbsInfo`].
 pub const BLADE_INFO_LEN: usize = 48;
 

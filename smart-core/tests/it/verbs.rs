@@ -51,6 +51,16 @@ fn verbs_device_dropped_future_and_teardown_in_flight() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_"]
+fn verbs_device_a_revoked_owner_runs_no_verb() {
+    // The blade moves its ends of the owner's QPs to the error state: the
+    // RNIC drops their requests, and the client's retries run out.
+    crate::fence::a_revoked_owner_runs_no_verb_and_cannot_connect_again_on(&device_backend(2), |e| {
+        matches!(e, smart_core::Error::Wc { .. })
+    });
+}
+
+#[test]
 fn without_a_device_connecting_fails_fast_and_names_the_alternatives() {
     if std::env::var("SMART_RDMA_DEVICE").is_ok() {
         return; // a device is configured: the device tests cover this host

@@ -207,7 +207,10 @@ impl VerbsAcceptor for VerbsBlade {
         }
     }
 
-    fn accept(&self, remote: &QpEndpoint) -> std::result::Result<(Box<dyn Send>, QpEndpoint), String> {
+    fn accept(
+        &self,
+        remote: &QpEndpoint,
+    ) -> std::result::Result<(Box<dyn crate::fence::Revocable>, QpEndpoint), String> {
         // RoCE v2 needs both ends' GIDs of one family: answer from a GID of
         // the client's (which its --gid-index chose).
         let (gid_index, gid) = match self.nic.gid_index {
@@ -233,6 +236,12 @@ impl VerbsAcceptor for VerbsBlade {
     }
 }
 
+impl crate::fence::Revocable for Qp {
+    fn revoke(&mut self) -> std::result::Result<(), String> {
+        self.to_error().map_err(|e| e.to_string())
+    }
+}
+
 /// The control connection to one blade and what it told us.
 struct BladeLink {
     peer: String,
@@ -241,13 +250,18 @@ struct BladeLink {
 }
 
 impl BladeLink {
-    /// Asks the blade for a QP connected to `mine`.
-    fn connect_qp(&self, mine: &QpEndpoint) -> Result<QpEndpoint> {
+    /// Asks the blade for a QP connected to `mine`, owned by `tag` (0:
+    /// none; see [`crate::fence`]).
+    fn connect_qp(&self, mine: &QpEndpoint, tag: u64) -> Result<QpEndpoint> {
         let io = |source| Error::Io { peer: self.peer.clone(), cause: source };
         let mut s = self.ctrl.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut req = Vec::with_capacity(HEADER_LEN + conn::QP_ENDPOINT_LEN);
-        Header { len: conn::QP_ENDPOINT_LEN as u32, kind: conn::KIND_QP_CONNECT, count: 0, wr_id: 0 }.put(&mut req);
+        let len = if tag == 0 { conn::QP_ENDPOINT_LEN } else { conn::QP_TAGGED_LEN };
+        let mut req = Vec::with_capacity(HEADER_LEN + len);
+        Header { len: len as u32, kind: conn::KIND_QP_CONNECT, count: 0, wr_id: 0 }.put(&mut req);
         req.extend_from_slice(&mine.encode());
+        if tag != 0 {
+            req.extend_from_slice(&tag.to_le_bytes());
+        }
         s.write_all(&req).map_err(io)?;
         let mut hdr = [0u8; HEADER_LEN];
         s.read_exact(&mut hdr).map_err(io)?;
@@ -398,7 +412,7 @@ impl Transport for VerbsTransport {
         };
         let mut qps = Vec::with_capacity(self.links.len());
         for link in &self.links {
-            qps.push(QpLink::new(connect_qp(&self.nic, &pd, &cq, link, sq_depth)?, sq_depth));
+            qps.push(QpLink::new(connect_qp(&self.nic, &pd, &cq, link, sq_depth, spec.fence_tag)?, sq_depth));
         }
         // SAFETY: zeroed ibv_wc structs are valid (plain integers and a union of integers).
         let wcs = (0..64).map(|_| unsafe { std::mem::zeroed::<ibv_wc>() }).collect();
@@ -417,18 +431,19 @@ impl Transport for VerbsTransport {
             nic: self.nic.clone(),
             links: self.links.clone(),
             strays: 0,
+            fence_tag: spec.fence_tag,
         }))
     }
 }
 
 /// Creates an RC QP on `pd`/`cq` and connects it to a new QP of the blade
 /// behind `link` (INIT, exchange, RTR, RTS).
-fn connect_qp(nic: &Nic, pd: &Arc<Pd>, cq: &Arc<Cq>, link: &BladeLink, sq_depth: usize) -> Result<Qp> {
+fn connect_qp(nic: &Nic, pd: &Arc<Pd>, cq: &Arc<Cq>, link: &BladeLink, sq_depth: usize, tag: u64) -> Result<Qp> {
     let qp = Qp::new(pd, cq, nic.caps(sq_depth), MAX_BATCH)?;
     qp.to_init(nic.port)?;
     let psn = conn::random_psn();
     let mine = QpEndpoint { qpn: qp.qpn(), psn, lid: nic.lid, mtu: nic.mtu, gid: nic.gid };
-    let remote = link.connect_qp(&mine)?;
+    let remote = link.connect_qp(&mine, tag)?;
     let mtu = conn::path_mtu(nic.mtu, remote.mtu);
     qp.connect(&remote, nic.port, nic.gid_index, mtu, psn, nic.rd_atomic)?;
     Ok(qp)
@@ -475,6 +490,8 @@ struct VerbsEndpoint {
     links: Vec<Arc<BladeLink>>,
     /// CQEs that matched no outstanding batch.
     strays: u64,
+    /// The owner its QPs name to the blades (0: none).
+    fence_tag: u64,
 }
 
 impl std::fmt::Debug for VerbsEndpoint {
@@ -589,11 +606,13 @@ impl Endpoint for VerbsEndpoint {
         out.len() - before
     }
 
-    fn revoke(&mut self, _tag: u64) -> Result<crate::Fencing> {
-        Ok(crate::Fencing::NotEnforced(
-            "not built for the verbs transport: an RNIC serves a QP without the blade's CPU, so the blade would have \
-             to move the owner's QPs to the error state",
-        ))
+    fn revoke(&mut self, tag: u64) -> Result<crate::Fencing> {
+        // Over each blade's TCP port: the blade moves its ends of the QPs
+        // that the owner connected under `tag` to the error state.
+        for link in &self.links {
+            crate::backend::tcp::revoke(&link.peer, tag)?;
+        }
+        Ok(crate::Fencing::Enforced(self.links.len()))
     }
 
     fn reset_qp(&mut self, qp: u16) -> Result<()> {
@@ -606,7 +625,7 @@ impl Endpoint for VerbsEndpoint {
         }
         // An errored RC QP is replaced by a fresh pair: both ends may have
         // left RTS, so reconnecting is the one reliable way back.
-        let fresh = connect_qp(&self.nic, &self.pd, &self.cq, &self.links[b], self.sq_depth)?;
+        let fresh = connect_qp(&self.nic, &self.pd, &self.cq, &self.links[b], self.sq_depth, self.fence_tag)?;
         let old = std::mem::replace(&mut self.qps[b], QpLink::new(fresh, self.sq_depth));
         if !old.track.drained() {
             // Flushed CQEs of the failed batch may still come: keep the old
