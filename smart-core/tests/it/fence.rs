@@ -12,7 +12,9 @@ use smart_core::{Fencing, Opcode, Runtime, RuntimeConfig, TcpTransport, Transpor
 use smart_testkit::backends;
 
 fn tagged(tag: u64) -> RuntimeConfig {
-    RuntimeConfig { fence_tag: tag, slots: 8, ..RuntimeConfig::default() }
+    // A verb the RNIC drops (verbs) fails after this at the latest.
+    let request_timeout = Some(Duration::from_secs(3));
+    RuntimeConfig { fence_tag: tag, slots: 8, request_timeout, ..RuntimeConfig::default() }
 }
 
 #[test]
