@@ -58,7 +58,8 @@ pub enum Fencing {
     /// These many blades refuse the owner's connections from now on: no
     /// verb of theirs runs there after the call returned.
     Enforced(usize),
-    /// The backend's blades cannot refuse them (why).
+    /// The backend's blades cannot refuse them (why): the embedded one,
+    /// whose blades live in the compute process.
     NotEnforced(&'static str),
 }
 
