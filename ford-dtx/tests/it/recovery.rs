@@ -207,6 +207,28 @@ fn an_insert_rolled_back_keeps_its_slot_ahead_of_later_keys() {
     }
 }
 
+/// A database of one table on two replicas, rows `0..rows` at START, and a
+/// registration of one thread × two coroutines with its thread's handle.
+fn with_rows(t: &Arc<dyn Transport>, name: &str, rows: u64) -> (Runtime, Arc<Db>, Registration, ford_dtx::Dtx) {
+    let (mut rt, db, reg) = open(t, &spec(name, &[8], 16, 2), 1, 2);
+    let dtx = reg.open_thread(rt.ctx());
+    rt.block_on({
+        let dtx = dtx.clone();
+        async move { insert_rows(&dtx, 0..rows, |_| START).await }
+    });
+    (rt, db, reg, dtx)
+}
+
+/// W, coroutine 1: X (row 0) = `v`, committed.
+async fn set_x(dtx: &ford_dtx::Dtx, v: u64) {
+    let mut w = dtx.txn(1);
+    w.begin();
+    let x = w.update(0, 0);
+    w.execute().await.unwrap();
+    w.write(x, &v.to_le_bytes());
+    w.commit().await.unwrap();
+}
+
 #[test]
 fn a_read_of_a_rolled_back_write_fails_validation() {
     // R reads X and Y while X may hold the WRITE of A, whose compute blade
@@ -218,12 +240,7 @@ fn a_read_of_a_rolled_back_write_fails_validation() {
     // write that never happened. R must abort in every round.
     let b = backends::embedded(3);
     let t: Arc<dyn Transport> = b.transport.clone();
-    let (mut rt, db, reg) = open(&t, &spec("aba", &[8], 16, 2), 1, 2);
-    let dtx = reg.open_thread(rt.ctx());
-    rt.block_on({
-        let dtx = dtx.clone();
-        async move { insert_rows(&dtx, 0..2, |_| START).await }
-    });
+    let (mut rt, db, reg, dtx) = with_rows(&t, "aba", 2);
     let mut dirty = 0;
     for polls in 1..=10 {
         let reg_a = join(&t, &db);
@@ -253,12 +270,7 @@ fn a_read_of_a_rolled_back_write_fails_validation() {
         let (ctx, d, dw) = (rt.ctx(), db.clone(), dtx.clone());
         let (rec, verdict) = rt.block_on(async move {
             let rec = recover(&ctx, &d, Which::Slot(slot)).await.unwrap();
-            let mut w = dw.txn(1);
-            w.begin();
-            let x = w.update(0, 0);
-            w.execute().await.unwrap();
-            w.write(x, &50u64.to_le_bytes());
-            w.commit().await.unwrap();
+            set_x(&dw, 50).await;
             (rec, r.commit().await)
         });
         let at = format!("polls {polls}: R read {seen}, {rec:?}");
@@ -590,12 +602,7 @@ fn a_compute_blade_taken_for_dead_cannot_write_over_what_recovery_repaired() {
     // recovery revoked its registration.
     let b = backends::tcp(2);
     let t: Arc<dyn Transport> = b.transport.clone();
-    let (mut rt, db, reg) = open(&t, &spec("paused", &[8], 16, 2), 1, 2);
-    let dtx = reg.open_thread(rt.ctx());
-    rt.block_on({
-        let dtx = dtx.clone();
-        async move { insert_rows(&dtx, 0..1, |_| START).await }
-    });
+    let (mut rt, db, reg, dtx) = with_rows(&t, "paused", 1);
     let paused = join(&t, &db);
     let mut rt_a = Runtime::new(&*t, 0, paused.runtime_config(&RuntimeConfig::default())).unwrap();
     let da = paused.open_thread(rt_a.ctx());
@@ -609,12 +616,7 @@ fn a_compute_blade_taken_for_dead_cannot_write_over_what_recovery_repaired() {
     let (ctx, d, dw, slot) = (rt.ctx(), db.clone(), dtx.clone(), paused.slot());
     let rec = rt.block_on(async move {
         let rec = recover(&ctx, &d, Which::Slot(slot)).await.unwrap();
-        let mut w = dw.txn(1);
-        w.begin();
-        let x = w.update(0, 0);
-        w.execute().await.unwrap();
-        w.write(x, &50u64.to_le_bytes());
-        w.commit().await.unwrap();
+        set_x(&dw, 50).await;
         rec
     });
     assert_eq!(rec.len(), 1, "{rec:?}");
