@@ -75,6 +75,9 @@ impl std::fmt::Debug for Dtx {
 
 impl Registration {
     /// The handle of worker thread `ctx.thread()` of this compute blade.
+    /// Make its runtime with [`Registration::runtime_config`], so that the
+    /// memory blades can refuse its verbs once a recovery took this compute
+    /// blade for dead (without it, they cannot: [`smart_core::fence`]).
     ///
     /// # Panics
     /// If the thread is beyond those registered.
