@@ -540,6 +540,7 @@ fn serve_verbs_control(
             v.accept(&remote)
         });
         let mut out = Vec::with_capacity(HEADER_LEN + 64);
+        let accepted = answer.is_ok();
         match answer {
             Ok((qp, mine)) => {
                 match &fence {
@@ -556,7 +557,9 @@ fn serve_verbs_control(
         }
         if let Some(f) = fence {
             f.leave();
-            tagged.push(f);
+            if accepted {
+                tagged.push(f);
+            }
         }
         s.write_all(&out).map_err(|e| format!("answering a QP request: {e}"))?;
     }
@@ -610,6 +613,10 @@ impl Conn<'_> {
                     _ => return Err("malformed tag or revoke frame (it carries one non-zero 8-byte tag)".into()),
                 };
                 let kind = if h.kind == wire::KIND_TAG {
+                    let had = self.fence.tag();
+                    if had != 0 && had != tag {
+                        return Err("a connection names its owner once".into());
+                    }
                     if self.fences.tag(self.fence, tag) {
                         0
                     } else {

@@ -89,6 +89,11 @@ impl ConnFence {
         true
     }
 
+    /// The owner it names (0: none yet).
+    pub(crate) fn tag(&self) -> u64 {
+        self.tag.load(Ordering::Relaxed)
+    }
+
     /// After running them.
     pub(crate) fn leave(&self) {
         self.busy.store(false, Ordering::Release);

@@ -95,6 +95,21 @@ fn a_write_delivered_after_the_revocation_does_not_land() {
     let mut v = [0u8; 8];
     region.read(at, &mut v).unwrap();
     assert_eq!(u64::from_le_bytes(v), 0, "the late WRITE did not land");
+    // A connection names its owner once: a second, other tag closes it.
+    let (mut s, _) = handshake(&peer, wire::PROTOCOL_VERSION).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut h = [0u8; wire::HEADER_LEN];
+    for tag in [5u64, 6] {
+        let mut f = Vec::new();
+        Header { len: wire::TAG_LEN as u32, kind: wire::KIND_TAG, count: 0, wr_id: 0 }.put(&mut f);
+        f.extend_from_slice(&tag.to_le_bytes());
+        s.write_all(&f).unwrap();
+        if tag == 5 {
+            s.read_exact(&mut h).unwrap();
+            assert_eq!(Header::get(&h).kind, 0, "the first tag is accepted");
+        }
+    }
+    assert!(matches!(s.read(&mut h), Ok(0) | Err(_)), "the second closes the connection");
     // The same blade still serves others.
     let t = TcpTransport::connect(&[peer]).unwrap();
     assert_eq!(t.blades().len(), 1);
