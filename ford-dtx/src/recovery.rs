@@ -7,9 +7,9 @@
 //! [`recover`] finds the registry slots whose lease expired (or the one it
 //! is told), and for each:
 //! 0. revokes its registration on every memory blade ([`Ctx::revoke`]):
-//!    over TCP the blades refuse its verbs from then on, so a compute blade
-//!    that only seemed dead (paused, or behind a stalled network) cannot
-//!    write over what recovery repairs;
+//!    over TCP and RDMA verbs the blades refuse its verbs from then on, so
+//!    a compute blade that only seemed dead (paused, or behind a stalled
+//!    network) cannot write over what recovery repairs;
 //! 1. reads every log entry of that registration (its nonce, CRC-checked);
 //!    for each, reads the primaries' lock words of its items:
 //!    - all still held by it: the transaction was not acknowledged (it

@@ -23,17 +23,18 @@
 //! sequentially consistent fence sits between each side's store and load
 //! (Dekker's pattern), so either the connection sees `revoked` and runs
 //! nothing, or the revocation sees `busy` and waits for the requests that
-//! had started. (The same with sequentially consistent loads and stores
-//! and no fences also holds in the C++ model, but loom, which models
-//! such accesses as acquire/release, rightly cannot prove it.) The connection does not hold `busy`
-//! while it sends answers, so a client that stops reading cannot hold a
-//! revocation up.
+//! had started. (Sequentially consistent stores and loads without the
+//! fences would also do in the C++ model, but loom models such accesses as
+//! acquire/release and cannot prove that form.) The connection does not
+//! hold `busy` while it sends answers, so a client that stops reading
+//! cannot hold a revocation up.
 //!
 //! An RDMA client's verbs run on the blade's RNIC without its CPU, so for a
 //! QP that a verbs client connected under a tag, revocation moves the
 //! blade's end of the QP to the error state ([`Revocable`]) before it is
 //! answered: the RNIC then drops that QP's requests, and the client's
-//! verbs fail (retries exceeded).
+//! verbs never complete (their retries run out, or the client's request
+//! time-out does).
 //!
 //! The blade remembers the last [`REMEMBERED`] revoked tags, in memory: a
 //! blade restarted on its backing file forgets them, but also closed every
