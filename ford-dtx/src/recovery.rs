@@ -44,7 +44,7 @@ use crate::registry::{now_ms, slots, SlotInfo};
 pub const GRACE_MS: u64 = 2_000;
 
 /// What recovery did for one dead compute blade.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Recovered {
     /// Its registry slot.
     pub slot: u16,
@@ -66,18 +66,16 @@ pub struct Recovered {
     /// there that name it are released by [`release_orphans`] once the
     /// chain is whole again (its slot is then free).
     pub chains_cut: u64,
-    /// Whether the memory blades refuse its verbs now (see [`Ctx::revoke`]);
-    /// `None` before its registration was revoked.
-    pub fenced: Option<Fencing>,
+    /// Whether the memory blades refuse its verbs now (see [`Ctx::revoke`]).
+    pub fenced: Fencing,
 }
 
 impl Recovered {
     /// How the memory blades treat it now, for messages.
     pub fn fencing(&self) -> String {
         match self.fenced {
-            Some(Fencing::Enforced(n)) => format!("fenced on {n} memory blades"),
-            Some(Fencing::NotEnforced(why)) => format!("not fenced on the memory blades ({why})"),
-            None => "not fenced".into(),
+            Fencing::Enforced(n) => format!("fenced on {n} memory blades"),
+            Fencing::NotEnforced(why) => format!("not fenced on the memory blades ({why})"),
         }
     }
 }
@@ -139,7 +137,7 @@ async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: Option<u16>) -> Res
         // runs on a memory blade from here on (where the backend can
         // refuse them).
         let fenced = ctx.revoke(s.nonce())?;
-        out.push(Recovered { fenced: Some(fenced), ..recover_slot(ctx, db, &s, lost).await? });
+        out.push(recover_slot(ctx, db, &s, lost, fenced).await?);
         ctx.write(at.add(8), &now_ms().to_le_bytes()).await?;
         if ctx.cas(at, mine, 0).await? == mine {
             crate::mirror::unregister(ctx, db, s.slot, s.nonce()).await?;
@@ -191,8 +189,18 @@ fn parse_entry(e: &[u8], nonce: u64, db: &Db) -> Option<(u64, Vec<EntryItem>)> {
     Some((w(24), out))
 }
 
-async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: Option<u16>) -> Result<Recovered> {
-    let mut rep = Recovered { slot: s.slot, pid: s.pid, ..Recovered::default() };
+async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: Option<u16>, fenced: Fencing) -> Result<Recovered> {
+    let mut rep = Recovered {
+        slot: s.slot,
+        pid: s.pid,
+        entries: 0,
+        rolled_back: 0,
+        rolled_forward: 0,
+        released: 0,
+        log_lost: false,
+        chains_cut: 0,
+        fenced,
+    };
     let entry_bytes = log::entry_bytes(db.max_value);
     let on_lost = |a: GlobalAddr| Some(a.blade()) == lost;
     let area = s.log_area(ctx, db)?;

@@ -440,17 +440,10 @@ impl Drop for Left<'_> {
 /// Answers every complete request frame at the front of `bytes` with
 /// [`WcStatus::Fenced`] (best effort: the connection closes next), and
 /// says why it closes.
-fn fenced(s: &mut TcpStream, mut bytes: &[u8]) -> String {
+fn fenced(s: &mut TcpStream, bytes: &[u8]) -> String {
     let mut out = Vec::new();
-    while bytes.len() >= HEADER_LEN {
-        let h = Header::get(bytes);
-        let total = HEADER_LEN + h.len as usize;
-        if h.len as usize > MAX_FRAME || bytes.len() < total {
-            break;
-        }
-        let status = WcStatus::Fenced as u8;
-        Header { len: 0, kind: status, count: 0, wr_id: h.wr_id }.put(&mut out);
-        bytes = &bytes[total..];
+    for (h, _) in complete_frames(bytes) {
+        Header { len: 0, kind: WcStatus::Fenced as u8, count: 0, wr_id: h.wr_id }.put(&mut out);
     }
     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
     let _ = s.write_all(&out);
@@ -462,32 +455,38 @@ fn fenced(s: &mut TcpStream, mut bytes: &[u8]) -> String {
 /// arrive in one read (a compute thread's round) then wait for memory
 /// together, as an RNIC works on many WRs at once, instead of one after
 /// another. Malformed frames are left to `Conn::frame` to refuse.
-fn prefetch_frames(region: &Region, rkey: u32, mut bytes: &[u8]) {
-    while bytes.len() >= HEADER_LEN {
-        let h = Header::get(bytes);
-        let total = HEADER_LEN + h.len as usize;
-        if h.len as usize > MAX_FRAME || bytes.len() < total {
-            return;
-        }
-        if h.kind == wire::KIND_BATCH {
-            let mut body = &bytes[HEADER_LEN..total];
-            for _ in 0..usize::from(h.count).min(wire::MAX_WRS) {
-                let Some(desc) = body.get(..WR_DESC_LEN) else { break };
-                let d = WrDesc::get(desc);
-                if d.rkey == rkey {
-                    region.prefetch(d.remote, u64::from(d.len));
-                }
-                let Some(rest) = body.get(WR_DESC_LEN + d.payload_len()..) else { break };
-                body = rest;
+fn prefetch_frames(region: &Region, rkey: u32, bytes: &[u8]) {
+    for (h, mut body) in complete_frames(bytes).filter(|(h, _)| h.kind == wire::KIND_BATCH) {
+        for _ in 0..usize::from(h.count).min(wire::MAX_WRS) {
+            let Some(desc) = body.get(..WR_DESC_LEN) else { break };
+            let d = WrDesc::get(desc);
+            if d.rkey == rkey {
+                region.prefetch(d.remote, u64::from(d.len));
             }
+            let Some(rest) = body.get(WR_DESC_LEN + d.payload_len()..) else { break };
+            body = rest;
         }
-        bytes = &bytes[total..];
     }
 }
 
+/// The complete request frames at the front of `bytes` (header and body),
+/// up to the first incomplete or oversized one.
+fn complete_frames(mut bytes: &[u8]) -> impl Iterator<Item = (Header, &[u8])> {
+    std::iter::from_fn(move || {
+        let h = Header::get(bytes.get(..HEADER_LEN)?);
+        let total = HEADER_LEN + h.len as usize;
+        if h.len as usize > MAX_FRAME || bytes.len() < total {
+            return None;
+        }
+        let body = &bytes[HEADER_LEN..total];
+        bytes = &bytes[total..];
+        Some((h, body))
+    })
+}
+
 /// Serves a verbs client's control connection: one QP per request, all
-/// kept until it disconnects. A QP requested under a fence tag is held by a
-/// fence of its own, which a revocation of that tag finds.
+/// kept until it disconnects, each held by a fence of its own, which a
+/// revocation of the tag it was requested under finds.
 fn serve_verbs_control(
     mut s: TcpStream,
     v: &dyn VerbsAcceptor,
@@ -495,8 +494,7 @@ fn serve_verbs_control(
     fences: &Fences,
 ) -> Result<(), String> {
     s.write_all(&v.info().encode()).map_err(|e| format!("sending verbs info: {e}"))?;
-    let mut qps: Vec<Box<dyn Revocable>> = Vec::new();
-    let mut tagged: Vec<Arc<ConnFence>> = Vec::new();
+    let mut qps: Vec<Arc<ConnFence>> = Vec::new();
     let mut hdr = [0u8; HEADER_LEN];
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -522,31 +520,23 @@ fn serve_verbs_control(
         let mut body = [0u8; conn::QP_TAGGED_LEN];
         s.read_exact(&mut body[..n]).map_err(|e| format!("reading a QP request: {e}"))?;
         let tag = u64::from_le_bytes(body[conn::QP_ENDPOINT_LEN..].try_into().expect("8 bytes"));
-        // A tagged QP is accepted inside its fence's barrier: a revocation
-        // of the tag either refuses it here or finds it held.
-        let fence = (tag != 0).then(|| fences.attach());
-        if let Some(f) = &fence {
-            f.enter();
-        }
+        // The QP is accepted inside its fence's barrier: a revocation of its
+        // tag either refuses it here or finds it held.
+        let fence = fences.attach();
+        fence.enter();
         let answer = QpEndpoint::decode(&body[..conn::QP_ENDPOINT_LEN]).and_then(|remote| {
-            match &fence {
-                Some(f) if !fences.tag(f, tag) => {
-                    return Err(format!(
-                        "this compute blade is refused: a recovery revoked its registration (fence tag {tag:#x})"
-                    ))
-                }
-                _ => {}
+            if tag != 0 && !fences.tag(&fence, tag) {
+                return Err(format!(
+                    "this compute blade is refused: a recovery revoked its registration (fence tag {tag:#x})"
+                ));
             }
             v.accept(&remote)
         });
         let mut out = Vec::with_capacity(HEADER_LEN + 64);
-        let accepted = answer.is_ok();
         match answer {
             Ok((qp, mine)) => {
-                match &fence {
-                    Some(f) => f.hold(qp),
-                    None => qps.push(qp),
-                }
+                fence.hold(qp);
+                qps.push(fence.clone());
                 Header { len: conn::QP_ENDPOINT_LEN as u32, kind: 0, count: 0, wr_id: h.wr_id }.put(&mut out);
                 out.extend_from_slice(&mine.encode());
             }
@@ -555,12 +545,7 @@ fn serve_verbs_control(
                 out.extend_from_slice(reason.as_bytes());
             }
         }
-        if let Some(f) = fence {
-            f.leave();
-            if accepted {
-                tagged.push(f);
-            }
-        }
+        fence.leave();
         s.write_all(&out).map_err(|e| format!("answering a QP request: {e}"))?;
     }
 }

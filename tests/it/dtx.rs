@@ -182,6 +182,15 @@ fn audit_only(blades: &str) -> Value {
     r
 }
 
+/// The SmallBank database on `blades` after a recovery (`when`): money
+/// conserved, no lock held, replicas equal.
+fn consistent(blades: &str, when: &str) {
+    let a = audit_only(blades);
+    assert_eq!(a["audit"]["balances"], a["audit"]["expected"], "{when}: money not conserved");
+    assert_eq!(a["audit"]["db"]["locks_held"], 0, "{when}");
+    assert_eq!(a["audit"]["db"]["replica_mismatches"], 0, "{when}");
+}
+
 /// SmallBank's arguments for a database of 300 000 accounts on `blade`
 /// (a load of a few seconds), and those of a short audited run on it.
 fn long_load(blade: &str) -> (Vec<&str>, Vec<&str>) {
@@ -282,10 +291,7 @@ fn compute_blades_killed_at_random_points_lose_nothing_after_recovery() {
         rolled += rec["rolled_back"].as_u64().unwrap()
             + rec["rolled_forward"].as_u64().unwrap()
             + rec["released"].as_u64().unwrap();
-        let a = audit_only(&blades);
-        assert_eq!(a["audit"]["balances"], a["audit"]["expected"], "kill {i} at {ms} ms: money not conserved");
-        assert_eq!(a["audit"]["db"]["locks_held"], 0);
-        assert_eq!(a["audit"]["db"]["replica_mismatches"], 0);
+        consistent(&blades, &format!("kill {i} at {ms} ms"));
     }
     assert!(rolled > 0, "eight kills in the middle of runs left nothing to repair?");
     // A compute blade that dies is also repaired by the next run, once its
@@ -328,10 +334,7 @@ fn a_paused_compute_blade_taken_for_dead_is_refused_by_the_memory_blades() {
         "the blades did not refuse it: {err}"
     );
     eprintln!("{rec}\n{err}");
-    let a = audit_only(&blades);
-    assert_eq!(a["audit"]["balances"], a["audit"]["expected"], "money not conserved");
-    assert_eq!(a["audit"]["db"]["locks_held"], 0);
-    assert_eq!(a["audit"]["db"]["replica_mismatches"], 0);
+    consistent(&blades, "after the woken compute blade");
 }
 
 /// Runs audited SmallBank on `blades` until `fail` (called 700 ms in) makes

@@ -178,19 +178,7 @@ fn a_memory_blade_lost_under_running_transactions_is_rebuilt_and_the_money_kept(
 
 #[test]
 fn a_rebuild_that_stopped_after_adopting_the_blade_refuses_other_commands_and_resumes() {
-    let (mut blades, mut addrs) = three();
-    let sb = smallbank(&addrs.join(","), "rbr-sb.json");
-    let list = lose(&mut blades, &mut addrs, 1);
-    adopt_and_stop(&addrs, 1);
-    let (code, _) = audit("smallbank", &list, "rbr-refused.json");
-    assert_eq!(code, Some(1));
-    let out = compute(&["smallbank", "--blades", &list, "--audit-only"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("memory blade 1 is being rebuilt"), "{out:?}");
-    let (code, text) = rebuild(&list, "1");
-    assert_eq!(code, Some(0), "{text}");
-    let (code, r) = audit("smallbank", &list, "rbr-audit.json");
-    assert_eq!(code, Some(0), "{r}");
-    assert_eq!(r["audit"]["db"]["live"], sb["audit"]["db"]["live"]);
+    let (_blades, list) = stopped_rebuild_resumes(1, "rbr");
     // A set whose blades were all kept: nothing to rebuild.
     let (code, text) = rebuild(&list, "2");
     assert!(code == Some(1) && text.contains("it was not lost"), "{text}");
@@ -214,9 +202,8 @@ fn a_lost_blade_0_is_rebuilt_from_the_mirrors_and_the_other_replicas() {
     assert_eq!(st.code(), Some(1), "the run fails: its memory blade is unreachable");
     let (code, _) = audit("smallbank", &list, "rb0-refused.json");
     assert_eq!(code, Some(1), "a replaced blade 0 is refused until rebuilt");
-    let out = compute(&["rebuild", "--blades", &list, "--lost", "0"]);
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{text}");
+    let (code, text) = rebuild(&list, "0");
+    assert_eq!(code, Some(0), "{text}");
     // It waits for the dead compute blade's lease (1 s and the grace), then
     // settles its transactions from its undo log (on blade 1).
     assert!(text.contains("waiting 3.0 s: 1 compute blades were registered"), "{text}");
@@ -245,17 +232,29 @@ fn a_lost_blade_0_is_rebuilt_from_the_mirrors_and_the_other_replicas() {
 /// and the rebuild run again finishes it.
 #[test]
 fn a_rebuild_of_blade_0_that_stopped_after_adopting_it_resumes() {
+    stopped_rebuild_resumes(0, "rb0r");
+}
+
+/// Three blades with SmallBank; blade `lost` is lost and a rebuild of it
+/// stops right after adopting the fresh blade: the audit and other commands
+/// refuse the database, and the rebuild run again finishes it, with every
+/// row back. Returns the blades and their list.
+fn stopped_rebuild_resumes(lost: u16, prefix: &str) -> (Vec<Blade>, String) {
     let (mut blades, mut addrs) = three();
-    let sb = smallbank(&addrs.join(","), "rb0r-sb.json");
-    let list = lose(&mut blades, &mut addrs, 0);
-    adopt_and_stop(&addrs, 0);
+    let sb = smallbank(&addrs.join(","), &format!("{prefix}-sb.json"));
+    let list = lose(&mut blades, &mut addrs, lost as usize);
+    adopt_and_stop(&addrs, lost);
+    let (code, _) = audit("smallbank", &list, &format!("{prefix}-refused.json"));
+    assert_eq!(code, Some(1));
     let out = compute(&["smallbank", "--blades", &list, "--audit-only"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("memory blade 0 is being rebuilt"), "{out:?}");
-    let (code, text) = rebuild(&list, "0");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("memory blade {lost} is being rebuilt")), "{out:?}");
+    let (code, text) = rebuild(&list, &lost.to_string());
     assert_eq!(code, Some(0), "{text}");
-    let (code, r) = audit("smallbank", &list, "rb0r-audit.json");
+    let (code, r) = audit("smallbank", &list, &format!("{prefix}-audit.json"));
     assert_eq!(code, Some(0), "{r}");
     assert_eq!(r["audit"]["db"]["live"], sb["audit"]["db"]["live"]);
+    (blades, list)
 }
 
 /// Two blades lost at once, with two replicas: neither is taken into the

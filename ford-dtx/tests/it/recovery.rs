@@ -620,7 +620,7 @@ fn a_compute_blade_taken_for_dead_cannot_write_over_what_recovery_repaired() {
         rec
     });
     assert_eq!(rec.len(), 1, "{rec:?}");
-    assert_eq!((rec[0].released, rec[0].fenced), (1, Some(smart_core::Fencing::Enforced(2))), "{rec:?}");
+    assert_eq!((rec[0].released, rec[0].fenced), (1, smart_core::Fencing::Enforced(2)), "{rec:?}");
     assert!(rec[0].fencing().contains("fenced on 2 memory blades"));
     let verdict = rt_a.block_on(async move {
         tx.write(x, &99u64.to_le_bytes());
