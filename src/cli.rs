@@ -82,8 +82,8 @@ pub enum Cmd {
     Tatp(TatpArgs),
     /// Roll back or forward the transactions of dead compute blades.
     Recover(RecoverArgs),
-    /// Write a lost memory blade's copies of the FORD databases again, from
-    /// the other replicas, onto a fresh memory blade in its place.
+    /// Write lost memory blades' copies of the FORD databases again, from
+    /// the other replicas, onto fresh memory blades in their places.
     Rebuild(RebuildArgs),
     /// List the indexes on the blades, or drop or check one.
     Table(TableArgs),
@@ -405,11 +405,12 @@ pub struct RebuildArgs {
     /// Options of every subcommand (only the blade options matter).
     #[command(flatten)]
     pub common: Common,
-    /// The place in --blades of the lost memory blade, where a fresh one now
-    /// listens (blade 0 too: its catalogs and registries come back from
-    /// their mirrors on blade 1).
-    #[arg(long)]
-    pub lost: u16,
+    /// The places in --blades of the lost memory blades, where fresh ones
+    /// now listen (blade 0 too: its catalogs and registries come back from
+    /// their mirrors on blade 1). Several lost blades are rebuilt together
+    /// (`--lost 1,2`), each copy from a replica on none of them.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub lost: Vec<u16>,
     /// Databases to rebuild (default: every FORD database on the blades).
     #[arg(long, value_delimiter = ',')]
     pub db: Vec<String>,

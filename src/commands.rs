@@ -66,7 +66,7 @@ pub fn check_blade_set(s: &Session, t: &dyn Transport) -> Result<()> {
             // A lost blade whose FORD databases' copies can come back.
             let hint = if what.contains("restarted without its backing file or replaced") {
                 " (the FORD databases' copies and catalogs it held can be rebuilt on a fresh blade in its place: \
-                 `compute-blade rebuild --lost I`, see the README's \"Transactions\")"
+                 `compute-blade rebuild --lost I[,J…]`, see the README's \"Transactions\")"
             } else {
                 ""
             };
@@ -515,20 +515,22 @@ type RebuiltDb = (ford_dtx::rebuild::Rebuilt, Vec<ford_dtx::recovery::Recovered>
 /// `compute-blade rebuild`.
 ///
 /// # Errors
-/// Blades that are not the set with a fresh blade in the lost one's place;
+/// Blades that are not the set with fresh blades in the lost ones' places;
 /// other indexes on the blades; a compute blade running; verb errors.
 pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outcome> {
     let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
-    let lost = job.lost;
+    let lost = &job.lost;
+    let list = ford_dtx::rebuild::blade_list(lost);
+    let plural = if lost.len() > 1 { "s" } else { "" };
     let started = std::time::Instant::now();
-    let (names, out) = if lost == 0 { rebuild_blade0(&mut rt, s, job)? } else { rebuild_blade(&mut rt, s, job)? };
+    let (names, out) = if lost[0] == 0 { rebuild_blade0(&mut rt, s, job)? } else { rebuild_blade(&mut rt, s, job)? };
     let secs = started.elapsed().as_secs_f64();
     let mut settled = true;
     let mut records = Vec::new();
     for (name, (r, rec, orphans)) in names.iter().zip(out) {
         println!(
-            "{name}: rebuilt on memory blade {lost}: {} bucket arrays, {} overflow buckets, {} bytes; {} undo log \
-             areas were there",
+            "{name}: rebuilt on memory blade{plural} {list}: {} bucket arrays, {} overflow buckets, {} bytes; {} undo \
+             log areas were there",
             r.arrays, r.overflow, r.bytes, r.log_areas
         );
         print_recovered(name, &rec);
@@ -536,7 +538,7 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
             if x.log_lost {
                 settled = false;
                 println!(
-                    "{name}: compute blade {} (pid {}): its undo log was on memory blade {lost}: a transaction of it \
+                    "{name}: compute blade {} (pid {}): its undo log was on a lost memory blade: a transaction of it \
                      that had begun writing when it died cannot be rolled back (audit the database)",
                     x.slot, x.pid
                 );
@@ -551,16 +553,35 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     }
     println!("rebuilt in {secs:.1} s");
     if !settled {
-        eprintln!("compute-blade: transactions in flight whose undo log was on the lost blade were not settled");
+        eprintln!("compute-blade: transactions in flight whose undo log was on a lost blade were not settled");
     }
     Ok(Outcome::of(settled, false))
 }
 
-/// The rebuild of blade `job.lost` (not 0): the databases found through
+/// Whether the set, which already holds every blade listed (it checks),
+/// is a rebuild of `lost` that stopped after adopting them: its mark on
+/// blade 0 names exactly those blades. Refuses anything else (blades that
+/// were not lost are left alone).
+async fn resuming(ctx: &smart_core::Ctx, lost: &[u16]) -> std::result::Result<(), ford_dtx::DtxError> {
+    match ford_dtx::db::rebuilding(ctx).await? {
+        Some(marked) if marked == lost => Ok(()),
+        Some(marked) => Err(ford_dtx::DtxError::Config(format!(
+            "the rebuild in progress is of memory blades {}: run it with --lost {}",
+            ford_dtx::rebuild::blade_list(&marked),
+            ford_dtx::rebuild::blade_list(&marked)
+        ))),
+        None => Err(ford_dtx::DtxError::Config(format!(
+            "{} the one this set had (or its rebuild finished): it was not lost, so nothing is rebuilt on it",
+            ford_dtx::db::blades_are(lost)
+        ))),
+    }
+}
+
+/// The rebuild of blades `job.lost` (not 0): the databases found through
 /// blade 0, which lives.
 fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) -> Result<(Vec<String>, Vec<RebuiltDb>)> {
-    use ford_dtx::db::{Db, REBUILDING};
-    let lost = job.lost;
+    use ford_dtx::db::Db;
+    let lost = job.lost.clone();
     let ctx = rt.ctx();
     let listed = rt.block_on(async move { list_indexes(&ctx).await })?;
     let others: Vec<String> = listed
@@ -571,9 +592,10 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
     if !others.is_empty() {
         anyhow::bail!(
             "these indexes also live on the blades: {}; they keep one copy of their data, so what they had on memory \
-             blade {lost} is lost, and their addresses there could meet the rebuilt copies: drop them first \
+             blades {} is lost, and their addresses there could meet the rebuilt copies: drop them first \
              (`compute-blade table drop NAME`)",
-            others.join(", ")
+            others.join(", "),
+            ford_dtx::rebuild::blade_list(&lost)
         );
     }
     let names: Vec<String> = if job.dbs.is_empty() {
@@ -613,94 +635,100 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
     let all = dbs.clone();
     let progress = s.run.progress;
     let out = rt.block_on(async move {
-        let mut end = 0;
+        let mut end = vec![0; lost.len()];
         for db in &all {
-            end = end.max(ford_dtx::rebuild::extent_on(&ctx, db, lost).await?);
+            let e = ford_dtx::rebuild::extents_on(&ctx, db, &lost).await?;
+            end.iter_mut().zip(e).for_each(|(a, b)| *a = (*a).max(b));
         }
-        let target = end.max(smart_core::layout::HEAP_START).next_multiple_of(4096);
+        let targets: Vec<u64> =
+            end.iter().map(|e| (*e).max(smart_core::layout::HEAP_START).next_multiple_of(4096)).collect();
         if ctx.check_blade_set().await.is_ok() {
-            // The set holds blade `lost`: a rebuild of it that stopped after
-            // adopting it resumes (its mark is still on blade 0); a blade
-            // that was not lost is left alone.
-            if ctx.root(0, REBUILDING).await?.map(|g| g.blade()) != Some(lost) {
-                return Err(ford_dtx::DtxError::Config(format!(
-                    "memory blade {lost} is the one this set had (or its rebuild finished): it was not lost, so \
-                     nothing is rebuilt on it"
-                )));
-            }
+            // The set holds the blades: a rebuild of them that stopped after
+            // adopting them resumes (its mark is still on blade 0).
+            resuming(&ctx, &lost).await?;
         } else {
-            fits(&ctx, lost, target)?;
-            mark_and_adopt(&ctx, lost).await?;
+            fits(&ctx, &lost, &targets)?;
+            mark_and_adopt(&ctx, &lost).await?;
         }
-        reserve_lost(&ctx, lost, target).await?;
-        let out = rebuild_copies(&ctx, &all, lost, progress).await?;
-        if lost == ford_dtx::mirror::BLADE {
+        reserve_lost(&ctx, &lost, &targets).await?;
+        let out = rebuild_copies(&ctx, &all, &lost, progress).await?;
+        if lost.contains(&ford_dtx::mirror::BLADE) {
             // The mirrors were there: written again (no compute blade is
             // registered now).
             for db in &all {
                 ford_dtx::mirror::ensure(&ctx, db).await?;
             }
         }
-        ctx.drop_root(0, REBUILDING).await?;
+        ford_dtx::db::unmark_rebuilding(&ctx).await?;
         Ok::<_, ford_dtx::DtxError>(out)
     })?;
     Ok((names, out))
 }
 
-/// Refuses a fresh blade `lost` too small for what was lost there (up to
-/// offset `target`).
-fn fits(ctx: &smart_core::Ctx, lost: u16, target: u64) -> std::result::Result<(), ford_dtx::DtxError> {
-    let size = ctx.blades()[usize::from(lost)].size;
-    if target > size {
-        return Err(ford_dtx::DtxError::Config(format!(
-            "memory blade {lost} has {size} bytes; what was lost reached offset {target:#x}: start it with a larger \
-             --size"
-        )));
+/// Refuses a fresh blade of `lost` too small for what was lost there (up
+/// to offset `targets[i]` on blade `lost[i]`).
+fn fits(ctx: &smart_core::Ctx, lost: &[u16], targets: &[u64]) -> std::result::Result<(), ford_dtx::DtxError> {
+    for (&b, &target) in lost.iter().zip(targets) {
+        let size = ctx.blades()[usize::from(b)].size;
+        if target > size {
+            return Err(ford_dtx::DtxError::Config(format!(
+                "memory blade {b} has {size} bytes; what was lost reached offset {target:#x}: start it with a larger \
+                 --size"
+            )));
+        }
     }
     Ok(())
 }
 
-/// Sets the rebuild's mark on blade 0 (naming blade `lost`), then adopts the
-/// fresh blade `lost`; a refused adoption changed nothing, so the mark goes.
-async fn mark_and_adopt(ctx: &smart_core::Ctx, lost: u16) -> std::result::Result<(), ford_dtx::DtxError> {
-    use ford_dtx::db::REBUILDING;
-    ctx.set_root(0, REBUILDING, smart_core::GlobalAddr::new(lost, smart_core::layout::HEAP_START)).await?;
-    if let Err(e) = ctx.adopt_blade(lost).await {
-        ctx.drop_root(0, REBUILDING).await?;
+/// Sets the rebuild's mark on blade 0 (naming blades `lost`), then adopts
+/// the fresh blades `lost`; a refused adoption changed nothing, so the mark
+/// goes.
+async fn mark_and_adopt(ctx: &smart_core::Ctx, lost: &[u16]) -> std::result::Result<(), ford_dtx::DtxError> {
+    ford_dtx::db::mark_rebuilding(ctx, lost).await?;
+    if let Err(e) = ctx.adopt_blades(lost).await {
+        if matches!(e, smart_core::Error::BladeSet { .. }) {
+            ford_dtx::db::unmark_rebuilding(ctx).await?;
+        }
         return Err(e.into());
     }
     Ok(())
 }
 
-/// Marks blade `lost`'s heap in use up to `target`, unless a rebuild of it
-/// that resumes did already (and may now find less: recovery freed
-/// registrations whose log areas counted before).
-async fn reserve_lost(ctx: &smart_core::Ctx, lost: u16, target: u64) -> std::result::Result<(), ford_dtx::DtxError> {
+/// Marks each blade `lost[i]`'s heap in use up to `targets[i]`, unless a
+/// rebuild of it that resumes did already (and may now find less: recovery
+/// freed registrations whose log areas counted before).
+async fn reserve_lost(
+    ctx: &smart_core::Ctx,
+    lost: &[u16],
+    targets: &[u64],
+) -> std::result::Result<(), ford_dtx::DtxError> {
     use smart_core::layout::{HEAP_START, OFF_HEAP};
-    let heap = ctx.read_u64(smart_core::GlobalAddr::new(lost, OFF_HEAP)).await?;
-    if heap == HEAP_START {
-        ctx.reserve_heap(lost, target).await?;
-    } else if heap < target {
-        return Err(ford_dtx::DtxError::Config(format!(
-            "memory blade {lost}, being rebuilt, has its heap in use up to {heap:#x}, short of what was lost \
-             ({target:#x}): it was not reserved by this rebuild"
-        )));
+    for (&b, &target) in lost.iter().zip(targets) {
+        let heap = ctx.read_u64(smart_core::GlobalAddr::new(b, OFF_HEAP)).await?;
+        if heap == HEAP_START {
+            ctx.reserve_heap(b, target).await?;
+        } else if heap < target {
+            return Err(ford_dtx::DtxError::Config(format!(
+                "memory blade {b}, being rebuilt, has its heap in use up to {heap:#x}, short of what was lost \
+                 ({target:#x}): it was not reserved by this rebuild"
+            )));
+        }
     }
     Ok(())
 }
 
-/// Writes every database's copies on blade `lost` again, then settles the
+/// Writes every database's copies on blades `lost` again, then settles the
 /// transactions of dead compute blades and releases orphan locks.
 async fn rebuild_copies(
     ctx: &smart_core::Ctx,
     dbs: &[std::sync::Arc<ford_dtx::db::Db>],
-    lost: u16,
+    lost: &[u16],
     progress: bool,
 ) -> std::result::Result<Vec<RebuiltDb>, ford_dtx::DtxError> {
     let mut out = Vec::new();
     for db in dbs {
         if progress {
-            eprintln!("{}: rebuilding its copies on memory blade {lost} …", db.name);
+            eprintln!("{}: rebuilding its copies on memory blades {} …", db.name, ford_dtx::rebuild::blade_list(lost));
         }
         let r = ford_dtx::rebuild::rebuild(ctx, db, lost).await?;
         let rec = ford_dtx::recovery::recover_after_loss(ctx, db, lost, Which::Expired).await?;
@@ -710,23 +738,25 @@ async fn rebuild_copies(
     Ok(out)
 }
 
-/// The rebuild of blade 0: the databases found through their mirrors on
-/// blade 1 ([`ford_dtx::mirror`]). Blade 0 is adopted (taking the set's
+/// The rebuild of blade 0, and of the other blades of `job.lost`: the
+/// databases found through their mirrors on blade 1
+/// ([`ford_dtx::mirror`]). The blades are adopted (blade 0 taking the set's
 /// identity) once the leases of the compute blades the mirrors name have
-/// run out, marked as being rebuilt, and given back each catalog, registry
-/// and named root before its copies are rebuilt. Run again, it resumes.
+/// run out, marked as being rebuilt, and blade 0 given back each catalog,
+/// registry and named root before the copies are rebuilt. Run again, it
+/// resumes.
 fn rebuild_blade0(
     rt: &mut smart_core::Runtime,
     s: &Session,
     job: &RebuildJob,
 ) -> Result<(Vec<String>, Vec<RebuiltDb>)> {
-    use ford_dtx::db::REBUILDING;
     use ford_dtx::mirror;
     use smart_core::layout::HEAP_START;
     let ctx = rt.ctx();
     let progress = s.run.progress;
     let wanted = job.dbs.clone();
-    let (mirrors, adopted, target) = rt.block_on(async move {
+    let lost = job.lost.clone();
+    let (mirrors, adopted, targets) = rt.block_on(async move {
         let config = |m: String| Err(ford_dtx::DtxError::Config(m));
         let mirrors = mirror::list(&ctx).await?;
         if let Some(w) = wanted.iter().find(|w| !mirrors.iter().any(|m| &m.db.name == *w)) {
@@ -742,35 +772,34 @@ fn rebuild_blade0(
         }
         let adopted = ctx.check_blade_set().await.is_ok();
         if adopted {
-            // A blade 0 that the set has: a rebuild of it that stopped
-            // after adopting it resumes (its mark, or a catalog root not
-            // back yet, says so); the blade 0 that was never lost is left
+            // A set that has the blades: a rebuild of them that stopped
+            // after adopting them resumes (its mark, or a catalog root not
+            // back yet, says so); a blade 0 that was never lost is left
             // alone.
-            let marked = ctx.root(0, REBUILDING).await?.map(|g| g.blade()) == Some(0);
             let mut restored = true;
             for m in &mirrors {
                 restored &= ctx.root(0, &ford_dtx::db::root_name(&m.db.name)).await?.is_some();
             }
-            if !marked && restored {
-                return config(
-                    "memory blade 0 is the one this set had (or its rebuild finished): it was not lost, so nothing \
-                     is rebuilt on it"
-                        .into(),
-                );
+            if restored || ford_dtx::db::rebuilding(&ctx).await?.is_some() {
+                resuming(&ctx, &lost).await?;
             }
         }
-        // What the databases had on blade 0, read on the others (blade 0's
-        // registry is empty until restored: the log areas come from the
-        // mirrors).
-        let mut end = HEAP_START;
+        // What the databases had on the lost blades, read on the others
+        // (blade 0's registry is empty until restored: the log areas come
+        // from the mirrors).
+        let mut end = vec![HEAP_START; lost.len()];
         for m in &mirrors {
-            end = end.max(m.end_on_blade0()).max(ford_dtx::rebuild::extent_on(&ctx, &m.db, 0).await?);
+            let e = ford_dtx::rebuild::extents_on(&ctx, &m.db, &lost).await?;
+            for (i, (a, b)) in end.iter_mut().zip(e).enumerate() {
+                *a = (*a).max(b).max(m.logs_end_on(lost[i]));
+            }
+            end[0] = end[0].max(m.end_on_blade0());
         }
-        let target = end.next_multiple_of(4096);
+        let targets: Vec<u64> = end.iter().map(|e| e.next_multiple_of(4096)).collect();
         if !adopted {
-            fits(&ctx, 0, target)?;
+            fits(&ctx, &lost, &targets)?;
         }
-        Ok((mirrors, adopted, target))
+        Ok((mirrors, adopted, targets))
     })?;
     if !adopted {
         // Every compute blade registered when blade 0 was lost fails its
@@ -791,21 +820,22 @@ fn rebuild_blade0(
         }
     }
     let ctx = rt.ctx();
+    let lost = job.lost.clone();
     let out = rt.block_on(async move {
         // The mark first: from the adoption on, a compute blade that opened
         // a database before its catalog were back would create it anew.
         if adopted {
-            ctx.set_root(0, REBUILDING, smart_core::GlobalAddr::new(0, HEAP_START)).await?;
+            ford_dtx::db::mark_rebuilding(&ctx, &lost).await?;
         } else {
-            mark_and_adopt(&ctx, 0).await?;
+            mark_and_adopt(&ctx, &lost).await?;
         }
         for m in &mirrors {
             mirror::restore(&ctx, m).await?;
         }
-        reserve_lost(&ctx, 0, target).await?;
+        reserve_lost(&ctx, &lost, &targets).await?;
         let dbs: Vec<_> = mirrors.iter().map(|m| std::sync::Arc::new(m.db.clone())).collect();
-        let out = rebuild_copies(&ctx, &dbs, 0, progress).await?;
-        ctx.drop_root(0, REBUILDING).await?;
+        let out = rebuild_copies(&ctx, &dbs, &lost, progress).await?;
+        ford_dtx::db::unmark_rebuilding(&ctx).await?;
         Ok::<_, ford_dtx::DtxError>((mirrors.iter().map(|m| m.db.name.clone()).collect::<Vec<_>>(), out))
     })?;
     Ok(out)

@@ -195,8 +195,8 @@ pub struct RecoverJob {
 /// `rebuild`, resolved.
 #[derive(Clone, Debug)]
 pub struct RebuildJob {
-    /// The lost blade's place.
-    pub lost: u16,
+    /// The lost blades' places (sorted, without repeats).
+    pub lost: Vec<u16>,
     /// Databases to rebuild (empty: every FORD database on the blades).
     pub dbs: Vec<String>,
 }
@@ -260,18 +260,31 @@ impl Config {
                 let Blades::Remote { addrs, .. } = &session.blades else {
                     bail!("rebuild needs --blades: embedded blades live and die with their process");
                 };
-                if usize::from(a.lost) >= addrs.len() || addrs.len() < 2 {
+                let mut lost = a.lost.clone();
+                lost.sort_unstable();
+                lost.dedup();
+                if let Some(i) =
+                    lost.iter().find(|i| usize::from(**i) >= addrs.len()).or(lost.first().filter(|_| addrs.len() < 2))
+                {
                     bail!(
-                        "--lost {}: give the place (0 to {}) in --blades of the lost blade, where a fresh one now \
-                         listens (a set of at least 2 blades: with one, nothing else keeps a copy)",
-                        a.lost,
+                        "--lost {i}: give the places (0 to {}) in --blades of the lost blades, where fresh ones now \
+                         listen (a set of at least 2 blades: with one, nothing else keeps a copy)",
                         addrs.len().saturating_sub(1)
                     );
                 }
-                if a.lost == 0 && !a.db.is_empty() {
+                if lost.len() >= addrs.len() {
+                    bail!("--lost names every blade of the list: nothing is left to rebuild them from");
+                }
+                if lost[..2.min(lost.len())] == [0, 1] {
+                    bail!(
+                        "--lost 0,1: blades 0 and 1 cannot be rebuilt together: blade 0's catalogs and registries are \
+                         mirrored on blade 1 alone, and the set's identity is kept by blade 1"
+                    );
+                }
+                if lost[0] == 0 && !a.db.is_empty() {
                     bail!("--db does not apply to --lost 0: blade 0 held every database's catalog, and all come back");
                 }
-                Ok(Config { session, job: Job::Rebuild(RebuildJob { lost: a.lost, dbs: a.db.clone() }) })
+                Ok(Config { session, job: Job::Rebuild(RebuildJob { lost, dbs: a.db.clone() }) })
             }
             Cmd::Table(a) => table_config(a),
             Cmd::Merge(_) => bail!("merge reads records and needs no blades (run it as a command of its own)"),

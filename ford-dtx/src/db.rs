@@ -137,7 +137,68 @@ pub(crate) fn chain_within(blades: &[BladeInfo], t: &Table, home: GlobalAddr, ho
 
 /// The named root on blade 0 that says a rebuild of the blade it names is
 /// in progress (until it is done, no database opens but for the rebuild).
+/// A rebuild of several blades names the first here, and each other one in
+/// a root of its own ([`mark_rebuilding`]).
 pub const REBUILDING: &str = "ford:rebuilding";
+
+/// The named root (on blade 0) that says blade `i` is rebuilt together with
+/// the one [`REBUILDING`] names.
+fn rebuilding_also(i: u16) -> String {
+    format!("{REBUILDING}:{i}")
+}
+
+/// Marks a rebuild of blades `lost` (sorted, at least one) as in progress,
+/// on blade 0: [`REBUILDING`] names the first, set last.
+///
+/// # Errors
+/// Verb errors; a full root directory.
+pub async fn mark_rebuilding(ctx: &Ctx, lost: &[u16]) -> Result<()> {
+    let n = ctx.blades().len() as u16;
+    for i in (0..n).filter(|i| !lost[1..].contains(i)) {
+        ctx.drop_root(0, &rebuilding_also(i)).await?;
+    }
+    for &i in &lost[1..] {
+        ctx.set_root(0, &rebuilding_also(i), GlobalAddr::new(i, smart_core::layout::HEAP_START)).await?;
+    }
+    ctx.set_root(0, REBUILDING, GlobalAddr::new(lost[0], smart_core::layout::HEAP_START)).await?;
+    Ok(())
+}
+
+/// Ends the mark of [`mark_rebuilding`]: [`REBUILDING`] first.
+///
+/// # Errors
+/// Verb errors.
+pub async fn unmark_rebuilding(ctx: &Ctx) -> Result<()> {
+    ctx.drop_root(0, REBUILDING).await?;
+    for i in 0..ctx.blades().len() as u16 {
+        ctx.drop_root(0, &rebuilding_also(i)).await?;
+    }
+    Ok(())
+}
+
+/// The blades a rebuild in progress is rebuilding (sorted), if one is.
+///
+/// # Errors
+/// Verb errors; a damaged root.
+pub async fn rebuilding(ctx: &Ctx) -> Result<Option<Vec<u16>>> {
+    let Some(first) = ctx.root(0, REBUILDING).await? else { return Ok(None) };
+    let mut lost = vec![first.blade()];
+    for i in 0..ctx.blades().len() as u16 {
+        if i != first.blade() && ctx.root(0, &rebuilding_also(i)).await?.is_some() {
+            lost.push(i);
+        }
+    }
+    lost.sort_unstable();
+    Ok(Some(lost))
+}
+
+/// "memory blade 1 is" or "memory blades 1,2 are", for messages.
+pub fn blades_are(lost: &[u16]) -> String {
+    match lost {
+        [one] => format!("memory blade {one} is"),
+        _ => format!("memory blades {} are", crate::rebuild::blade_list(lost)),
+    }
+}
 
 /// The named root (on blade 0) of database `name`'s catalog, `ford:NAME`.
 pub fn root_name(name: &str) -> String {
@@ -166,11 +227,12 @@ impl Db {
     /// A catalog that is not one, or made for another number of blades;
     /// verb errors.
     pub async fn open(ctx: &Ctx, name: &str) -> Result<Option<Db>> {
-        if let Some(at) = ctx.root(0, REBUILDING).await? {
+        if let Some(lost) = rebuilding(ctx).await? {
             return Err(DtxError::Config(format!(
-                "memory blade {b} is being rebuilt (a `compute-blade rebuild --lost {b}` did not finish): run it again \
-                 before anything else",
-                b = at.blade()
+                "{} being rebuilt (a `compute-blade rebuild --lost {}` did not finish): run it again before anything \
+                 else",
+                blades_are(&lost),
+                crate::rebuild::blade_list(&lost)
             )));
         }
         Db::open_unguarded(ctx, name).await

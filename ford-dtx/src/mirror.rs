@@ -240,10 +240,18 @@ impl Mirror {
     /// The end (an offset on blade 0) of the catalog, the registry and the
     /// registrations' undo log areas there.
     pub fn end_on_blade0(&self) -> u64 {
-        let mut end = (self.catalog_at.offset() + catalog::BYTES as u64)
-            .max(self.db.registry.offset() + registry::SLOTS * registry::SLOT);
+        (self.catalog_at.offset() + catalog::BYTES as u64)
+            .max(self.db.registry.offset() + registry::SLOTS * registry::SLOT)
+            .max(self.logs_end_on(0))
+    }
+
+    /// The end (an offset on `blade`) of the undo log areas there of the
+    /// registrations it names; 0 if none (while blade 0 is lost, its
+    /// registry cannot say where they are).
+    pub fn logs_end_on(&self, blade: u16) -> u64 {
+        let mut end = 0;
         for s in &self.slots {
-            if s.claim != 0 && s.log.blade() == 0 && !s.log.is_null() {
+            if s.claim != 0 && s.log.blade() == blade && !s.log.is_null() {
                 end = end.max(s.log.offset() + s.threads * s.coroutines * crate::registry::ring_bytes(&self.db));
             }
         }

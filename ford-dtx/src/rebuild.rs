@@ -22,6 +22,12 @@
 //! rebuild of blade 0 first writes them back from the database's mirror on
 //! blade 1 ([`crate::mirror::restore`]).
 //!
+//! Several blades lost together are rebuilt at once, each copy from a
+//! replica on none of them: with k replicas, any k − 1 blades (blades 0
+//! and 1 not both, since blade 0's catalog and registry are mirrored on
+//! blade 1 alone). A table all of whose copies were on the lost blades is
+//! refused by name.
+//!
 //! Limits: a database with one replica cannot be rebuilt; a chain whose
 //! surviving copies do not link (a database made before chains were kept on
 //! every replica, whose primary was lost) is reported and not rebuilt past
@@ -35,7 +41,7 @@ use crate::layout::{self, MAX_REPLICAS, SLOTS};
 use crate::recovery::Arrays;
 use crate::registry::slots;
 
-/// What [`rebuild`] wrote on the lost blade.
+/// What [`rebuild`] wrote on the lost blades.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Rebuilt {
     /// Bucket arrays written again (a table's copy on the lost blade).
@@ -44,34 +50,53 @@ pub struct Rebuilt {
     pub overflow: u64,
     /// Bytes written.
     pub bytes: u64,
-    /// Registry slots whose undo log area was on the lost blade (written
-    /// again empty: a dead compute blade's entries there are lost).
+    /// Registry slots whose undo log area was on a lost blade (written again
+    /// empty: a dead compute blade's entries there are lost).
     pub log_areas: u64,
 }
 
-/// The replicas of table `t` on blade `lost`, and the one to copy them
-/// from (the first not there); `None` if it has none there.
-fn lost_and_source(t: &Table, replicas: usize, lost: u16) -> Option<(Vec<usize>, usize)> {
-    let on_lost: Vec<usize> = (0..replicas).filter(|r| t.base[*r].blade() == lost).collect();
-    let s = (0..replicas).find(|r| t.base[*r].blade() != lost)?;
-    (!on_lost.is_empty()).then_some((on_lost, s))
+/// The replicas of table `t` on the `lost` blades, and the one to copy
+/// them from (the first on none of them); `None` if it has none there.
+///
+/// # Errors
+/// [`DtxError::Config`] if every replica was on a lost blade.
+fn lost_and_source(db: &Db, t: &Table, lost: &[u16]) -> Result<Option<(Vec<usize>, usize)>> {
+    let on_lost: Vec<usize> = (0..db.replicas).filter(|r| lost.contains(&t.base[*r].blade())).collect();
+    if on_lost.is_empty() {
+        return Ok(None);
+    }
+    let Some(s) = (0..db.replicas).find(|r| !lost.contains(&t.base[*r].blade())) else {
+        return Err(DtxError::Config(format!(
+            "database {}: every copy of table {} ({} replicas, on memory blades {}) was on the lost blades: its \
+             records are lost",
+            db.name,
+            t.id,
+            db.replicas,
+            blade_list(&t.base[..db.replicas].iter().map(|b| b.blade()).collect::<Vec<_>>())
+        )));
+    };
+    Ok(Some((on_lost, s)))
 }
 
-/// The undo log areas of registry slots that are on blade `lost`.
-async fn logs_on(ctx: &Ctx, db: &Db, lost: u16) -> Result<Vec<(GlobalAddr, u64)>> {
+/// Blade indexes as a list for messages and `--lost`: `1,2`.
+pub fn blade_list(blades: &[u16]) -> String {
+    blades.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The undo log areas of registry slots that are on the `lost` blades.
+async fn logs_on(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Vec<(GlobalAddr, u64)>> {
     let mut out = Vec::new();
     for s in slots(ctx, db).await? {
-        if s.log.blade() == lost && !s.log.is_null() {
+        if lost.contains(&s.log.blade()) && !s.log.is_null() {
             out.extend(s.log_area(ctx, db)?);
         }
     }
     Ok(out)
 }
 
-/// Every bucket of every chain of table `t` that has a copy on blade
-/// `lost`, as the copies of each (the home bucket first), walked on replica
-/// `s` (which has none on `lost`). Calls `f(chain)` per home bucket whose
-/// chain has an overflow bucket.
+/// Every chain of table `t`, as the copies of each bucket (the home bucket
+/// first), walked on replica `s` (which has none on a lost blade). Calls
+/// `f(chain)` per home bucket whose chain has an overflow bucket.
 async fn chains<F>(ctx: &Ctx, t: &Table, replicas: usize, s: usize, mut f: F) -> Result<()>
 where
     F: FnMut(&[[GlobalAddr; MAX_REPLICAS]]),
@@ -101,56 +126,65 @@ where
     Ok(())
 }
 
-/// The end (an offset) of what database `db` has on blade `lost`: its
-/// bucket arrays, overflow buckets and undo log areas there; 0 if nothing.
+/// The end (an offset) of what database `db` has on each of the `lost`
+/// blades (in that order): its bucket arrays, overflow buckets and undo log
+/// areas there (the log areas as the registry on blade 0 names them); 0
+/// where nothing.
 ///
 /// # Errors
-/// [`DtxError::Config`] if the database has one replica; a chain that
-/// cannot be walked on a surviving replica; verb errors.
-pub async fn extent_on(ctx: &Ctx, db: &Db, lost: u16) -> Result<u64> {
+/// [`DtxError::Config`] if the database has one replica, or a table kept
+/// every copy on the lost blades; a chain that cannot be walked on a
+/// surviving replica; verb errors.
+pub async fn extents_on(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Vec<u64>> {
     refuse_unrebuildable(db, lost)?;
-    let mut end = 0;
+    let mut end = vec![0; lost.len()];
+    let mut grow = |at: GlobalAddr, bytes: u64| {
+        if let Some(i) = lost.iter().position(|b| *b == at.blade()) {
+            end[i] = end[i].max(at.offset() + bytes);
+        }
+    };
     for t in &db.tables {
-        let Some((on_lost, s)) = lost_and_source(t, db.replicas, lost) else { continue };
+        let Some((on_lost, s)) = lost_and_source(db, t, lost)? else { continue };
         let bb = t.bucket_bytes();
         for r in on_lost {
-            end = end.max(t.base[r].offset() + t.buckets * bb);
+            grow(t.base[r], t.buckets * bb);
         }
         chains(ctx, t, db.replicas, s, |chain| {
-            for c in chain.iter().flatten().filter(|c| c.blade() == lost) {
-                end = end.max(c.offset() + bb);
+            for c in chain.iter().flatten() {
+                grow(*c, bb);
             }
         })
         .await?;
     }
     for (at, bytes) in logs_on(ctx, db, lost).await? {
-        end = end.max(at.offset() + bytes);
+        grow(at, bytes);
     }
     Ok(end)
 }
 
-fn refuse_unrebuildable(db: &Db, lost: u16) -> Result<()> {
+fn refuse_unrebuildable(db: &Db, lost: &[u16]) -> Result<()> {
     if db.replicas < 2 {
         return Err(DtxError::Config(format!(
-            "database {} keeps one copy of each record (--replicas 1): what was on memory blade {lost} is lost",
-            db.name
+            "database {} keeps one copy of each record (--replicas 1): what was on memory blades {} is lost",
+            db.name,
+            blade_list(lost)
         )));
     }
     Ok(())
 }
 
-/// Writes what database `db` had on blade `lost` again, in place, from the
-/// other replicas (see the module docs). The blade must have been adopted
-/// and its heap reserved past [`extent_on`]. No compute blade may run on
-/// the database meanwhile.
+/// Writes what database `db` had on the `lost` blades again, in place, from
+/// the other replicas (see the module docs). The blades must have been
+/// adopted and their heaps reserved past [`extents_on`]. No compute blade
+/// may run on the database meanwhile.
 ///
 /// # Errors
-/// As [`extent_on`]; verb errors. Idempotent: run again after a failure.
-pub async fn rebuild(ctx: &Ctx, db: &Db, lost: u16) -> Result<Rebuilt> {
+/// As [`extents_on`]; verb errors. Idempotent: run again after a failure.
+pub async fn rebuild(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Rebuilt> {
     refuse_unrebuildable(db, lost)?;
     let mut out = Rebuilt::default();
     for t in &db.tables {
-        let Some((on_lost, s)) = lost_and_source(t, db.replicas, lost) else { continue };
+        let Some((on_lost, s)) = lost_and_source(db, t, lost)? else { continue };
         let bb = t.bucket_bytes();
         // The arrays: the source's buckets, lock words and headers cleared
         // (the chain words are written below).

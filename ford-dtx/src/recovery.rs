@@ -94,28 +94,28 @@ pub enum Which {
 /// # Errors
 /// A corrupt log; verb errors (recovery can then be run again).
 pub async fn recover(ctx: &Ctx, db: &Db, which: Which) -> Result<Vec<Recovered>> {
-    recover_all(ctx, db, which, None).await
+    recover_all(ctx, db, which, &[]).await
 }
 
-/// [`recover`] of registrations `which` after memory blade `lost` was
-/// lost and its copies rebuilt ([`crate::rebuild`]): the lock words of
-/// primaries that were on it are lost, so a transaction whose items'
+/// [`recover`] of registrations `which` after memory blades `lost` were
+/// lost and their copies rebuilt ([`crate::rebuild`]): the lock words of
+/// primaries that were on them are lost, so a transaction whose items'
 /// primaries were all there is decided by its surviving copies instead:
 /// if some surviving copy still has an item's old version, the write did
 /// not finish, and it is rolled back; else it had written every surviving
 /// copy (or is long finished), and it stands. (With some primaries
 /// surviving, their locks decide as in [`recover`].) A registration whose
-/// log area was on the lost blade lost its undo log: its locks are
+/// log area was on a lost blade lost its undo log: its locks are
 /// released, and it is reported ([`Recovered::log_lost`]): a transaction of
 /// it that was writing when it died cannot be rolled back.
 ///
 /// # Errors
 /// As [`recover`].
-pub async fn recover_after_loss(ctx: &Ctx, db: &Db, lost: u16, which: Which) -> Result<Vec<Recovered>> {
-    recover_all(ctx, db, which, Some(lost)).await
+pub async fn recover_after_loss(ctx: &Ctx, db: &Db, lost: &[u16], which: Which) -> Result<Vec<Recovered>> {
+    recover_all(ctx, db, which, lost).await
 }
 
-async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: Option<u16>) -> Result<Vec<Recovered>> {
+async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: &[u16]) -> Result<Vec<Recovered>> {
     let now = now_ms();
     let mut out = Vec::new();
     for s in slots(ctx, db).await? {
@@ -189,7 +189,7 @@ fn parse_entry(e: &[u8], nonce: u64, db: &Db) -> Option<(u64, Vec<EntryItem>)> {
     Some((w(24), out))
 }
 
-async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: Option<u16>, fenced: Fencing) -> Result<Recovered> {
+async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: &[u16], fenced: Fencing) -> Result<Recovered> {
     let mut rep = Recovered {
         slot: s.slot,
         pid: s.pid,
@@ -202,7 +202,7 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: Option<u16>, fence
         fenced,
     };
     let entry_bytes = log::entry_bytes(db.max_value);
-    let on_lost = |a: GlobalAddr| Some(a.blade()) == lost;
+    let on_lost = |a: GlobalAddr| lost.contains(&a.blade());
     let area = s.log_area(ctx, db)?;
     rep.log_lost = area.is_some_and(|(at, _)| on_lost(at));
     if let Some((at, bytes)) = area.filter(|_| !rep.log_lost) {
@@ -212,7 +212,7 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: Option<u16>, fence
             let Some((lw, items)) = parse_entry(e, s.nonce(), db) else { continue };
             rep.entries += 1;
             // Whether each item's primary still holds the lock (None: the
-            // primary was on the lost blade, and its lock word with it).
+            // primary was on a lost blade, and its lock word with it).
             let mut held = Vec::with_capacity(items.len());
             for it in &items {
                 held.push(if on_lost(it.loc[0]) {
@@ -265,12 +265,12 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: Option<u16>, fence
     Ok(rep)
 }
 
-/// Whether some surviving copy (not on blade `lost`) of an item of a logged
-/// transaction still has the item's old version: its writes did not
-/// finish.
-async fn unfinished(ctx: &Ctx, db: &Db, items: &[EntryItem], lost: Option<u16>) -> Result<bool> {
+/// Whether some surviving copy (on none of the `lost` blades) of an item of
+/// a logged transaction still has the item's old version: its writes did
+/// not finish.
+async fn unfinished(ctx: &Ctx, db: &Db, items: &[EntryItem], lost: &[u16]) -> Result<bool> {
     for it in items {
-        for at in it.loc.iter().take(db.replicas).filter(|a| Some(a.blade()) != lost) {
+        for at in it.loc.iter().take(db.replicas).filter(|a| !lost.contains(&a.blade())) {
             if ctx.read_u64(at.add(layout::VERSION)).await? == it.old_version {
                 return Ok(true);
             }

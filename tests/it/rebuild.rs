@@ -267,6 +267,10 @@ fn a_second_lost_blade_is_not_taken_into_the_set_by_a_rebuild() {
     smallbank(&addrs.join(","), "rb2-sb.json");
     lose(&mut blades, &mut addrs, 1);
     let list = lose(&mut blades, &mut addrs, 2);
+    // Together: table 1 kept both its copies on blades 1 and 2.
+    let (code, text) = rebuild(&list, "1,2");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("every copy of table 1 (2 replicas, on memory blades 1,2) was on the lost blades"), "{text}");
     for (lost, other) in [("1", "2"), ("2", "1")] {
         let (code, text) = rebuild(&list, lost);
         assert_eq!(code, Some(1), "{text}");
@@ -277,6 +281,103 @@ fn a_second_lost_blade_is_not_taken_into_the_set_by_a_rebuild() {
     }
     let (code, _) = audit("smallbank", &list, "rb2-refused.json");
     assert_eq!(code, Some(1), "still refused");
+}
+
+/// With three replicas over three blades, any two blades lost together
+/// are rebuilt from the third in one `rebuild --lost I,J` (blade 0 too,
+/// with blade 1 kept: the mirrors are there), every row back and the audits
+/// clean; a rebuild of one of them alone is refused, naming the other.
+#[test]
+fn two_lost_blades_are_rebuilt_together_from_the_third_replica() {
+    let (mut blades, mut addrs) = three();
+    let list = addrs.join(",");
+    let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0", "--quiet", "--replicas", "3"];
+    let sb = run_json("rb3-sb.json", &[&SMALLBANK[..], &q[..]].concat());
+    let ta = run_json("rb3-tatp.json", &[&["tatp", "--subscribers", "2000", "--audit"], &q[..]].concat());
+    assert_eq!((sb["violations"].as_u64(), ta["violations"].as_u64()), (Some(0), Some(0)));
+    let rows_back = |list: &str, what: &str| {
+        for (w, before) in [("smallbank", &sb), ("tatp", &ta)] {
+            let (code, r) = audit(w, list, "rb3-audit.json");
+            assert_eq!(code, Some(0), "{what}: {w}: {r}");
+            assert_eq!(r["audit"]["db"]["live"], before["audit"]["db"]["live"], "{what}: {w}: every row is back");
+        }
+    };
+    for (i, j) in [(1, 2), (0, 2)] {
+        lose(&mut blades, &mut addrs, i);
+        let list = lose(&mut blades, &mut addrs, j);
+        let (code, text) = rebuild(&list, &i.to_string());
+        assert_eq!(code, Some(1), "{text}");
+        assert!(text.contains(&format!("memory blade {j}")) && text.contains("list every lost blade"), "{text}");
+        let (code, text) = rebuild(&list, &format!("{j},{i}"));
+        assert_eq!(code, Some(0), "{text}");
+        // Three tables and five, two copies of each on the lost blades.
+        assert!(text.contains(&format!("smallbank: rebuilt on memory blades {i},{j}: 6 bucket arrays")), "{text}");
+        assert!(text.contains(&format!("tatp: rebuilt on memory blades {i},{j}: 10 bucket arrays")), "{text}");
+        rows_back(&list, &format!("blades {i},{j}"));
+        let (code, text) = rebuild(&list, &format!("{i},{j}"));
+        assert!(code == Some(1) && text.contains("it was not lost"), "{text}");
+    }
+    // The rebuilt blades serve transactions.
+    let list = addrs.join(",");
+    let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0", "--quiet", "--replicas", "3"];
+    let again = run_json("rb3-again.json", &[&SMALLBANK[..], &q[..]].concat());
+    assert_eq!(again["violations"].as_u64(), Some(0), "{again}");
+    // Blades 0 and 1 together took the mirrors and the set's identity.
+    let out = compute(&["rebuild", "--blades", &list, "--lost", "0,1"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("cannot be rebuilt together"));
+}
+
+/// A rebuild of two blades that stopped between the two adoptions (its
+/// mark set, the first blade adopted, the second not): other commands
+/// refuse the database, a rebuild of the first blade alone is refused, and
+/// the same rebuild run again adopts the second and finishes. For blades 1
+/// and 2, and for blades 0 and 2.
+#[test]
+fn a_rebuild_of_two_blades_that_stopped_between_the_adoptions_resumes() {
+    use smart_core::layout::{set_place, OFF_IDENTITY, OFF_SET_NEXT, OFF_SET_PLACE};
+    use smart_core::{GlobalAddr, Runtime, RuntimeConfig, TcpTransport};
+    for (first, refused) in
+        [(1u16, "the rebuild in progress is of memory blades 1,2"), (0, "memory blade 2 has no place")]
+    {
+        let (mut blades, mut addrs) = three();
+        let q = ["--blades", &addrs.join(","), "--duration", "0.3", "--warmup", "0", "--quiet", "--replicas", "3"];
+        let sb = run_json("rb2r-sb.json", &[&SMALLBANK[..], &q[..]].concat());
+        lose(&mut blades, &mut addrs, usize::from(first));
+        let list = lose(&mut blades, &mut addrs, 2);
+        let t = TcpTransport::connect(&addrs).unwrap();
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            ford_dtx::db::mark_rebuilding(&ctx, &[first, 2]).await.unwrap();
+            // What the adoption writes for the first blade, and no more.
+            let word = |b: u16, off: u64| ctx.read_u64(GlobalAddr::new(b, off));
+            let (new, new2) = (word(first, OFF_IDENTITY).await.unwrap(), word(2, OFF_IDENTITY).await.unwrap());
+            let head = if first == 0 {
+                let head = word(1, OFF_SET_PLACE).await.unwrap() & !0xffff;
+                let old = head | (new & 0xffff);
+                assert_eq!(ctx.cas(GlobalAddr::new(0, OFF_IDENTITY), new, old).await.unwrap(), new);
+                head
+            } else {
+                let old = word(0, OFF_SET_NEXT).await.unwrap();
+                assert_eq!(ctx.cas(GlobalAddr::new(0, OFF_SET_NEXT), old, new).await.unwrap(), old);
+                word(0, OFF_IDENTITY).await.unwrap()
+            };
+            ctx.cas(GlobalAddr::new(first, OFF_SET_PLACE), 0, set_place(head, first)).await.unwrap();
+            let next = if first == 0 { word(1, OFF_IDENTITY).await.unwrap() } else { new2 };
+            ctx.cas(GlobalAddr::new(first, OFF_SET_NEXT), 0, next).await.unwrap();
+        });
+        drop(rt);
+        let (code, r) = audit("smallbank", &list, "rb2r-refused.json");
+        assert_eq!(code, Some(1), "{r}");
+        let (code, text) = rebuild(&list, &first.to_string());
+        assert!(code == Some(1) && text.contains(refused), "{text}");
+        let (code, text) = rebuild(&list, &format!("{first},2"));
+        assert_eq!(code, Some(0), "{text}");
+        let (code, r) = audit("smallbank", &list, "rb2r-audit.json");
+        assert_eq!(code, Some(0), "{r}");
+        assert_eq!(r["audit"]["db"]["live"], sb["audit"]["db"]["live"], "every row is back");
+        assert_eq!(r["audit"]["balances"], r["audit"]["expected"], "{r}");
+    }
 }
 
 /// A mirror that went wrong (a word of its catalog's copy changed) fails

@@ -384,37 +384,69 @@ fn a_compute_blade_whose_lease_lapsed_stops_locking_and_committing() {
     ok.close(&*t).unwrap();
 }
 
+/// Items of a transaction: (table, key).
+type Item = (u32, u64);
+
+/// A transaction cut short in its commit: what it is, its items, the copies
+/// its WRITEs had reached (table, key, replica), and whether it must stand.
+type LossCase<'a> = (&'a str, [Item; 2], &'a [(u32, u64, usize)], bool);
+
 #[test]
 fn a_transaction_cut_short_when_a_blade_is_lost_is_settled_by_what_survives() {
-    use ford_dtx::layout::{self, LOCK};
-    use ford_dtx::recovery::{recover_after_loss, scan};
-
-    // Items: (table, key). Table 0 lives on blades 0 (primary) and 1, table
-    // 1 on blades 1 (primary) and 2; blade 1 is lost. Each case: the items
-    // of a transaction cut short in its commit, the copies its WRITEs had
-    // reached (table, key, replica), and whether it must stand.
-    type Item = (u32, u64);
-    type Case<'a> = (&'a str, [Item; 2], &'a [(u32, u64, usize)], bool);
-    let cases: [Case<'_>; 3] = [
+    // Table 0 lives on blades 0 (primary) and 1, table 1 on blades 1
+    // (primary) and 2; blade 1 is lost.
+    let cases: [LossCase<'_>; 3] = [
         ("one primary lost, one surviving and locked", [(1, 0), (0, 0)], &[(1, 0, 1)], false),
         ("both primaries lost, one surviving copy written", [(1, 0), (1, 1)], &[(1, 0, 1)], false),
         ("both primaries lost, every surviving copy written", [(1, 0), (1, 1)], &[(1, 0, 1), (1, 1, 1)], true),
     ];
-    for (what, items, written, stands) in cases {
-        let b = backends::embedded(3);
+    settled_after_loss(3, 2, &[1], &[vec![0, 1], vec![1, 2]], &cases);
+}
+
+#[test]
+fn a_transaction_cut_short_when_two_blades_are_lost_is_settled_by_what_survives() {
+    // Three replicas over four blades: table 0 on blades 0 (primary), 1 and
+    // 2, table 1 on blades 1 (primary), 2 and 3; blades 1 and 2 are lost, so
+    // table 1 keeps one copy (replica 2, on blade 3).
+    let cases: [LossCase<'_>; 3] = [
+        ("one primary lost, one surviving and locked", [(1, 0), (0, 0)], &[(1, 0, 1)], false),
+        ("both primaries lost, only lost copies written", [(1, 0), (1, 1)], &[(1, 0, 0), (1, 1, 1)], false),
+        ("both primaries lost, the surviving copies written", [(1, 0), (1, 1)], &[(1, 0, 2), (1, 1, 2)], true),
+    ];
+    settled_after_loss(4, 3, &[1, 2], &[vec![0, 1, 2], vec![1, 2, 3]], &cases);
+}
+
+/// Each case on `blades` embedded blades, a database of two tables with
+/// `replicas` copies (placed on the blades `placed` names), of which blades
+/// `lost` are lost after the transaction died: rebuilt, recovered, audited.
+fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Vec<u16>], cases: &[LossCase<'_>]) {
+    use ford_dtx::layout::{self, LOCK};
+    use ford_dtx::recovery::{recover_after_loss, scan};
+
+    for &(what, items, written, stands) in cases {
+        let b = backends::embedded(blades);
         let t: Arc<dyn Transport> = b.transport.clone();
-        let (mut rt, db, first) = open(&t, &spec("loss", &[8, 8], 16, 2), 1, 1);
-        // The transaction's compute blade: registry slot 2, whose undo log
-        // is on blade 2 (slot 1's is on blade 1, the lost one).
-        let reg = join(&t, &db);
-        assert_eq!(reg.slot(), 2);
-        let placed: Vec<[u16; 2]> =
-            (0..2).map(|i| [db.table(i).base[0].blade(), db.table(i).base[1].blade()]).collect();
-        assert_eq!(placed, vec![[0, 1], [1, 2]]);
+        let (mut rt, db, first) = open(&t, &spec("loss", &[8, 8], 16, replicas), 1, 1);
+        // The transaction's compute blade: the first registration whose undo
+        // log is on a blade that is not lost (slot i's is on blade i mod n).
+        let mut others = Vec::new();
+        let reg = loop {
+            let r = join(&t, &db);
+            if !lost.contains(&(r.slot() % blades as u16)) {
+                break r;
+            }
+            others.push(r);
+        };
+        let on: Vec<Vec<u16>> = (0..2).map(|i| (0..replicas).map(|r| db.table(i).base[r].blade()).collect()).collect();
+        assert_eq!(on, placed);
         let dtx = reg.open_thread(rt.ctx());
         let slot = reg.slot();
         let (ctx, d) = (rt.ctx(), db.clone());
+        let (what, written, lost) = (what.to_string(), written.to_vec(), lost.to_vec());
         let ok = rt.block_on(async move {
+            let lost = &lost[..];
+            let log = ford_dtx::registry::slots(&ctx, &d).await.unwrap().into_iter().find(|s| s.slot == slot);
+            assert!(!lost.contains(&log.unwrap().log.blade()), "{what}: the undo log survives");
             for table in 0..2 {
                 for key in 0..2 {
                     insert_one(&dtx, table, key, START).await.unwrap();
@@ -423,9 +455,12 @@ fn a_transaction_cut_short_when_a_blade_is_lost_is_settled_by_what_survives() {
             // Every copy of every row, before the transaction.
             let mut before = std::collections::HashMap::new();
             for table in 0..2u32 {
-                scan(&ctx, d.table(table), 2, |v| {
+                scan(&ctx, d.table(table), replicas, |v| {
                     let key = layout::key_of(v.recs[0]).0;
-                    before.insert((table, key), (v.at, [v.recs[0].to_vec(), v.recs[1].to_vec()]));
+                    before.insert(
+                        (table, key),
+                        (v.at, v.recs[..replicas].iter().map(|r| r.to_vec()).collect::<Vec<_>>()),
+                    );
                 })
                 .await
                 .unwrap();
@@ -442,23 +477,25 @@ fn a_transaction_cut_short_when_a_blade_is_lost_is_settled_by_what_survives() {
             // the copies they reached.
             for (table, key) in items {
                 let (at, old) = &before[&(table, key)];
-                for r in 0..2 {
+                for r in 0..replicas {
                     if !written.contains(&(table, key, r)) {
                         ctx.write(at[r], &old[r]).await.unwrap();
                     }
                 }
                 ctx.write(at[0].add(LOCK), &lw.to_le_bytes()).await.unwrap();
             }
-            // Blade 1 is lost: its copies are gone.
+            // The lost blades' copies are gone.
+            let mut arrays = 0;
             for table in 0..2u32 {
                 let tb = d.table(table);
-                for r in (0..2).filter(|r| tb.base[*r].blade() == 1) {
+                for r in (0..replicas).filter(|r| lost.contains(&tb.base[*r].blade())) {
                     ctx.write_all(tb.base[r], &vec![0u8; (tb.buckets * tb.bucket_bytes()) as usize]).await.unwrap();
+                    arrays += 1;
                 }
             }
-            let rebuilt = ford_dtx::rebuild::rebuild(&ctx, &d, 1).await.unwrap();
-            assert_eq!(rebuilt.arrays, 2, "{what}");
-            let rec = recover_after_loss(&ctx, &d, 1, Which::Slot(slot)).await.unwrap();
+            let rebuilt = ford_dtx::rebuild::rebuild(&ctx, &d, lost).await.unwrap();
+            assert_eq!(rebuilt.arrays, arrays, "{what}");
+            let rec = recover_after_loss(&ctx, &d, lost, Which::Slot(slot)).await.unwrap();
             assert_eq!((rec[0].rolled_back, rec[0].log_lost), (u64::from(!stands), false), "{what}: {rec:?}");
             let mut rows = std::collections::HashMap::new();
             let rep = audit(&ctx, &d, |table, key, v| {
@@ -474,6 +511,7 @@ fn a_transaction_cut_short_when_a_blade_is_lost_is_settled_by_what_survives() {
         });
         assert!(ok);
         drop(reg);
+        drop(others);
         first.close(&*t).unwrap();
     }
 }

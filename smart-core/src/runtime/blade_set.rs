@@ -36,7 +36,7 @@ impl Ctx {
     /// # Errors
     /// [`Error::BladeSet`], [`Error::Layout`]; verb errors.
     pub async fn check_blade_set(&self) -> Result<()> {
-        let (seen, _) = self.set_words(0).await?;
+        let (seen, _) = self.set_words().await?;
         if let Some((blade, s)) = seen.iter().enumerate().find(|(_, s)| s.identity >> 16 == 0) {
             return Err(Error::Damaged {
                 blade: blade as u16,
@@ -89,12 +89,12 @@ impl Ctx {
 }
 
 impl Ctx {
-    /// The superblock words of every blade (identity, place, next), and the
-    /// heap pointer of blade `i`.
-    async fn set_words(&self, i: u16) -> Result<(Vec<Seen>, u64)> {
+    /// The superblock words of every blade (identity, place, next), and
+    /// every blade's heap pointer.
+    async fn set_words(&self) -> Result<(Vec<Seen>, Vec<u64>)> {
         let n = self.blades().len();
         let mut seen = Vec::with_capacity(n);
-        let mut heap = 0;
+        let mut heaps = Vec::with_capacity(n);
         for b in 0..n {
             let w = self.superblock(b as u16).await?;
             let word = |off: u64| w[off as usize / 8];
@@ -103,117 +103,172 @@ impl Ctx {
                 place: word(layout::OFF_SET_PLACE),
                 next: word(layout::OFF_SET_NEXT),
             });
-            if b == usize::from(i) {
-                heap = word(layout::OFF_HEAP);
-            }
+            heaps.push(word(layout::OFF_HEAP));
         }
-        Ok((seen, heap))
+        Ok((seen, heaps))
     }
 
-    /// Adopts a fresh memory blade as blade `i` of the set, in the place of
-    /// one that was lost (restarted without its backing file, or replaced),
-    /// for a rebuild of what it held from other blades' copies: checks that
-    /// blade `i` is fresh (no place in a set, nothing allocated) and that
-    /// the other blades form the set with the lost blade at `i`, then
-    /// records blade `i` in the set ([`Ctx::check_blade_set`] passes from
-    /// then on).
+    /// [`Ctx::adopt_blades`] of one blade, `i`.
+    ///
+    /// # Errors
+    /// As [`Ctx::adopt_blades`].
+    pub async fn adopt_blade(&self, i: u16) -> Result<()> {
+        self.adopt_blades(&[i]).await
+    }
+
+    /// Adopts fresh memory blades as blades `lost` of the set, in the places
+    /// of blades that were lost (restarted without their backing files, or
+    /// replaced), for a rebuild of what they held from other blades' copies:
+    /// checks that each is fresh (no place in a set, nothing allocated) and
+    /// that the other blades form the set with the lost blades at `lost`,
+    /// then records them in the set ([`Ctx::check_blade_set`] passes from
+    /// then on). Every lost blade of the set must be in `lost`: a blade of
+    /// the list with no place is refused otherwise.
     ///
     /// Every blade's place names the set by blade 0's identity (its top 48
     /// bits), so a blade adopted as blade 0 takes those bits of the lost
     /// blade 0's identity, which blade 1's place keeps (its own low 16 bits
     /// stay): the other blades' places then name it, and nothing else of
-    /// theirs changes. It needs a blade 1 that was in the set.
+    /// theirs changes. It needs a blade 1 that was in the set, so blades 0
+    /// and 1 cannot be adopted together.
+    ///
+    /// A lost blade is known by the identity its predecessor recorded as its
+    /// next blade; one whose predecessor was lost too is known by nothing
+    /// but its place in the list. Run again after it failed part-way, it
+    /// resumes: a blade of `lost` already adopted (its place recorded,
+    /// nothing allocated) is kept.
     ///
     /// # Errors
-    /// [`Error::BladeSet`] if blade `i` is not fresh, the others are not
-    /// the set, or (for blade 0) there is no blade 1 that knows the set;
+    /// [`Error::BladeSet`] if a blade of `lost` is not fresh, the others are
+    /// not the set, or (for blade 0) there is no blade 1 that knows the set;
     /// verb errors.
-    pub async fn adopt_blade(&self, i: u16) -> Result<()> {
+    pub async fn adopt_blades(&self, lost: &[u16]) -> Result<()> {
         let n = self.blades().len();
         let refuse = |blade, what: String| Err(Error::BladeSet { blade, what });
-        if usize::from(i) >= n {
+        let mut lost = lost.to_vec();
+        lost.sort_unstable();
+        lost.dedup();
+        let listed = lost.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+        if let Some(&i) = lost.iter().find(|&&i| usize::from(i) >= n) {
             return refuse(i, format!("there are {n} blades in this list"));
         }
-        if i == 0 && n < 2 {
+        let is_lost = |b: usize| lost.contains(&(b as u16));
+        if is_lost(0) && n < 2 {
             return refuse(
                 0,
                 "a set of one blade keeps no trace of it elsewhere: there is no set to adopt it into".into(),
             );
         }
-        let (seen, fresh_heap) = self.set_words(i).await?;
-        let new = seen[usize::from(i)];
-        if new.place != 0 || new.next != 0 || fresh_heap != layout::HEAP_START {
+        if is_lost(0) && is_lost(1) {
             return refuse(
-                i,
-                "is not a fresh memory blade: it has a place in a set, or memory in use (start a new memory-blade \
-                 process, without a backing file or on a new one, in the lost blade's place)"
+                1,
+                "blades 0 and 1 cannot both be adopted: the set is known by blade 0's identity, which only blade \
+                 1's place keeps"
                     .into(),
             );
         }
+        let (seen, heaps) = self.set_words().await?;
+        // The set's name (blade 0's identity's top 48 bits), as the blades
+        // that were not lost keep it.
+        let head = if is_lost(0) { seen[1].place & !0xffff } else { seen[0].identity & !0xffff };
+        let adopted = |b: usize| {
+            seen[b].place != 0 && seen[b].place == layout::set_place(head, b as u16) && heaps[b] == layout::HEAP_START
+        };
+        for &i in &lost {
+            let (b, new) = (usize::from(i), seen[usize::from(i)]);
+            let fresh = new.place == 0 && new.next == 0 && heaps[b] == layout::HEAP_START;
+            if !fresh && !adopted(b) {
+                return refuse(
+                    i,
+                    "is not a fresh memory blade: it has a place in a set, or memory in use (start a new memory-blade \
+                     process, without a backing file or on a new one, in the lost blade's place)"
+                        .into(),
+                );
+            }
+        }
         // Every other blade must have its place: one without is lost too
-        // (or new), and adopting this one would record it as this one's
-        // next blade, taking it into the set with nothing of what the lost
-        // one held.
-        if let Some(j) = (0..n).find(|&j| j != usize::from(i) && seen[j].place == 0) {
+        // (or new), and adopting these would record it as a next blade,
+        // taking it into the set with nothing of what the lost one held.
+        if let Some(j) = (0..n).find(|&j| !is_lost(j) && seen[j].place == 0) {
             return refuse(
                 j as u16,
                 format!(
-                    "has no place in the set either: it was lost too, or is new; a rebuild of blade {i} needs \
-                     every other blade of the set as it was"
+                    "has no place in the set either: it was lost too, or is new; a rebuild of blades {listed} needs \
+                     every other blade of the set as it was (list every lost blade in one rebuild)"
                 ),
             );
         }
-        // The lost blade as the others remember it.
-        let old = if i == 0 {
-            if seen[1].place & 0xffff != 1 || seen[1].place >> 16 == 0 {
-                return refuse(
-                    0,
-                    "blade 1 of this list has no place as blade 1 of a set: no blade 0 was lost here".into(),
-                );
-            }
-            Seen {
-                identity: (seen[1].place & !0xffff) | (new.identity & 0xffff),
-                place: layout::set_place(seen[1].place, 0),
-                next: seen[1].identity,
-            }
-        } else {
-            let old = seen[usize::from(i) - 1].next;
-            if old == 0 {
-                return refuse(
-                    i,
-                    format!("blade {} of this list never had a next blade: no blade was lost here", i - 1),
-                );
-            }
-            Seen { identity: old, place: 0, next: 0 }
-        };
-        // The others, judged as if the lost blade were still in its place.
+        // The lost blades as the others remember them.
         let mut was = seen.clone();
-        was[usize::from(i)] = old;
+        for &i in &lost {
+            let b = usize::from(i);
+            if adopted(b) {
+                continue;
+            }
+            was[b] = if b == 0 {
+                if seen[1].place & 0xffff != 1 || seen[1].place >> 16 == 0 {
+                    return refuse(
+                        0,
+                        "blade 1 of this list has no place as blade 1 of a set: no blade 0 was lost here".into(),
+                    );
+                }
+                Seen {
+                    identity: head | (seen[0].identity & 0xffff),
+                    place: layout::set_place(head, 0),
+                    next: seen[1].identity,
+                }
+            } else if is_lost(b - 1) {
+                // Its predecessor's record of it was lost with it.
+                Seen { identity: seen[b].identity, place: 0, next: 0 }
+            } else {
+                let old = seen[b - 1].next;
+                if old == 0 {
+                    return refuse(
+                        i,
+                        format!("blade {} of this list never had a next blade: no blade was lost here", b - 1),
+                    );
+                }
+                Seen { identity: old, place: 0, next: 0 }
+            };
+        }
+        // The others, judged as if the lost blades were still in their
+        // places.
         for (b, s) in was.iter().enumerate() {
-            if b != usize::from(i) {
+            if !is_lost(b) {
                 judge(&was, b, *s)?;
             }
         }
-        if seen.iter().enumerate().any(|(b, s)| b != usize::from(i) && s.identity == new.identity) {
-            return refuse(i, "has the identity of another blade in this list".into());
-        }
-        if i == 0 {
-            // Taking the set's bits is the adoption: once the identity word
-            // holds them, the others' places name this blade.
-            let at = GlobalAddr::new(0, layout::OFF_IDENTITY);
-            if self.cas(at, new.identity, old.identity).await? != new.identity {
-                return refuse(0, "another compute blade changed this blade meanwhile".into());
-            }
-        } else {
-            let prev = GlobalAddr::new(i - 1, layout::OFF_SET_NEXT);
-            if self.cas(prev, old.identity, new.identity).await? != old.identity {
-                return refuse(i, "another compute blade changed the set meanwhile".into());
+        for &i in &lost {
+            let b = usize::from(i);
+            if let Some(o) = (0..n).find(|&o| o != b && seen[o].identity == seen[b].identity) {
+                return refuse(i, format!("has the identity of memory blade {o} of this list"));
             }
         }
-        let head = if i == 0 { old.identity } else { seen[0].identity };
-        self.cas(GlobalAddr::new(i, layout::OFF_SET_PLACE), 0, layout::set_place(head, i)).await?;
-        if let Some(next) = seen.get(usize::from(i) + 1) {
-            self.cas(GlobalAddr::new(i, layout::OFF_SET_NEXT), 0, next.identity).await?;
+        for &i in &lost {
+            let b = usize::from(i);
+            if adopted(b) {
+                continue;
+            }
+            let (old, new) = (was[b], seen[b]);
+            if b == 0 {
+                // Taking the set's bits is the adoption: once the identity
+                // word holds them, the others' places name this blade.
+                let at = GlobalAddr::new(0, layout::OFF_IDENTITY);
+                if self.cas(at, new.identity, old.identity).await? != new.identity {
+                    return refuse(0, "another compute blade changed this blade meanwhile".into());
+                }
+            } else if !is_lost(b - 1) {
+                let prev = GlobalAddr::new(i - 1, layout::OFF_SET_NEXT);
+                if self.cas(prev, old.identity, new.identity).await? != old.identity {
+                    return refuse(i, "another compute blade changed the set meanwhile".into());
+                }
+            }
+            // (A lost predecessor, adopted just before, recorded this one as
+            // its next blade.)
+            self.cas(GlobalAddr::new(i, layout::OFF_SET_PLACE), 0, layout::set_place(head, i)).await?;
+            if let Some(next) = seen.get(b + 1) {
+                self.cas(GlobalAddr::new(i, layout::OFF_SET_NEXT), 0, next.identity).await?;
+            }
         }
         self.check_blade_set().await
     }
