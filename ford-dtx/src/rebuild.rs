@@ -8,7 +8,7 @@
 //! ones can be written again, **in place**: on a fresh blade adopted in the
 //! lost one's place ([`smart_core::Ctx::adopt_blade`]), whose heap is first
 //! marked in use up to the end of what the database had there
-//! ([`extent_on`], [`smart_core::Ctx::reserve_heap`]), every copy goes back
+//! ([`extents_on`], [`smart_core::Ctx::reserve_heap`]), every copy goes back
 //! to the address it had, so no address stored anywhere changes.
 //!
 //! [`rebuild`] copies each lost bucket array and overflow bucket from a
