@@ -172,6 +172,22 @@ impl BladeServer {
         Ok(self)
     }
 
+    /// Records the compute blades it refuses (revoked fence tags, see
+    /// [`crate::fence`]) in the file at `path` too, and refuses those the
+    /// file already names (a restart on the same backing file): use
+    /// [`crate::fence::log_path`] of the backing file. Returns how many it
+    /// refuses from the start.
+    ///
+    /// # Errors
+    /// The file cannot be opened, read or written, or is not a file of
+    /// revoked tags.
+    pub fn with_fence_log(mut self, path: &std::path::Path) -> io::Result<(Self, usize)> {
+        let identity = self.region.load_u64(layout::OFF_IDENTITY).map_err(io::Error::other)?;
+        let (fences, n) = Fences::persistent(path, identity)?;
+        self.fences = Arc::new(fences);
+        Ok((self, n))
+    }
+
     /// Also serves RDMA verbs clients: they get connection data for RC QPs
     /// through this port and then reach the region directly.
     pub fn with_verbs(mut self, verbs: Arc<dyn VerbsAcceptor>) -> Self {

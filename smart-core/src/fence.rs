@@ -36,9 +36,15 @@
 //! verbs never complete (their retries run out, or the client's request
 //! time-out does).
 //!
-//! The blade remembers the last [`REMEMBERED`] revoked tags, in memory: a
-//! blade restarted on its backing file forgets them, but also closed every
-//! connection it had.
+//! The blade remembers the last [`REMEMBERED`] revoked tags. A blade with a
+//! backing file also records each in a file beside it ([`log_path`]),
+//! synced to the disk before the revocation is answered, and reads them
+//! back when it restarts on that file: a compute blade taken for dead stays
+//! refused across the restart (its connections closed with the old process,
+//! and a new one, or a verbs QP it connects again after an error, names its
+//! revoked tag). The file starts with the blade's identity, so a backing
+//! file made anew starts with no revoked tags. An anonymous blade keeps
+//! them in memory only: its data dies with it too.
 
 #[cfg(loom)]
 use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -46,6 +52,8 @@ use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
 use std::collections::{HashSet, VecDeque};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// Revoked tags a blade remembers (the oldest are forgotten first).
@@ -154,11 +162,100 @@ struct State {
 #[derive(Debug, Default)]
 pub(crate) struct Fences {
     state: Mutex<State>,
+    /// Where revoked tags are recorded, if anywhere.
+    log: Option<Mutex<TagLog>>,
+}
+
+/// The first 8 bytes of a file of revoked tags; then the blade's identity
+/// (8 bytes, little-endian), then one 8-byte tag per revocation, oldest
+/// first.
+pub const LOG_MAGIC: &[u8; 8] = b"SRFENCE1";
+
+/// The file of revoked tags of a blade whose backing file is `backing`:
+/// beside it, named with `.revoked` added.
+pub fn log_path(backing: &Path) -> PathBuf {
+    let mut name = backing.as_os_str().to_owned();
+    name.push(".revoked");
+    PathBuf::from(name)
+}
+
+/// An open file of revoked tags.
+#[derive(Debug)]
+struct TagLog {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl TagLog {
+    /// Opens (or makes) the file at `path` for the blade of `identity`:
+    /// returns it and the tags it holds, the last [`REMEMBERED`] at most. A
+    /// file of another identity (its backing file was made anew) is started
+    /// again empty; a record cut short by a crash is dropped; a file
+    /// holding more than twice [`REMEMBERED`] tags is rewritten with the
+    /// newest.
+    fn open(path: &Path, identity: u64) -> io::Result<(TagLog, Vec<u64>)> {
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {what}", path.display()));
+        let mut file = std::fs::OpenOptions::new().read(true).append(true).create(true).open(path)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let header = |id: u64| [&LOG_MAGIC[..], &id.to_le_bytes()[..]].concat();
+        let mine = bytes.len() >= 16 && bytes[8..16] == identity.to_le_bytes();
+        if !bytes.is_empty() && (bytes.len() < 16 || &bytes[..8] != LOG_MAGIC) {
+            return Err(bad(format!(
+                "not a file of revoked tags (it does not start with {:?}): move it away",
+                String::from_utf8_lossy(LOG_MAGIC)
+            )));
+        }
+        let whole = if mine { 16 + (bytes.len() - 16) / 8 * 8 } else { 0 };
+        let mut tags: Vec<u64> = bytes[16.min(whole)..whole]
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        // A tag revoked again after it was forgotten is kept once, where it
+        // was revoked last.
+        let mut seen = HashSet::new();
+        tags.reverse();
+        tags.retain(|t| seen.insert(*t));
+        tags.truncate(REMEMBERED);
+        tags.reverse();
+        let mut log = TagLog { file, path: path.to_path_buf() };
+        if !mine || bytes.len() - 16 > 16 * REMEMBERED {
+            // Started again, or rewritten with the newest tags.
+            let body: Vec<u8> = tags.iter().flat_map(|t| t.to_le_bytes()).collect();
+            log.file.set_len(0)?;
+            log.file.write_all(&[header(identity), body].concat())?;
+            log.file.sync_all()?;
+        } else if whole < bytes.len() {
+            log.file.set_len(whole as u64)?;
+            log.file.sync_all()?;
+        }
+        Ok((log, tags))
+    }
+
+    /// Records `tag`, on the disk when it returns.
+    fn append(&mut self, tag: u64) -> io::Result<()> {
+        self.file.write_all(&tag.to_le_bytes())?;
+        self.file.sync_data()
+    }
 }
 
 impl Fences {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Fences that record revoked tags in the file at `path` for the blade
+    /// of `identity`, starting with the tags it holds (see [`TagLog`]):
+    /// returns them and how many tags they remember.
+    ///
+    /// # Errors
+    /// The file cannot be opened, read or written, or is not a file of
+    /// revoked tags.
+    pub(crate) fn persistent(path: &Path, identity: u64) -> io::Result<(Fences, usize)> {
+        let (log, tags) = TagLog::open(path, identity)?;
+        let n = tags.len();
+        let state = State { revoked: tags.iter().copied().collect(), order: tags.into(), conns: Vec::new() };
+        Ok((Fences { state: Mutex::new(state), log: Some(Mutex::new(log)) }, n))
     }
 
     /// A new connection's fence.
@@ -189,9 +286,10 @@ impl Fences {
     /// # Errors
     /// `me` was revoked meanwhile, or something held could not be stopped.
     pub(crate) fn revoke(&self, tag: u64, me: &ConnFence) -> Result<(), String> {
-        let victims: Vec<Arc<ConnFence>> = {
+        let (victims, new) = {
             let mut s = self.state();
-            if s.revoked.insert(tag) {
+            let new = s.revoked.insert(tag);
+            if new {
                 s.order.push_back(tag);
                 if s.order.len() > REMEMBERED {
                     let old = s.order.pop_front().expect("not empty");
@@ -203,8 +301,13 @@ impl Fences {
             for c in &v {
                 c.revoke();
             }
-            v
+            (v, new)
         };
+        if let (true, Some(log)) = (new, &self.log) {
+            // On the disk before the answer: a restart reads it back.
+            let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
+            log.append(tag).map_err(|e| format!("recording the revocation in {}: {e}", log.path.display()))?;
+        }
         let others = || victims.iter().filter(|c| !std::ptr::eq(Arc::as_ptr(c), me));
         if !others().all(|c| quiesce(c, me)) {
             return Err("this connection was revoked while it waited".into());
@@ -316,6 +419,60 @@ mod tests {
         assert!(f.remembers(2) && f.remembers(REMEMBERED as u64 + 1));
         assert!(f.revoke(2, &me).is_ok(), "revoking a remembered tag again keeps it once");
         assert!(f.remembers(2));
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("smart-fence-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    #[test]
+    fn revoked_tags_recorded_in_a_file_are_refused_after_a_restart() {
+        let p = scratch("restart");
+        let (f, n) = Fences::persistent(&p, 0xabc).unwrap();
+        assert_eq!(n, 0);
+        let me = f.attach();
+        assert!(f.revoke(7, &me).is_ok() && f.revoke(8, &me).is_ok() && f.revoke(7, &me).is_ok());
+        drop(f);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 16 + 2 * 8, "each tag once");
+        // A crash cut the last record short: it is dropped.
+        std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(&[1, 2, 3]).unwrap();
+        let (f, n) = Fences::persistent(&p, 0xabc).unwrap();
+        assert_eq!(n, 2);
+        let late = f.attach();
+        assert!(!f.tag(&late, 7), "refused after the restart");
+        assert!(f.tag(&f.attach(), 9));
+        assert!(f.revoke(9, &me).is_ok());
+        drop(f);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 16 + 3 * 8);
+        // The backing file made anew (another identity): nothing revoked.
+        let (f, n) = Fences::persistent(&p, 0xdef).unwrap();
+        assert_eq!(n, 0);
+        assert!(f.tag(&f.attach(), 7));
+        drop(f);
+        // Not such a file: refused, and left as it was.
+        std::fs::write(&p, b"hello, world, this is text").unwrap();
+        let err = Fences::persistent(&p, 0xdef).unwrap_err();
+        assert!(err.to_string().contains("not a file of revoked tags"), "{err}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"hello, world, this is text");
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_file_of_revoked_tags_is_rewritten_with_the_newest_when_it_grows_past_twice_the_limit() {
+        let p = scratch("compact");
+        let tags: Vec<u8> = (1..=2 * REMEMBERED as u64 + 1).flat_map(u64::to_le_bytes).collect();
+        std::fs::write(&p, [&LOG_MAGIC[..], &5u64.to_le_bytes(), &tags].concat()).unwrap();
+        let (f, n) = Fences::persistent(&p, 5).unwrap();
+        assert_eq!(n, REMEMBERED);
+        assert!(!f.remembers(REMEMBERED as u64 + 1) && f.remembers(REMEMBERED as u64 + 2));
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 16 + 8 * REMEMBERED as u64);
+        drop(f);
+        let (f, n) = Fences::persistent(&p, 5).unwrap();
+        assert_eq!(n, REMEMBERED);
+        assert!(f.remembers(2 * REMEMBERED as u64 + 1));
+        let _ = std::fs::remove_file(&p);
     }
 }
 

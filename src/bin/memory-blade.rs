@@ -120,5 +120,12 @@ fn set_up(args: &MemoryCli, link: &Link, region: &Arc<Region>) -> Result<BladeSe
     }
     #[cfg(not(feature = "verbs"))]
     let _ = link;
+    if let Some(p) = &args.backing_file {
+        // Last: a start that fails leaves no such file behind.
+        let log = smart_core::fence::log_path(p);
+        let (s, n) = server.with_fence_log(&log).with_context(|| format!("opening {}", log.display()))?;
+        server = s;
+        eprintln!("memory-blade: revoked compute blades recorded in {} ({n} refused from the start)", log.display());
+    }
     Ok(server)
 }

@@ -338,6 +338,48 @@ fn blade_flushes_its_backing_file_on_sigterm_and_restarts_with_the_data() {
     std::fs::remove_file(&file).unwrap();
 }
 
+/// A memory blade records the compute blades it refuses beside its backing
+/// file: SIGKILLed and restarted on the file, it still refuses a revoked
+/// one (a new connection naming it) and serves the others. A backing file
+/// made anew starts with none refused.
+#[test]
+fn a_blade_restarted_on_its_backing_file_still_refuses_a_revoked_compute_blade() {
+    use smart_core::{Fencing, Runtime, RuntimeConfig, TcpTransport};
+    let file = tmp("fenced.img");
+    let log = smart_core::fence::log_path(&file);
+    let _ = (std::fs::remove_file(&file), std::fs::remove_file(&log));
+    let f = file.to_str().unwrap();
+    let tagged = |tag| RuntimeConfig { fence_tag: tag, ..RuntimeConfig::default() };
+    let connect = |b: &Blade| TcpTransport::connect(std::slice::from_ref(&b.addr)).unwrap();
+    let mut blade = Blade::start(&["--backing-file", f, "--size", "8MiB"]);
+    let t = connect(&blade);
+    let owner = Runtime::new(&t, 0, tagged(42)).unwrap();
+    let rec = Runtime::new(&t, 1, tagged(0)).unwrap();
+    assert_eq!(rec.ctx().revoke(42).unwrap(), Fencing::Enforced(1));
+    drop((owner, rec, t));
+    kill9(&mut blade.child);
+    let blade = Blade::start(&["--backing-file", f]);
+    let t = connect(&blade);
+    let err = Runtime::new(&t, 0, tagged(42)).unwrap_err();
+    assert!(err.to_string().contains("a recovery revoked its registration"), "{err}");
+    let mut other = Runtime::new(&t, 1, tagged(43)).unwrap();
+    let ctx = other.ctx();
+    let v = other.block_on(async move {
+        let a = ctx.alloc(0, 64, 8).await.unwrap();
+        ctx.write(a, &7u64.to_le_bytes()).await.unwrap();
+        ctx.read_u64(a).await.unwrap()
+    });
+    assert_eq!(v, 7, "another compute blade is served");
+    drop((other, t, blade));
+    // The backing file made anew (the old one's data gone too).
+    std::fs::remove_file(&file).unwrap();
+    let blade = Blade::start(&["--backing-file", f, "--size", "8MiB"]);
+    let t = connect(&blade);
+    assert!(Runtime::new(&t, 0, tagged(42)).is_ok(), "a new blade refuses nobody");
+    drop((t, blade));
+    let _ = (std::fs::remove_file(&file), std::fs::remove_file(&log));
+}
+
 #[test]
 fn a_blade_refuses_bad_backing_files_and_sizes_without_leaving_files_behind() {
     let file = tmp("never-created");
