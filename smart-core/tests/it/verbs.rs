@@ -63,6 +63,61 @@ fn verbs_device_a_revoked_owner_runs_no_verb() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_"]
+fn verbs_device_a_revoked_owner_is_refused_after_the_blade_restarts() {
+    use std::sync::Arc;
+
+    use smart_core::backend::verbs::VerbsBlade;
+    use smart_core::blade::BladeServer;
+    use smart_core::region::Region;
+    use smart_core::{Fencing, Runtime, RuntimeConfig};
+
+    let device = std::env::var("SMART_RDMA_DEVICE").expect("set SMART_RDMA_DEVICE to an RDMA device (e.g. rxe0)");
+    let gid_index =
+        std::env::var("SMART_RDMA_GID_INDEX").ok().map(|g| g.parse().expect("SMART_RDMA_GID_INDEX is a number"));
+    let cfg = VerbsConfig { device: Some(device), gid_index };
+    let file = std::env::temp_dir().join(format!("smart-verbs-fenced-{}.img", std::process::id()));
+    let log = smart_core::fence::log_path(&file);
+    let _ = (std::fs::remove_file(&file), std::fs::remove_file(&log));
+    let tagged = |tag| RuntimeConfig {
+        fence_tag: tag,
+        request_timeout: Some(Duration::from_secs(3)),
+        ..RuntimeConfig::default()
+    };
+    // A blade on the file, with its record of revoked owners beside it.
+    let start = |size| {
+        let region = Arc::new(Region::file_backed(&file, size).unwrap());
+        let vb = VerbsBlade::open(region.clone(), &cfg).unwrap();
+        let (server, refused) =
+            BladeServer::bind("127.0.0.1:0", region).unwrap().with_verbs(Arc::new(vb)).with_fence_log(&log).unwrap();
+        let h = server.spawn().unwrap();
+        let t = VerbsTransport::connect(&[h.addr().to_string()], &cfg).unwrap();
+        (h, t, refused)
+    };
+    let (h, t, refused) = start(Some(8 << 20));
+    assert_eq!(refused, 0);
+    let owner = Runtime::new(&t, 0, tagged(42)).unwrap();
+    let rec = Runtime::new(&t, 1, tagged(0)).unwrap();
+    assert_eq!(rec.ctx().revoke(42).unwrap(), Fencing::Enforced(1));
+    drop((owner, rec, t, h));
+    // Started again on the file: owner 42's QPs are refused, others run.
+    let (h, t, refused) = start(None);
+    assert_eq!(refused, 1);
+    let err = Runtime::new(&t, 0, tagged(42)).unwrap_err();
+    assert!(err.to_string().contains("revoked its registration"), "{err}");
+    let mut other = Runtime::new(&t, 1, tagged(43)).unwrap();
+    let ctx = other.ctx();
+    let v = other.block_on(async move {
+        let a = ctx.alloc(0, 64, 8).await.unwrap();
+        ctx.faa(a, 5).await.unwrap();
+        ctx.read_u64(a).await.unwrap()
+    });
+    assert_eq!(v, 5);
+    drop((other, t, h));
+    let _ = (std::fs::remove_file(&file), std::fs::remove_file(&log));
+}
+
+#[test]
 fn without_a_device_connecting_fails_fast_and_names_the_alternatives() {
     if std::env::var("SMART_RDMA_DEVICE").is_ok() {
         return; // a device is configured: the device tests cover this host
