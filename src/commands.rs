@@ -570,9 +570,15 @@ async fn resuming(ctx: &smart_core::Ctx, lost: &[u16]) -> std::result::Result<()
             ford_dtx::rebuild::blade_list(&marked),
             ford_dtx::rebuild::blade_list(&marked)
         ))),
+        None if lost.len() == 1 => Err(ford_dtx::DtxError::Config(format!(
+            "memory blade {} is the one this set had (or its rebuild finished): it was not lost, so nothing is \
+             rebuilt on it",
+            lost[0]
+        ))),
         None => Err(ford_dtx::DtxError::Config(format!(
-            "{} the one this set had (or its rebuild finished): it was not lost, so nothing is rebuilt on it",
-            ford_dtx::db::blades_are(lost)
+            "memory blades {} are the ones this set had (or their rebuild finished): they were not lost, so nothing \
+             is rebuilt on them",
+            ford_dtx::rebuild::blade_list(lost)
         ))),
     }
 }

@@ -315,7 +315,7 @@ fn two_lost_blades_are_rebuilt_together_from_the_third_replica() {
         assert!(text.contains(&format!("tatp: rebuilt on memory blades {i},{j}: 10 bucket arrays")), "{text}");
         rows_back(&list, &format!("blades {i},{j}"));
         let (code, text) = rebuild(&list, &format!("{i},{j}"));
-        assert!(code == Some(1) && text.contains("it was not lost"), "{text}");
+        assert!(code == Some(1) && text.contains("they were not lost"), "{text}");
     }
     // The rebuilt blades serve transactions.
     let list = addrs.join(",");
