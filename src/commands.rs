@@ -208,14 +208,17 @@ fn audit_line(a: &Audited) {
     if w.differ + w.missing > 0 {
         line += &format!(" | backup chain words differing {}, missing {}", w.differ, w.missing);
     }
-    let m = d.mirror;
+    let m = &d.mirror;
     if m.present == Some(false) {
-        line +=
-            " | no mirror on memory blade 1 (a database made before mirrors were kept: `recover --repair` writes one)";
+        line += &format!(
+            " | no mirror on memory blades {} (a database made before mirrors were kept there: `recover --repair` \
+             writes them)",
+            ford_dtx::rebuild::blade_list(&m.missing_on)
+        );
     }
     if m.violations() > 0 {
         line += &format!(
-            " | mirror: catalog {}, {} registrations missing (`recover --repair` writes it anew)",
+            " | mirrors: catalog {}, {} registrations missing (`recover --repair` writes them anew)",
             if m.catalog_differs { "differs or damaged" } else { "same" },
             m.registrations_missing
         );
@@ -459,17 +462,17 @@ fn repair(
     let mirrored = rt
         .block_on(async move {
             let c = ford_dtx::mirror::check(&ctx, &d).await?;
+            if c.violations() > 0 {
+                return ford_dtx::mirror::rewrite(&ctx, &d).await.map(|w| w.then_some("written anew (one was wrong)"));
+            }
             match c.present {
-                Some(false) => ford_dtx::mirror::ensure(&ctx, &d).await.map(|w| w.then_some("written")),
-                Some(true) if c.violations() > 0 => {
-                    ford_dtx::mirror::rewrite(&ctx, &d).await.map(|w| w.then_some("written anew (it was wrong)"))
-                }
+                Some(false) => ford_dtx::mirror::ensure(&ctx, &d).await.map(|w| w.then_some("written where missing")),
                 _ => Ok(None),
             }
         })
-        .map_err(|e| anyhow::anyhow!("repairing {name:?}: its mirror: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("repairing {name:?}: its mirrors: {e}"))?;
     if let Some(how) = mirrored {
-        println!("{name}: repair: its mirror on memory blade 1 {how}: blade 0 can be rebuilt from it");
+        println!("{name}: repair: its mirrors on the other memory blades {how}: blade 0 can be rebuilt from them");
     }
     let lease = std::time::Duration::from_secs(10);
     let reg = ford_dtx::Registration::register(t.clone(), db.clone(), 1, 1, lease)
@@ -658,9 +661,9 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
         }
         reserve_lost(&ctx, &lost, &targets).await?;
         let out = rebuild_copies(&ctx, &all, &lost, progress).await?;
-        if lost.contains(&ford_dtx::mirror::BLADE) {
-            // The mirrors were there: written again (no compute blade is
-            // registered now).
+        {
+            // Mirrors were on the lost blades: written again (no compute
+            // blade is registered now).
             for db in &all {
                 ford_dtx::mirror::ensure(&ctx, db).await?;
             }
@@ -764,17 +767,29 @@ fn rebuild_blade0(
     let lost = job.lost.clone();
     let (mirrors, adopted, targets) = rt.block_on(async move {
         let config = |m: String| Err(ford_dtx::DtxError::Config(m));
-        let mirrors = mirror::list(&ctx).await?;
+        // The mirrors of the first blade that was not lost.
+        let Some(from) = mirror::blades(&ctx).find(|b| !lost.contains(b)) else {
+            return config("every blade that keeps mirrors was lost: nothing says what blade 0 held".into());
+        };
+        let mirrors = mirror::list(&ctx, from).await?;
         if let Some(w) = wanted.iter().find(|w| !mirrors.iter().any(|m| &m.db.name == *w)) {
-            return config(format!("no mirror of a database {w:?} on memory blade 1"));
+            return config(format!("no mirror of a database {w:?} on memory blade {from}"));
         }
         if mirrors.is_empty() {
-            return config(
-                "no FORD database keeps a mirror on memory blade 1, so nothing says what blade 0 held (a database \
-                 made before mirrors were kept gets one from `compute-blade recover --repair`, run while blade 0 \
-                 lives)"
-                    .into(),
-            );
+            for k in mirror::blades(&ctx).filter(|b| *b != from && !lost.contains(b)) {
+                if !mirror::list(&ctx, k).await?.is_empty() {
+                    return config(format!(
+                        "memory blade {from} keeps no database mirror, but memory blade {k} does: memory blade {from} \
+                         was lost too, or is new (list every lost blade in one rebuild: --lost {},{from})",
+                        ford_dtx::rebuild::blade_list(&lost)
+                    ));
+                }
+            }
+            return config(format!(
+                "no FORD database keeps a mirror on memory blade {from}, so nothing says what blade 0 held (a \
+                 database made before mirrors were kept there gets one from `compute-blade recover --repair`, run \
+                 while blade 0 lives)"
+            ));
         }
         let adopted = ctx.check_blade_set().await.is_ok();
         if adopted {
@@ -841,6 +856,10 @@ fn rebuild_blade0(
         reserve_lost(&ctx, &lost, &targets).await?;
         let dbs: Vec<_> = mirrors.iter().map(|m| std::sync::Arc::new(m.db.clone())).collect();
         let out = rebuild_copies(&ctx, &dbs, &lost, progress).await?;
+        // The mirrors that were on the other lost blades.
+        for db in &dbs {
+            mirror::ensure(&ctx, db).await?;
+        }
         ford_dtx::db::unmark_rebuilding(&ctx).await?;
         Ok::<_, ford_dtx::DtxError>((mirrors.iter().map(|m| m.db.name.clone()).collect::<Vec<_>>(), out))
     })?;

@@ -275,12 +275,6 @@ impl Config {
                 if lost.len() >= addrs.len() {
                     bail!("--lost names every blade of the list: nothing is left to rebuild them from");
                 }
-                if lost[..2.min(lost.len())] == [0, 1] {
-                    bail!(
-                        "--lost 0,1: blades 0 and 1 cannot be rebuilt together: blade 0's catalogs and registries are \
-                         mirrored on blade 1 alone, and the set's identity is kept by blade 1"
-                    );
-                }
                 if lost[0] == 0 && !a.db.is_empty() {
                     bail!("--db does not apply to --lost 0: blade 0 held every database's catalog, and all come back");
                 }

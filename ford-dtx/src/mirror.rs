@@ -1,13 +1,17 @@
-//! A database's mirror on blade 1: what only blade 0 holds, kept where a
-//! rebuild of blade 0 can find it.
+//! A database's mirrors on the other blades: what only blade 0 holds, kept
+//! where a rebuild of blade 0 can find it.
 //!
 //! Every record and every chain has copies on k blades, but blade 0 alone
 //! holds a database's catalog (where each table's replicas are), its
 //! registry of compute blades (whose slots name their undo logs) and the
 //! named roots that find them. Lost with blade 0, they would take the
 //! whole database along, replicas and all. So each database over two or
-//! more blades keeps a mirror on blade 1 (layout: [`crate::layout::mirror`]),
-//! found by a named root `ford:NAME` there:
+//! more blades keeps a mirror on every other blade ([`blades`]; layout:
+//! [`crate::layout::mirror`]), found by a named root `ford:NAME` there, so
+//! that blade 0 can come back with any other blades lost beside it (the
+//! rebuild reads the mirrors of the first blade that was not lost, and
+//! finds there every database of the set, even one whose records were all
+//! lost):
 //! - the catalog's bytes and address, written once at creation (a catalog
 //!   never changes);
 //! - whether the load completed (the root `ford:NAME:loaded`);
@@ -22,10 +26,12 @@
 //! takes them all for dead.
 //!
 //! [`restore`] writes a mirror back onto a blade adopted as blade 0
-//! ([`smart_core::Ctx::adopt_blade`]) at the old addresses; the tables'
+//! ([`smart_core::Ctx::adopt_blades`]) at the old addresses; the tables'
 //! copies there are then rebuilt as on any lost blade
-//! ([`crate::rebuild`]). [`ensure`] writes the mirror of a database made
-//! before mirrors were kept (`compute-blade recover --repair`).
+//! ([`crate::rebuild`]). [`ensure`] writes the mirrors a database lacks:
+//! one made before mirrors were kept, or kept on blade 1 alone, gets them
+//! from its next run or `compute-blade recover --repair`, and a rebuilt
+//! blade from the rebuild.
 
 use smart_core::{Ctx, GlobalAddr};
 
@@ -34,23 +40,23 @@ use crate::error::{DtxError, Result};
 use crate::layout::{catalog, mirror, registry};
 use crate::registry::SlotInfo;
 
-/// The blade that holds mirrors.
-pub const BLADE: u16 = 1;
+/// The blades that hold mirrors: every blade but blade 0 (none over one
+/// blade).
+pub fn blades(ctx: &Ctx) -> std::ops::Range<u16> {
+    1..ctx.blades().len() as u16
+}
 
 fn word(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
 }
 
-/// Where database `name`'s mirror is; `None` if it has none (a database
-/// over one blade, or one made before mirrors were kept).
+/// Where database `name`'s mirror on `blade` is; `None` if it has none
+/// there (one made before mirrors were kept there).
 ///
 /// # Errors
 /// [`DtxError::Corrupt`] if the root names no mirror; verb errors.
-pub async fn find(ctx: &Ctx, name: &str) -> Result<Option<GlobalAddr>> {
-    if ctx.blades().len() <= usize::from(BLADE) {
-        return Ok(None);
-    }
-    let Some(at) = ctx.root(BLADE, &root_name(name)).await? else { return Ok(None) };
+pub async fn find(ctx: &Ctx, blade: u16, name: &str) -> Result<Option<GlobalAddr>> {
+    let Some(at) = ctx.root(blade, &root_name(name)).await? else { return Ok(None) };
     let at = stored_addr(ctx.blades(), at.raw(), mirror::BYTES as u64, || format!("the mirror of database {name}"))?;
     if ctx.read_u64(at).await? != mirror::MAGIC {
         return Err(DtxError::Corrupt(format!("the mirror of database {name} at {at} is not one")));
@@ -58,56 +64,58 @@ pub async fn find(ctx: &Ctx, name: &str) -> Result<Option<GlobalAddr>> {
     Ok(Some(at))
 }
 
-/// Writes `db`'s mirror on blade 1 unless it has one (or the database is
-/// over one blade); says whether it wrote one. A mirror that is damaged
-/// (its root names no mirror) is replaced. Under a race, one mirror wins
-/// and the others' blocks are left unused. Registrations already in the
-/// registry are copied with the time their lease has left as their lease.
+/// Writes `db`'s mirror on each blade of [`blades`] that has none; says
+/// whether it wrote one. A mirror that is damaged (its root names no
+/// mirror) is replaced. Under a race, one mirror wins and the others'
+/// blocks are left unused. Registrations already in the registry are
+/// copied with the time their lease has left as their lease.
 ///
 /// # Errors
 /// A database without its catalog root; allocation and verb errors.
 pub async fn ensure(ctx: &Ctx, db: &Db) -> Result<bool> {
-    if ctx.blades().len() <= usize::from(BLADE) {
-        return Ok(false);
+    let mut wrote = false;
+    for blade in blades(ctx) {
+        wrote |= match find(ctx, blade, &db.name).await {
+            Ok(Some(_)) => false,
+            Ok(None) => write(ctx, db, blade).await?,
+            Err(DtxError::Corrupt(_)) => {
+                ctx.drop_root(blade, &root_name(&db.name)).await?;
+                write(ctx, db, blade).await?
+            }
+            Err(e) => return Err(e),
+        };
     }
-    match find(ctx, &db.name).await {
-        Ok(Some(_)) => Ok(false),
-        Ok(None) => write(ctx, db).await,
-        Err(DtxError::Corrupt(_)) => {
-            ctx.drop_root(BLADE, &root_name(&db.name)).await?;
-            write(ctx, db).await
-        }
-        Err(e) => Err(e),
-    }
+    Ok(wrote)
 }
 
-/// Writes `db`'s mirror anew, in place of the one it has (a repair of a
-/// mirror that [`check`] finds wrong); says whether this one won.
+/// Writes `db`'s mirrors anew, in place of those it has (a repair of
+/// mirrors that [`check`] finds wrong); says whether these won.
 ///
 /// # Errors
 /// As [`ensure`].
 pub async fn rewrite(ctx: &Ctx, db: &Db) -> Result<bool> {
-    if ctx.blades().len() <= usize::from(BLADE) {
-        return Ok(false);
+    let mut won = false;
+    for blade in blades(ctx) {
+        ctx.drop_root(blade, &root_name(&db.name)).await?;
+        won |= write(ctx, db, blade).await?;
     }
-    ctx.drop_root(BLADE, &root_name(&db.name)).await?;
-    write(ctx, db).await
+    Ok(won)
 }
 
-async fn write(ctx: &Ctx, db: &Db) -> Result<bool> {
+async fn write(ctx: &Ctx, db: &Db, blade: u16) -> Result<bool> {
     let Some(catalog_at) = ctx.root(0, &root_name(&db.name)).await? else {
         return Err(DtxError::Corrupt(format!("database {}: its root ford:{} is gone", db.name, db.name)));
     };
     let mut m = vec![0u8; mirror::BYTES];
     let loaded = ctx.root(0, &loaded_root(&db.name)).await?.is_some();
-    let name = ctx.write_name(BLADE, &db.name).await?;
+    let name = ctx.write_name(blade, &db.name).await?;
     for (i, v) in [mirror::MAGIC, catalog_at.raw(), u64::from(loaded), name.raw()].into_iter().enumerate() {
         m[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
     }
     ctx.read(catalog_at, &mut m[mirror::CATALOG..mirror::REGISTRY]).await?;
-    let at = ctx.alloc(BLADE, mirror::BYTES as u64, 64).await?;
+    let at = ctx.alloc(blade, mirror::BYTES as u64, 64).await?;
     ctx.write_all(at, &m).await?;
-    if ctx.set_root(BLADE, &root_name(&db.name), at).await? != at {
+    if ctx.set_root(blade, &root_name(&db.name), at).await? != at {
         return Ok(false);
     }
     // The registrations already there, once the root is set: one that
@@ -123,18 +131,21 @@ async fn write(ctx: &Ctx, db: &Db) -> Result<bool> {
 }
 
 /// What the audit finds of a database's mirror.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MirrorCheck {
-    /// Whether the database keeps a mirror; `None` over one blade (where it
-    /// has none to keep). A database made before mirrors were kept has none
-    /// until its next run or `compute-blade recover --repair`.
+    /// Whether the database keeps its mirror on every other blade; `None`
+    /// over one blade (where it has none to keep). A database made before
+    /// mirrors were kept (or kept on blade 1 alone) lacks some until its
+    /// next run or `compute-blade recover --repair`.
     pub present: Option<bool>,
-    /// The mirror is damaged, or its copy of the catalog is not the catalog
+    /// The blades without one.
+    pub missing_on: Vec<u16>,
+    /// A mirror is damaged, or its copy of the catalog is not the catalog
     /// (a violation: a rebuild of blade 0 would put wrong tables back).
     pub catalog_differs: bool,
-    /// Registrations in the registry that the mirror does not name
-    /// (violations: a rebuild of blade 0 would not settle their
-    /// transactions).
+    /// Registrations in the registry that a mirror does not name, counted
+    /// per mirror (violations: a rebuild of blade 0 from it would not
+    /// settle their transactions).
     pub registrations_missing: u64,
 }
 
@@ -145,39 +156,46 @@ impl MirrorCheck {
     }
 }
 
-/// Checks `db`'s mirror against blade 0: the catalog's copy, and every
+/// Checks `db`'s mirrors against blade 0: the catalog's copy, and every
 /// registration in the registry named there.
 ///
 /// # Errors
 /// Verb errors.
 pub async fn check(ctx: &Ctx, db: &Db) -> Result<MirrorCheck> {
-    if ctx.blades().len() <= usize::from(BLADE) {
-        return Ok(MirrorCheck::default());
+    let mut out = MirrorCheck::default();
+    if blades(ctx).is_empty() {
+        return Ok(out);
     }
-    let at = match find(ctx, &db.name).await {
-        Ok(Some(at)) => at,
-        Ok(None) => return Ok(MirrorCheck { present: Some(false), ..MirrorCheck::default() }),
-        Err(DtxError::Corrupt(_)) => {
-            return Ok(MirrorCheck { present: Some(true), catalog_differs: true, ..MirrorCheck::default() });
-        }
-        Err(e) => return Err(e),
-    };
-    let mut m = vec![0u8; mirror::BYTES];
-    ctx.read_all(at, &mut m).await?;
-    let mut out = MirrorCheck { present: Some(true), ..MirrorCheck::default() };
+    let slots = crate::registry::slots(ctx, db).await?;
+    let catalog_at = ctx.root(0, &root_name(&db.name)).await?;
     let mut c = vec![0u8; catalog::BYTES];
-    match ctx.root(0, &root_name(&db.name)).await? {
-        Some(catalog_at) if catalog_at.raw() == word(&m, 8) => {
-            ctx.read(catalog_at, &mut c).await?;
-            out.catalog_differs = c[..] != m[mirror::CATALOG..mirror::REGISTRY];
-        }
-        _ => out.catalog_differs = true,
+    if let Some(at) = catalog_at {
+        ctx.read(at, &mut c).await?;
     }
-    for s in crate::registry::slots(ctx, db).await? {
-        if s.claim != 0 && word(&m, slot_offset(s.slot)) != s.nonce() {
-            out.registrations_missing += 1;
+    let mut m = vec![0u8; mirror::BYTES];
+    for blade in blades(ctx) {
+        let at = match find(ctx, blade, &db.name).await {
+            Ok(Some(at)) => at,
+            Ok(None) => {
+                out.missing_on.push(blade);
+                continue;
+            }
+            Err(DtxError::Corrupt(_)) => {
+                out.catalog_differs = true;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        ctx.read_all(at, &mut m).await?;
+        out.catalog_differs |=
+            catalog_at.map(GlobalAddr::raw) != Some(word(&m, 8)) || c[..] != m[mirror::CATALOG..mirror::REGISTRY];
+        for s in &slots {
+            if s.claim != 0 && word(&m, slot_offset(s.slot)) != s.nonce() {
+                out.registrations_missing += 1;
+            }
         }
     }
+    out.present = Some(out.missing_on.is_empty());
     Ok(out)
 }
 
@@ -186,36 +204,42 @@ fn slot_offset(slot: u16) -> usize {
 }
 
 /// Records registration `s` (claim `s.claim`, a lease of `lease_ms`) in
-/// `db`'s mirror, if it has one.
+/// `db`'s mirrors.
 ///
 /// # Errors
 /// Verb errors.
 pub(crate) async fn register(ctx: &Ctx, db: &Db, s: &SlotInfo, lease_ms: u64) -> Result<()> {
-    if let Some(m) = find(ctx, &db.name).await? {
-        ctx.write(m.add(slot_offset(s.slot) as u64), &s.bytes(s.claim, lease_ms)).await?;
+    for blade in blades(ctx) {
+        if let Some(m) = find(ctx, blade, &db.name).await? {
+            ctx.write(m.add(slot_offset(s.slot) as u64), &s.bytes(s.claim, lease_ms)).await?;
+        }
     }
     Ok(())
 }
 
-/// Clears slot `slot` in `db`'s mirror if it still records registration
+/// Clears slot `slot` in `db`'s mirrors that still record registration
 /// `nonce` (after the slot was freed).
 ///
 /// # Errors
 /// Verb errors.
 pub(crate) async fn unregister(ctx: &Ctx, db: &Db, slot: u16, nonce: u64) -> Result<()> {
-    if let Some(m) = find(ctx, &db.name).await? {
-        ctx.cas(m.add(slot_offset(slot) as u64), nonce, 0).await?;
+    for blade in blades(ctx) {
+        if let Some(m) = find(ctx, blade, &db.name).await? {
+            ctx.cas(m.add(slot_offset(slot) as u64), nonce, 0).await?;
+        }
     }
     Ok(())
 }
 
-/// Records in `db`'s mirror that its load completed.
+/// Records in `db`'s mirrors that its load completed.
 ///
 /// # Errors
 /// Verb errors.
 pub(crate) async fn mark_loaded(ctx: &Ctx, db: &Db) -> Result<()> {
-    if let Some(m) = find(ctx, &db.name).await? {
-        ctx.write(m.add(16), &1u64.to_le_bytes()).await?;
+    for blade in blades(ctx) {
+        if let Some(m) = find(ctx, blade, &db.name).await? {
+            ctx.write(m.add(16), &1u64.to_le_bytes()).await?;
+        }
     }
     Ok(())
 }
@@ -223,7 +247,7 @@ pub(crate) async fn mark_loaded(ctx: &Ctx, db: &Db) -> Result<()> {
 /// A mirror as read.
 #[derive(Clone, Debug)]
 pub struct Mirror {
-    /// Where it is (on blade 1).
+    /// Where it is.
     pub at: GlobalAddr,
     /// The database, as its catalog's copy says.
     pub db: Db,
@@ -264,17 +288,14 @@ impl Mirror {
     }
 }
 
-/// Every database mirror on blade 1 (none over a single blade).
+/// Every database mirror on `blade` (one of [`blades`]).
 ///
 /// # Errors
 /// A mirror whose name or catalog is damaged, as [`DtxError::Corrupt`];
 /// verb errors.
-pub async fn list(ctx: &Ctx) -> Result<Vec<Mirror>> {
+pub async fn list(ctx: &Ctx, blade: u16) -> Result<Vec<Mirror>> {
     let mut out = Vec::new();
-    if ctx.blades().len() <= usize::from(BLADE) {
-        return Ok(out);
-    }
-    for (tag, at) in ctx.roots(BLADE).await? {
+    for (tag, at) in ctx.roots(blade).await? {
         // Other roots name other objects (of any size, anywhere).
         if smart_core::layout::check_heap_place(ctx.blades(), at, 8).is_err()
             || ctx.read_u64(at).await? != mirror::MAGIC

@@ -1,5 +1,5 @@
-//! The mirror on blade 1 of what only blade 0 holds: the catalog, the load
-//! mark and every registration that may hold a lock.
+//! The mirrors on the other blades of what only blade 0 holds: the catalog,
+//! the load mark and every registration that may hold a lock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,12 +12,26 @@ use smart_testkit::backends;
 
 use crate::{open, spec};
 
-/// The one mirror on the blades.
+/// The one mirror on each blade but blade 0, all saying the same: the one
+/// on blade 1.
 fn the_mirror(rt: &mut Runtime) -> Mirror {
     let ctx = rt.ctx();
-    let mut all = rt.block_on(async move { mirror::list(&ctx).await }).unwrap();
-    assert_eq!(all.len(), 1, "{all:?}");
-    all.remove(0)
+    let mut each = rt
+        .block_on(async move {
+            let mut each = Vec::new();
+            for b in mirror::blades(&ctx) {
+                each.push(mirror::list(&ctx, b).await?);
+            }
+            Ok::<_, ford_dtx::DtxError>(each)
+        })
+        .unwrap();
+    assert!(!each.is_empty());
+    for all in &each {
+        assert_eq!(all.len(), 1, "{all:?}");
+        let (a, b) = (&all[0], &each[0][0]);
+        assert_eq!((&a.db, a.catalog_at, a.loaded, claimed(a)), (&b.db, b.catalog_at, b.loaded, claimed(b)));
+    }
+    each.remove(0).remove(0)
 }
 
 /// The claimed slots of a mirror: (slot, claim, lease ms, log area).
@@ -66,8 +80,8 @@ fn a_database_without_a_mirror_gets_one_with_its_live_registrations() {
     let ctx: Ctx = rt.ctx();
     let d = db.clone();
     let written = rt.block_on(async move {
-        ctx.drop_root(mirror::BLADE, "ford:older").await.unwrap();
-        assert_eq!(mirror::find(&ctx, "older").await.unwrap(), None);
+        ctx.drop_root(1, "ford:older").await.unwrap();
+        assert_eq!(mirror::find(&ctx, 1, "older").await.unwrap(), None);
         let w = mirror::ensure(&ctx, &d).await.unwrap();
         (w, mirror::ensure(&ctx, &d).await.unwrap())
     });
@@ -86,9 +100,9 @@ fn a_database_over_one_blade_has_no_mirror() {
     let (mut rt, db, live) = open(&t, &spec("alone", &[8], 16, 1), 1, 1);
     let ctx = rt.ctx();
     let d = db.clone();
-    let (found, listed) = rt
-        .block_on(async move { (mirror::find(&ctx, &d.name).await.unwrap(), mirror::list(&ctx).await.unwrap().len()) });
-    assert_eq!((found, listed), (None, 0));
+    assert!(mirror::blades(&ctx).is_empty());
+    let c = rt.block_on(async move { mirror::ensure(&ctx, &d).await }).unwrap();
+    assert!(!c, "none written");
     let (ctx, d) = (rt.ctx(), db.clone());
     let c = rt.block_on(async move { mirror::check(&ctx, &d).await }).unwrap();
     assert_eq!((c.present, c.violations()), (None, 0));
@@ -110,7 +124,7 @@ fn the_audit_finds_a_wrong_mirror_and_a_rewrite_mends_it() {
         };
         let clean = audit(ctx.clone(), d.clone()).await;
         assert_eq!((clean.mirror.present, clean.violations()), (Some(true), 0), "{clean:?}");
-        let at = mirror::find(&ctx, &d.name).await.unwrap().unwrap();
+        let at = mirror::find(&ctx, 1, &d.name).await.unwrap().unwrap();
         let reg = at.add(ford_dtx::layout::mirror::REGISTRY as u64 + slot * 64);
         // A word of the catalog's copy, and the live registration's copy.
         ctx.write(at.add(ford_dtx::layout::mirror::CATALOG as u64 + 8), &7u64.to_le_bytes()).await.unwrap();
@@ -119,7 +133,7 @@ fn the_audit_finds_a_wrong_mirror_and_a_rewrite_mends_it() {
         assert!(bad.mirror.catalog_differs, "{bad:?}");
         assert_eq!((bad.mirror.registrations_missing, bad.violations()), (1, 2), "{bad:?}");
         assert!(mirror::rewrite(&ctx, &d).await.unwrap());
-        let at2 = mirror::find(&ctx, &d.name).await.unwrap().unwrap();
+        let at2 = mirror::find(&ctx, 1, &d.name).await.unwrap().unwrap();
         assert_ne!(at2, at, "a new mirror");
         assert_eq!(ctx.read_u64(at2.add(ford_dtx::layout::mirror::REGISTRY as u64 + slot * 64)).await.unwrap(), nonce);
         assert_eq!(audit(ctx.clone(), d.clone()).await.violations(), 0);
@@ -130,7 +144,7 @@ fn the_audit_finds_a_wrong_mirror_and_a_rewrite_mends_it() {
         assert!(mirror::ensure(&ctx, &d).await.unwrap(), "replaced");
         assert_eq!(mirror::check(&ctx, &d).await.unwrap().violations(), 0);
         // Without a mirror: no violation, but the audit says so.
-        ctx.drop_root(mirror::BLADE, "ford:checked").await.unwrap();
+        ctx.drop_root(1, "ford:checked").await.unwrap();
         let none = audit(ctx.clone(), d.clone()).await;
         assert_eq!((none.mirror.present, none.violations()), (Some(false), 0));
     });

@@ -127,10 +127,10 @@ impl Ctx {
     ///
     /// Every blade's place names the set by blade 0's identity (its top 48
     /// bits), so a blade adopted as blade 0 takes those bits of the lost
-    /// blade 0's identity, which blade 1's place keeps (its own low 16 bits
-    /// stay): the other blades' places then name it, and nothing else of
-    /// theirs changes. It needs a blade 1 that was in the set, so blades 0
-    /// and 1 cannot be adopted together.
+    /// blade 0's identity, which every other blade's place keeps (its own
+    /// low 16 bits stay): the other blades' places then name it, and nothing
+    /// else of theirs changes. It needs a blade that was in the set and was
+    /// not lost.
     ///
     /// A lost blade is known by the identity its predecessor recorded as its
     /// next blade; one whose predecessor was lost too is known by nothing
@@ -159,18 +159,23 @@ impl Ctx {
                 "a set of one blade keeps no trace of it elsewhere: there is no set to adopt it into".into(),
             );
         }
-        if is_lost(0) && is_lost(1) {
-            return refuse(
-                1,
-                "blades 0 and 1 cannot both be adopted: the set is known by blade 0's identity, which only blade \
-                 1's place keeps"
-                    .into(),
-            );
-        }
         let (seen, heaps) = self.set_words().await?;
         // The set's name (blade 0's identity's top 48 bits), as the blades
-        // that were not lost keep it.
-        let head = if is_lost(0) { seen[1].place & !0xffff } else { seen[0].identity & !0xffff };
+        // that were not lost keep it in their places.
+        let head = if is_lost(0) {
+            let Some(k) = (1..n).find(|&k| !is_lost(k)) else {
+                return refuse(0, "every blade of this list is to be adopted: no blade knows the set".into());
+            };
+            if seen[k].place & 0xffff != k as u64 || seen[k].place >> 16 == 0 {
+                return refuse(
+                    0,
+                    format!("blade {k} of this list has no place as blade {k} of a set: no blade 0 was lost here"),
+                );
+            }
+            seen[k].place & !0xffff
+        } else {
+            seen[0].identity & !0xffff
+        };
         let adopted = |b: usize| {
             seen[b].place != 0 && seen[b].place == layout::set_place(head, b as u16) && heaps[b] == layout::HEAP_START
         };
@@ -206,12 +211,6 @@ impl Ctx {
                 continue;
             }
             was[b] = if b == 0 {
-                if seen[1].place & 0xffff != 1 || seen[1].place >> 16 == 0 {
-                    return refuse(
-                        0,
-                        "blade 1 of this list has no place as blade 1 of a set: no blade 0 was lost here".into(),
-                    );
-                }
                 Seen {
                     identity: head | (seen[0].identity & 0xffff),
                     place: layout::set_place(head, 0),
