@@ -407,7 +407,7 @@ pub struct RebuildArgs {
     pub common: Common,
     /// The places in --blades of the lost memory blades, where fresh ones
     /// now listen (blade 0 too: its catalogs and registries come back from
-    /// their mirrors on blade 1). Several lost blades are rebuilt together
+    /// their mirrors on the other blades). Several lost blades are rebuilt together
     /// (`--lost 1,2`), each copy from a replica on none of them.
     #[arg(long, value_delimiter = ',', required = true)]
     pub lost: Vec<u16>,

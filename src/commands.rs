@@ -748,7 +748,7 @@ async fn rebuild_copies(
 }
 
 /// The rebuild of blade 0, and of the other blades of `job.lost`: the
-/// databases found through their mirrors on blade 1
+/// databases found through their mirrors on the first blade not lost
 /// ([`ford_dtx::mirror`]). The blades are adopted (blade 0 taking the set's
 /// identity) once the leases of the compute blades the mirrors name have
 /// run out, marked as being rebuilt, and blade 0 given back each catalog,

@@ -404,13 +404,13 @@ pub mod registry {
     pub const RECOVERING: u64 = 1 << 63;
 }
 
-/// A database's mirror on blade 1 (see [`crate::mirror`]): what a
+/// A database's mirror on a blade other than 0 (see [`crate::mirror`]): what a
 /// rebuild of blade 0 needs that only blade 0 holds.
 ///
 /// ```text
 /// @0 magic "FORDMIR1"   @8 the catalog's address (on blade 0)
 /// @16 1 once the load completed (the root ford:NAME:loaded), else 0
-/// @24 the database's name (a block written by Ctx::write_name, on blade 1)
+/// @24 the database's name (a block written by Ctx::write_name, on the mirror's blade)
 /// @32..@64 0
 /// @64 the catalog's bytes (catalog::BYTES)
 /// @64 + catalog::BYTES  the registry's slots as registered (registry::SLOTS

@@ -15,7 +15,7 @@
 //! | [`recovery`] | rolling dead compute blades' transactions back or forward; the audit |
 //! | [`repair`] | damaged records restored from their other replicas |
 //! | [`rebuild`] | a lost memory blade's copies written again from the other replicas |
-//! | [`mirror`] | the mirror on blade 1 of what blade 0 alone holds (catalog, load mark, registrations), for a rebuild of blade 0 |
+//! | [`mirror`] | the mirrors on the other blades of what blade 0 alone holds (catalog, load mark, registrations), for a rebuild of blade 0 |
 //! | [`error`] | errors and abort causes |
 //!
 //! Addresses read from the blades (the catalog's replicas and registry, a

@@ -20,13 +20,13 @@
 //!
 //! Blade 0 also held the catalog, the registry and the named roots: a
 //! rebuild of blade 0 first writes them back from the database's mirror on
-//! blade 1 ([`crate::mirror::restore`]).
+//! another blade ([`crate::mirror::restore`]).
 //!
 //! Several blades lost together are rebuilt at once, each copy from a
-//! replica on none of them: with k replicas, any k − 1 blades (blades 0
-//! and 1 not both, since blade 0's catalog and registry are mirrored on
-//! blade 1 alone). A table all of whose copies were on the lost blades is
-//! refused by name.
+//! replica on none of them: with k replicas, any k − 1 blades (blade 0's
+//! catalog and registry come back from the mirrors on a blade that was not
+//! lost, see [`crate::mirror`]). A table all of whose copies were on the
+//! lost blades is refused by name.
 //!
 //! Limits: a database with one replica cannot be rebuilt; a chain whose
 //! surviving copies do not link (a database made before chains were kept on

@@ -682,7 +682,7 @@ pub struct AuditReport {
     pub chain_words: ChainWords,
     /// The first [`HELD_SHOWN`] locks held, to say whose they are.
     pub held: Vec<HeldLock>,
-    /// The mirror on blade 1 against the catalog and the registry (see
+    /// The mirrors on the other blades against the catalog and the registry (see
     /// [`crate::mirror::check`]); what differs is a violation.
     pub mirror: crate::mirror::MirrorCheck,
 }
