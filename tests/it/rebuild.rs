@@ -76,10 +76,11 @@ fn adopt_and_stop(addrs: &[String], i: u16) {
 const SMALLBANK: [&str; 6] = ["smallbank", "--accounts", "2000", "--hot", "50", "--audit"];
 
 /// An audited SmallBank compute blade of 2 threads with a 1 s lease on
-/// `list`, 1.5 s into its run.
-fn running_smallbank(list: &str) -> std::process::Child {
+/// `list` (and `extra` arguments), 1.5 s into its run.
+fn running_smallbank(list: &str, extra: &[&str]) -> std::process::Child {
     let run = Command::new(COMPUTE)
         .args(SMALLBANK)
+        .args(extra)
         .args(["--blades", list, "--threads", "2", "--duration", "20", "--warmup", "0", "--lease", "1", "--quiet"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -158,7 +159,7 @@ fn a_memory_blade_lost_under_running_transactions_is_rebuilt_and_the_money_kept(
     assert_eq!(smallbank(&list, "rbl-load.json")["violations"], 0);
     // Blade 2 (the ledger's primary, a backup of the checking accounts)
     // dies under a run of 2 threads with a 1 s lease.
-    let mut run = running_smallbank(&list);
+    let mut run = running_smallbank(&list, &[]);
     drop(blades.remove(2));
     let st = wait_bounded(&mut run, Duration::from_secs(60), "the run whose memory blade died");
     assert_eq!(st.code(), Some(1), "the run fails: its memory blade is unreachable");
@@ -197,7 +198,7 @@ fn a_lost_blade_0_is_rebuilt_from_the_mirrors_and_the_other_replicas() {
     let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0", "--quiet", "--audit"];
     let ta = run_json("rb0-tatp.json", &[&["tatp", "--subscribers", "2000"][..], &q].concat());
     assert_eq!(ta["violations"], 0, "{ta}");
-    let mut run = running_smallbank(&list);
+    let mut run = running_smallbank(&list, &[]);
     let list = lose(&mut blades, &mut addrs, 0);
     let st = wait_bounded(&mut run, Duration::from_secs(60), "the run whose blade 0 died");
     assert_eq!(st.code(), Some(1), "the run fails: its memory blade is unreachable");
@@ -226,6 +227,32 @@ fn a_lost_blade_0_is_rebuilt_from_the_mirrors_and_the_other_replicas() {
     assert_eq!(again["violations"].as_u64(), Some(0), "{again}");
     let (code, text) = rebuild(&list, "0");
     assert!(code == Some(1) && text.contains("it was not lost"), "{text}");
+}
+
+/// Blades 0 and 2 lost together under a running SmallBank compute blade
+/// (three replicas): the rebuild reads the mirrors on blade 1, waits for
+/// the dead compute blade's lease, and settles its transactions from its
+/// undo log (on blade 1); the money is conserved.
+#[test]
+fn blades_0_and_2_lost_under_running_transactions_are_rebuilt_and_the_money_kept() {
+    let (mut blades, mut addrs) = three();
+    let list = addrs.join(",");
+    let q = ["--blades", &list, "--duration", "0.3", "--warmup", "0", "--quiet", "--replicas", "3"];
+    assert_eq!(run_json("rb02-load.json", &[&SMALLBANK[..], &q[..]].concat())["violations"], 0);
+    let mut run = running_smallbank(&list, &["--replicas", "3"]);
+    lose(&mut blades, &mut addrs, 0);
+    let list = lose(&mut blades, &mut addrs, 2);
+    let st = wait_bounded(&mut run, Duration::from_secs(60), "the run whose blades 0 and 2 died");
+    assert_eq!(st.code(), Some(1), "the run fails: its memory blades are unreachable");
+    let (code, text) = rebuild(&list, "0,2");
+    assert_eq!(code, Some(0), "{text}");
+    eprintln!("{text}");
+    assert!(text.contains("waiting 3.0 s: 1 compute blades were registered"), "{text}");
+    assert!(text.contains("smallbank: rebuilt on memory blades 0,2: 6 bucket arrays"), "{text}");
+    assert!(text.contains("rolled back") && !text.contains("cannot be rolled back"), "{text}");
+    let (code, r) = audit("smallbank", &list, "rb02-audit.json");
+    assert_eq!(code, Some(0), "money conserved, no lock held, replicas equal: {r}");
+    assert_eq!(r["audit"]["balances"], r["audit"]["expected"], "{r}");
 }
 
 /// A rebuild of blade 0 that stopped right after adopting the fresh blade
