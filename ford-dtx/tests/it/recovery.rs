@@ -406,19 +406,29 @@ fn a_transaction_cut_short_when_a_blade_is_lost_is_settled_by_what_survives() {
 #[test]
 fn a_transaction_cut_short_when_two_blades_are_lost_is_settled_by_what_survives() {
     // Three replicas over four blades: table 0 on blades 0 (primary), 1 and
-    // 2, table 1 on blades 1 (primary), 2 and 3; blades 1 and 2 are lost, so
-    // table 1 keeps one copy (replica 2, on blade 3).
-    let cases: [LossCase<'_>; 3] = [
+    // 2, table 1 on blades 1 (primary), 2 and 3, table 2 on blades 2
+    // (primary), 3 and 0; blades 1 and 2 are lost, so table 1 keeps one copy
+    // (replica 2, on blade 3) and table 2 two.
+    let cases: [LossCase<'_>; 6] = [
         ("one primary lost, one surviving and locked", [(1, 0), (0, 0)], &[(1, 0, 1)], false),
+        ("the other lost blade's primary, one surviving and locked", [(2, 0), (0, 0)], &[(2, 0, 1)], false),
         ("both primaries lost, only lost copies written", [(1, 0), (1, 1)], &[(1, 0, 0), (1, 1, 1)], false),
         ("both primaries lost, the surviving copies written", [(1, 0), (1, 1)], &[(1, 0, 2), (1, 1, 2)], true),
+        ("primaries on both lost blades, one surviving copy written", [(1, 0), (2, 0)], &[(1, 0, 2)], false),
+        (
+            "primaries on both lost blades, every surviving copy written",
+            [(1, 0), (2, 0)],
+            &[(1, 0, 2), (2, 0, 1), (2, 0, 2)],
+            true,
+        ),
     ];
-    settled_after_loss(4, 3, &[1, 2], &[vec![0, 1, 2], vec![1, 2, 3]], &cases);
+    settled_after_loss(4, 3, &[1, 2], &[vec![0, 1, 2], vec![1, 2, 3], vec![2, 3, 0]], &cases);
 }
 
-/// Each case on `blades` embedded blades, a database of two tables with
-/// `replicas` copies (placed on the blades `placed` names), of which blades
-/// `lost` are lost after the transaction died: rebuilt, recovered, audited.
+/// Each case on `blades` embedded blades, a database of a table per entry
+/// of `placed` with `replicas` copies (on the blades it names), of which
+/// blades `lost` are lost after the transaction died: rebuilt, recovered,
+/// audited.
 fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Vec<u16>], cases: &[LossCase<'_>]) {
     use ford_dtx::layout::{self, LOCK};
     use ford_dtx::recovery::{recover_after_loss, scan};
@@ -426,7 +436,8 @@ fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Ve
     for &(what, items, written, stands) in cases {
         let b = backends::embedded(blades);
         let t: Arc<dyn Transport> = b.transport.clone();
-        let (mut rt, db, first) = open(&t, &spec("loss", &[8, 8], 16, replicas), 1, 1);
+        let tables = placed.len() as u32;
+        let (mut rt, db, first) = open(&t, &spec("loss", &vec![8; placed.len()], 16, replicas), 1, 1);
         // The transaction's compute blade: the first registration whose undo
         // log is on a blade that is not lost (slot i's is on blade i mod n).
         let mut others = Vec::new();
@@ -437,7 +448,8 @@ fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Ve
             }
             others.push(r);
         };
-        let on: Vec<Vec<u16>> = (0..2).map(|i| (0..replicas).map(|r| db.table(i).base[r].blade()).collect()).collect();
+        let on: Vec<Vec<u16>> =
+            (0..tables).map(|i| (0..replicas).map(|r| db.table(i).base[r].blade()).collect()).collect();
         assert_eq!(on, placed);
         let dtx = reg.open_thread(rt.ctx());
         let slot = reg.slot();
@@ -447,14 +459,14 @@ fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Ve
             let lost = &lost[..];
             let log = ford_dtx::registry::slots(&ctx, &d).await.unwrap().into_iter().find(|s| s.slot == slot);
             assert!(!lost.contains(&log.unwrap().log.blade()), "{what}: the undo log survives");
-            for table in 0..2 {
+            for table in 0..tables {
                 for key in 0..2 {
                     insert_one(&dtx, table, key, START).await.unwrap();
                 }
             }
             // Every copy of every row, before the transaction.
             let mut before = std::collections::HashMap::new();
-            for table in 0..2u32 {
+            for table in 0..tables {
                 scan(&ctx, d.table(table), replicas, |v| {
                     let key = layout::key_of(v.recs[0]).0;
                     before.insert(
@@ -486,7 +498,7 @@ fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Ve
             }
             // The lost blades' copies are gone.
             let mut arrays = 0;
-            for table in 0..2u32 {
+            for table in 0..tables {
                 let tb = d.table(table);
                 for r in (0..replicas).filter(|r| lost.contains(&tb.base[*r].blade())) {
                     ctx.write_all(tb.base[r], &vec![0u8; (tb.buckets * tb.bucket_bytes()) as usize]).await.unwrap();
