@@ -44,6 +44,15 @@ fn audit(workload: &str, list: &str, name: &str) -> (Option<i32>, Value) {
     (out.status.code(), r)
 }
 
+/// Audits SmallBank on `list` (its record named `name`): clean, the money
+/// conserved, and as many live rows as the run `before` left.
+fn smallbank_all_back(list: &str, before: &Value, name: &str) {
+    let (code, r) = audit("smallbank", list, name);
+    assert_eq!(code, Some(0), "money conserved, no lock held, replicas equal: {r}");
+    assert_eq!(r["audit"]["db"]["live"], before["audit"]["db"]["live"], "every row is back");
+    assert_eq!(r["audit"]["balances"], r["audit"]["expected"], "{r}");
+}
+
 /// Runs `compute-blade rebuild` until no live lease holds it back (at most
 /// 30 s): its exit status and output.
 fn rebuild(list: &str, lost: &str) -> (Option<i32>, String) {
@@ -279,9 +288,7 @@ fn stopped_rebuild_resumes(lost: u16, prefix: &str) -> (Vec<Blade>, String) {
     assert!(err.contains(&format!("memory blade {lost} is being rebuilt")), "{out:?}");
     let (code, text) = rebuild(&list, &lost.to_string());
     assert_eq!(code, Some(0), "{text}");
-    let (code, r) = audit("smallbank", &list, &format!("{prefix}-audit.json"));
-    assert_eq!(code, Some(0), "{r}");
-    assert_eq!(r["audit"]["db"]["live"], sb["audit"]["db"]["live"]);
+    smallbank_all_back(&list, &sb, &format!("{prefix}-audit.json"));
     (blades, list)
 }
 
@@ -383,10 +390,7 @@ fn a_rebuild_of_two_blades_killed_at_random_points_resumes_to_a_clean_audit() {
     let (code, text) = rebuild(&list, "1,2");
     eprintln!("{killed} of 3 rebuilds killed; then: {text}");
     assert!(code == Some(0) || text.contains("they were not lost"), "{text}");
-    let (code, r) = audit("smallbank", &list, "rbk-audit.json");
-    assert_eq!(code, Some(0), "{r}");
-    assert_eq!(r["audit"]["db"]["live"], sb["audit"]["db"]["live"], "every row is back");
-    assert_eq!(r["audit"]["balances"], r["audit"]["expected"], "{r}");
+    smallbank_all_back(&list, &sb, "rbk-audit.json");
 }
 
 /// A rebuild of two blades that stopped between the two adoptions (its
@@ -435,10 +439,7 @@ fn a_rebuild_of_two_blades_that_stopped_between_the_adoptions_resumes() {
         assert!(code == Some(1) && text.contains(refused), "{text}");
         let (code, text) = rebuild(&list, &format!("{first},2"));
         assert_eq!(code, Some(0), "{text}");
-        let (code, r) = audit("smallbank", &list, "rb2r-audit.json");
-        assert_eq!(code, Some(0), "{r}");
-        assert_eq!(r["audit"]["db"]["live"], sb["audit"]["db"]["live"], "every row is back");
-        assert_eq!(r["audit"]["balances"], r["audit"]["expected"], "{r}");
+        smallbank_all_back(&list, &sb, "rb2r-audit.json");
     }
 }
 
