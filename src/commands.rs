@@ -661,13 +661,6 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
         }
         reserve_lost(&ctx, &lost, &targets).await?;
         let out = rebuild_copies(&ctx, &all, &lost, progress).await?;
-        {
-            // Mirrors were on the lost blades: written again (no compute
-            // blade is registered now).
-            for db in &all {
-                ford_dtx::mirror::ensure(&ctx, db).await?;
-            }
-        }
         ford_dtx::db::unmark_rebuilding(&ctx).await?;
         Ok::<_, ford_dtx::DtxError>(out)
     })?;
@@ -727,7 +720,9 @@ async fn reserve_lost(
 }
 
 /// Writes every database's copies on blades `lost` again, then settles the
-/// transactions of dead compute blades and releases orphan locks.
+/// transactions of dead compute blades, releases orphan locks, and writes
+/// again the mirrors that were on the lost blades (no compute blade is
+/// registered now).
 async fn rebuild_copies(
     ctx: &smart_core::Ctx,
     dbs: &[std::sync::Arc<ford_dtx::db::Db>],
@@ -742,6 +737,7 @@ async fn rebuild_copies(
         let r = ford_dtx::rebuild::rebuild(ctx, db, lost).await?;
         let rec = ford_dtx::recovery::recover_after_loss(ctx, db, lost, Which::Expired).await?;
         let orphans = ford_dtx::recovery::release_orphans(ctx, db).await?;
+        ford_dtx::mirror::ensure(ctx, db).await?;
         out.push((r, rec, orphans));
     }
     Ok(out)
@@ -856,10 +852,6 @@ fn rebuild_blade0(
         reserve_lost(&ctx, &lost, &targets).await?;
         let dbs: Vec<_> = mirrors.iter().map(|m| std::sync::Arc::new(m.db.clone())).collect();
         let out = rebuild_copies(&ctx, &dbs, &lost, progress).await?;
-        // The mirrors that were on the other lost blades.
-        for db in &dbs {
-            mirror::ensure(&ctx, db).await?;
-        }
         ford_dtx::db::unmark_rebuilding(&ctx).await?;
         Ok::<_, ford_dtx::DtxError>((mirrors.iter().map(|m| m.db.name.clone()).collect::<Vec<_>>(), out))
     })?;

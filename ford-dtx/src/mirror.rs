@@ -203,16 +203,26 @@ fn slot_offset(slot: u16) -> usize {
     mirror::REGISTRY + usize::from(slot) * registry::SLOT as usize
 }
 
+/// Where `db`'s mirrors are, on the blades that have one.
+///
+/// # Errors
+/// As [`find`].
+async fn all(ctx: &Ctx, db: &Db) -> Result<Vec<GlobalAddr>> {
+    let mut out = Vec::new();
+    for blade in blades(ctx) {
+        out.extend(find(ctx, blade, &db.name).await?);
+    }
+    Ok(out)
+}
+
 /// Records registration `s` (claim `s.claim`, a lease of `lease_ms`) in
 /// `db`'s mirrors.
 ///
 /// # Errors
 /// Verb errors.
 pub(crate) async fn register(ctx: &Ctx, db: &Db, s: &SlotInfo, lease_ms: u64) -> Result<()> {
-    for blade in blades(ctx) {
-        if let Some(m) = find(ctx, blade, &db.name).await? {
-            ctx.write(m.add(slot_offset(s.slot) as u64), &s.bytes(s.claim, lease_ms)).await?;
-        }
+    for m in all(ctx, db).await? {
+        ctx.write(m.add(slot_offset(s.slot) as u64), &s.bytes(s.claim, lease_ms)).await?;
     }
     Ok(())
 }
@@ -223,10 +233,8 @@ pub(crate) async fn register(ctx: &Ctx, db: &Db, s: &SlotInfo, lease_ms: u64) ->
 /// # Errors
 /// Verb errors.
 pub(crate) async fn unregister(ctx: &Ctx, db: &Db, slot: u16, nonce: u64) -> Result<()> {
-    for blade in blades(ctx) {
-        if let Some(m) = find(ctx, blade, &db.name).await? {
-            ctx.cas(m.add(slot_offset(slot) as u64), nonce, 0).await?;
-        }
+    for m in all(ctx, db).await? {
+        ctx.cas(m.add(slot_offset(slot) as u64), nonce, 0).await?;
     }
     Ok(())
 }
@@ -236,10 +244,8 @@ pub(crate) async fn unregister(ctx: &Ctx, db: &Db, slot: u16, nonce: u64) -> Res
 /// # Errors
 /// Verb errors.
 pub(crate) async fn mark_loaded(ctx: &Ctx, db: &Db) -> Result<()> {
-    for blade in blades(ctx) {
-        if let Some(m) = find(ctx, blade, &db.name).await? {
-            ctx.write(m.add(16), &1u64.to_le_bytes()).await?;
-        }
+    for m in all(ctx, db).await? {
+        ctx.write(m.add(16), &1u64.to_le_bytes()).await?;
     }
     Ok(())
 }

@@ -542,9 +542,7 @@ fn serve_verbs_control(
         fence.enter();
         let answer = QpEndpoint::decode(&body[..conn::QP_ENDPOINT_LEN]).and_then(|remote| {
             if tag != 0 && !fences.tag(&fence, tag) {
-                return Err(format!(
-                    "this compute blade is refused: a recovery revoked its registration (fence tag {tag:#x})"
-                ));
+                return Err(format!("{} (fence tag {tag:#x})", crate::fence::REFUSED));
             }
             v.accept(&remote)
         });

@@ -56,6 +56,9 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
+/// What a compute blade is told when a memory blade refuses it.
+pub const REFUSED: &str = "the memory blade refuses this compute blade (a recovery revoked its registration)";
+
 /// Revoked tags a blade remembers (the oldest are forgotten first).
 pub const REMEMBERED: usize = 1 << 16;
 
@@ -171,6 +174,9 @@ pub(crate) struct Fences {
 /// first.
 pub const LOG_MAGIC: &[u8; 8] = b"SRFENCE1";
 
+/// The bytes before the first tag: the magic and the identity.
+const LOG_HEADER: usize = 16;
+
 /// The file of revoked tags of a blade whose backing file is `backing`:
 /// beside it, named with `.revoked` added.
 pub fn log_path(backing: &Path) -> PathBuf {
@@ -198,19 +204,18 @@ impl TagLog {
         let mut file = std::fs::OpenOptions::new().read(true).append(true).create(true).open(path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let header = |id: u64| [&LOG_MAGIC[..], &id.to_le_bytes()[..]].concat();
-        let mine = bytes.len() >= 16 && bytes[8..16] == identity.to_le_bytes();
-        if !bytes.is_empty() && (bytes.len() < 16 || &bytes[..8] != LOG_MAGIC) {
+        let mine = bytes.len() >= LOG_HEADER && bytes[8..LOG_HEADER] == identity.to_le_bytes();
+        if !bytes.is_empty() && (bytes.len() < LOG_HEADER || &bytes[..8] != LOG_MAGIC) {
             return Err(bad(format!(
                 "not a file of revoked tags (it does not start with {:?}): move it away",
                 String::from_utf8_lossy(LOG_MAGIC)
             )));
         }
-        let whole = if mine { 16 + (bytes.len() - 16) / 8 * 8 } else { 0 };
-        let mut tags: Vec<u64> = bytes[16.min(whole)..whole]
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
+        // Whole records of this blade's file (none of another's).
+        let records = if mine { &bytes[LOG_HEADER..] } else { &[][..] };
+        let whole = LOG_HEADER + records.len() / 8 * 8;
+        let mut tags: Vec<u64> =
+            records.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
         // A tag revoked again after it was forgotten is kept once, where it
         // was revoked last.
         let mut seen = HashSet::new();
@@ -219,11 +224,12 @@ impl TagLog {
         tags.truncate(REMEMBERED);
         tags.reverse();
         let mut log = TagLog { file, path: path.to_path_buf() };
-        if !mine || bytes.len() - 16 > 16 * REMEMBERED {
+        if !mine || records.len() > 16 * REMEMBERED {
             // Started again, or rewritten with the newest tags.
-            let body: Vec<u8> = tags.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let mut all = LOG_MAGIC.to_vec();
+            all.extend(std::iter::once(identity).chain(tags.iter().copied()).flat_map(u64::to_le_bytes));
             log.file.set_len(0)?;
-            log.file.write_all(&[header(identity), body].concat())?;
+            log.file.write_all(&all)?;
             log.file.sync_all()?;
         } else if whole < bytes.len() {
             log.file.set_len(whole as u64)?;

@@ -85,7 +85,7 @@ pub enum WcStatus {
     /// revoked (a recovery took the compute blade for dead). The TCP
     /// transport's own status; an RNIC reports a QP its responder moved to
     /// the error state as a transport failure.
-    #[error("fenced: the memory blade refuses this compute blade (a recovery revoked its registration)")]
+    #[error("fenced: {}", crate::fence::REFUSED)]
     Fenced = 5,
 }
 

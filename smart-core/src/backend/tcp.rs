@@ -175,10 +175,7 @@ impl TcpTransport {
             if status == WcStatus::Fenced as u8 {
                 return Err(Error::Handshake {
                     peer: peer.clone(),
-                    reason: format!(
-                        "the memory blade refuses this compute blade: a recovery revoked its registration \
-                         (fence tag {tag:#x})"
-                    ),
+                    reason: format!("{} (fence tag {tag:#x})", crate::fence::REFUSED),
                 });
             }
             if status != 0 {
@@ -346,11 +343,7 @@ impl Conn {
                 }
             }
             match self.stream.read(&mut self.inb[self.end..]) {
-                Ok(0) if self.fenced => {
-                    return Err("the memory blade refuses this compute blade (a recovery revoked its registration) \
-                                and closed the connection"
-                        .into())
-                }
+                Ok(0) if self.fenced => return Err(format!("{}, and closed the connection", crate::fence::REFUSED)),
                 Ok(0) => return Err("the memory blade closed the connection".into()),
                 Ok(n) => self.end += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,

@@ -203,32 +203,23 @@ impl Ctx {
                 ),
             );
         }
-        // The lost blades as the others remember them.
+        // The lost blades' identities as the others remember them (only
+        // the identity of a lost blade is judged below). One whose
+        // predecessor was lost too keeps its own: that record went with it.
         let mut was = seen.clone();
-        for &i in &lost {
+        for &i in lost.iter().filter(|&&i| !adopted(usize::from(i))) {
             let b = usize::from(i);
-            if adopted(b) {
-                continue;
-            }
-            was[b] = if b == 0 {
-                Seen {
-                    identity: head | (seen[0].identity & 0xffff),
-                    place: layout::set_place(head, 0),
-                    next: seen[1].identity,
-                }
-            } else if is_lost(b - 1) {
-                // Its predecessor's record of it was lost with it.
-                Seen { identity: seen[b].identity, place: 0, next: 0 }
-            } else {
-                let old = seen[b - 1].next;
-                if old == 0 {
+            if b == 0 {
+                was[0].identity = head | (seen[0].identity & 0xffff);
+            } else if !is_lost(b - 1) {
+                was[b].identity = seen[b - 1].next;
+                if was[b].identity == 0 {
                     return refuse(
                         i,
                         format!("blade {} of this list never had a next blade: no blade was lost here", b - 1),
                     );
                 }
-                Seen { identity: old, place: 0, next: 0 }
-            };
+            }
         }
         // The others, judged as if the lost blades were still in their
         // places.
@@ -243,11 +234,8 @@ impl Ctx {
                 return refuse(i, format!("has the identity of memory blade {o} of this list"));
             }
         }
-        for &i in &lost {
+        for &i in lost.iter().filter(|&&i| !adopted(usize::from(i))) {
             let b = usize::from(i);
-            if adopted(b) {
-                continue;
-            }
             let (old, new) = (was[b], seen[b]);
             if b == 0 {
                 // Taking the set's bits is the adoption: once the identity
