@@ -50,7 +50,7 @@ if [ "${IR:-0}" = 1 ]; then
     mix=()
     [ "$t" != mix ] && mix=(--mix "$t=100")
     echo "instructions: $workload $t" >&2
-    n=$(OUT="$out/ir" scripts/ir-dtx.sh "$workload" "${mix[@]}" | awk '/per attempt/{print $NF}' | tr -d ,)
+    n=$(OUT="$out/ir" scripts/ir-dtx.sh "$workload" "${mix[@]}" | awk '/^instructions /{print $NF}' | tr -d ,)
     echo "$t $n" >>"$out/ir.txt"
   done
 fi
