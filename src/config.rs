@@ -263,9 +263,7 @@ impl Config {
                 let mut lost = a.lost.clone();
                 lost.sort_unstable();
                 lost.dedup();
-                if let Some(i) =
-                    lost.iter().find(|i| usize::from(**i) >= addrs.len()).or(lost.first().filter(|_| addrs.len() < 2))
-                {
+                if let Some(i) = lost.iter().find(|i| addrs.len() < 2 || usize::from(**i) >= addrs.len()) {
                     bail!(
                         "--lost {i}: give the places (0 to {}) in --blades of the lost blades, where fresh ones now \
                          listen (a set of at least 2 blades: with one, nothing else keeps a copy)",
