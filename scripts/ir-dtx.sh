@@ -30,10 +30,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 workload=${1:-tatp}
 shift || true
+# Per workload: its arguments, the function counted, and whether counting
+# starts at once (on=1) or at the end of the load.
 case $workload in
-  tatp) size=(--subscribers 10000) count="Workload>::draw" ;;
-  smallbank) size=(--accounts 100000) count="Workload>::draw" ;;
-  micro) size=(--op read --size 8) count="Post::post_now" ;;
+  tatp) args=(--subscribers 10000 --lease 600) count="Workload>::draw" on=0 ;;
+  smallbank) args=(--accounts 100000 --lease 600) count="Workload>::draw" on=0 ;;
+  micro) args=(--op read --size 8) count="Post::post_now" on=1 ;;
   *) echo "usage: scripts/ir-dtx.sh [tatp|smallbank|micro] [EXTRA_ARGS...]" >&2; exit 2 ;;
 esac
 for tool in valgrind callgrind_control; do
@@ -47,16 +49,13 @@ rm -f "$file" "$out/stderr"
 sim=()
 [ "${BRANCHES:-0}" = 1 ] && sim+=(--branch-sim=yes)
 [ "${CACHE:-0}" = 1 ] && sim+=(--cache-sim=yes --I1=32768,8,64 --D1=49152,12,64 --LL=2097152,16,64 --dump-instr=yes)
-run=(--threads 1 --coroutines 8 --duration 3 --warmup 0)
-[ "$workload" != micro ] && run+=(--lease 600)
 atstart=no
-[ "$workload" = micro ] && atstart=yes
+[ $on = 1 ] && atstart=yes
 valgrind --tool=callgrind --fair-sched=yes --instr-atstart=$atstart "${sim[@]}" --callgrind-out-file="$file" \
-  target/release/compute-blade "$workload" "${size[@]}" "${run[@]}" "$@" >/dev/null 2>"$out/stderr" &
+  target/release/compute-blade "$workload" "${args[@]}" --threads 1 --coroutines 8 --duration 3 --warmup 0 "$@" \
+  >/dev/null 2>"$out/stderr" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
-on=0
-[ $atstart = yes ] && on=1
 for _ in $(seq 3000); do
   [ $on = 1 ] && break
   if grep -q "loaded in" "$out/stderr" 2>/dev/null; then
