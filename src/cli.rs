@@ -10,7 +10,8 @@ use smart_bench::size::parse_size;
 /// How a binary reaches the memory blades' region: flags both binaries take.
 #[derive(Args, Debug, Clone)]
 pub struct LinkFlags {
-    /// Transport: tcp (the software RNIC) or verbs (RDMA).
+    /// Transport: tcp (the software RNIC), verbs (RDMA), or sim (compute-blade
+    /// only: a simulated cluster in virtual time, without --blades).
     #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
     pub transport: TransportArg,
     /// RDMA device (with --transport verbs; default: the first with an active port).
@@ -28,6 +29,8 @@ pub enum TransportArg {
     Tcp,
     /// RDMA verbs (cargo feature `verbs`).
     Verbs,
+    /// A simulated RDMA cluster in virtual time (smart-sim); compute-blade only.
+    Sim,
 }
 
 /// `memory-blade`'s flags.
@@ -193,6 +196,34 @@ pub struct Common {
     /// Seconds to wait at the --barrier for the others before failing.
     #[arg(long, default_value_t = 60.0)]
     pub barrier_timeout: f64,
+    /// The simulation's flags (with --transport sim).
+    #[command(flatten)]
+    pub sim: SimFlags,
+}
+
+/// The simulated cluster (`--transport sim`).
+#[derive(Args, Debug, Clone)]
+pub struct SimFlags {
+    /// Hardware profile: connectx6 (the built-in, calibrated one) or a TOML
+    /// file of the same fields.
+    #[arg(long, default_value = "connectx6", help_heading = "Simulation (--transport sim)")]
+    pub sim_profile: String,
+    /// Simulated compute blades, each with --threads threads, its own RNIC
+    /// and links (default 1).
+    #[arg(long, default_value_t = 1, help_heading = "Simulation (--transport sim)")]
+    pub sim_compute_blades: usize,
+    /// Simulated memory blades (default 1; smallbank and tatp: --replicas).
+    #[arg(long, help_heading = "Simulation (--transport sim)")]
+    pub sim_memory_blades: Option<usize>,
+    /// Keep the simulated memory blades in DIR/blade-I.img, so that a later
+    /// command (table, recover, --audit-only, --no-load) finds what this one
+    /// left.
+    #[arg(long, help_heading = "Simulation (--transport sim)")]
+    pub sim_blade_dir: Option<PathBuf>,
+    /// Nanoseconds of application work per doorbell on top of the profile's
+    /// cpu.op_ns (for code heavier than the profile's).
+    #[arg(long, default_value_t = 0, help_heading = "Simulation (--transport sim)")]
+    pub sim_app_ns: u64,
 }
 
 /// `--cq`.
@@ -247,6 +278,12 @@ pub struct MicroArgs {
     /// every batch is counted. 1 times every batch.
     #[arg(long, default_value_t = 8)]
     pub latency_every: u32,
+    /// Post in rounds, as the Smart artifact's test_rdma does: each
+    /// coroutine posts D batches (a doorbell each) and waits for all of them
+    /// before the next round (default: each coroutine keeps one batch in
+    /// flight).
+    #[arg(long)]
+    pub depth: Option<usize>,
 }
 
 /// `ycsb --app`.
@@ -421,7 +458,7 @@ pub struct RebuildArgs {
 pub enum TableAction {
     /// Every index on the blades (by its named root), with its kind and name.
     List,
-    /// Unset an index's name (its memory is not reclaimed).
+    /// Unset an index's name (a RACE table's memory comes back; a B+tree's pages are not reclaimed).
     Drop,
     /// Read an index whole and report what is wrong with it.
     Check,

@@ -621,7 +621,7 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
                 .await?
                 .ok_or_else(|| ford_dtx::DtxError::Config(format!("no database {name:?} on these blades")))?;
             // A compute blade still running would write over the rebuild.
-            let now = ford_dtx::registry::now_ms();
+            let now = ford_dtx::registry::now_ms(&ctx);
             for sl in ford_dtx::registry::slots(&ctx, &db).await? {
                 if sl.claim != 0 && sl.expiry_ms.saturating_add(ford_dtx::recovery::GRACE_MS) >= now {
                     return Err(ford_dtx::DtxError::Config(format!(

@@ -31,6 +31,8 @@ pub enum Link {
         /// The GID index (RoCE).
         gid_index: Option<u32>,
     },
+    /// A simulated cluster (compute-blade only).
+    Sim,
 }
 
 impl Link {
@@ -40,17 +42,18 @@ impl Link {
     /// Device flags without verbs.
     pub fn resolve(f: &LinkFlags) -> Result<Link> {
         match f.transport {
-            TransportArg::Tcp if f.device.is_some() || f.gid_index.is_some() => {
+            TransportArg::Tcp | TransportArg::Sim if f.device.is_some() || f.gid_index.is_some() => {
                 bail!("--device and --gid-index apply to --transport verbs only")
             }
             TransportArg::Tcp => Ok(Link::Tcp),
+            TransportArg::Sim => Ok(Link::Sim),
             TransportArg::Verbs => Ok(Link::Verbs { device: f.device.clone(), gid_index: f.gid_index }),
         }
     }
 }
 
 /// Where the memory blades are.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Blades {
     /// In this process.
     Embedded {
@@ -59,6 +62,8 @@ pub enum Blades {
         /// Bytes each.
         size: u64,
     },
+    /// A simulated cluster in virtual time.
+    Simulated(Box<smart_sim::SimConfig>),
     /// `memory-blade` processes.
     Remote {
         /// Their HOST:PORT addresses.
@@ -78,9 +83,13 @@ impl Blades {
             Blades::Embedded { count, size } => {
                 Arc::new(EmbeddedTransport::new(*count, *size).context("creating the embedded blades")?)
             }
+            Blades::Simulated(cfg) => {
+                Arc::new(smart_sim::SimTransport::new((**cfg).clone()).context("building the simulated cluster")?)
+            }
             Blades::Remote { addrs, link: Link::Tcp } => {
                 Arc::new(TcpTransport::connect(addrs).context("connecting to the memory blades")?)
             }
+            Blades::Remote { link: Link::Sim, .. } => bail!("--transport sim simulates its own blades: no --blades"),
             Blades::Remote { addrs, link: Link::Verbs { device, gid_index } } => {
                 verbs_transport(addrs, device.clone(), *gid_index)?
             }
@@ -393,7 +402,58 @@ impl Session {
         if !(c.duration > 0.0 && c.duration <= MAX_SECONDS && (0.0..=MAX_SECONDS).contains(&c.warmup)) {
             bail!("--duration must be positive and --warmup non-negative, both at most {MAX_SECONDS} seconds");
         }
-        let blades = if c.blades.is_empty() {
+        let seed = c.seed.unwrap_or_else(rand::random);
+        let sim_flags_given = c.sim.sim_compute_blades != 1
+            || c.sim.sim_memory_blades.is_some()
+            || c.sim.sim_blade_dir.is_some()
+            || c.sim.sim_app_ns != 0
+            || c.sim.sim_profile != "connectx6";
+        if sim_flags_given && link != Link::Sim {
+            bail!("the --sim-* flags apply to --transport sim only");
+        }
+        let blades = if link == Link::Sim {
+            if !c.blades.is_empty() {
+                bail!("--transport sim simulates its own memory blades: drop --blades (or use --sim-memory-blades N)");
+            }
+            if c.embedded_blades.is_some() {
+                bail!("--embedded-blades applies to embedded blades; a simulation takes --sim-memory-blades");
+            }
+            if c.barrier.is_some() {
+                bail!("--barrier needs processes on real blades; a simulation runs its compute blades in one process (--sim-compute-blades)");
+            }
+            let profile = smart_sim::Profile::load(&c.sim.sim_profile).map_err(anyhow::Error::msg)?;
+            // A blade directory made by an earlier run says how many blades it holds.
+            let kept = c
+                .sim
+                .sim_blade_dir
+                .as_ref()
+                .map_or(0, |d| (0..).take_while(|b| d.join(format!("blade-{b}.img")).exists()).count());
+            let memory_blades = c.sim.sim_memory_blades.unwrap_or(kept.max(1));
+            if memory_blades == 0 || memory_blades > smart_core::addr::MAX_BLADES {
+                bail!("--sim-memory-blades must be 1 to {}", smart_core::addr::MAX_BLADES);
+            }
+            if c.sim.sim_compute_blades == 0 || c.sim.sim_compute_blades * c.threads > MAX_THREADS * 16 {
+                bail!(
+                    "--sim-compute-blades must be at least 1, and compute blades × --threads at most {}",
+                    MAX_THREADS * 16
+                );
+            }
+            if c.sim.sim_app_ns > 1_000_000_000 {
+                bail!("--sim-app-ns must be at most 1000000000 (1 s)");
+            }
+            let blade_bytes = c.blade_size.unwrap_or(256 << 20);
+            check_blade_size("--blade-size", blade_bytes)?;
+            Blades::Simulated(Box::new(smart_sim::SimConfig {
+                profile,
+                memory_blades,
+                blade_bytes,
+                compute_blades: c.sim.sim_compute_blades,
+                threads_per_blade: c.threads,
+                seed,
+                blade_dir: c.sim.sim_blade_dir.clone(),
+                app_ns: c.sim.sim_app_ns,
+            }))
+        } else if c.blades.is_empty() {
             if link != Link::Tcp {
                 bail!("--transport verbs needs --blades");
             }
@@ -421,14 +481,15 @@ impl Session {
         if !(0.0..=1e6).contains(&c.idle_us) {
             bail!("--idle-us must be 0 to 1000000 microseconds");
         }
+        let compute_blades = if matches!(blades, Blades::Simulated(_)) { c.sim.sim_compute_blades } else { 1 };
         let mut run = RunConfig {
-            threads: c.threads,
+            threads: c.threads * compute_blades,
             coroutines: c.coroutines,
             duration: Duration::from_secs_f64(c.duration),
             warmup: Duration::from_secs_f64(c.warmup),
             runtime: RuntimeConfig { smart, request_timeout, ..RuntimeConfig::default() },
             progress: !c.quiet,
-            seed: c.seed.unwrap_or_else(rand::random),
+            seed,
             interrupt: None,
             gate: None,
             idle: Duration::from_secs_f64(c.idle_us / 1e6),
@@ -498,6 +559,9 @@ fn micro(a: &MicroArgs, run: &RunConfig) -> Result<MicroConfig> {
     if a.phase_ms == Some(0) || (a.phase_ms.is_some() && a.contended) {
         bail!("--phase-ms must be at least 1, and applies to uncontended runs only");
     }
+    if a.depth.is_some_and(|d| d == 0 || d > 256) {
+        bail!("--depth must be 1 to 256 batches per round");
+    }
     if a.latency_every == 0 || a.latency_every > 1 << 20 {
         bail!("--latency-every must be 1 to {}", 1 << 20);
     }
@@ -509,6 +573,7 @@ fn micro(a: &MicroArgs, run: &RunConfig) -> Result<MicroConfig> {
         area: a.area,
         phase_ms: a.phase_ms,
         latency_every: a.latency_every,
+        depth: a.depth,
     })
 }
 
@@ -585,14 +650,17 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
     if f.replicas == 0 || f.replicas > max {
         bail!("--replicas must be 1 to {max}");
     }
-    // Embedded blades: as many as replicas unless told.
-    if let Blades::Embedded { count, .. } = &mut session.blades {
-        if c.embedded_blades.is_none() {
-            *count = f.replicas;
+    // Embedded and simulated blades: as many as replicas unless told.
+    match &mut session.blades {
+        Blades::Embedded { count, .. } if c.embedded_blades.is_none() => *count = f.replicas,
+        Blades::Simulated(cfg) if c.sim.sim_memory_blades.is_none() && cfg.memory_blades < f.replicas => {
+            cfg.memory_blades = f.replicas
         }
+        _ => {}
     }
     let blades = match &session.blades {
         Blades::Embedded { count, .. } => *count,
+        Blades::Simulated(cfg) => cfg.memory_blades,
         Blades::Remote { addrs, .. } => addrs.len(),
     };
     if f.replicas > blades {

@@ -8,6 +8,8 @@
 //! offers the verbs backend. Both binaries share the
 //! transport flags ([`cli::LinkFlags`]).
 
+#![warn(missing_docs)]
+
 pub mod cli;
 pub mod commands;
 pub mod config;

@@ -101,13 +101,17 @@ pub struct Subject<'a> {
 pub fn record(what: Subject<'_>, s: &Session, t: &dyn Transport, r: &RunReport, extra: Value) -> Result<Value> {
     let smart = &s.run.runtime.smart;
     let flags = smart.flags();
+    let sim = t.simulation().map(|s| s.summary());
+    // A simulation's compute blades run in one process: `threads` is per
+    // compute blade, as in the records of real compute blades.
+    let threads = sim.as_ref().map_or(s.run.threads, |x| x.threads_per_compute_blade);
     let mut v = json!({
         "bench": what.bench,
         "app": what.app,
         "workload": what.workload,
         "transport": t.name(),
         "blades": t.blades().len(),
-        "threads": s.run.threads,
+        "threads": threads,
         "coroutines": s.run.coroutines,
         "smart": {
             "thd_res_alloc": flags[0],
@@ -125,6 +129,9 @@ pub fn record(what: Subject<'_>, s: &Session, t: &dyn Transport, r: &RunReport, 
         "interrupted": r.interrupted,
         "first_error": r.first_error,
     });
+    if let Some(sim) = sim {
+        v["sim"] = serde_json::to_value(sim)?;
+    }
     let obj = v.as_object_mut().expect("object");
     for val in [serde_json::to_value(r.record())?, extra] {
         if let Value::Object(m) = val {

@@ -59,6 +59,8 @@
 //! reg.close(&*t).unwrap();
 //! ```
 
+#![warn(missing_docs)]
+
 mod cache;
 pub mod db;
 pub mod dtx;

@@ -120,7 +120,7 @@ async fn write(ctx: &Ctx, db: &Db, blade: u16) -> Result<bool> {
     }
     // The registrations already there, once the root is set: one that
     // comes later finds the root and writes its own copy.
-    let now = crate::registry::now_ms();
+    let now = crate::registry::now_ms(ctx);
     for s in crate::registry::slots(ctx, db).await? {
         if s.claim != 0 {
             let lease = s.expiry_ms.saturating_sub(now);

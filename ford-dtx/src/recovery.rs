@@ -116,7 +116,7 @@ pub async fn recover_after_loss(ctx: &Ctx, db: &Db, lost: &[u16], which: Which) 
 }
 
 async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: &[u16]) -> Result<Vec<Recovered>> {
-    let now = now_ms();
+    let now = now_ms(ctx);
     let mut out = Vec::new();
     for s in slots(ctx, db).await? {
         let dead = match which {
@@ -132,13 +132,13 @@ async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: &[u16]) -> Result<V
             continue; // claimed by another recovery, or renewed
         }
         // Hold the slot against other recoveries while this one runs.
-        ctx.write(at.add(8), &(now_ms() + 60_000).to_le_bytes()).await?;
+        ctx.write(at.add(8), &(now_ms(ctx) + 60_000).to_le_bytes()).await?;
         // Before anything is repaired: no verb of the dead compute blade
         // runs on a memory blade from here on (where the backend can
         // refuse them).
         let fenced = ctx.revoke(s.nonce())?;
         out.push(recover_slot(ctx, db, &s, lost, fenced).await?);
-        ctx.write(at.add(8), &now_ms().to_le_bytes()).await?;
+        ctx.write(at.add(8), &now_ms(ctx).to_le_bytes()).await?;
         if ctx.cas(at, mine, 0).await? == mine {
             crate::mirror::unregister(ctx, db, s.slot, s.nonce()).await?;
         }

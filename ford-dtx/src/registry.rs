@@ -15,9 +15,11 @@ use crate::db::Db;
 use crate::error::{DtxError, Result};
 use crate::layout::{self, log, registry};
 
-/// Wall-clock milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+/// Wall-clock milliseconds since the Unix epoch, as `ctx`'s clock tells
+/// them (a simulation's virtual time under a simulated transport: see
+/// [`smart_core::clock::Clock::wall_ms`]).
+pub fn now_ms(ctx: &Ctx) -> u64 {
+    ctx.clock().wall_ms()
 }
 
 /// A registry slot as read.
@@ -150,7 +152,7 @@ pub(crate) async fn claim(
         let info = SlotInfo {
             slot: s.slot,
             claim: me,
-            expiry_ms: now_ms() + lease.as_millis() as u64,
+            expiry_ms: now_ms(ctx) + lease.as_millis() as u64,
             log,
             threads: threads as u64,
             coroutines: coroutines as u64,
@@ -187,9 +189,63 @@ pub struct Registration {
     /// from then on this compute blade's transactions refuse to lock or
     /// commit, because recovery may be repairing them (self-fencing).
     lost: Arc<AtomicBool>,
-    heartbeat: Option<JoinHandle<std::result::Result<(), String>>>,
+    heartbeat: Option<Heartbeat>,
     /// The address cache's prints, shared by this compute blade's threads.
     pub(crate) prints: Arc<crate::cache::Prints>,
+}
+
+/// What renews a registration's lease.
+enum Heartbeat {
+    /// A thread of this process.
+    Thread(JoinHandle<std::result::Result<(), String>>),
+    /// A simulated thread of the simulation behind `transport`.
+    Simulated {
+        transport: Arc<dyn Transport>,
+        id: u64,
+        /// Why it stopped renewing, if it failed.
+        failed: Arc<std::sync::Mutex<Option<String>>>,
+    },
+}
+
+impl std::fmt::Debug for Heartbeat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Heartbeat::Thread(_) => f.write_str("Heartbeat::Thread"),
+            Heartbeat::Simulated { id, .. } => write!(f, "Heartbeat::Simulated({id})"),
+        }
+    }
+}
+
+/// A simulated heartbeat: renews the lease word at `at` every `every`
+/// until `stop`, in virtual time; fails (and the caller fences the compute
+/// blade) when a renewal comes after the expiry it extends, or fails.
+async fn renew_until_stopped(
+    ctx: &Ctx,
+    at: GlobalAddr,
+    mut expires: u64,
+    lease: Duration,
+    every: Duration,
+    stop: &AtomicBool,
+) -> std::result::Result<(), String> {
+    let every_ns = every.as_nanos() as u64;
+    // Wakes in steps of at most 5 ms, to notice the stop.
+    let step = every_ns.min(5_000_000);
+    let mut next = ctx.now_ns();
+    while !stop.load(Ordering::Relaxed) {
+        if ctx.now_ns() >= next {
+            let now = now_ms(ctx);
+            if now >= expires {
+                // Renewed too late: a recovery may have begun.
+                return Err(format!("lease expired {} ms before its renewal", now - expires));
+            }
+            let new = now + lease.as_millis() as u64;
+            ctx.write(at, &new.to_le_bytes()).await.map_err(|e| e.to_string())?;
+            expires = new;
+            next += every_ns;
+        }
+        ctx.sleep_ns(step.min(next.saturating_sub(ctx.now_ns())).max(1)).await;
+    }
+    Ok(())
 }
 
 /// Heartbeat runtimes are small: one 8-byte WRITE at a time.
@@ -217,51 +273,70 @@ impl Registration {
         drop(rt);
         let stop = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicBool::new(false));
-        let (st, lo, at) = (stop.clone(), lost.clone(), db.registry_slot(info.slot).add(8));
+        let at = db.registry_slot(info.slot).add(8);
         let tag = info.claim;
-        let mut expires = info.expiry_ms;
-        let heartbeat = std::thread::Builder::new()
-            .name(format!("lease-{}", info.slot))
-            .spawn(move || {
-                let fence = |e: String| {
-                    lo.store(true, Ordering::SeqCst);
-                    e
-                };
-                let every = (lease / 4).max(Duration::from_millis(10));
-                // A renewal is given half a lease to complete. It starts at
-                // least three quarters of a lease before the expiry it
-                // extends, so one that hangs (the path to the registry's
-                // blade stalls while this process and the blade live)
-                // fences this compute blade a quarter lease before that
-                // expiry, not after the run's request time-out (10 s by
-                // default, as long as the default lease): until then its
-                // transactions would go on locking and committing while
-                // recovery, elsewhere, could take them for dead.
-                // Tagged: once a recovery revoked this registration, the
-                // blades refuse its renewals too.
-                let cfg = RuntimeConfig { request_timeout: Some(lease / 2), fence_tag: tag, ..small_runtime() };
-                let mut rt = Runtime::new(&*transport, 0, cfg).map_err(|e| fence(e.to_string()))?;
-                let ctx = rt.ctx();
-                let mut next = std::time::Instant::now();
-                while !st.load(Ordering::Relaxed) {
-                    if std::time::Instant::now() >= next {
-                        let now = now_ms();
-                        if now >= expires {
-                            // Renewed too late: a recovery may have begun.
-                            return Err(fence(format!("lease expired {} ms before its renewal", now - expires)));
-                        }
-                        let new = now + lease.as_millis() as u64;
-                        let c = ctx.clone();
-                        rt.block_on(async move { c.write(at, &new.to_le_bytes()).await })
-                            .map_err(|e| fence(e.to_string()))?;
-                        expires = new;
-                        next += every;
+        let expires = info.expiry_ms;
+        let every = (lease / 4).max(Duration::from_millis(10));
+        // A renewal is given half a lease to complete. It starts at least
+        // three quarters of a lease before the expiry it extends, so one
+        // that hangs (the path to the registry's blade stalls while this
+        // process and the blade live) fences this compute blade a quarter
+        // lease before that expiry, not after the run's request time-out
+        // (10 s by default, as long as the default lease): until then its
+        // transactions would go on locking and committing while recovery,
+        // elsewhere, could take them for dead. Tagged: once a recovery
+        // revoked this registration, the blades refuse its renewals too.
+        let cfg = RuntimeConfig { request_timeout: Some(lease / 2), fence_tag: tag, ..small_runtime() };
+        let heartbeat = if let Some(sim) = transport.simulation() {
+            // A simulated compute blade renews on a simulated thread of its
+            // own, in virtual time.
+            let failed = Arc::new(std::sync::Mutex::new(None));
+            let (st, lo, fa) = (stop.clone(), lost.clone(), failed.clone());
+            let task: smart_core::backend::BackgroundTask = Box::new(move |ctx: Ctx| {
+                Box::pin(async move {
+                    if let Err(e) = renew_until_stopped(&ctx, at, expires, lease, every, &st).await {
+                        lo.store(true, Ordering::SeqCst);
+                        *fa.lock().expect("not poisoned") = Some(e);
                     }
-                    std::thread::sleep(Duration::from_millis(5).min(every));
-                }
-                Ok(())
-            })
-            .map_err(|e| DtxError::Config(format!("starting the lease thread: {e}")))?;
+                })
+            });
+            let id = sim.spawn_background(0, cfg, task)?;
+            Heartbeat::Simulated { transport: transport.clone(), id, failed }
+        } else {
+            let (st, lo, mut expires) = (stop.clone(), lost.clone(), expires);
+            let thread = std::thread::Builder::new()
+                .name(format!("lease-{}", info.slot))
+                .spawn(move || {
+                    let fence = |e: String| {
+                        lo.store(true, Ordering::SeqCst);
+                        e
+                    };
+                    let mut rt = Runtime::new(&*transport, 0, cfg).map_err(|e| fence(e.to_string()))?;
+                    let ctx = rt.ctx();
+                    // The OS thread sleeps between renewals (a runtime
+                    // waiting on a timer would spin).
+                    let mut next = std::time::Instant::now();
+                    while !st.load(Ordering::Relaxed) {
+                        if std::time::Instant::now() >= next {
+                            let now = now_ms(&ctx);
+                            if now >= expires {
+                                // Renewed too late: a recovery may have begun.
+                                return Err(fence(format!("lease expired {} ms before its renewal", now - expires)));
+                            }
+                            let new = now + lease.as_millis() as u64;
+                            let c = ctx.clone();
+                            rt.block_on(async move { c.write(at, &new.to_le_bytes()).await })
+                                .map_err(|e| fence(e.to_string()))?;
+                            expires = new;
+                            next += every;
+                        }
+                        std::thread::sleep(Duration::from_millis(5).min(every));
+                    }
+                    Ok(())
+                })
+                .map_err(|e| DtxError::Config(format!("starting the lease thread: {e}")))?;
+            Heartbeat::Thread(thread)
+        };
         let prints = Arc::new(crate::cache::Prints::new(&db));
         Ok(Registration { db, info, threads, coroutines, stop, lost, heartbeat: Some(heartbeat), prints })
     }
@@ -302,9 +377,14 @@ impl Registration {
 
     fn stop_heartbeat(&mut self) -> std::result::Result<(), String> {
         self.stop.store(true, Ordering::Relaxed);
-        match self.heartbeat.take().map(JoinHandle::join) {
-            Some(Ok(r)) => r,
-            Some(Err(_)) => Err("the lease thread panicked".into()),
+        match self.heartbeat.take() {
+            Some(Heartbeat::Thread(t)) => t.join().unwrap_or_else(|_| Err("the lease thread panicked".into())),
+            Some(Heartbeat::Simulated { transport, id, failed }) => {
+                if let Some(sim) = transport.simulation() {
+                    sim.stop_background(id);
+                }
+                failed.lock().expect("not poisoned").take().map_or(Ok(()), Err)
+            }
             None => Ok(()),
         }
     }

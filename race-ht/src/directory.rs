@@ -6,7 +6,6 @@
 use std::cell::RefCell;
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
-use std::time::Instant;
 
 use smart_core::{Ctx, GlobalAddr};
 
@@ -79,7 +78,8 @@ pub struct TableShape {
 /// An operation's waiting on frozen subtables.
 #[derive(Debug, Default)]
 pub(crate) struct Wait {
-    pub(crate) start: Option<Instant>,
+    /// When the wait began, on the thread's clock (ns).
+    pub(crate) start: Option<u64>,
     pub(crate) rounds: u32,
     /// The split lock being watched (its address and word), since when it
     /// holds that word, and when it was last read.
@@ -92,25 +92,27 @@ pub(crate) struct Wait {
 /// the holder).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Watch {
-    since: Instant,
-    last: Instant,
+    /// Times on the thread's clock ([`Ctx::now_ns`]): the host's, or a
+    /// simulation's virtual time.
+    since: u64,
+    last: u64,
 }
 
 impl Watch {
-    pub(crate) fn start() -> Watch {
-        let now = Instant::now();
+    pub(crate) fn start(ctx: &Ctx) -> Watch {
+        let now = ctx.now_ns();
         Watch { since: now, last: now }
     }
 
     /// Records one more look at an unchanged word; returns how long it has
     /// been watched without a gap.
-    pub(crate) fn look(&mut self) -> std::time::Duration {
-        let now = Instant::now();
-        if now.duration_since(self.last) > WATCH_GAP {
+    pub(crate) fn look(&mut self, ctx: &Ctx) -> std::time::Duration {
+        let now = ctx.now_ns();
+        if now.saturating_sub(self.last) > WATCH_GAP.as_nanos() as u64 {
             self.since = now;
         }
         self.last = now;
-        now.duration_since(self.since)
+        std::time::Duration::from_nanos(now - self.since)
     }
 }
 
@@ -285,8 +287,9 @@ impl RaceHt {
         self.bump(|s| s.waits += 1);
         // A long wait keeps this thread's reclamation entry alive.
         self.reclaim.tick(&self.ctx).await?;
-        let start = *wait.start.get_or_insert_with(Instant::now);
-        if start.elapsed() > SPLIT_STALL {
+        let now = self.ctx.now_ns();
+        let start = *wait.start.get_or_insert(now);
+        if now - start > SPLIT_STALL.as_nanos() as u64 {
             return Err(RaceError::Corrupt(format!(
                 "a subtable stayed frozen for {SPLIT_STALL:?}: the client splitting it stalled or died"
             )));
@@ -298,12 +301,12 @@ impl RaceHt {
             let held = self.ctx.read_u64(at).await?;
             match &mut wait.lock {
                 Some((a, w, watch)) if *a == at && *w == held => {
-                    if watch.look() >= self.lease && self.take_over(p.base, held).await? {
+                    if watch.look(&self.ctx) >= self.lease && self.take_over(p.base, held).await? {
                         wait.lock = None;
                         wait.start = None;
                     }
                 }
-                _ => wait.lock = Some((at, held, Watch::start())),
+                _ => wait.lock = Some((at, held, Watch::start(&self.ctx))),
             }
         }
         wait.rounds += 1;
@@ -369,10 +372,13 @@ mod tests {
 
     #[test]
     fn a_watch_restarts_after_a_gap_in_looking() {
-        let mut w = Watch::start();
+        let t = smart_core::EmbeddedTransport::new(1, 1 << 20).unwrap();
+        let rt = smart_core::Runtime::new(&t, 0, smart_core::RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        let mut w = Watch::start(&ctx);
         std::thread::sleep(Duration::from_millis(60));
-        assert!(w.look() >= Duration::from_millis(60), "looks closer than the gap accumulate");
+        assert!(w.look(&ctx) >= Duration::from_millis(60), "looks closer than the gap accumulate");
         std::thread::sleep(super::WATCH_GAP + Duration::from_millis(50));
-        assert!(w.look() < Duration::from_millis(10), "a gap longer than WATCH_GAP restarts the clock");
+        assert!(w.look(&ctx) < Duration::from_millis(10), "a gap longer than WATCH_GAP restarts the clock");
     }
 }

@@ -174,6 +174,32 @@
 //! READ the slot word, READ the block the cached word names], then, if the
 //! slot still holds that word and the block is the key's, a CAS from the
 //! cached word (otherwise, or if the CAS fails, the normal path runs).
+//!
+//! ## Example
+//!
+//! A table on an embedded blade, used through [`smart_core::KvIndex`] as the
+//! workloads use it:
+//!
+//! ```
+//! use smart_core::{EmbeddedTransport, KvIndex, Runtime, RuntimeConfig};
+//! let t = EmbeddedTransport::new(1, 32 << 20).unwrap();
+//! let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+//! let ctx = rt.ctx();
+//! rt.block_on(async move {
+//!     let (mut table, existed) = race_ht::RaceHt::open_or_create(&ctx, "doc", 1000).await.unwrap();
+//!     assert!(!existed);
+//!     assert!(table.insert(b"user:1", b"alice").await.unwrap());
+//!     assert!(table.update(b"user:1", b"alicia").await.unwrap());
+//!     let mut v = Vec::new();
+//!     assert!(table.get(b"user:1", &mut v).await.unwrap());
+//!     assert_eq!(v, b"alicia");
+//!     assert!(table.delete(b"user:1").await.unwrap());
+//!     assert!(!table.get(b"user:1", &mut v).await.unwrap());
+//!     table.close().await.unwrap();
+//! });
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod layout;
 

@@ -4,7 +4,6 @@
 //! and finishing what a dead client left of either.
 
 use std::collections::HashSet;
-use std::time::Instant;
 
 use smart_core::runtime::MAX_BATCH;
 use smart_core::GlobalAddr;
@@ -225,14 +224,14 @@ impl RaceHt {
             }
             match &mut seen {
                 Some((w, watch)) if *w == old => {
-                    if watch.look() >= self.lease {
+                    if watch.look(&self.ctx) >= self.lease {
                         if let Some(l) = self.lock(word, old).await? {
                             self.bump(|s| s.takeovers += 1);
                             return Ok(l);
                         }
                     }
                 }
-                _ => seen = Some((old, Watch::start())),
+                _ => seen = Some((old, Watch::start(&self.ctx))),
             }
             // A long wait keeps this thread's reclamation entry alive (its
             // operation's pin must hold while it waits).
@@ -323,9 +322,10 @@ impl RaceHt {
     /// (published by a client that died or stalled before concluding),
     /// only concludes it. Returns whether this client concluded it.
     async fn split_subtable(&mut self, base: GlobalAddr, lease: &mut Lease) -> Result<bool> {
-        let t0 = Instant::now();
+        let t0 = self.ctx.now_ns();
         let r = self.split_timed(base, lease).await;
-        self.bump(|s| s.split_ns += t0.elapsed().as_nanos() as u64);
+        let spent = self.ctx.now_ns() - t0;
+        self.bump(|s| s.split_ns += spent);
         r
     }
 
@@ -338,9 +338,10 @@ impl RaceHt {
             self.clear_intent_of(base).await?;
             return self.conclude(base, lease, &[]).await;
         };
-        let t0 = Instant::now();
+        let t0 = self.ctx.now_ns();
         let mut dl = self.dir_lock(Some(lease)).await?;
-        self.bump(|s| s.dir_wait_ns += t0.elapsed().as_nanos() as u64);
+        let waited = self.ctx.now_ns() - t0;
+        self.bump(|s| s.dir_wait_ns += waited);
         let r = async {
             for _ in 0..STEAL_TRIES {
                 // A publication a dead client left comes first: no

@@ -79,6 +79,31 @@
 //!   parents of some ten million keys' leaves); a larger tree's lookups
 //!   descend from the root more often. The speculative cache holds
 //!   [`cache::SPEC_ENTRIES`] keys (4 MiB).
+//!
+//! ## Example
+//!
+//! A tree on an embedded blade, used through [`smart_core::KvIndex`]: 8-byte
+//! keys (little-endian `u64`s, in numeric order) and 8-byte values.
+//!
+//! ```
+//! use smart_core::index::Pairs;
+//! use smart_core::{EmbeddedTransport, KvIndex, Runtime, RuntimeConfig};
+//! let t = EmbeddedTransport::new(1, 32 << 20).unwrap();
+//! let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+//! let ctx = rt.ctx();
+//! rt.block_on(async move {
+//!     let (mut tree, _) = sherman_bt::ShermanBt::open_or_create(&ctx, "doc").await.unwrap();
+//!     for k in 0u64..100 {
+//!         tree.insert(&k.to_le_bytes(), &(k * 10).to_le_bytes()).await.unwrap();
+//!     }
+//!     let mut out = Pairs::default();
+//!     let n = tree.scan(&40u64.to_le_bytes(), 5, &mut out).await.unwrap();
+//!     assert_eq!(n, 5);
+//!     assert_eq!(out.get(0).1, &400u64.to_le_bytes()[..]);
+//! });
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod cache;
 pub mod layout;

@@ -280,7 +280,7 @@ fn unfinished_load(
     recovered: &mut Vec<Recovered>,
 ) -> Result<bool, WorkloadError> {
     let ctx = rt.ctx();
-    let (mut said, mut quiet_since) = (None::<Instant>, None);
+    let (mut said, mut quiet_since) = (None::<Instant>, None::<u64>);
     loop {
         let (c, b) = (ctx.clone(), db.clone());
         let (loaded, slots) = rt.block_on(async move {
@@ -289,7 +289,7 @@ fn unfinished_load(
         if loaded {
             return Ok(false);
         }
-        let now = ford_dtx::registry::now_ms();
+        let now = ford_dtx::registry::now_ms(&ctx);
         // A claimed slot whose lease has not run out (recovery's grace
         // included) may belong to a compute blade loading the database.
         let live = slots.iter().find(|s| s.claim != 0 && s.expiry_ms.saturating_add(recovery::GRACE_MS) >= now);
@@ -317,15 +317,16 @@ fn unfinished_load(
                 _ => {}
             }
             quiet_since = None;
-            std::thread::sleep(Duration::from_millis(100));
+            pause(rt, 100);
             continue;
         }
         // The compute blade that created the database registers just
         // after: only a quarter of a second without any is an interrupted
         // load.
-        let since = *quiet_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < Duration::from_millis(250) {
-            std::thread::sleep(Duration::from_millis(50));
+        let now_ns = ctx.now_ns();
+        let since = *quiet_since.get_or_insert(now_ns);
+        if now_ns - since < 250_000_000 {
+            pause(rt, 50);
             continue;
         }
         let (c, b) = (ctx.clone(), db.clone());
@@ -374,6 +375,7 @@ impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
         async move {
             let mut tx = st.dtx.txn(wk.coroutine());
             let me = ledger_key(slot, wk.thread(), wk.coroutine());
+            let ctx = st.dtx.ctx().clone();
             // The load and the preparation run once: their futures are boxed
             // (type-erased) so that their code stays out of the transaction
             // loop's, which is all the instruction cache should hold.
@@ -382,7 +384,7 @@ impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
                     let mut row = (wk.thread() * wk.coroutines() + wk.coroutine()) as u64;
                     while row < w.rows() && wk.running() {
                         let t = wk.now();
-                        until_no_conflict(async || w.load(&mut tx, row).await).await?;
+                        until_no_conflict(&ctx, wk.seed() ^ row, async || w.load(&mut tx, row).await).await?;
                         wk.record(t, 1);
                         row += total;
                     }
@@ -393,10 +395,9 @@ impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
             // Coroutines that insert their ledger rows into one bucket at
             // once choose the same free slot: again.
             let prepare: Pin<Box<dyn Future<Output = _> + '_>> =
-                Box::pin(until_no_conflict(async || w.prepare(&mut tx, me).await));
+                Box::pin(until_no_conflict(&ctx, wk.seed(), async || w.prepare(&mut tx, me).await));
             prepare.await?;
             let mut rng = SmallRng::seed_from_u64(wk.seed());
-            let ctx = st.dtx.ctx().clone();
             while wk.running() {
                 wk.idle().await;
                 let d = w.draw(&mut rng);
@@ -447,13 +448,42 @@ impl<W: Workload + Clone + 'static> Bench for Phase<'_, W> {
 
 /// Runs `f` again while it aborts on a conflict (two inserts that chose
 /// the same free slot), up to 10 000 times.
-async fn until_no_conflict(mut f: impl AsyncFnMut() -> Result<(), TxnError>) -> Result<(), TxnError> {
-    let mut tries = 0;
+///
+/// After a conflict it waits a random time below a bound that doubles per
+/// conflict (2 µs to 1 ms): coroutines that keep taking the same lock in
+/// the same order would otherwise collide again and again (a livelock that
+/// a deterministic simulation at 96 threads × 8 coroutines makes happen
+/// every time, and real hardware only now and then).
+async fn until_no_conflict(
+    ctx: &Ctx,
+    seed: u64,
+    mut f: impl AsyncFnMut() -> Result<(), TxnError>,
+) -> Result<(), TxnError> {
+    let mut tries = 0u32;
+    let mut x = smart_core::hash::mix64(seed) | 1;
     loop {
         match f().await {
-            Err(TxnError::Abort(a)) if a.is_conflict() && tries < 10_000 => tries += 1,
+            Err(TxnError::Abort(a)) if a.is_conflict() && tries < 10_000 => {
+                tries += 1;
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let bound = (2_000u64 << tries.min(9)).min(1_000_000);
+                ctx.sleep_ns(below(x, bound)).await;
+            }
             r => return r,
         }
+    }
+}
+
+/// Waits `ms` on the runtime's clock: the OS thread sleeps on a real
+/// backend; under a simulation, virtual time passes.
+fn pause(rt: &mut Runtime, ms: u64) {
+    let ctx = rt.ctx();
+    if ctx.clock().is_virtual() {
+        rt.block_on(async move { ctx.sleep_ns(ms * 1_000_000).await });
+    } else {
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }
 
@@ -513,8 +543,13 @@ pub fn run<W: Workload + Clone + 'static>(
             eprintln!("loading {} {} rows", w.rows(), w.name());
         }
         let t0 = Instant::now();
+        let v0 = transport.simulation().map(|s| s.now_ns());
         let load = harness::run_bench(&*transport, &cfg.for_load(), &phase(true))?;
-        load_s = t0.elapsed().as_secs_f64();
+        // Virtual seconds under a simulation.
+        load_s = match (transport.simulation(), v0) {
+            (Some(s), Some(v0)) => s.now_ns().saturating_sub(v0) as f64 / 1e9,
+            _ => t0.elapsed().as_secs_f64(),
+        };
         if let Some(e) = load.first_error {
             return Err(WorkloadError::Load(e));
         }

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use smart_core::backend::Transport;
+use smart_core::backend::{Simulation, Transport};
+use smart_core::clock::Clock;
 use smart_core::runtime::{Ctx, Runtime, RuntimeConfig, SmartState};
 use smart_core::smart::QpPlan;
 use smart_core::stats::VerbStats;
@@ -245,7 +246,7 @@ pub struct Worker {
     seed: u64,
     rec: Rc<RefCell<ThreadRec>>,
     progress: Arc<[CachePadded<Published>]>,
-    clock: quanta::Clock,
+    clock: Clock,
     idle_ns: u64,
 }
 
@@ -308,7 +309,8 @@ impl Worker {
         self.observe() == MEASURE
     }
 
-    /// A timestamp from the cycle counter, to pass to [`Worker::record`]
+    /// A timestamp from the thread's clock (the cycle counter, or virtual
+    /// time under a simulated transport), to pass to [`Worker::record`]
     /// (raw: scaled to nanoseconds once, for the difference).
     #[inline]
     pub fn now(&self) -> Stamp {
@@ -395,7 +397,7 @@ impl Worker {
 
     #[inline]
     fn record_at(&self, start: Stamp, end: u64, n: u64) {
-        let ns = self.clock.delta_as_nanos(start.0, end);
+        let ns = self.clock.delta_ns(start.0, end);
         let mut r = self.rec.borrow_mut();
         r.ops += n;
         r.hist.record(ns);
@@ -601,6 +603,9 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
     if let Some(gate) = &cfg.gate {
         (gate.0)(transport)?;
     }
+    if let Some(sim) = transport.simulation() {
+        return run_simulated(transport, sim, cfg, bench);
+    }
     let phase = Arc::new(AtomicU8::new(WARMUP));
     let progress: Arc<[CachePadded<Published>]> =
         (0..cfg.threads).map(|_| CachePadded::new(Published::new())).collect();
@@ -608,15 +613,14 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
     let finished = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let clock = quanta::Clock::new();
     let (report, measured, timeline) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..cfg.threads)
             .map(|t| {
-                let (phase, progress, ready, finished, failed, first_error, clock) =
-                    (phase.clone(), progress.clone(), &ready, &finished, &failed, first_error.clone(), clock.clone());
+                let (phase, progress, ready, finished, failed, first_error) =
+                    (phase.clone(), progress.clone(), &ready, &finished, &failed, first_error.clone());
                 std::thread::Builder::new()
                     .name(format!("worker-{t}"))
-                    .spawn_scoped(s, move || -> Result<(VerbStats, Latency, u64, u64, SmartState)> {
+                    .spawn_scoped(s, move || -> Result<ThreadOut> {
                         // Counts this thread as ready and finished however it
                         // leaves, a panic included, so nobody waits for it.
                         let mut arrival = Arrival { ready, finished, failed, readied: false, done: false };
@@ -628,79 +632,14 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                                 return Err(e);
                             }
                         };
-                        let rec = Rc::new(RefCell::new(ThreadRec {
-                            hist: Latency::default(),
-                            ops: 0,
-                            errors: 0,
-                            phase_seen: WARMUP,
-                            at_measure: VerbStats::default(),
-                            at_stop: VerbStats::default(),
-                        }));
-                        let note = |rec: &RefCell<ThreadRec>, what: String| {
-                            rec.borrow_mut().errors += 1;
-                            first_error.lock().expect("no panics while holding it").get_or_insert(what);
-                        };
-                        let thread_state = rt.block_on(bench.open_thread(rt.ctx()));
-                        let state = match thread_state {
-                            Ok(s) => Some(s),
-                            Err(e) => {
-                                note(&rec, format!("thread {t}: opening: {e}"));
-                                None
-                            }
-                        };
-                        for c in 0..cfg.coroutines {
-                            let Some(state) = &state else { break };
-                            let w = Worker {
-                                ctx: rt.ctx(),
-                                coroutine: c,
-                                phase: phase.clone(),
-                                seen: Cell::new(WARMUP),
-                                seed: mix(cfg.seed, t as u64, c as u64),
-                                rec: rec.clone(),
-                                progress: progress.clone(),
-                                clock: clock.clone(),
-                                idle_ns: cfg.idle.as_nanos() as u64,
-                            };
-                            let fut = bench.coroutine(w.clone(), state.clone());
-                            let first_error = first_error.clone();
-                            rt.spawn(async move {
-                                if let Err(e) = fut.await {
-                                    w.rec.borrow_mut().errors += 1;
-                                    let mut fe = first_error.lock().expect("no panics while holding it");
-                                    fe.get_or_insert_with(|| {
-                                        format!("thread {} coroutine {}: {e}", w.thread(), w.coroutine)
-                                    });
-                                }
-                            });
-                        }
+                        let (rec, state) = open_thread(&mut rt, bench, cfg, t, &phase, &progress, &first_error);
                         arrival.ready();
                         while ready.load(Ordering::Acquire) < cfg.threads {
                             std::thread::yield_now();
                         }
                         rt.run();
                         arrival.finished();
-                        let ctx = rt.ctx();
-                        {
-                            let mut r = rec.borrow_mut();
-                            if r.phase_seen != STOP {
-                                // Every coroutine ended before the stop (errors or
-                                // a bounded body): count up to now.
-                                let now = ctx.stats();
-                                if r.phase_seen == WARMUP {
-                                    r.at_measure = now;
-                                }
-                                r.at_stop = now;
-                            }
-                        }
-                        if let Some(state) = state {
-                            if let Err(e) = rt.block_on(bench.finish_thread(&state)) {
-                                note(&rec, format!("thread {t}: finishing: {e}"));
-                            }
-                            bench.close_thread(state);
-                        }
-                        let mut r = rec.borrow_mut();
-                        let verbs = r.at_stop.since(&r.at_measure);
-                        Ok((verbs, std::mem::take(&mut r.hist), r.ops, r.errors, ctx.smart_state()))
+                        Ok(close_thread(&mut rt, bench, t, rec, state, &first_error))
                     })
                     .expect("spawn worker thread")
             })
@@ -802,6 +741,237 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
     };
     for r in report {
         let (verbs, hist, ops, errors, smart) = r?;
+        out.verbs.merge(&verbs);
+        out.latency.merge(&hist);
+        out.ops += ops;
+        out.errors += errors;
+        out.smart.push(smart);
+    }
+    out.first_error = first_error.lock().expect("no poisoned lock").take();
+    Ok(out)
+}
+
+/// What a thread hands back when its coroutines are done: its verbs in the
+/// measured phase, latencies, operations, errors, the techniques' state.
+type ThreadOut = (VerbStats, Latency, u64, u64, SmartState);
+
+/// Opens worker thread `t`'s state on its runtime and spawns its
+/// coroutines (not started until the runtime runs).
+#[allow(clippy::too_many_arguments)]
+fn open_thread<B: Bench>(
+    rt: &mut Runtime,
+    bench: &B,
+    cfg: &RunConfig,
+    t: usize,
+    phase: &Arc<AtomicU8>,
+    progress: &Arc<[CachePadded<Published>]>,
+    first_error: &Arc<Mutex<Option<String>>>,
+) -> (Rc<RefCell<ThreadRec>>, Option<B::Thread>) {
+    let rec = Rc::new(RefCell::new(ThreadRec {
+        hist: Latency::default(),
+        ops: 0,
+        errors: 0,
+        phase_seen: WARMUP,
+        at_measure: VerbStats::default(),
+        at_stop: VerbStats::default(),
+    }));
+    let state = match rt.block_on(bench.open_thread(rt.ctx())) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            note(&rec, first_error, format!("thread {t}: opening: {e}"));
+            None
+        }
+    };
+    for c in 0..cfg.coroutines {
+        let Some(state) = &state else { break };
+        let w = Worker {
+            ctx: rt.ctx(),
+            coroutine: c,
+            phase: phase.clone(),
+            seen: Cell::new(WARMUP),
+            seed: mix(cfg.seed, t as u64, c as u64),
+            rec: rec.clone(),
+            progress: progress.clone(),
+            clock: rt.clock().clone(),
+            idle_ns: cfg.idle.as_nanos() as u64,
+        };
+        let fut = bench.coroutine(w.clone(), state.clone());
+        let first_error = first_error.clone();
+        rt.spawn(async move {
+            if let Err(e) = fut.await {
+                w.rec.borrow_mut().errors += 1;
+                let mut fe = first_error.lock().expect("no panics while holding it");
+                fe.get_or_insert_with(|| format!("thread {} coroutine {}: {e}", w.thread(), w.coroutine));
+            }
+        });
+    }
+    (rec, state)
+}
+
+fn note(rec: &RefCell<ThreadRec>, first_error: &Mutex<Option<String>>, what: String) {
+    rec.borrow_mut().errors += 1;
+    first_error.lock().expect("no panics while holding it").get_or_insert(what);
+}
+
+/// After thread `t`'s coroutines finished: its counts, then the bench's
+/// `finish_thread` and `close_thread`.
+fn close_thread<B: Bench>(
+    rt: &mut Runtime,
+    bench: &B,
+    t: usize,
+    rec: Rc<RefCell<ThreadRec>>,
+    state: Option<B::Thread>,
+    first_error: &Mutex<Option<String>>,
+) -> ThreadOut {
+    let ctx = rt.ctx();
+    {
+        let mut r = rec.borrow_mut();
+        if r.phase_seen != STOP {
+            // Every coroutine ended before the stop (errors or a bounded
+            // body): count up to now.
+            let now = ctx.stats();
+            if r.phase_seen == WARMUP {
+                r.at_measure = now;
+            }
+            r.at_stop = now;
+        }
+    }
+    if let Some(state) = state {
+        if let Err(e) = rt.block_on(bench.finish_thread(&state)) {
+            note(&rec, first_error, format!("thread {t}: finishing: {e}"));
+        }
+        bench.close_thread(state);
+    }
+    let mut r = rec.borrow_mut();
+    let verbs = r.at_stop.since(&r.at_measure);
+    (verbs, std::mem::take(&mut r.hist), r.ops, r.errors, ctx.smart_state())
+}
+
+/// The interval of the timeline's samples in a simulated run: a virtual
+/// second for runs of 5 s or more, else a tenth of the measured time
+/// (simulated runs are short in virtual time).
+fn sample_every(duration: Duration) -> u64 {
+    if duration >= Duration::from_secs(5) {
+        1_000_000_000
+    } else {
+        (duration.as_nanos() as u64 / 10).max(1_000)
+    }
+}
+
+/// [`run_bench`] on a simulated transport: every worker thread's runtime on
+/// this OS thread, driven by the simulation in virtual time; the warm-up,
+/// the measured time and the timeline's samples are virtual.
+fn run_simulated<B: Bench>(
+    transport: &dyn Transport,
+    sim: &dyn Simulation,
+    cfg: &RunConfig,
+    bench: &B,
+) -> Result<RunReport> {
+    let phase = Arc::new(AtomicU8::new(WARMUP));
+    let progress: Arc<[CachePadded<Published>]> =
+        (0..cfg.threads).map(|_| CachePadded::new(Published::new())).collect();
+    let first_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let mut rts = Vec::with_capacity(cfg.threads);
+    let mut threads = Vec::with_capacity(cfg.threads);
+    for t in 0..cfg.threads {
+        let rcfg = RuntimeConfig { coroutines: cfg.coroutines, ..cfg.runtime.clone() };
+        let mut rt = Runtime::new(transport, t, rcfg)?;
+        threads.push(open_thread(&mut rt, bench, cfg, t, &phase, &progress, &first_error));
+        rts.push(rt);
+    }
+    // The threads opened one after the other, each at the simulation's time
+    // then: they start together, at the latest (as the threaded harness's
+    // threads wait for each other before they run).
+    let together = rts.iter().map(|rt| rt.clock().raw()).max().unwrap_or(0);
+    for rt in &rts {
+        if let Clock::Virtual { time, .. } = rt.clock() {
+            time.set(together);
+        }
+    }
+    let (warmup, duration) = (cfg.warmup.as_nanos() as u64, cfg.duration.as_nanos() as u64);
+    let every = sample_every(cfg.duration);
+    let mut t0 = None::<u64>;
+    let mut end = None::<u64>;
+    let mut timeline = Vec::new();
+    let mut last = 0u64;
+    let mut start = None::<u64>;
+    let wall = std::time::Instant::now();
+    let stop = |phase: &AtomicU8, now: u64, t0: u64, end: &mut Option<u64>| {
+        phase.store(STOP, Ordering::Relaxed);
+        *end = Some(now.max(t0));
+    };
+    let mut control = |now: u64| -> u64 {
+        let s = *start.get_or_insert(now);
+        if end.is_some() {
+            return u64::MAX;
+        }
+        let Some(m) = t0 else {
+            if now >= s + warmup {
+                phase.store(MEASURE, Ordering::Relaxed);
+                t0 = Some(now);
+                return now + every.min(duration);
+            }
+            return s + warmup;
+        };
+        // A sample of the interval that ends now.
+        let total: u64 = progress.iter().map(|p| p.ops.load(Ordering::Relaxed)).sum();
+        let t_s = (now - m) as f64 / 1e9;
+        let span = (now - m) as f64 / 1e9 - timeline.last().map_or(0.0, |x: &Sample| x.t_s);
+        let sample = Sample {
+            t_s,
+            mops: (total - last) as f64 / span.max(1e-12) / 1e6,
+            credit_limit: mean(&progress, |p| &p.credit_limit),
+            backoff_cap_us: mean(&progress, |p| &p.backoff_cap_ns).map(|ns| ns / 1000.0),
+            n_max: mean(&progress, |p| &p.n_max),
+        };
+        if cfg.progress {
+            eprintln!(
+                "[{:>9.6}s virtual, {:>6.1}s wall] {:>8.3} Mop/s  ({total} ops)",
+                sample.t_s,
+                wall.elapsed().as_secs_f64(),
+                sample.mops
+            );
+        }
+        timeline.push(sample);
+        last = total;
+        if now >= m + duration || cfg.interrupted() {
+            stop(&phase, now, m, &mut end);
+            return u64::MAX;
+        }
+        (now + every).min(m + duration)
+    };
+    let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sim.drive(&mut rts, &mut control)));
+    match driven {
+        Ok(r) => r?,
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            return Err(Error::WorkerPanicked(format!("a simulated thread: {what}")));
+        }
+    }
+    // Coroutines that all ended before the stop end the measured phase there.
+    let now = sim.now_ns();
+    let t0 = t0.unwrap_or(now);
+    let end = end.unwrap_or(now);
+    phase.store(STOP, Ordering::Relaxed);
+    let mut out = RunReport {
+        threads: cfg.threads,
+        coroutines: cfg.coroutines,
+        duration_s: end.saturating_sub(t0) as f64 / 1e9,
+        ops: 0,
+        verbs: VerbStats::default(),
+        latency: Latency::default(),
+        smart: Vec::with_capacity(cfg.threads),
+        timeline,
+        errors: 0,
+        first_error: None,
+        interrupted: cfg.interrupted(),
+    };
+    for (t, (rt, (rec, state))) in rts.iter_mut().zip(threads).enumerate() {
+        let (verbs, hist, ops, errors, smart) = close_thread(rt, bench, t, rec, state, &first_error);
         out.verbs.merge(&verbs);
         out.latency.merge(&hist);
         out.ops += ops;

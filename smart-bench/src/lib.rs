@@ -13,6 +13,33 @@
 //!
 //! Dependencies point down: the binaries and the workloads (`ycsb`) use this
 //! crate; the applications (`race-ht`, …) do not.
+//!
+//! ## Example
+//!
+//! Two threads × four coroutines, each doing 100 FAAs on one word, with the
+//! harness's report:
+//!
+//! ```
+//! use std::time::Duration;
+//! use smart_bench::harness::{run, RunConfig};
+//! use smart_core::{EmbeddedTransport, GlobalAddr};
+//! let t = EmbeddedTransport::new(1, 8 << 20).unwrap();
+//! let cfg = RunConfig { threads: 2, coroutines: 4, warmup: Duration::ZERO, ..RunConfig::default() };
+//! let word = GlobalAddr::new(0, 4096); // the heap's first word, unused here
+//! let report = run(&t, &cfg, move |w| async move {
+//!     for _ in 0..100 {
+//!         let t0 = w.now();
+//!         w.ctx().faa(word, 1).await?;
+//!         w.record(t0, 1);
+//!     }
+//!     Ok(())
+//! })
+//! .unwrap();
+//! assert_eq!(report.errors, 0);
+//! assert!(report.ops <= 800);
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod harness;
 pub mod latency;

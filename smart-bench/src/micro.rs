@@ -58,6 +58,44 @@ pub struct MicroConfig {
     /// the sample cost about a fifth of an 8-byte READ on the embedded
     /// backend; sampling keeps that probe effect off the throughput.
     pub latency_every: u32,
+    /// Posts in rounds, as the Smart artifact's `test_rdma` does: each
+    /// coroutine posts this many batches (each its own doorbell) and waits
+    /// for all of them before the next round. `None`: each coroutine posts
+    /// its next batch as soon as its last one completed.
+    pub depth: Option<usize>,
+}
+
+/// Posts every batch of `round` (each its own doorbell, all rung before any
+/// completion is awaited) and waits for all of them.
+async fn post_round(round: &mut [smart_core::Batch<'_>]) -> Result<()> {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
+    let mut posts: Vec<_> = round.iter_mut().map(|b| Some(b.post())).collect();
+    let mut first_error = None;
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for p in posts.iter_mut() {
+            if let Some(post) = p {
+                match Pin::new(post).poll(cx) {
+                    Poll::Ready(r) => {
+                        *p = None;
+                        if let Err(e) = r {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    first_error.map_or(Ok(()), Err)
 }
 
 /// Threads active in phase `phase` of a run with `threads` threads and
@@ -186,6 +224,9 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
     let increments = Arc::new(AtomicU64::new(0));
     let m = *m;
     let areas: Arc<[GlobalAddr]> = areas.into();
+    // The phases' common start: the host's clock, or the simulation's
+    // virtual time (a simulated thread's raw clock is absolute virtual ns).
+    let virtual_start = transport.simulation().map(|s| s.now_ns());
     let (start, threads, seed) = (std::time::Instant::now(), cfg.threads, cfg.seed);
     let run = harness::run(transport, cfg, |w| {
         let areas = areas.clone();
@@ -209,7 +250,10 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
             let mut untimed = 0u32;
             while w.running() {
                 if let Some(ms) = m.phase_ms {
-                    let now = start.elapsed().as_nanos() as u64;
+                    let now = match virtual_start {
+                        Some(v) => ctx.clock().raw().saturating_sub(v),
+                        None => start.elapsed().as_nanos() as u64,
+                    };
                     let phase_ns = ms * 1_000_000;
                     if w.thread() >= active_threads(seed, now / phase_ns, threads) {
                         // Idle to the next phase (in steps, to notice the stop).
@@ -221,6 +265,36 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
                 if w.idles() {
                     w.idle().await;
                     t0 = w.now();
+                }
+                if let Some(depth) = m.depth {
+                    // A round of `depth` doorbells, then a wait for all.
+                    let mut round: Vec<smart_core::Batch<'_>> = (0..depth).map(|_| ctx.batch()).collect();
+                    for b in &mut round {
+                        let r = rng.next_u64();
+                        let area = areas[below(r, areas.len() as u64) as usize];
+                        for _ in 0..m.batch {
+                            let at =
+                                if m.contended { counter } else { area.add(below(rng.next_u64(), slots) * stride) };
+                            match m.op {
+                                Opcode::Read => {
+                                    b.read(at, size as usize);
+                                }
+                                Opcode::Write => b.write(at, &payload),
+                                Opcode::Cas => {
+                                    b.cas(at, 0, 0);
+                                }
+                                Opcode::Faa => {
+                                    b.faa(at, 1);
+                                }
+                            }
+                        }
+                    }
+                    post_round(&mut round).await?;
+                    if m.contended && m.op == Opcode::Faa {
+                        done.n += (depth * m.batch) as u64;
+                    }
+                    t0 = w.lap(t0, (depth * m.batch) as u64);
+                    continue;
                 }
                 let mut b = ctx.batch();
                 // A batch is one doorbell to one QP, so all its WRs go to one
@@ -320,6 +394,7 @@ mod tests {
                 area: 1 << 20,
                 phase_ms: None,
                 latency_every: 1,
+                depth: None,
             };
             let r = run(&t, &cfg, &m).unwrap();
             assert_eq!(r.run.errors, 0, "{op:?}: {:?}", r.run.first_error);
@@ -348,6 +423,7 @@ mod tests {
                 area: 1 << 20,
                 phase_ms: None,
                 latency_every: every,
+                depth: None,
             };
             let r = run(&t, &cfg, &m).unwrap().run;
             assert_eq!(r.errors, 0);

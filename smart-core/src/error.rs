@@ -55,6 +55,7 @@ pub enum Error {
     /// other thread joined.
     #[error("a worker thread panicked: {0}")]
     WorkerPanicked(String),
+    /// A batch does not fit: too many WRs, or more local bytes than a slot holds.
     #[error("batch too large: {what} (raise RuntimeConfig::{knob})")]
     BatchTooLarge {
         /// What overflowed.

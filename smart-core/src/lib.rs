@@ -39,10 +39,13 @@
 //! 8-byte granularity; WRs of one QP execute in order; nothing is ordered
 //! across QPs or blades.
 
+#![warn(missing_docs)]
+
 pub mod addr;
 pub mod backend;
 pub mod barrier;
 pub mod blade;
+pub mod clock;
 pub mod crc;
 mod error;
 pub mod fence;
@@ -59,7 +62,9 @@ pub mod verbs;
 pub mod wire;
 
 pub use addr::GlobalAddr;
-pub use backend::{BladeInfo, ChaosConfig, EmbeddedTransport, Fencing, TcpTransport, ThreadSpec, Transport};
+pub use backend::{
+    BladeInfo, ChaosConfig, EmbeddedTransport, Fencing, Simulation, TcpTransport, ThreadSpec, Transport,
+};
 pub use error::{Error, Result};
 pub use index::{Audit, IndexStats, KvIndex};
 pub use runtime::{Batch, Ctx, Done, Runtime, RuntimeConfig};

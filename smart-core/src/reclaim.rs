@@ -128,8 +128,9 @@ pub struct ReclaimStats {
     pub fresh_bytes: u64,
     /// Bytes taken from the blades' heaps (spans and large objects).
     pub heap_bytes: u64,
-    /// Bags pushed to and popped from the blades' free lists.
+    /// Bags pushed to the blades' free lists.
     pub bags_pushed: u64,
+    /// Bags popped from the blades' free lists.
     pub bags_popped: u64,
     /// Advances of the global epoch this thread made.
     pub advances: u64,

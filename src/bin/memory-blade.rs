@@ -16,6 +16,12 @@ use smart_core::region::Region;
 fn main() -> Result<()> {
     let args = MemoryCli::parse();
     let link = Link::resolve(&args.link)?;
+    if link == Link::Sim {
+        anyhow::bail!(
+            "--transport sim is compute-blade's: a simulated cluster has its memory blades inside it (run \
+             compute-blade ... --transport sim)"
+        );
+    }
     if args.max_connections == 0 {
         anyhow::bail!("--max-connections must be at least 1");
     }

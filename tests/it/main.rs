@@ -3,8 +3,10 @@
 mod blade_set;
 mod btree;
 mod cli;
+mod cli_reference;
 mod damage;
 mod dtx;
 mod multi;
 mod rebuild;
+mod sim;
 mod tables;

@@ -456,6 +456,7 @@ pub fn run<I: KvIndex>(
     let mut load_s = 0.0;
     if !attach {
         let t0 = Instant::now();
+        let v0 = transport.simulation().map(|s| s.now_ns());
         if cfg.progress {
             eprintln!("loading {} keys", y.keys);
         }
@@ -463,7 +464,11 @@ pub fn run<I: KvIndex>(
         if let Some(e) = load.first_error {
             return Err(YcsbError::Load(e));
         }
-        load_s = t0.elapsed().as_secs_f64();
+        // Virtual seconds under a simulation.
+        load_s = match (transport.simulation(), v0) {
+            (Some(s), Some(v0)) => s.now_ns().saturating_sub(v0) as f64 / 1e9,
+            _ => t0.elapsed().as_secs_f64(),
+        };
         if load.interrupted {
             return Err(YcsbError::Interrupted(load_s));
         }

@@ -17,6 +17,8 @@
 //! assert!(matches!(w.next_op(&mut rng), Op::Read | Op::Update));
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod bench;
 
 use rand::Rng;

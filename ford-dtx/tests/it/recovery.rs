@@ -623,7 +623,7 @@ fn a_renewal_that_never_completes_fences_before_the_lease_expires() {
     while !reg.lease_lost() && stalled.elapsed() < lease * 4 {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let fenced_ms = ford_dtx::registry::now_ms();
+    let fenced_ms = smart_core::clock::Clock::host().wall_ms();
     assert!(reg.lease_lost(), "never fenced within {:?} of the stall", lease * 4);
     // The expiry that the last renewal to land set, read past the relay.
     let direct: Arc<dyn Transport> = Arc::new(smart_core::TcpTransport::connect(&[blade.addr().to_string()]).unwrap());

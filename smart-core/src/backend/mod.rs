@@ -100,6 +100,79 @@ pub trait Transport: Send + Sync + fmt::Debug {
     fn doorbell_rings(&self) -> Vec<u64> {
         Vec::new()
     }
+
+    /// The simulation behind a simulated transport (`smart-sim`), which the
+    /// run harness hands its worker threads' runtimes to drive in virtual
+    /// time instead of running an OS thread per worker. `None` (the
+    /// default) for real backends.
+    fn simulation(&self) -> Option<&dyn Simulation> {
+        None
+    }
+}
+
+/// A transport whose blades, network and NICs are simulated in virtual
+/// time: it runs many simulated threads' runtimes on the calling OS thread,
+/// deterministically (see the `smart-sim` crate).
+pub trait Simulation: Send + Sync {
+    /// Runs `runtimes` (each a simulated thread opened on this transport)
+    /// until every coroutine of every one of them has finished. `control`
+    /// is called with the virtual time (ns) first and then whenever the
+    /// time it last returned is reached, before anything later happens; it
+    /// returns the next virtual time it wants to be called at (`u64::MAX`:
+    /// never again). The harness uses it to start and stop the measured
+    /// phase and to print progress.
+    ///
+    /// # Errors
+    /// If a runtime was not opened on this simulation.
+    fn drive(&self, runtimes: &mut [crate::Runtime], control: &mut dyn FnMut(u64) -> u64) -> Result<()>;
+
+    /// The simulation's virtual time now, in ns (the latest any simulated
+    /// thread has reached).
+    fn now_ns(&self) -> u64;
+
+    /// What the simulation is and did so far, for the result record.
+    fn summary(&self) -> SimSummary;
+
+    /// Runs `task` on a simulated thread of its own (thread index `thread`,
+    /// runtime `cfg`) in the background: every [`Simulation::drive`] on
+    /// this OS thread runs it beside the runtimes it drives, until the task
+    /// ends or [`Simulation::stop_background`]. For work that a real
+    /// compute blade does on a thread of its own, such as renewing a lease.
+    /// Returns the task's id.
+    ///
+    /// # Errors
+    /// If its runtime cannot be opened.
+    fn spawn_background(&self, thread: usize, cfg: crate::RuntimeConfig, task: BackgroundTask) -> Result<u64>;
+
+    /// Stops background task `id` (dropping its runtime), from the OS
+    /// thread that spawned it. Unknown ids are ignored.
+    fn stop_background(&self, id: u64);
+}
+
+/// The work of a background simulated thread ([`Simulation::spawn_background`]).
+pub type BackgroundTask = Box<dyn FnOnce(crate::Ctx) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>>;
+
+/// What a simulation reports about itself ([`Simulation::summary`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SimSummary {
+    /// The hardware profile's name.
+    pub profile: String,
+    /// Simulated compute blades.
+    pub compute_blades: usize,
+    /// Threads per simulated compute blade.
+    pub threads_per_compute_blade: usize,
+    /// Simulated memory blades.
+    pub memory_blades: usize,
+    /// Virtual seconds simulated.
+    pub virtual_s: f64,
+    /// Wall-clock seconds since the simulation was built.
+    pub wall_s: f64,
+    /// Events run.
+    pub events: u64,
+    /// WRs simulated.
+    pub verbs: u64,
+    /// WRs simulated per wall-clock second: the simulator's own speed.
+    pub verbs_per_wall_s: f64,
 }
 
 /// One thread's view of a backend: a CQ, one QP per blade, local memory.
@@ -128,6 +201,20 @@ pub trait Endpoint: fmt::Debug {
     /// several times in a row: a backend whose completions arrive from
     /// elsewhere may block here briefly instead of spinning.
     fn idle(&mut self) {}
+
+    /// The clock the runtime on this endpoint reads: `None` (the default)
+    /// for the host's cycle counter; a simulated backend gives its thread's
+    /// virtual time (see [`crate::clock`]).
+    fn clock(&self) -> Option<crate::clock::Clock> {
+        None
+    }
+
+    /// Whether the executor ends a round right after a coroutine that
+    /// posted, so that a simulation can interleave its threads at every
+    /// post in virtual-time order (default false).
+    fn preempts(&self) -> bool {
+        false
+    }
 
     /// Brings an errored QP back to a working state (RESET → RTS).
     ///
@@ -248,7 +335,7 @@ impl LocalMem {
 /// an RNIC refuses other atomics at post time, so they are refused here
 /// for every backend alike).
 #[inline]
-pub(crate) fn validate_batch(local: &LocalMem, qp: u16, wrs: &[WorkRequest]) -> Result<()> {
+pub fn validate_batch(local: &LocalMem, qp: u16, wrs: &[WorkRequest]) -> Result<()> {
     if wrs.is_empty() {
         return Err(Error::InvalidWr("empty batch"));
     }

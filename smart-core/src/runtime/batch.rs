@@ -360,6 +360,7 @@ impl<'a> Post<'_, 'a> {
         let wr_id = slots.wr_id(slot);
         let blade = b.blade.expect("a non-empty batch has a blade");
         let posted = inner.ep.borrow_mut().post(blade, wr_id, &staged.wrs[..b.n]);
+        inner.posted.set(true);
         b.clear();
         if let Err(e) = posted {
             slots.release(slot);

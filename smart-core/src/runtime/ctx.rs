@@ -14,6 +14,7 @@ use super::slot::Slots;
 use super::timer::Timers;
 use super::waiting::Fifo;
 use crate::backend::{BladeInfo, Endpoint, LocalMem};
+use crate::clock::Clock;
 use crate::smart::{Backoff, CreditThrottle, Tuner};
 use crate::stats::VerbStats;
 use crate::{GlobalAddr, Result};
@@ -36,8 +37,7 @@ pub(super) struct Inner {
     /// another one's refill had already landed, for the next refills.
     pub(super) spare_chunks: RefCell<Vec<Vec<(u64, u64)>>>,
     pub(super) thread: usize,
-    pub(super) clock: quanta::Clock,
-    pub(super) start: quanta::Instant,
+    pub(super) clock: Clock,
     /// WorkReqThrot.
     pub(super) credits: Option<CreditThrottle>,
     pub(super) credit_fifo: Fifo,
@@ -65,6 +65,8 @@ pub(super) struct Inner {
     /// Tasks made ready by this thread's own completions (no atomics; the
     /// executor drains them with the cross-thread ready set).
     pub(super) local_ready: Box<[Cell<u64>]>,
+    /// Set when a batch was posted, for a preempting executor round.
+    pub(super) posted: Cell<bool>,
 }
 
 impl Inner {
@@ -85,7 +87,7 @@ impl Inner {
 
     #[inline]
     pub(super) fn now_ns(&self) -> u64 {
-        self.clock.now().saturating_duration_since(self.start).as_nanos() as u64
+        self.clock.now_ns()
     }
 
     pub(super) fn random(&self) -> u64 {
@@ -131,13 +133,19 @@ impl Ctx {
         &self.0.cfg
     }
 
+    /// The clock this thread's runtime reads (see [`crate::clock`]).
+    pub fn clock(&self) -> &Clock {
+        &self.0.clock
+    }
+
     /// Counters of this thread so far.
     pub fn stats(&self) -> VerbStats {
         *self.0.stats.borrow()
     }
 
     /// Nanoseconds since this thread's runtime started, from the calibrated
-    /// cycle counter (cheap: no syscall).
+    /// cycle counter (cheap: no syscall), or from the simulation's virtual
+    /// time under a simulated transport.
     #[inline]
     pub fn now_ns(&self) -> u64 {
         self.0.now_ns()

@@ -20,6 +20,7 @@ use super::timer::Timers;
 use super::waiting::Fifo;
 use super::Ctx;
 use crate::backend::{ThreadSpec, Transport};
+use crate::clock::Clock;
 use crate::smart::{Backoff, CreditThrottle, Tuner};
 use crate::stats::VerbStats;
 use crate::verbs::Completion;
@@ -88,6 +89,33 @@ pub struct Runtime {
     ready: Arc<ReadySet>,
     live: usize,
     cq: Vec<Completion>,
+    /// Whether rounds end after a coroutine that posted (a simulation).
+    preempt: bool,
+    /// The loop's bookkeeping between calls.
+    sim_state: Option<LoopState>,
+}
+
+/// What one executor round did ([`Runtime::sim_round`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Round {
+    /// A coroutine posted, and the round ended there (preempting endpoints).
+    Preempted,
+    /// Coroutines ran or completions arrived.
+    Worked,
+    /// Nothing could run and nothing completed.
+    Idle,
+}
+
+/// The executor loop's bookkeeping.
+#[derive(Clone, Copy, Debug)]
+struct LoopState {
+    /// Idle rounds in a row.
+    idle: u32,
+    /// Whether a technique needs the tick.
+    adaptive: bool,
+    next_tick: u64,
+    timeout_ns: Option<u64>,
+    next_expiry: u64,
 }
 
 impl fmt::Debug for Runtime {
@@ -120,8 +148,8 @@ impl Runtime {
         let blades = transport.blades().to_vec();
         let nslots = cfg.slots;
         let measure_rtt = cfg.smart.conflict_avoid.is_some_and(|b| b.calibrate_base);
-        let clock = quanta::Clock::new();
-        let start = clock.now();
+        let preempt = ep.preempts();
+        let clock = ep.clock().unwrap_or_else(Clock::host);
         let (tuner, credits) = match &cfg.smart.work_req_throt {
             Some(tc) => {
                 // The range search's ceiling: every WR this thread can have in flight.
@@ -148,7 +176,6 @@ impl Runtime {
             stats: RefCell::new(VerbStats::default()),
             thread,
             clock,
-            start,
             credits,
             credit_fifo: Fifo::default(),
             tuner: RefCell::new(tuner),
@@ -164,6 +191,7 @@ impl Runtime {
             local_ready: (0..MAX_TASKS / 64).map(|_| Cell::new(0)).collect(),
             measure_rtt,
             rtt_ns: Cell::new(0),
+            posted: Cell::new(false),
         };
         Ok(Runtime {
             ctx: Ctx(Rc::new(inner)),
@@ -172,6 +200,8 @@ impl Runtime {
             ready: Arc::new(ReadySet::new(MAX_TASKS / 64)),
             live: 0,
             cq: Vec::with_capacity(nslots),
+            preempt,
+            sim_state: None,
         })
     }
 
@@ -218,77 +248,153 @@ impl Runtime {
     }
 
     fn run_until(&mut self, done: impl Fn() -> bool) {
-        let mut idle = 0u32;
-        let adaptive = self.ctx.0.tuner.borrow().is_some() || self.ctx.0.backoff.borrow().is_some();
-        let mut next_tick = 0u64;
-        let timeout_ns = self.ctx.0.cfg.request_timeout.map(|t| t.as_nanos().min(u128::from(u64::MAX)) as u64);
-        let mut next_expiry = EXPIRE_EVERY_NS;
+        let mut st = self.loop_state();
         while self.live > 0 && !done() {
-            let inner = &self.ctx.0;
-            // The clock, timers and time-outs after a round that did work,
-            // and on every CLOCK_EVERY_IDLE-th round of an idle run.
-            if idle % CLOCK_EVERY_IDLE == 0 {
-                let now = inner.now_ns();
-                inner.coarse_now.set(now);
-                if adaptive || !inner.timers.is_empty() {
-                    inner.timers.fire(now);
-                    if adaptive && now >= next_tick {
-                        inner.tick(now);
-                        next_tick = now + TICK_NS;
+            let read_clock = st.idle % CLOCK_EVERY_IDLE == 0;
+            match self.round(&mut st, read_clock) {
+                Round::Worked | Round::Preempted => st.idle = 0,
+                Round::Idle => {
+                    st.idle = st.idle.wrapping_add(1);
+                    // Block only when no coroutine sleeps on a (short) timer.
+                    if st.idle >= 64 && self.ctx.0.timers.is_empty() {
+                        self.ctx.0.ep.borrow_mut().idle();
                     }
-                }
-                if let Some(t) = timeout_ns {
-                    if now >= next_expiry {
-                        next_expiry = now + EXPIRE_EVERY_NS;
-                        inner.slots.borrow_mut().expire(now.saturating_sub(t), |task| inner.ready_local(task));
-                    }
-                }
-            }
-            let mut ran = false;
-            let used = self.tasks.len().div_ceil(64);
-            // Coroutines woken by this round's polls (the next waiter of a
-            // FIFO whose turn just came, a freed slot's waiter) run in this
-            // round too, so their batches join this round's doorbells;
-            // bounded, so that a coroutine that yields cannot keep the CQ
-            // from being polled.
-            for _ in 0..SAME_ROUND_PASSES {
-                let mut any = false;
-                for w in 0..used {
-                    let inner = &self.ctx.0;
-                    // Cross-thread wakes (an atomic swap only when there are
-                    // some), then this thread's own completions.
-                    let mut bits = if self.ready.peek(w) != 0 { self.ready.take(w) } else { 0 };
-                    bits |= inner.local_ready[w].replace(0);
-                    any |= bits != 0;
-                    while bits != 0 {
-                        let i = w * 64 + bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
-                        if let Some(task) = self.tasks[i].as_mut() {
-                            let waker = &self.wakers[i];
-                            inner.polling.set((i as u32, waker.data(), waker.vtable()));
-                            let mut cx = Context::from_waker(waker);
-                            if task.as_mut().poll(&mut cx).is_ready() {
-                                self.tasks[i] = None;
-                                self.live -= 1;
-                            }
-                        }
-                    }
-                }
-                if !any {
-                    break;
-                }
-                ran = true;
-            }
-            if self.poll_cq() > 0 || ran {
-                idle = 0;
-            } else {
-                idle = idle.wrapping_add(1);
-                // Block only when no coroutine sleeps on a (short) timer.
-                if idle >= 64 && self.ctx.0.timers.is_empty() {
-                    self.ctx.0.ep.borrow_mut().idle();
                 }
             }
         }
+        self.sim_state = Some(st);
+    }
+
+    /// The loop's bookkeeping, kept between calls (a simulation driver runs
+    /// one round at a time).
+    fn loop_state(&mut self) -> LoopState {
+        self.sim_state.take().unwrap_or(LoopState {
+            idle: 0,
+            adaptive: self.ctx.0.tuner.borrow().is_some() || self.ctx.0.backoff.borrow().is_some(),
+            next_tick: 0,
+            timeout_ns: self.ctx.0.cfg.request_timeout.map(|t| t.as_nanos().min(u128::from(u64::MAX)) as u64),
+            next_expiry: EXPIRE_EVERY_NS,
+        })
+    }
+
+    /// One round of the executor: the clock and what depends on it (when
+    /// `read_clock`), up to [`SAME_ROUND_PASSES`] passes over the ready
+    /// coroutines, then one poll of the CQ. On a preempting endpoint (a
+    /// simulation, see [`Endpoint::preempts`](crate::backend::Endpoint::preempts))
+    /// the round ends right after the coroutine that posted, before the CQ
+    /// poll; the next round goes on with the coroutines still ready, so the
+    /// order of work is the same, only interleaved with other threads.
+    #[inline(always)]
+    fn round(&mut self, st: &mut LoopState, read_clock: bool) -> Round {
+        let inner = &self.ctx.0;
+        // The clock, timers and time-outs after a round that did work, and
+        // on every CLOCK_EVERY_IDLE-th round of an idle run.
+        if read_clock {
+            let now = inner.now_ns();
+            inner.coarse_now.set(now);
+            if st.adaptive || !inner.timers.is_empty() {
+                inner.timers.fire(now);
+                if st.adaptive && now >= st.next_tick {
+                    inner.tick(now);
+                    st.next_tick = now + TICK_NS;
+                }
+            }
+            if let Some(t) = st.timeout_ns {
+                if now >= st.next_expiry {
+                    st.next_expiry = now + EXPIRE_EVERY_NS;
+                    inner.slots.borrow_mut().expire(now.saturating_sub(t), |task| inner.ready_local(task));
+                }
+            }
+        }
+        let mut ran = false;
+        let used = self.tasks.len().div_ceil(64);
+        // Coroutines woken by this round's polls (the next waiter of a
+        // FIFO whose turn just came, a freed slot's waiter) run in this
+        // round too, so their batches join this round's doorbells;
+        // bounded, so that a coroutine that yields cannot keep the CQ
+        // from being polled.
+        for _ in 0..SAME_ROUND_PASSES {
+            let mut any = false;
+            for w in 0..used {
+                let inner = &self.ctx.0;
+                // Cross-thread wakes (an atomic swap only when there are
+                // some), then this thread's own completions.
+                let mut bits = if self.ready.peek(w) != 0 { self.ready.take(w) } else { 0 };
+                bits |= inner.local_ready[w].replace(0);
+                any |= bits != 0;
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if let Some(task) = self.tasks[i].as_mut() {
+                        let waker = &self.wakers[i];
+                        inner.polling.set((i as u32, waker.data(), waker.vtable()));
+                        let mut cx = Context::from_waker(waker);
+                        if task.as_mut().poll(&mut cx).is_ready() {
+                            self.tasks[i] = None;
+                            self.live -= 1;
+                        }
+                    }
+                    if self.preempt && inner.posted.replace(false) {
+                        // The coroutines not yet run this pass stay ready.
+                        let w_bits = &inner.local_ready[w];
+                        w_bits.set(w_bits.get() | bits);
+                        return Round::Preempted;
+                    }
+                }
+            }
+            if !any {
+                break;
+            }
+            ran = true;
+        }
+        if self.poll_cq() > 0 || ran {
+            Round::Worked
+        } else {
+            Round::Idle
+        }
+    }
+
+    /// For a simulation driver: runs one round of the executor (see
+    /// [`Runtime::round`]), reading the clock first, and says what it did.
+    #[doc(hidden)]
+    pub fn sim_round(&mut self) -> Round {
+        let mut st = self.loop_state();
+        let r = self.round(&mut st, true);
+        self.sim_state = Some(st);
+        r
+    }
+
+    /// For a simulation driver: the earliest raw clock time (see
+    /// [`Clock::raw`]) at which this runtime has something to do without a
+    /// completion arriving: a timer, the techniques' tick, the request
+    /// time-out's check. `None` when nothing but completions can wake it.
+    #[doc(hidden)]
+    pub fn next_wake_raw(&self) -> Option<u64> {
+        let inner = &self.ctx.0;
+        let mut at = inner.timers.next_deadline();
+        if let Some(st) = &self.sim_state {
+            if st.adaptive {
+                at = Some(at.map_or(st.next_tick, |a| a.min(st.next_tick)));
+            }
+            if st.timeout_ns.is_some() && inner.slots.borrow().in_flight() > 0 {
+                at = Some(at.map_or(st.next_expiry, |a| a.min(st.next_expiry)));
+            }
+        }
+        let start = match &inner.clock {
+            Clock::Virtual { start, .. } => *start,
+            Clock::Host { .. } => 0,
+        };
+        at.map(|ns| ns.saturating_add(start))
+    }
+
+    /// Coroutines spawned and not yet finished.
+    pub fn live_tasks(&self) -> usize {
+        self.live
+    }
+
+    /// The clock this runtime reads.
+    pub fn clock(&self) -> &Clock {
+        &self.ctx.0.clock
     }
 
     /// Polls the CQ once and wakes the owners of finished batches.

@@ -71,4 +71,4 @@ pub use batch::{post_all, AtomicRef, Batch, Done, Post, ReadRef};
 pub use config::{RuntimeConfig, SmartState, DEFAULT_REQUEST_TIMEOUT, MAX_BATCH};
 pub use conflict::OpGuard;
 pub use ctx::Ctx;
-pub use executor::{prefetch_local, yield_now, Runtime, YieldNow, MAX_TASKS};
+pub use executor::{prefetch_local, yield_now, Round, Runtime, YieldNow, MAX_TASKS};

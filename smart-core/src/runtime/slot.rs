@@ -160,6 +160,11 @@ impl Slots {
         i
     }
 
+    /// Slots not free (batches in flight, or held by their owners).
+    pub(super) fn in_flight(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
     /// The WR id that names slot `i`'s current batch.
     #[inline]
     pub(super) fn wr_id(&self, i: u16) -> u64 {

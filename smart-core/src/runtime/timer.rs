@@ -62,6 +62,11 @@ impl Timers {
         }
     }
 
+    /// The earliest deadline armed.
+    pub(super) fn next_deadline(&self) -> Option<u64> {
+        self.armed.borrow().iter().map(|t| t.deadline).min()
+    }
+
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.armed.borrow().len()

@@ -390,6 +390,7 @@ fn contended_cas_counter_is_exact_under_every_toggle_and_policy() {
                 area: 4096,
                 phase_ms: None,
                 latency_every: 1,
+                depth: None,
             };
             let r = micro::run(&*b.transport, &cfg, &m).unwrap();
             let s = format!("{s} {policy:?}");

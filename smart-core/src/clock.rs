@@ -1,0 +1,143 @@
+//! Where time comes from: the host's cycle counter, or a simulator's
+//! virtual time.
+//!
+//! Everything in the runtime that reads a clock (the executor's rounds,
+//! timers and backoff windows, the techniques' tick, request time-outs,
+//! leases, latency stamps) reads a [`Clock`]. On the embedded, TCP and
+//! verbs backends it is the calibrated cycle counter (`quanta`); under a
+//! simulated transport it is the virtual time of the simulated thread the
+//! runtime belongs to, which only the simulation advances. A backend says
+//! which through [`Endpoint::clock`](crate::backend::Endpoint::clock).
+//!
+//! ```
+//! use smart_core::clock::{Clock, VirtualTime};
+//! let vt = VirtualTime::new(1_000);
+//! let c = Clock::virtual_time(vt.clone());
+//! let t0 = c.raw();
+//! vt.advance(250);
+//! assert_eq!(c.delta_ns(t0, c.raw()), 250);
+//! assert_eq!(c.now_ns(), 250, "ns since the clock was made");
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Virtual time in nanoseconds, shared by a simulated thread's runtime and
+/// the simulation that advances it.
+#[derive(Debug, Default)]
+pub struct VirtualTime(AtomicU64);
+
+impl VirtualTime {
+    /// A virtual clock at `ns`.
+    pub fn new(ns: u64) -> Arc<VirtualTime> {
+        Arc::new(VirtualTime(AtomicU64::new(ns)))
+    }
+
+    /// The time now, in ns since the simulation began.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Sets the time (the simulation only ever moves it forward).
+    #[inline]
+    pub fn set(&self, ns: u64) {
+        self.0.store(ns, Ordering::Relaxed);
+    }
+
+    /// Moves the time forward by `ns` (CPU time spent by the thread).
+    #[inline]
+    pub fn advance(&self, ns: u64) {
+        self.set(self.get() + ns);
+    }
+}
+
+/// A runtime's clock (see the module docs).
+#[derive(Clone)]
+pub enum Clock {
+    /// The host's calibrated cycle counter, from `start`.
+    Host {
+        /// The counter.
+        clock: quanta::Clock,
+        /// When the clock was made.
+        start: quanta::Instant,
+    },
+    /// A simulation's virtual time, from `start` (ns).
+    Virtual {
+        /// The simulated thread's time.
+        time: Arc<VirtualTime>,
+        /// Its value when the clock was made.
+        start: u64,
+    },
+}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Clock::Host { .. } => f.write_str("Clock::Host"),
+            Clock::Virtual { time, start } => write!(f, "Clock::Virtual(now {} ns, start {start} ns)", time.get()),
+        }
+    }
+}
+
+impl Clock {
+    /// The host's cycle counter, starting now.
+    pub fn host() -> Clock {
+        let clock = quanta::Clock::new();
+        let start = clock.now();
+        Clock::Host { clock, start }
+    }
+
+    /// Virtual time, starting at its current value.
+    pub fn virtual_time(time: Arc<VirtualTime>) -> Clock {
+        let start = time.get();
+        Clock::Virtual { time, start }
+    }
+
+    /// Whether the clock is a simulation's.
+    pub fn is_virtual(&self) -> bool {
+        matches!(self, Clock::Virtual { .. })
+    }
+
+    /// Nanoseconds since the clock was made.
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        match self {
+            Clock::Host { clock, start } => clock.now().saturating_duration_since(*start).as_nanos() as u64,
+            Clock::Virtual { time, start } => time.get().saturating_sub(*start),
+        }
+    }
+
+    /// A raw timestamp (cycle counts, or virtual ns), cheap to take; only
+    /// differences between two of them mean anything ([`Clock::delta_ns`]).
+    #[inline]
+    pub fn raw(&self) -> u64 {
+        match self {
+            Clock::Host { clock, .. } => clock.raw(),
+            Clock::Virtual { time, .. } => time.get(),
+        }
+    }
+
+    /// The time of day in ms since the Unix epoch: what leases stored on
+    /// the blades compare. Under a simulation its virtual time stands for
+    /// it (ms since the simulation's epoch), so that leases run and expire
+    /// in virtual time, whatever the host's clock does.
+    pub fn wall_ms(&self) -> u64 {
+        match self {
+            Clock::Host { .. } => {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+            }
+            Clock::Virtual { time, .. } => time.get() / 1_000_000,
+        }
+    }
+
+    /// Nanoseconds from raw timestamp `a` to `b`.
+    #[inline]
+    pub fn delta_ns(&self, a: u64, b: u64) -> u64 {
+        match self {
+            Clock::Host { clock, .. } => clock.delta_as_nanos(a, b),
+            Clock::Virtual { .. } => b.saturating_sub(a),
+        }
+    }
+}

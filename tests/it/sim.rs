@@ -1,0 +1,145 @@
+//! `--transport sim`: every subcommand on the simulated cluster, the
+//! applications verified at the paper's scale (96 threads × 8 coroutines),
+//! a record that says it is simulated, and determinism across processes.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::cli::{compute, record, tmp};
+
+/// A short simulated run's common flags: 96 × 8, 0.5 ms of warm-up and
+/// 2 ms measured (virtual), a fixed seed.
+const SCALE: [&str; 12] = [
+    "--transport",
+    "sim",
+    "--threads",
+    "96",
+    "--coroutines",
+    "8",
+    "--warmup",
+    "0.0005",
+    "--duration",
+    "0.002",
+    "--quiet",
+    "--seed",
+];
+
+fn run(args: &[&str], json: &Path) -> Value {
+    let mut a: Vec<&str> = args.to_vec();
+    a.extend(["--json", json.to_str().unwrap()]);
+    let out = compute(&a);
+    assert!(
+        out.status.success(),
+        "compute-blade {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = record(json);
+    std::fs::remove_file(json).ok();
+    r
+}
+
+/// The record without what differs between two runs of one command: where
+/// and when it ran, and how long the host took.
+fn comparable(mut r: Value) -> Value {
+    let o = r.as_object_mut().unwrap();
+    o.remove("provenance");
+    let sim = o.get_mut("sim").unwrap().as_object_mut().unwrap();
+    sim.remove("wall_s");
+    sim.remove("verbs_per_wall_s");
+    r
+}
+
+#[test]
+fn micro_on_the_simulator_is_deterministic_and_says_it_is_simulated() {
+    let json = tmp("sim-micro.json");
+    let args: Vec<&str> = ["micro"].into_iter().chain(SCALE).chain(["11"]).collect();
+    let a = run(&args, &json);
+    assert_eq!(a["transport"], "sim");
+    assert_eq!(a["threads"], 96);
+    let sim = &a["sim"];
+    assert_eq!(sim["profile"], "connectx6");
+    assert_eq!(sim["compute_blades"], 1);
+    assert!(sim["verbs"].as_u64().unwrap() > 100_000, "{sim}");
+    assert!(sim["virtual_s"].as_f64().unwrap() >= 0.0025, "{sim}");
+    assert!((a["duration_s"].as_f64().unwrap() - 0.002).abs() < 1e-9, "virtual seconds: {}", a["duration_s"]);
+    let b = run(&args, &json);
+    assert_eq!(comparable(a.clone()), comparable(b), "same seed, same record");
+    let other: Vec<&str> = ["micro"].into_iter().chain(SCALE).chain(["12", "--op", "faa", "--contended"]).collect();
+    let c = run(&other, &json);
+    assert_eq!(c["violations"], 0, "the contended counter is exact");
+}
+
+#[test]
+fn ycsb_over_both_indexes_verifies_at_96_threads() {
+    let json = tmp("sim-ycsb.json");
+    for (app, workload) in [("race", "a"), ("race", "update-only"), ("sherman", "e"), ("sherman", "a")] {
+        let args: Vec<&str> = ["ycsb", "--app", app, "--workload", workload, "--keys", "20000", "--verify"]
+            .into_iter()
+            .chain(SCALE)
+            .chain(["5"])
+            .collect();
+        let r = run(&args, &json);
+        assert_eq!(r["violations"], 0, "{app} {workload}");
+        assert_eq!(r["duplicates"], 0, "{app} {workload}");
+        assert!(r["ops"].as_u64().unwrap() > 1000, "{app} {workload}: {}", r["ops"]);
+        assert_eq!(r["transport"], "sim");
+    }
+}
+
+#[test]
+fn smallbank_and_tatp_audit_clean_at_96_threads() {
+    let json = tmp("sim-dtx.json");
+    for (w, size) in [("smallbank", ["--accounts", "20000"]), ("tatp", ["--subscribers", "5000"])] {
+        let args: Vec<&str> = [w, "--audit"].into_iter().chain(size).chain(SCALE).chain(["6"]).collect();
+        let r = run(&args, &json);
+        assert_eq!(r["violations"], 0, "{w}: {}", r["audit"]);
+        assert!(r["committed"].as_u64().unwrap() > 1000, "{w}: {}", r["committed"]);
+        assert_eq!(r["sim"]["memory_blades"], 2, "as many simulated blades as replicas");
+    }
+}
+
+#[test]
+fn a_blade_directory_keeps_the_simulated_cluster_between_commands() {
+    let dir = tmp("sim-blades");
+    let d = dir.to_str().unwrap();
+    let common = ["--transport", "sim", "--sim-blade-dir", d, "--seed", "4", "--quiet"];
+    let step = |args: &[&str]| {
+        let a: Vec<&str> = args.iter().copied().chain(common).collect();
+        let out = compute(&a);
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {text}");
+        text
+    };
+    step(&["tatp", "--subscribers", "2000", "--threads", "4", "--warmup", "0.0005", "--duration", "0.001"]);
+    step(&["ycsb", "--app", "race", "--keys", "5000", "--load-only"]);
+    let listed = step(&["table", "list"]);
+    assert!(listed.contains("tatp") && listed.contains("ycsb"), "{listed}");
+    let audit = step(&["tatp", "--subscribers", "2000", "--audit-only"]);
+    assert!(audit.contains("0 violations"), "{audit}");
+    let check = step(&["table", "check", "ycsb"]);
+    assert!(check.contains("0 faults"), "{check}");
+    step(&["recover"]);
+    // Virtual time went on across the commands.
+    let clock = std::fs::read(dir.join("clock")).unwrap();
+    assert!(u64::from_le_bytes(clock.try_into().unwrap()) > 1_000_000);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sim_flags_are_refused_where_they_mean_nothing() {
+    let refused = |args: &[&str], says: &str| {
+        let out = compute(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
+    };
+    refused(&["micro", "--transport", "sim", "--blades", "127.0.0.1:1"], "drop --blades");
+    refused(&["micro", "--sim-compute-blades", "2"], "apply to --transport sim only");
+    refused(&["micro", "--transport", "sim", "--sim-profile", "/nonexistent.toml"], "not a built-in profile");
+    let out = std::process::Command::new(super::cli::BLADE)
+        .args(["--listen", "127.0.0.1:0", "--transport", "sim"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("compute-blade"));
+}
