@@ -224,6 +224,20 @@ pub struct SimFlags {
     /// cpu.op_ns (for code heavier than the profile's).
     #[arg(long, default_value_t = 0, help_heading = "Simulation (--transport sim)")]
     pub sim_app_ns: u64,
+    /// Inject a fault, counted in virtual ms from the start of the timed run:
+    /// kill@MS (this compute blade dies, exit status 137), blade-down@MS:BLADE:FOR_MS,
+    /// stall@MS:THREAD:FOR_MS, drop-qp@MS:THREAD:BLADE. Repeatable.
+    #[arg(long, help_heading = "Simulation (--transport sim)")]
+    pub sim_fault: Vec<String>,
+    /// Inject one fault drawn from this seed (kind, instant within the
+    /// warm-up and measured time, thread or blade); printed on stderr.
+    #[arg(long, help_heading = "Simulation (--transport sim)")]
+    pub sim_fault_seed: Option<u64>,
+    /// Virtual seconds that pass before this command, after the last one on
+    /// the same --sim-blade-dir (e.g. for a dead compute blade's lease to
+    /// run out before recover).
+    #[arg(long, default_value_t = 0.0, help_heading = "Simulation (--transport sim)")]
+    pub sim_advance: f64,
 }
 
 /// `--cq`.

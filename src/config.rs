@@ -407,7 +407,10 @@ impl Session {
             || c.sim.sim_memory_blades.is_some()
             || c.sim.sim_blade_dir.is_some()
             || c.sim.sim_app_ns != 0
-            || c.sim.sim_profile != "connectx6";
+            || c.sim.sim_profile != "connectx6"
+            || !c.sim.sim_fault.is_empty()
+            || c.sim.sim_fault_seed.is_some()
+            || c.sim.sim_advance != 0.0;
         if sim_flags_given && link != Link::Sim {
             bail!("the --sim-* flags apply to --transport sim only");
         }
@@ -443,6 +446,19 @@ impl Session {
             }
             let blade_bytes = c.blade_size.unwrap_or(256 << 20);
             check_blade_size("--blade-size", blade_bytes)?;
+            let faults = c
+                .sim
+                .sim_fault
+                .iter()
+                .map(|f| smart_sim::Fault::parse(f))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(anyhow::Error::msg)?;
+            if !(0.0..=MAX_SECONDS).contains(&c.sim.sim_advance) {
+                bail!("--sim-advance must be 0 to {MAX_SECONDS} seconds");
+            }
+            if c.sim.sim_advance > 0.0 && c.sim.sim_blade_dir.is_none() {
+                bail!("--sim-advance needs --sim-blade-dir (it moves the virtual clock kept there)");
+            }
             Blades::Simulated(Box::new(smart_sim::SimConfig {
                 profile,
                 memory_blades,
@@ -452,6 +468,10 @@ impl Session {
                 seed,
                 blade_dir: c.sim.sim_blade_dir.clone(),
                 app_ns: c.sim.sim_app_ns,
+                faults,
+                fault_seed: c.sim.sim_fault_seed,
+                fault_span_ns: ((c.warmup + c.duration) * 1e9) as u64,
+                advance_ns: (c.sim.sim_advance * 1e9) as u64,
             }))
         } else if c.blades.is_empty() {
             if link != Link::Tcp {

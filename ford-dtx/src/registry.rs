@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use smart_core::runtime::RuntimeConfig;
 use smart_core::{Ctx, GlobalAddr, Runtime, Transport};
@@ -114,10 +114,8 @@ pub fn ring_bytes(db: &Db) -> u64 {
 }
 
 /// A fresh nonce: non-zero, bit 63 clear.
-fn nonce() -> u64 {
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let z = smart_core::hash::mix64(t ^ u64::from(std::process::id()).rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15);
-    (z & !registry::RECOVERING).max(1)
+fn nonce(ctx: &Ctx) -> u64 {
+    (ctx.clock().nonce(ctx.thread() as u64) & !registry::RECOVERING).max(1)
 }
 
 /// Claims a free registry slot for a compute blade of `threads` ×
@@ -132,7 +130,7 @@ pub(crate) async fn claim(
     if threads > layout::MAX_THREADS || coroutines > layout::MAX_THREADS {
         return Err(DtxError::Config(format!("at most {} threads and coroutines per thread", layout::MAX_THREADS)));
     }
-    let me = nonce();
+    let me = nonce(ctx);
     for s in slots(ctx, db).await? {
         if s.claim != 0 || ctx.cas(db.registry_slot(s.slot), 0, me).await? != 0 {
             continue;
@@ -156,7 +154,7 @@ pub(crate) async fn claim(
             log,
             threads: threads as u64,
             coroutines: coroutines as u64,
-            pid: u64::from(std::process::id()),
+            pid: u64::from(ctx.clock().pid()),
         };
         // All but the claim, which the CAS above wrote.
         ctx.write(db.registry_slot(s.slot).add(8), &info.bytes(me, info.expiry_ms)[8..]).await?;
@@ -367,6 +365,11 @@ impl Registration {
     /// The registry slot (owner id in lock words).
     pub fn slot(&self) -> u16 {
         self.info.slot
+    }
+
+    /// The process id it recorded (0 under a simulation).
+    pub fn pid(&self) -> u64 {
+        self.info.pid
     }
 
     /// Where coroutine `c` of thread `t` keeps its log ring.

@@ -4,7 +4,6 @@
 //! local depth L ≤ GD).
 
 use std::cell::RefCell;
-use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 
 use smart_core::{Ctx, GlobalAddr};
@@ -213,12 +212,8 @@ impl RaceHt {
         let root = format!("race-ht:{name}");
         let table = ctx.root(0, &root).await?.ok_or_else(|| RaceError::Corrupt(format!("{name:?} does not exist")))?;
         let dir = Self::read_dir(ctx, table).await?;
-        let mut token = 0;
-        while token == 0 {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_usize(ctx.thread());
-            token = h.finish();
-        }
+        // Unique per client; reproducible under a simulation.
+        let token = ctx.clock().nonce(ctx.thread() as u64).max(1);
         Ok(RaceHt {
             ctx: ctx.clone(),
             table,

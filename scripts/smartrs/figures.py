@@ -9,6 +9,16 @@ compare shapes).
     scripts/figure all --full --cluster my-cluster.toml
     scripts/figure 8 --plot-only        # redraw from results/figures/fig8.jsonl
     scripts/figure 8 --full --resume    # run only the points a stopped run lacks
+    scripts/figure 8 --sim              # on the simulated cluster (smart-sim), the
+                                        # paper's thread counts, in virtual time
+
+With --sim every point runs on `compute-blade --transport sim` on this machine
+(no cluster, no blades to start): the simulated ConnectX-6 cluster of
+smart-sim's calibrated profile, at the paper's scale (up to 96 threads × 8
+coroutines per compute blade, several compute blades for the scale-out
+figures), in virtual time, deterministic (the same seed every run). Its
+figures are labelled SIMULATED, and the paper's curves are drawn beside ours
+in absolute numbers, not normalised.
 """
 
 from __future__ import annotations
@@ -64,6 +74,7 @@ class Figure:
     metrics: list[Metric]
     points: list[Point] = field(default_factory=list)
     reference: str = ""  # file under scripts/smartrs/reference/
+    ref_scale: float = 1.0  # the reference's unit in the first metric's (scaled) unit
     log_x: bool = False
     x_key: str = ""  # plot against this record field (scaled by x_scale) instead of the swept value
     x_scale: float = 1.0
@@ -80,11 +91,22 @@ def ycsb(workload: str, smart: str, threads: int, keys: int, app: str = "race", 
             "--coroutines", "8", "--smart", smart] + (extra or [])
 
 
-def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Figure:
-    """The sweep of figure `name` in `mode` (quick or full)."""
-    threads = sweep(mode, [1, 2], [1, 2, 4, 8, 16, 24, 32, 48, 64, 96], max_threads)
-    keys = 20_000 if mode == "quick" else 1_000_000
+def build(name: str, mode: str, max_threads: int, memory_blades: int = 2, sim: bool = False) -> Figure:
+    """The sweep of figure `name` in `mode` (quick or full); `sim`: on the
+    simulated cluster, at the paper's thread counts."""
+    if sim:
+        threads = sweep(mode, [1, 8, 24, 48, 96], [1, 8, 16, 24, 32, 48, 64, 72, 96])
+        keys = 100_000 if mode == "quick" else 1_000_000
+    else:
+        threads = sweep(mode, [1, 2], [1, 2, 4, 8, 16, 24, 32, 48, 64, 96], max_threads)
+        keys = 20_000 if mode == "quick" else 1_000_000
     tmax = threads[-1]
+
+    def depth(d: int) -> list[str]:
+        # The artifact's test_rdma posts D WRs (a doorbell each), then waits
+        # for all; the simulated runs do the same (--depth), the real quick
+        # runs keep D coroutines per thread.
+        return ["--coroutines", "1", "--depth", str(d)] if sim else ["--coroutines", str(d)]
     if name in ("3a", "3b"):
         op = "read" if name == "3a" else "write"
         f = Figure(name, f"8-byte RDMA {op.upper()}, depth 8, by QP policy", "threads", [op],
@@ -93,17 +115,17 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
                               ("multiplexed:2", "multiplexed QP (2 thr/QP)"), ("per-thread-qp", "per-thread QP"),
                               ("per-thread-db", "per-thread doorbell")]:
             for t in threads:
-                f.points.append(Point(op, label, t, ["micro", "--op", op, "--size", "8", "--threads", str(t),
-                                                     "--coroutines", "8", "--smart", "none", "--qp-policy", policy]))
+                f.points.append(Point(op, label, t, ["micro", "--op", op, "--size", "8", "--threads", str(t)]
+                                      + depth(8) + ["--smart", "none", "--qp-policy", policy]))
         return f
     if name == "4":
         f = Figure("4", "8-byte READ, per-thread doorbell, by outstanding WRs per thread", "threads", ["read"],
                    [Metric("throughput_mops", "throughput (Mop/s)")], reference="fig4.csv")
-        for depth in sweep(mode, [1, 8, 32], [1, 2, 4, 8, 16, 32, 64, 128]):
+        for d in sweep(mode, [1, 8, 32], [1, 2, 4, 8, 16, 32, 64, 128]):
             for t in threads:
-                f.points.append(Point("read", f"depth {depth}", t,
-                                      ["micro", "--op", "read", "--size", "8", "--threads", str(t), "--coroutines",
-                                       str(depth), "--smart", "none", "--qp-policy", "per-thread-db"]))
+                f.points.append(Point("read", f"depth {d}", t,
+                                      ["micro", "--op", "read", "--size", "8", "--threads", str(t)] + depth(d)
+                                      + ["--smart", "none", "--qp-policy", "per-thread-db"]))
         return f
     if name == "5":
         f = Figure("5", "RACE, update-only (Zipf 0.99): throughput and retries as threads grow", "threads",
@@ -159,7 +181,7 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
         f = Figure("10", f"FORD+ vs Smart-DTX ({replicas} replica{'s' if replicas > 1 else ''})", "threads",
                    ["smallbank", "tatp"],
                    [Metric("committed_per_s", "committed (ktxn/s)", 1e-3), Metric("latency_us.p99", "p99 latency (µs)"),
-                    Metric("abort_rate", "abort rate")], reference="fig10.csv")
+                    Metric("abort_rate", "abort rate")], reference="fig10.csv", ref_scale=1e3)
         size = ["--accounts", "20000"] if mode == "quick" else ["--accounts", "1000000"]
         tsize = ["--subscribers", "20000"] if mode == "quick" else ["--subscribers", "1000000"]
         for smart, label in [("none", "FORD+"), ("all", "Smart-DTX")]:
@@ -200,8 +222,8 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
             xs = [(d, tmax, d) for d in sweep(mode, [1, 8, 32], [1, 2, 4, 8, 16, 32])]
         for smart, label in series:
             for x, t, d in xs:
-                f.points.append(Point("read", label, x, ["micro", "--op", "read", "--size", "8", "--threads", str(t),
-                                                         "--coroutines", str(d), "--smart", smart]))
+                f.points.append(Point("read", label, x, ["micro", "--op", "read", "--size", "8", "--threads", str(t)]
+                                      + depth(d) + ["--smart", smart]))
         return f
     if name == "table1":
         f = Figure("table1", f"8-byte READ at {tmax} threads, depth 64, active threads redrawn every phase "
@@ -211,7 +233,8 @@ def build(name: str, mode: str, max_threads: int, memory_blades: int = 2) -> Fig
                    log_x=True, reference="table1.csv")
         for smart, label in [("thd-res-alloc", "per-thread doorbell"), ("thd-res-alloc,work-req-throt", "+WorkReqThrot")]:
             # The artifact's phases: 8 to 2048 ms.
-            for ms in sweep(mode, [20, 200], [8, 16, 32, 64, 128, 256, 512, 1024, 2048]):
+            for ms in (sweep(mode, [1, 4], [1, 2, 4, 8]) if sim else
+                       sweep(mode, [20, 200], [8, 16, 32, 64, 128, 256, 512, 1024, 2048])):
                 f.points.append(Point("read", label, ms, ["micro", "--op", "read", "--size", "8", "--threads", str(tmax),
                                                           "--coroutines", "64", "--smart", smart, "--phase-ms", str(ms)]))
         return f
@@ -354,6 +377,59 @@ def run_figure(fig: Figure, mode: str, launcher: Launcher, out: Path, resume: bo
     return jl
 
 
+def sim_durations(fig: Figure, mode: str) -> tuple[float, float]:
+    """Virtual seconds measured and of warm-up, per simulated point."""
+    if fig.name == "table1":
+        # Long enough for several phases of the longest.
+        return (0.03, 0.002) if mode == "quick" else (0.08, 0.005)
+    return (0.002, 0.0005) if mode == "quick" else (0.01, 0.002)
+
+
+def run_figure_sim(fig: Figure, mode: str, out: Path, profile: str, jobs: int) -> Path:
+    """Runs every point on the simulated cluster (`--transport sim`), `jobs`
+    at a time; writes fig<name>.jsonl in the sweep's order."""
+    import concurrent.futures
+
+    secs, warm = sim_durations(fig, mode)
+    jl = out / f"fig{fig.name}.jsonl"
+    jl.unlink(missing_ok=True)
+    binary = str(REPO / "target/release/compute-blade")
+    t0 = time.monotonic()
+
+    def one(i: int) -> dict:
+        p = fig.points[i]
+        tag = f"fig{fig.name}-{i + 1}"
+        rec = out / "records" / f"{tag}.json"
+        args = list(p.args) + ["--transport", "sim", "--sim-profile", profile, "--duration", str(secs), "--warmup",
+                               str(warm), "--seed", "1", "--quiet", "--json", str(rec)]
+        if p.processes > 1:
+            args += ["--sim-compute-blades", str(p.processes)]
+        if p.args[0] == "ycsb":
+            args += ["--sim-memory-blades", "2"]
+        r = subprocess.run([binary] + args, capture_output=True, text=True, timeout=3600)
+        log = out / "logs" / f"{tag}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"$ compute-blade {' '.join(args)}\n{r.stdout}{r.stderr}")
+        if r.returncode != 0:
+            raise LaunchError(f"{tag}: compute-blade {' '.join(args)} failed ({r.returncode}); log: {log}")
+        v = json.loads(rec.read_text())
+        if v.get("errors", 0) or v.get("violations", 0):
+            raise LaunchError(f"{tag}: the run reported errors {v.get('errors')} violations {v.get('violations')} "
+                              f"(record: {rec})")
+        print(f"[fig {fig.name} sim {i + 1}/{len(fig.points)} {time.monotonic() - t0:5.0f}s] {p.panel} {p.series} "
+              f"x={p.x}: {v['throughput_mops']:.3f} Mop/s, {v['sim']['verbs_per_wall_s'] / 1e6:.2f} M verbs/s wall",
+              file=sys.stderr, flush=True)
+        return {"figure": fig.name, "mode": mode, "panel": p.panel, "series": p.series, "x": p.x,
+                "x_label": fig.x_label, "processes": p.processes, "record": v}
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
+        rows = list(ex.map(one, range(len(fig.points))))
+    with jl.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return jl
+
+
 def short(commit: str) -> str:
     """A commit as a title shows it: 10 hex digits, and +dirty if so."""
     return commit[:10] + ("+dirty" if commit.endswith("+dirty") else "")
@@ -390,6 +466,7 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
     if not rows:
         raise LaunchError(f"{jl}: no runs to plot")
     ref = reference(fig)
+    simulated = rows[0]["record"].get("transport") == "sim"
     # A row of the paper's curves under ours for each metric they give.
     ref_metrics = [m for m in fig.metrics if any(k[0] == m.key for k in ref)]
     nrows = len(fig.metrics) + len(ref_metrics)
@@ -435,6 +512,22 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
                 if not fig.x_key:
                     ours, theirs = sorted(ours), sorted(theirs)
                 curves[s] = (ours, theirs)
+            if simulated and not fig.x_key:
+                # The simulated cluster models the paper's hardware: the
+                # paper's numbers beside ours as they are.
+                for s, (ours, theirs) in curves.items():
+                    if ours:
+                        ax.plot(*zip(*[(x, y * m.scale) for x, y in ours]), "-", color=colors[s], marker="o",
+                                label=f"{s} (simulated)")
+                    if theirs:
+                        ax.plot(*zip(*[(x, y * fig.ref_scale) for x, y in theirs]), "--", color=colors[s],
+                                label=f"{s} (paper)")
+                ax.set_xlabel(fig.x_label)
+                ax.set_ylabel(m.label)
+                ax.set_ylim(bottom=0)
+                ax.set_title("simulated (solid) vs paper's hardware (dashed)", fontsize=9)
+                ax.grid(alpha=0.3)
+                continue
             # Against the swept value, each side (ours, the paper's) is
             # normalised to its largest value in the panel, so the series
             # keep their order and distances; a latency–throughput curve
@@ -478,8 +571,15 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
     rec0 = rows[0]["record"]
     prov = rec0.get("provenance") or (rec0.get("parts") or [{}])[0].get("provenance", {})
     title = textwrap.fill(f"Figure {fig.name}: {fig.title}", width=48 * ncols)
-    fig_.suptitle(f"{title}\n{rows[0]['mode']} run, {rec0.get('transport')} transport, "
-                  f"commit {short(str(prov.get('commit', '?')))}, host {prov.get('host', '?')}", fontsize=10)
+    if simulated:
+        sim = rec0.get("sim", {})
+        title = f"SIMULATED — {title}"
+        how = (f"{rows[0]['mode']} run on smart-sim (profile {sim.get('profile', '?')}, virtual time): "
+               f"simulated, not measured on hardware; commit {short(str(prov.get('commit', '?')))}")
+    else:
+        how = (f"{rows[0]['mode']} run, {rec0.get('transport')} transport, "
+               f"commit {short(str(prov.get('commit', '?')))}, host {prov.get('host', '?')}")
+    fig_.suptitle(f"{title}\n{how}", fontsize=10)
     fig_.tight_layout()
     made = []
     for ext in ("png", "pdf"):
@@ -524,8 +624,21 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-plot", action="store_true", help="run and record only")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points an interrupted run of this mode and build recorded; run the rest")
+    ap.add_argument("--sim", action="store_true",
+                    help="on the simulated cluster (--transport sim), at the paper's thread counts, in virtual time")
+    ap.add_argument("--sim-profile", default="connectx6", help="the simulation's hardware profile (name or TOML file)")
+    ap.add_argument("--jobs", type=int, default=2, help="simulated points run at once (with --sim)")
     a = ap.parse_args(argv)
     a.mode = a.mode or "quick"
+    if a.sim and (a.cluster or a.resume):
+        print("scripts/figure: --sim runs on this machine's simulated cluster: no --cluster or --resume",
+              file=sys.stderr)
+        return 2
+    if a.jobs < 1:
+        print("scripts/figure: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    if a.sim and a.out == str(REPO / "results" / "figures"):
+        a.out = str(REPO / "results" / "figures-sim")
     names = FIGURES if a.figures == ["all"] else a.figures
     for n in names:
         if n in ABSENT:
@@ -543,6 +656,16 @@ def main(argv: list[str]) -> int:
         return 2
 
     def body() -> int:
+        if a.sim:
+            for n in names:
+                fig = build(n, a.mode, 96, 2, sim=True)
+                jl = out / f"fig{n}.jsonl"
+                if not a.plot_only:
+                    jl = run_figure_sim(fig, a.mode, out, a.sim_profile, a.jobs)
+                if not a.no_plot:
+                    for p in plot(fig, jl, out) + [table(fig, jl, out)]:
+                        print(f"figure {n}: {p}")
+            return 0
         with Launcher(cluster, out / "logs") as launcher:
             for n in names:
                 fig = build(n, a.mode, cluster.max_threads(), len(cluster.memory))

@@ -116,7 +116,6 @@ mod ops;
 mod read;
 
 use std::cell::{Cell, RefCell};
-use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 
 use smart_core::{Ctx, GlobalAddr};
@@ -230,12 +229,7 @@ impl ShermanBt {
                 m.locks.len()
             )));
         }
-        let client = {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_usize(ctx.thread());
-            h.write_u32(std::process::id());
-            (h.finish() as u32).max(1)
-        };
+        let client = (ctx.clock().nonce(ctx.thread() as u64) as u32).max(1);
         let spec = ctx.config().smart.spec_lookup.then(SpecCache::new);
         let local = Local {
             cache: IndexCache::default(),

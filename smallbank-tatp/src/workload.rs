@@ -516,7 +516,7 @@ pub fn run<W: Workload + Clone + 'static>(
     }
     let reg = Registration::register(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease)?;
     if cfg.progress {
-        eprintln!("registered as compute blade {} of database {:?} (pid {})", reg.slot(), d.db, std::process::id());
+        eprintln!("registered as compute blade {} of database {:?} (pid {})", reg.slot(), d.db, reg.pid());
     }
     // Every runtime that locks or commits for this registration names it, so
     // that a recovery that takes this compute blade for dead fences it on

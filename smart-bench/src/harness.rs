@@ -70,6 +70,9 @@ pub struct RunConfig {
     pub idle: Duration,
 }
 
+/// The duration of a load phase: bounded by its work, not by time.
+const LOAD_DURATION: Duration = Duration::from_secs(24 * 3600);
+
 /// The function behind a [`StartGate`].
 pub type GateFn = dyn Fn(&dyn Transport) -> Result<()> + Send + Sync;
 
@@ -106,13 +109,12 @@ impl RunConfig {
     /// with no warm-up, no start gate and no idling (those belong to the
     /// timed run).
     pub fn for_load(&self) -> RunConfig {
-        RunConfig {
-            duration: Duration::from_secs(24 * 3600),
-            warmup: Duration::ZERO,
-            gate: None,
-            idle: Duration::ZERO,
-            ..self.clone()
-        }
+        RunConfig { duration: LOAD_DURATION, warmup: Duration::ZERO, gate: None, idle: Duration::ZERO, ..self.clone() }
+    }
+
+    /// Whether this is a load's configuration ([`RunConfig::for_load`]).
+    pub fn is_load(&self) -> bool {
+        self.duration >= LOAD_DURATION
     }
 
     fn interrupted(&self) -> bool {
@@ -901,6 +903,9 @@ fn run_simulated<B: Bench>(
         *end = Some(now.max(t0));
     };
     let mut control = |now: u64| -> u64 {
+        if start.is_none() && !cfg.is_load() {
+            sim.timed_run_started(now);
+        }
         let s = *start.get_or_insert(now);
         if end.is_some() {
             return u64::MAX;

@@ -66,16 +66,21 @@ pub struct MicroConfig {
 }
 
 /// Posts every batch of `round` (each its own doorbell, all rung before any
-/// completion is awaited) and waits for all of them.
+/// completion is awaited) and waits for all of them. The coroutine yields
+/// after each post, as a thread that posts in a loop lets others reach a
+/// shared doorbell between its posts (a simulated thread is interleaved
+/// with the others at its coroutines' yields).
 async fn post_round(round: &mut [smart_core::Batch<'_>]) -> Result<()> {
     use std::future::Future;
     use std::pin::Pin;
     use std::task::Poll;
     let mut posts: Vec<_> = round.iter_mut().map(|b| Some(b.post())).collect();
     let mut first_error = None;
+    let mut next = 0;
     std::future::poll_fn(|cx| {
         let mut pending = false;
-        for p in posts.iter_mut() {
+        // The ones posted already: done yet?
+        for p in posts[..next].iter_mut() {
             if let Some(post) = p {
                 match Pin::new(post).poll(cx) {
                     Poll::Ready(r) => {
@@ -87,6 +92,22 @@ async fn post_round(round: &mut [smart_core::Batch<'_>]) -> Result<()> {
                     Poll::Pending => pending = true,
                 }
             }
+        }
+        // The next one: posted now (or refused).
+        if next < posts.len() {
+            if let Some(post) = &mut posts[next] {
+                if let Poll::Ready(r) = Pin::new(post).poll(cx) {
+                    posts[next] = None;
+                    if let Err(e) = r {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            next += 1;
+            if next < posts.len() {
+                cx.waker().wake_by_ref();
+            }
+            return Poll::Pending;
         }
         if pending {
             Poll::Pending

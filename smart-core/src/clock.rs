@@ -26,24 +26,33 @@ use std::sync::Arc;
 /// Virtual time in nanoseconds, shared by a simulated thread's runtime and
 /// the simulation that advances it.
 #[derive(Debug, Default)]
-pub struct VirtualTime(AtomicU64);
+pub struct VirtualTime {
+    now: AtomicU64,
+    id: u64,
+}
 
 impl VirtualTime {
     /// A virtual clock at `ns`.
     pub fn new(ns: u64) -> Arc<VirtualTime> {
-        Arc::new(VirtualTime(AtomicU64::new(ns)))
+        VirtualTime::with_id(ns, 0)
+    }
+
+    /// A virtual clock at `ns` for the simulated thread `id` (distinct
+    /// among the threads of one simulation): [`Clock::nonce`] mixes it in.
+    pub fn with_id(ns: u64, id: u64) -> Arc<VirtualTime> {
+        Arc::new(VirtualTime { now: AtomicU64::new(ns), id })
     }
 
     /// The time now, in ns since the simulation began.
     #[inline]
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.now.load(Ordering::Relaxed)
     }
 
     /// Sets the time (the simulation only ever moves it forward).
     #[inline]
     pub fn set(&self, ns: u64) {
-        self.0.store(ns, Ordering::Relaxed);
+        self.now.store(ns, Ordering::Relaxed);
     }
 
     /// Moves the time forward by `ns` (CPU time spent by the thread).
@@ -129,6 +138,34 @@ impl Clock {
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
             }
             Clock::Virtual { time, .. } => time.get() / 1_000_000,
+        }
+    }
+
+    /// A number for identities that must differ between processes (a
+    /// registration's nonce, a lock owner's id): on the host, from the time
+    /// of day in ns, the process id and `salt`; under a simulation, from
+    /// the virtual time, the simulated thread and `salt`, so that a
+    /// simulated run, and what it leaves on the blades, is the same every
+    /// time. Only identity, never secrecy: not for keys.
+    pub fn nonce(&self, salt: u64) -> u64 {
+        let seed = match self {
+            Clock::Host { .. } => {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+                t ^ u64::from(std::process::id()).rotate_left(32)
+            }
+            Clock::Virtual { time, .. } => time.get() ^ time.id.rotate_left(40) ^ 0x51ed_270b_2e9d_1c7f,
+        };
+        crate::hash::mix64(seed ^ crate::hash::mix64(salt ^ 0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// The process id recorded where a compute blade registers: the host's,
+    /// or 0 under a simulation (its compute blades are not processes).
+    pub fn pid(&self) -> u32 {
+        match self {
+            Clock::Host { .. } => std::process::id(),
+            Clock::Virtual { .. } => 0,
         }
     }
 

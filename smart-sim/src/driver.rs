@@ -30,7 +30,7 @@ use smart_core::{Error, Result, Runtime, RuntimeConfig};
 
 use crate::endpoint::lock;
 use crate::queue::ThreadQueue;
-use crate::SimTransport;
+use crate::{Fault, FaultKind, SimTransport};
 
 /// A background simulated thread.
 struct Background {
@@ -67,6 +67,15 @@ impl SimTransport {
         drop(gone);
     }
 
+    /// The next fault, if it is due by `next` (virtual ns): taken off the
+    /// list, with its absolute instant.
+    fn due_fault(&self, next: u64) -> Option<(u64, Fault)> {
+        let mut f = self.faults.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let start = f.1?;
+        let at = start + f.0.last()?.at_ns;
+        (at <= next).then(|| (at, f.0.pop().expect("a fault")))
+    }
+
     pub(crate) fn drive_runtimes(&self, rts: &mut [Runtime], control: &mut dyn FnMut(u64) -> u64) -> Result<()> {
         let key = self.key();
         let mut bg: Vec<Background> = BACKGROUND.with(|b| {
@@ -92,6 +101,7 @@ impl SimTransport {
     fn drive_all(&self, all: &mut [&mut Runtime], main: usize, control: &mut dyn FnMut(u64) -> u64) -> Result<()> {
         let n = all.len();
         let mut clocks = Vec::with_capacity(n);
+        let mut ep_of = Vec::with_capacity(n);
         {
             let mut w = lock(&self.world);
             for (i, rt) in all.iter().enumerate() {
@@ -105,6 +115,7 @@ impl SimTransport {
                     .ok_or_else(|| Error::Unsupported("a runtime not opened on this simulation".into()))?;
                 w.eps[e].driver = Some(i as u32);
                 clocks.push(time.clone());
+                ep_of.push(e as u32);
             }
         }
         let start = (0..main).map(|i| clocks[i].get()).min().unwrap_or_else(|| lock(&self.world).now);
@@ -138,6 +149,44 @@ impl SimTransport {
                         (Some(a), Some(b)) => a.min(b),
                         (a, b) => a.or(b).unwrap_or(u64::MAX),
                     };
+                    if let Some((at, fault)) = self.due_fault(next) {
+                        match fault.kind {
+                            FaultKind::Kill => {
+                                eprintln!(
+                                    "smart-sim: fault {fault}: the compute blade dies at {:.6} s (virtual)",
+                                    at as f64 / 1e9
+                                );
+                                w.now = w.now.max(at);
+                                let now = w.now;
+                                for r in &w.regions {
+                                    let _ = r.flush();
+                                }
+                                drop(w);
+                                self.save_clock_at(now);
+                                std::process::exit(137);
+                            }
+                            FaultKind::BladeDown { blade, down_ns } => {
+                                if let Some(d) = w.blade_down.get_mut(blade as usize) {
+                                    *d = (at, at + down_ns);
+                                }
+                            }
+                            FaultKind::Stall { thread, pause_ns } => {
+                                if thread < main && all[thread].live_tasks() > 0 {
+                                    let t = clocks[thread].get().max(at) + pause_ns;
+                                    clocks[thread].set(t);
+                                    if queue.at(thread).is_some() {
+                                        queue.set(thread, t);
+                                    }
+                                }
+                            }
+                            FaultKind::DropQp { thread, blade } => {
+                                if thread < main && (blade as usize) < w.regions.len() {
+                                    w.drop_qp(ep_of[thread], blade);
+                                }
+                            }
+                        }
+                        continue;
+                    }
                     if next_control != u64::MAX && next_control <= next {
                         drop(w);
                         next_control = control(next_control);

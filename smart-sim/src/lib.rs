@@ -75,6 +75,7 @@
 
 mod driver;
 mod endpoint;
+pub mod fault;
 pub mod model;
 pub mod profile;
 mod queue;
@@ -90,6 +91,7 @@ use smart_core::region::Region;
 use smart_core::smart::QpPlan;
 use smart_core::{Error, Result, Runtime};
 
+pub use fault::{Fault, FaultKind};
 pub use profile::Profile;
 pub use world::SimCounters;
 
@@ -118,6 +120,17 @@ pub struct SimConfig {
     pub blade_dir: Option<PathBuf>,
     /// Application work per doorbell on top of the profile's `cpu.op_ns`.
     pub app_ns: u64,
+    /// Faults injected into the timed run (see [`fault`]).
+    pub faults: Vec<Fault>,
+    /// One more fault, drawn from this seed ([`Fault::draw`]) over the
+    /// first `fault_span_ns` of the timed run.
+    pub fault_seed: Option<u64>,
+    /// See `fault_seed`.
+    pub fault_span_ns: u64,
+    /// Virtual time that passes before this run starts, after the last run
+    /// on the same `blade_dir` (as between two commands: e.g. for a lease
+    /// to run out).
+    pub advance_ns: u64,
 }
 
 impl Default for SimConfig {
@@ -131,6 +144,10 @@ impl Default for SimConfig {
             seed: 0,
             blade_dir: None,
             app_ns: 0,
+            faults: Vec::new(),
+            fault_seed: None,
+            fault_span_ns: 0,
+            advance_ns: 0,
         }
     }
 }
@@ -146,6 +163,8 @@ pub struct SimTransport {
     cfg: SimConfig,
     built: std::time::Instant,
     next_background: std::sync::atomic::AtomicU64,
+    /// Faults still to inject, by instant, and when the timed run started.
+    pub(crate) faults: Mutex<(Vec<Fault>, Option<u64>)>,
 }
 
 impl SimTransport {
@@ -179,7 +198,15 @@ impl SimTransport {
                 }
             }
             .map_err(|e| Error::Io { peer: format!("{b} (simulated)"), cause: e })?;
-            smart_core::layout::format_or_check(&r).map_err(|cause| Error::Layout { blade: b as u16, cause })?;
+            let formatted =
+                smart_core::layout::format_or_check(&r).map_err(|cause| Error::Layout { blade: b as u16, cause })?;
+            if formatted {
+                // A blade identity from the seed instead of a random one, so
+                // that a run leaves the same bytes every time (top 48 bits
+                // not all zero, as the layout requires).
+                let id = smart_core::hash::mix64(cfg.seed ^ 0x1d3a_5f7b ^ ((b as u64) << 48)) | (1 << 63);
+                r.store_u64(smart_core::layout::OFF_IDENTITY, id).expect("the superblock is in bounds");
+            }
             regions.push(Arc::new(r));
         }
         let rkeys: Vec<u32> =
@@ -197,12 +224,21 @@ impl SimTransport {
                 }
             }
         }
+        world.now += cfg.advance_ns;
+        let mut faults = cfg.faults.clone();
+        if let Some(seed) = cfg.fault_seed {
+            let f = Fault::draw(seed, cfg.fault_span_ns, cfg.compute_blades * cfg.threads_per_blade, cfg.memory_blades);
+            eprintln!("smart-sim: fault drawn from seed {seed}: --sim-fault {f}");
+            faults.push(f);
+        }
+        faults.sort_by_key(|f| std::cmp::Reverse(f.at_ns));
         Ok(SimTransport {
             world: Arc::new(Mutex::new(world)),
             infos,
             cfg,
             built: std::time::Instant::now(),
             next_background: std::sync::atomic::AtomicU64::new(1),
+            faults: Mutex::new((faults, None)),
         })
     }
 
@@ -233,12 +269,22 @@ impl SimTransport {
     /// Records the virtual time reached beside file-backed blades (a run
     /// killed afterwards leaves it there for the next).
     fn save_clock_to_dir(&self) -> Result<()> {
+        let now = lock(&self.world).now;
+        self.write_clock(now)
+    }
+
+    fn write_clock(&self, now: u64) -> Result<()> {
         if let Some(dir) = &self.cfg.blade_dir {
-            let now = lock(&self.world).now;
             std::fs::write(dir.join(CLOCK_FILE), now.to_le_bytes())
                 .map_err(|e| Error::Io { peer: dir.display().to_string(), cause: e })?;
         }
         Ok(())
+    }
+
+    pub(crate) fn save_clock_at(&self, now: u64) {
+        if let Err(e) = self.write_clock(now) {
+            eprintln!("smart-sim: {e}");
+        }
     }
 
     pub(crate) fn save_clock(&self) {
@@ -317,5 +363,12 @@ impl Simulation for SimTransport {
 
     fn stop_background(&self, id: u64) {
         self.stop_bg(id);
+    }
+
+    fn timed_run_started(&self, now_ns: u64) {
+        let mut f = self.faults.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if f.1.is_none() && !f.0.is_empty() {
+            f.1 = Some(now_ns);
+        }
     }
 }

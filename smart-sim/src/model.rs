@@ -31,6 +31,8 @@ pub struct SpinLock {
     pub contended: u64,
     /// Posts.
     pub acquisitions: u64,
+    /// The most posts holding or waiting that a post found.
+    pub max_waiters: u64,
 }
 
 impl SpinLock {
@@ -41,6 +43,7 @@ impl SpinLock {
             self.holds.pop_front();
         }
         let waiters = self.holds.len() as u64;
+        self.max_waiters = self.max_waiters.max(waiters);
         let start = self.holds.back().map_or(t, |&end| end.max(t));
         let mut hold = p.lock_ns + waiters * p.waiter_penalty_ns;
         if self.last_owner.is_some_and(|o| o != owner) {

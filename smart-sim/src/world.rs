@@ -84,6 +84,8 @@ struct BatchRec {
     blade: u16,
     wr_id: u64,
     wrs: u16,
+    /// WRs that reached memory.
+    executed: u16,
     status: Result<(), (WcStatus, u16)>,
 }
 
@@ -136,6 +138,8 @@ pub(crate) struct World {
     pub(crate) woken: Vec<(u32, u64)>,
     /// Extra application work per doorbell on top of the profile's (ns).
     pub(crate) app_ns: u64,
+    /// Per memory blade: when it is down (from, until), a fault.
+    pub(crate) blade_down: Vec<(u64, u64)>,
 }
 
 impl World {
@@ -176,6 +180,7 @@ impl World {
             counters: SimCounters::default(),
             woken: Vec::new(),
             app_ns: 0,
+            blade_down: vec![(0, 0); blades],
         }
     }
 
@@ -211,7 +216,7 @@ impl World {
         let plan = self.cnics[cblade].plan;
         let bindings = (0..self.regions.len()).map(|b| plan.binding(t % plan.threads, b)).collect();
         self.eps.push(Ep {
-            clock: VirtualTime::new(self.now),
+            clock: VirtualTime::with_id(self.now, self.eps.len() as u64),
             local,
             thread: t,
             cblade,
@@ -285,7 +290,7 @@ impl World {
         let (cb, bind, owner) = (e.cblade, e.bindings[blade as usize], e.thread as u32);
         let n = wrs.len() as u64;
         let qp = bind.qp as u32;
-        let batch = self.new_batch(BatchRec { ep, qp, blade, wr_id, wrs: n as u16, status: Ok(()) });
+        let batch = self.new_batch(BatchRec { ep, qp, blade, wr_id, wrs: n as u16, executed: 0, status: Ok(()) });
         let p = &self.p;
         let e = &self.eps[ep as usize];
         let mut t = e.clock.get() + p.cpu.op_ns + self.app_ns + p.cpu.post_doorbell_ns + p.cpu.post_wr_ns * (n - 1);
@@ -371,14 +376,20 @@ impl World {
         }
         let e = &self.eps[rec.ep as usize];
         let blade = rec.blade as usize;
-        let r = if e.fence_tag != 0 && self.revoked.contains(&e.fence_tag) {
+        let (down_from, down_until) = self.blade_down[blade];
+        let r = if (down_from..down_until).contains(&self.now) {
+            Err(WcStatus::Transport)
+        } else if e.fence_tag != 0 && self.revoked.contains(&e.fence_tag) {
             Err(WcStatus::Fenced)
         } else {
             execute(&self.regions[blade], self.rkeys[blade], wr, &e.local)
         };
-        if let Err(s) = r {
-            rec.status = Err((s, index));
-            self.cnics[e.cblade].qps[rec.qp as usize].error = true;
+        match r {
+            Ok(()) => rec.executed += 1,
+            Err(s) => {
+                rec.status = Err((s, index));
+                self.cnics[e.cblade].qps[rec.qp as usize].error = true;
+            }
         }
     }
 
@@ -406,6 +417,21 @@ impl World {
         let qp = e.bindings[blade as usize].qp;
         self.cnics[e.cblade].qps[qp].error = false;
         true
+    }
+
+    /// Breaks endpoint `ep`'s QP to `blade` (a fault): its batches in flight
+    /// fail at their first WR that had not reached memory, and the QP stays
+    /// in the error state until reset.
+    pub(crate) fn drop_qp(&mut self, ep: u32, blade: u16) {
+        let e = &self.eps[ep as usize];
+        let (cb, qp) = (e.cblade, e.bindings[blade as usize].qp as u32);
+        self.cnics[cb].qps[qp as usize].error = true;
+        let eps = &self.eps;
+        for rec in self.batches.iter_mut().flatten() {
+            if rec.qp == qp && eps[rec.ep as usize].cblade == cb && rec.blade == blade && rec.status.is_ok() {
+                rec.status = Err((WcStatus::Transport, rec.executed));
+            }
+        }
     }
 
     /// The memory blades refuse owner `tag` from now on.
@@ -548,6 +574,8 @@ mod tests {
         let mut p = Profile::connectx6();
         p.nic.cache_wrs = 4;
         p.nic.engines = 1;
+        // Slow enough that the engine, not the posting CPU, sets the pace.
+        p.nic.wqe_ns = 2_000;
         let mut w = world(p.clone(), 1);
         let ep = w.open(0, LocalMem::new(4096).unwrap(), 0);
         // Eight batches in a row, none completed meanwhile: the fifth and
@@ -560,10 +588,11 @@ mod tests {
         let want = 1000 / 5 + 2000 / 6 + 3000 / 7 + 4000 / 8;
         assert_eq!(misses, want);
         let done = completions(&mut w, ep);
-        // With one engine, the gaps between completions grow by the
-        // expected miss time of each later WR.
+        // With one busy engine, completions come one service time apart,
+        // and each WR past the fourth takes its expected miss time more.
         let gaps: Vec<u64> = done.windows(2).map(|x| x[1] - x[0]).collect();
-        assert!(gaps[3] > gaps[2] && gaps[6] > gaps[3], "{gaps:?}");
+        let (s, m) = (p.nic.wqe_ns, p.nic.miss_ns);
+        assert_eq!(gaps, [s, s, s, s + m / 5, s + 2 * m / 6, s + 3 * m / 7, s + 4 * m / 8]);
     }
 
     #[test]

@@ -147,6 +147,13 @@ pub trait Simulation: Send + Sync {
     /// Stops background task `id` (dropping its runtime), from the OS
     /// thread that spawned it. Unknown ids are ignored.
     fn stop_background(&self, id: u64);
+
+    /// The harness says that a timed run (not a load) starts at virtual
+    /// time `now_ns`: the instants of injected faults count from there
+    /// (default: nothing to do).
+    fn timed_run_started(&self, now_ns: u64) {
+        let _ = now_ns;
+    }
 }
 
 /// The work of a background simulated thread ([`Simulation::spawn_background`]).
