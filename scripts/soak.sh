@@ -39,6 +39,8 @@ if [ "${1:-}" = --sim ]; then
   threads=${THREADS:-96}
   coroutines=${COROUTINES:-8}
   out=${OUT:-results/soak-sim}
+  # Errors are judged by their messages: no backtraces in between.
+  export RUST_BACKTRACE=0
   mkdir -p "$out"
   echo "building compute-blade" >&2
   cargo build --release -q --bin compute-blade
@@ -75,16 +77,19 @@ if [ "${1:-}" = --sim ]; then
       shift 2
       echo "\$ $bin $*" >>"$log"
       set +e
-      "$bin" "$@" >>"$log" 2>&1
+      "$bin" "$@" >"$dir/step" 2>&1
       local rc=$?
       set -e
+      cat "$dir/step" >>"$log"
       echo "(exit $rc)" >>"$log"
       if [[ " $ok " != *" $rc "* ]]; then
         why="$what exited with $rc"
         return 1
       fi
-      # A run that failed must have failed from its fault, not from a check.
-      if [ "$rc" = 1 ] && ! tail -n 5 "$log" | grep -qE "memory blade is unreachable|queue pair is in the error state"; then
+      # A run that failed must have failed from its fault (its error says
+      # so), not from its own check.
+      if [ "$rc" = 1 ] && { grep -q "VIOLATION" "$dir/step" ||
+        ! grep -qE "^Error: .*(memory blade is unreachable|queue pair is in the error state)|coroutine\(s\) failed; first: .*(memory blade is unreachable|queue pair is in the error state)" "$dir/step"; }; then
         why="$what failed, not from a transport fault"
         return 1
       fi

@@ -153,6 +153,22 @@ pub struct Common {
     /// coroutine throttling and the key gate). Needs conflict-avoid in --smart.
     #[arg(long, default_value = "all")]
     pub conflict_avoid_parts: String,
+    /// conflict-avoid's controller: guarded (levels up are trials judged by
+    /// goodput) or paper (the paper's: the retry rate alone moves the
+    /// levels, every 1 ms window; no key gate). Needs conflict-avoid in
+    /// --smart.
+    #[arg(long, default_value = "guarded")]
+    pub conflict_avoid_controller: String,
+    /// work-req-throt's limit on a thread's outstanding WRs: auto (the
+    /// tuner's range search, from the thread's bound down to 1), paper (the
+    /// paper's tuner: the best of 4, 6, 8, 10, 12), or a number (fixed; no
+    /// tuning). Needs work-req-throt in --smart.
+    #[arg(long, default_value = "auto")]
+    pub throttle_limit: String,
+    /// The tuner's measuring window Δ in milliseconds (the paper: 8); the
+    /// stable phase lasts 60 Δ. Needs work-req-throt in --smart.
+    #[arg(long)]
+    pub throttle_delta: Option<f64>,
     /// QP policy: shared, multiplexed:K, per-thread-qp, per-thread-db
     /// (default: per-thread-db with thd-res-alloc, else per-thread-qp).
     #[arg(long)]
@@ -167,7 +183,9 @@ pub struct Common {
     /// Write the result record (JSON) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Size of each embedded blade (without --blades; default 256MiB).
+    /// Size of each embedded blade (without --blades; default 256MiB), or
+    /// of each simulated one (--transport sim; default 4GiB, whose memory
+    /// and blade files are taken only as they are touched).
     #[arg(long, value_parser = parse_size)]
     pub blade_size: Option<u64>,
     /// Number of embedded blades (without --blades; default 1).
@@ -221,9 +239,11 @@ pub struct SimFlags {
     #[arg(long, help_heading = "Simulation (--transport sim)")]
     pub sim_blade_dir: Option<PathBuf>,
     /// Nanoseconds of application work per doorbell on top of the profile's
-    /// cpu.op_ns (for code heavier than the profile's).
-    #[arg(long, default_value_t = 0, help_heading = "Simulation (--transport sim)")]
-    pub sim_app_ns: u64,
+    /// cpu.op_ns (default: the profile's [app] value for the application run:
+    /// race_ns, sherman_ns, smallbank_ns or tatp_ns; 0 for micro, recover
+    /// and table).
+    #[arg(long, help_heading = "Simulation (--transport sim)")]
+    pub sim_app_ns: Option<u64>,
     /// Inject a fault, counted in virtual ms from the start of the timed run:
     /// kill@MS (this compute blade dies, exit status 137), blade-down@MS:BLADE:FOR_MS,
     /// stall@MS:THREAD:FOR_MS, drop-qp@MS:THREAD:BLADE. Repeatable.

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use smart_bench::harness::{RunConfig, StartGate};
 use smart_bench::micro::MicroConfig;
 use smart_core::runtime::{MAX_BATCH, MAX_TASKS};
-use smart_core::smart::{ConflictParts, DoorbellConfig, SmartConfig};
+use smart_core::smart::{BackoffConfig, ConflictParts, DoorbellConfig, SmartConfig, TunerConfig};
 use smart_core::{EmbeddedTransport, Opcode, Runtime, RuntimeConfig, TcpTransport, Transport};
 use ycsb::bench::YcsbConfig;
 
@@ -232,8 +232,11 @@ impl Config {
                 Ok(Config { session, job })
             }
             Cmd::Ycsb(a) => {
-                let job = Job::Ycsb(ycsb(a)?);
-                Ok(Config { session: Session::resolve(&a.common)?, job })
+                let job = ycsb(a)?;
+                let mut session = Session::resolve(&a.common)?;
+                let app = job.app;
+                session.sim_app(&a.common, |c| if app == App::Race { c.race_ns } else { c.sherman_ns });
+                Ok(Config { session, job: Job::Ycsb(job) })
             }
             Cmd::Smallbank(a) => {
                 check_rows("--accounts", a.accounts)?;
@@ -316,6 +319,9 @@ fn parse_doorbells(s: &str) -> Result<DoorbellConfig> {
     Ok(DoorbellConfig { low_latency, medium })
 }
 
+/// The simulated blades' default size (4 GiB, taken only as touched).
+const SIM_BLADE_BYTES: u64 = 4 << 30;
+
 /// Refuses a blade of `size` bytes (given by `flag`) too small for its
 /// superblock and a heap.
 ///
@@ -369,6 +375,16 @@ fn check_json(p: &std::path::Path) -> Result<()> {
 }
 
 impl Session {
+    /// On the simulated transport, charges the application's own work per
+    /// doorbell from the profile (`pick`), unless --sim-app-ns says.
+    fn sim_app(&mut self, c: &Common, pick: impl Fn(&smart_sim::profile::App) -> u64) {
+        if let Blades::Simulated(cfg) = &mut self.blades {
+            if c.sim.sim_app_ns.is_none() {
+                cfg.app_ns = pick(&cfg.profile.app);
+            }
+        }
+    }
+
     /// Resolves the options every subcommand takes.
     ///
     /// # Errors
@@ -377,10 +393,38 @@ impl Session {
         let mut smart = SmartConfig::parse(&c.smart).map_err(|e| anyhow::anyhow!("--smart: {e}"))?;
         let parts: ConflictParts =
             c.conflict_avoid_parts.parse().map_err(|e| anyhow::anyhow!("--conflict-avoid-parts: {e}"))?;
+        match (smart.conflict_avoid.as_mut(), c.conflict_avoid_controller.as_str()) {
+            (_, "guarded") => {}
+            (Some(bc), "paper") => *bc = BackoffConfig::paper(),
+            (None, "paper") => bail!("--conflict-avoid-controller paper needs conflict-avoid in --smart"),
+            (_, other) => bail!("--conflict-avoid-controller {other:?}: expected guarded or paper"),
+        }
         match smart.conflict_avoid.as_mut() {
             Some(bc) => *bc = bc.with_parts(parts),
             None if parts != ConflictParts::All => {
                 bail!("--conflict-avoid-parts {} needs conflict-avoid in --smart", parts.name())
+            }
+            None => {}
+        }
+        match smart.work_req_throt.as_mut() {
+            Some(tc) => {
+                match c.throttle_limit.as_str() {
+                    "auto" => {}
+                    "paper" => *tc = TunerConfig::paper(),
+                    n => match n.parse::<u32>() {
+                        Ok(l) if l > 0 => *tc = TunerConfig::fixed(l),
+                        _ => bail!("--throttle-limit {n:?}: expected auto, paper or a number of WRs (at least 1)"),
+                    },
+                }
+                if let Some(ms) = c.throttle_delta {
+                    if !(ms > 0.0 && ms <= 1e6) {
+                        bail!("--throttle-delta {ms}: expected milliseconds, more than 0");
+                    }
+                    tc.delta_ns = (ms * 1e6) as u64;
+                }
+            }
+            None if c.throttle_limit != "auto" || c.throttle_delta.is_some() => {
+                bail!("--throttle-limit and --throttle-delta need work-req-throt in --smart")
             }
             None => {}
         }
@@ -406,7 +450,7 @@ impl Session {
         let sim_flags_given = c.sim.sim_compute_blades != 1
             || c.sim.sim_memory_blades.is_some()
             || c.sim.sim_blade_dir.is_some()
-            || c.sim.sim_app_ns != 0
+            || c.sim.sim_app_ns.is_some()
             || c.sim.sim_profile != "connectx6"
             || !c.sim.sim_fault.is_empty()
             || c.sim.sim_fault_seed.is_some()
@@ -441,10 +485,13 @@ impl Session {
                     MAX_THREADS * 16
                 );
             }
-            if c.sim.sim_app_ns > 1_000_000_000 {
+            if c.sim.sim_app_ns.is_some_and(|n| n > 1_000_000_000) {
                 bail!("--sim-app-ns must be at most 1000000000 (1 s)");
             }
-            let blade_bytes = c.blade_size.unwrap_or(256 << 20);
+            // Simulated blades take memory only as it is touched (and their
+            // files are sparse): large by default, so that 96 threads × many
+            // compute blades never run out of a blade sized for two.
+            let blade_bytes = c.blade_size.unwrap_or(SIM_BLADE_BYTES);
             check_blade_size("--blade-size", blade_bytes)?;
             let faults = c
                 .sim
@@ -467,7 +514,7 @@ impl Session {
                 threads_per_blade: c.threads,
                 seed,
                 blade_dir: c.sim.sim_blade_dir.clone(),
-                app_ns: c.sim.sim_app_ns,
+                app_ns: c.sim.sim_app_ns.unwrap_or(0),
                 faults,
                 fault_seed: c.sim.sim_fault_seed,
                 fault_span_ns: ((c.warmup + c.duration) * 1e9) as u64,
@@ -666,6 +713,8 @@ fn mix<const N: usize>(spec: Option<&str>, types: &[&str; N], default: [u32; N])
 
 fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Result<Config> {
     let mut session = Session::resolve(c)?;
+    let smallbank = matches!(workload, DtxWorkload::SmallBank(_));
+    session.sim_app(c, |a| if smallbank { a.smallbank_ns } else { a.tatp_ns });
     let max = ford_dtx::layout::MAX_REPLICAS;
     if f.replicas == 0 || f.replicas > max {
         bail!("--replicas must be 1 to {max}");

@@ -377,11 +377,19 @@ def run_figure(fig: Figure, mode: str, launcher: Launcher, out: Path, resume: bo
     return jl
 
 
-def sim_durations(fig: Figure, mode: str) -> tuple[float, float]:
+def sim_durations(fig: Figure, mode: str, args: list[str]) -> tuple[float, float]:
     """Virtual seconds measured and of warm-up, per simulated point."""
+    smart = args[args.index("--smart") + 1] if "--smart" in args else "all"
+    adaptive = smart == "all" or "work-req-throt" in smart or "conflict-avoid" in smart
     if fig.name == "table1":
         # Long enough for several phases of the longest.
         return (0.03, 0.002) if mode == "quick" else (0.08, 0.005)
+    if adaptive:
+        # WorkReqThrot's tuner measures limits for Δ = 8 ms each, halving
+        # from the thread's bound (4096 WRs): its first update phase ends
+        # after about 15 Δ. ConflictAvoid's controller judges its levels
+        # over windows of 1 ms. Measure after both have settled.
+        return (0.01, 0.13) if mode == "quick" else (0.05, 0.2)
     return (0.002, 0.0005) if mode == "quick" else (0.01, 0.002)
 
 
@@ -390,7 +398,6 @@ def run_figure_sim(fig: Figure, mode: str, out: Path, profile: str, jobs: int) -
     at a time; writes fig<name>.jsonl in the sweep's order."""
     import concurrent.futures
 
-    secs, warm = sim_durations(fig, mode)
     jl = out / f"fig{fig.name}.jsonl"
     jl.unlink(missing_ok=True)
     binary = str(REPO / "target/release/compute-blade")
@@ -400,6 +407,7 @@ def run_figure_sim(fig: Figure, mode: str, out: Path, profile: str, jobs: int) -
         p = fig.points[i]
         tag = f"fig{fig.name}-{i + 1}"
         rec = out / "records" / f"{tag}.json"
+        secs, warm = sim_durations(fig, mode, p.args)
         args = list(p.args) + ["--transport", "sim", "--sim-profile", profile, "--duration", str(secs), "--warmup",
                                str(warm), "--seed", "1", "--quiet", "--json", str(rec)]
         if p.processes > 1:
@@ -595,18 +603,28 @@ def table(fig: Figure, jl: Path, out: Path) -> Path:
     series and metric): the paper's table 1 is a table."""
     rows = [json.loads(line) for line in jl.read_text().splitlines() if line.strip()]
     series = list(dict.fromkeys(r["series"] for r in rows))
+    panels = list(dict.fromkeys(r["panel"] for r in rows))
     cols = [(s, m) for m in fig.metrics for s in series]
-    lines = [f"| {fig.x_label} | " + " | ".join(f"{s}: {m.label}" for s, m in cols) + " |",
-             "|---" * (len(cols) + 1) + "|"]
-    for x in sorted({r["x"] for r in rows}):
-        cells = []
-        for s, m in cols:
-            r = next((r for r in rows if r["x"] == x and r["series"] == s), None)
-            v = get(r["record"], m.key) * m.scale if r else None
-            cells.append("–" if v is None else "off" if v != v else f"{v:.3f}")
-        lines.append(f"| {x:g} | " + " | ".join(cells) + " |")
+    lines = []
+    for panel in panels:
+        # One table per panel, labelled when there are several.
+        if len(panels) > 1:
+            lines += ["", f"**{panel}**", ""]
+        lines += [f"| {fig.x_label} | " + " | ".join(f"{s}: {m.label}" for s, m in cols) + " |",
+                  "|---" * (len(cols) + 1) + "|"]
+        for x in sorted({r["x"] for r in rows if r["panel"] == panel}):
+            cells = []
+            for s, m in cols:
+                r = next((r for r in rows if r["x"] == x and r["series"] == s and r["panel"] == panel), None)
+                v = get(r["record"], m.key) * m.scale if r else None
+                cells.append("–" if v is None else "off" if v != v else f"{v:.3f}")
+            lines.append(f"| {x:g} | " + " | ".join(cells) + " |")
+    title = fig.title
+    if rows[0]["record"].get("transport") == "sim":
+        prof = rows[0]["record"].get("sim", {}).get("profile", "?")
+        title = f"SIMULATED (smart-sim, profile {prof}; not measured on hardware): {title}"
     p = out / f"fig{fig.name}.md"
-    p.write_text(f"{fig.title}\n\n" + "\n".join(lines) + "\n")
+    p.write_text(f"{title}\n\n" + "\n".join(lines).lstrip("\n") + "\n")
     return p
 
 

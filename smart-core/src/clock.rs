@@ -146,8 +146,16 @@ impl Clock {
     /// of day in ns, the process id and `salt`; under a simulation, from
     /// the virtual time, the simulated thread and `salt`, so that a
     /// simulated run, and what it leaves on the blades, is the same every
-    /// time. Only identity, never secrecy: not for keys.
+    /// time. Two draws of one process never give the same number by the
+    /// same inputs: a process-wide count is mixed in. Only identity, never
+    /// secrecy: not for keys.
     pub fn nonce(&self, salt: u64) -> u64 {
+        // Successive draws differ even at one instant (a process-wide count:
+        // deterministic under a simulation, whose threads run on one OS
+        // thread in a fixed order).
+        static DRAWS: AtomicU64 = AtomicU64::new(0);
+        let n = DRAWS.fetch_add(1, Ordering::Relaxed);
+        let salt = salt ^ n.wrapping_mul(0xd6e8_feb8_6659_fd93);
         let seed = match self {
             Clock::Host { .. } => {
                 let t = std::time::SystemTime::now()

@@ -12,10 +12,14 @@
 //!
 //! ```text
 //! epoch area   root "smart:epochs" on blade 0
-//!              [magic u64][global epoch E u64][0 u64 × 6]           64 bytes
-//!              REGISTRY × [owner: token:40 | beat:24][published epoch p]
+//!              [magic u64][global epoch E u64][capacity u64]
+//!              [high-water mark u64][0 u64 × 4]                     64 bytes
+//!              capacity × [owner: token:40 | beat:24][published epoch p]
 //!              (E starts at 1; an entry publishing 0 is being claimed or
-//!              left, and has no operation)
+//!              left, and has no operation; entries at or above the
+//!              high-water mark were never claimed, so a refresh reads
+//!              only the entries below it; an area whose capacity word is 0
+//!              was made with 128 entries and no mark, and is read whole)
 //! free area    root "smart:free" on every blade
 //!              CLASSES × [lines u64][head: tag:24 | offset:40]
 //!              class c in 1..=64 holds blocks of c 64-byte lines (its
@@ -85,8 +89,19 @@ pub const EPOCH_ROOT: &str = "smart:epochs";
 pub const FREE_ROOT: &str = "smart:free";
 /// Magic word of the epoch area.
 pub const EPOCH_MAGIC: u64 = u64::from_le_bytes(*b"SMARTEPO");
-/// Registry entries (clients at once, over every process).
-pub const REGISTRY: usize = 128;
+/// Registry entries of a new epoch area (clients at once, over every
+/// process: 6 compute blades × 96 threads fit).
+pub const REGISTRY: usize = 1024;
+/// Registry entries of an epoch area made before the capacity word (its
+/// capacity word is 0).
+pub const REGISTRY_V1: usize = 128;
+/// Offset of the capacity word in the epoch area.
+const CAPACITY_WORD: u64 = 16;
+/// Offset of the high-water mark in the epoch area.
+const HIGH_WORD: u64 = 24;
+/// Entries read beyond the last high-water mark seen, so that a refresh
+/// usually needs one READ even while clients register.
+const READ_SLACK: usize = 32;
 /// Bytes of the epoch area's header.
 pub const EPOCH_HEADER: u64 = 64;
 /// Offset of the global epoch in the epoch area.
@@ -320,6 +335,10 @@ fn reusable(retired: u64, horizon: u64) -> bool {
 struct State {
     token: u64,
     epochs: Option<GlobalAddr>,
+    /// Entries of the epoch area (known once it is).
+    capacity: usize,
+    /// Its high-water mark when last read.
+    high: usize,
     /// Registry entry and its current owner word.
     entry: Option<(usize, u64)>,
     beat: u64,
@@ -415,13 +434,13 @@ impl Reclaimer {
     /// A reclaimer for a thread of `ctx`'s runtime (it registers on its
     /// first refresh).
     pub fn new(ctx: &Ctx) -> Rc<Reclaimer> {
-        let mut token = 0;
-        while token == 0 {
-            token = rand::random::<u64>() & ((1 << (64 - BEAT_BITS)) - 1);
-        }
+        // Unique per client; reproducible under a simulation.
+        let token = (ctx.clock().nonce(ctx.thread() as u64 ^ 0x7265_636c) & ((1 << (64 - BEAT_BITS)) - 1)).max(1);
         Rc::new(Reclaimer(RefCell::new(State {
             token,
             epochs: None,
+            capacity: REGISTRY_V1,
+            high: 0,
             entry: None,
             beat: 0,
             epoch: 0,
@@ -431,7 +450,7 @@ impl Reclaimer {
             published_ns: None,
             refreshing: false,
             pins: Pins::default(),
-            seen: vec![Seen::default(); REGISTRY],
+            seen: Vec::new(),
             lapses: 0,
             blades: (0..ctx.blades().len()).map(|_| Blade::default()).collect(),
             stats: ReclaimStats::default(),
@@ -540,18 +559,45 @@ impl Reclaimer {
             Some(a) => a,
             None => {
                 let bytes = EPOCH_HEADER + ENTRY * REGISTRY as u64;
-                let a = area(ctx, 0, EPOCH_ROOT, bytes, &[EPOCH_MAGIC, 1]).await?;
-                self.0.borrow_mut().epochs = Some(a);
+                let a = area(ctx, 0, EPOCH_ROOT, bytes, &[EPOCH_MAGIC, 1, REGISTRY as u64, 0]).await?;
+                let cap = match ctx.read_u64(a.add(CAPACITY_WORD)).await? {
+                    0 => REGISTRY_V1,
+                    c if c as usize <= REGISTRY => c as usize,
+                    c => {
+                        return Err(Error::Unsupported(format!(
+                            "the epoch area at {a} has {c} entries (at most {REGISTRY})"
+                        )))
+                    }
+                };
+                let mut st = self.0.borrow_mut();
+                st.epochs = Some(a);
+                st.capacity = cap;
+                st.seen = vec![Seen::default(); cap];
                 a
             }
         };
-        let mut raw = vec![0u8; (EPOCH_HEADER + ENTRY * REGISTRY as u64) as usize];
+        let (cap, high) = {
+            let st = self.0.borrow();
+            (st.capacity, st.high)
+        };
+        // The entries below the high-water mark last seen, and some slack.
+        let mut n = if cap == REGISTRY_V1 { cap } else { (high + READ_SLACK).min(cap) };
+        let mut raw = vec![0u8; (EPOCH_HEADER + ENTRY * n as u64) as usize];
         ctx.read_all(epochs, &mut raw).await?;
         if word(&raw, 0) != EPOCH_MAGIC {
             return Err(Error::Unsupported(format!("the epoch area at {epochs} is not one (bad magic)")));
         }
+        let high = if cap == REGISTRY_V1 { cap } else { (word(&raw, 3) as usize).min(cap) };
+        if high > n {
+            // More clients than last time: read up to the mark.
+            raw.resize((EPOCH_HEADER + ENTRY * high as u64) as usize, 0);
+            let from = (EPOCH_HEADER + ENTRY * n as u64) as usize;
+            ctx.read_all(epochs.add(from as u64), &mut raw[from..]).await?;
+            n = high;
+        }
+        self.0.borrow_mut().high = high;
         let e = word(&raw, 1);
-        let entries: Vec<(u64, u64)> = (0..REGISTRY).map(|i| (word(&raw, 8 + 2 * i), word(&raw, 9 + 2 * i))).collect();
+        let entries: Vec<(u64, u64)> = (0..n).map(|i| (word(&raw, 8 + 2 * i), word(&raw, 9 + 2 * i))).collect();
         let now = ctx.now_ns();
         let (mine, other_min, dead) = {
             let mut st = self.0.borrow_mut();
@@ -672,14 +718,29 @@ impl Reclaimer {
             let st = self.0.borrow();
             st.token << BEAT_BITS | st.beat
         };
-        let free = (0..REGISTRY).filter(|&i| entries[i].0 == 0 || dead.iter().any(|d| d.0 == i));
+        let cap = self.0.borrow().capacity;
+        // Entries read and free, then those beyond what was read.
+        let free = (0..cap).filter(|&i| entries.get(i).is_none_or(|e| e.0 == 0) || dead.iter().any(|d| d.0 == i));
         for i in free {
+            if cap != REGISTRY_V1 {
+                // Raise the high-water mark over the entry before taking it,
+                // so that every refresh from then on reads it.
+                let at = epochs.add(HIGH_WORD);
+                let mut high = self.0.borrow().high as u64;
+                while high <= i as u64 {
+                    let got = ctx.cas(at, high, i as u64 + 1).await?;
+                    if got == high || got > i as u64 {
+                        break;
+                    }
+                    high = got;
+                }
+            }
             if let Some(sent) = self.claim(ctx, epochs, i, 0, w, mine).await? {
                 return Ok(sent);
             }
         }
         Err(Error::Unsupported(format!(
-            "the epoch registry on blade 0 is full ({REGISTRY} clients at once; dead ones are freed after {LEASE:?})"
+            "the epoch registry on blade 0 is full ({cap} clients at once; dead ones are freed after {LEASE:?})"
         )))
     }
 

@@ -121,6 +121,19 @@ impl Region {
         Ok(region)
     }
 
+    /// An anonymous zero region whose pages come on first touch, never
+    /// populated up front: for a simulator, which charges virtual time for
+    /// its accesses and whose blades may be far larger than what a run
+    /// touches.
+    ///
+    /// # Errors
+    /// If the mapping fails.
+    pub fn anonymous_lazy(size: u64) -> io::Result<Region> {
+        let len = usize::try_from(size).map_err(|_| io::Error::other("size too large"))?;
+        let map = MmapOptions::new().len(len.max(1)).map_anon()?;
+        Ok(Region { map, file: None, sync_failed: AtomicBool::new(false) })
+    }
+
     /// An anonymous region on 2 MiB huge pages when the system has them
     /// reserved (fewer translation misses on the RNIC), else on normal pages.
     /// Returns the region and whether it got huge pages.

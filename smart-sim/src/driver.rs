@@ -28,7 +28,7 @@ use smart_core::clock::Clock;
 use smart_core::runtime::Round;
 use smart_core::{Error, Result, Runtime, RuntimeConfig};
 
-use crate::endpoint::lock;
+use crate::endpoint::{lend, lock, WorldRef};
 use crate::queue::ThreadQueue;
 use crate::{Fault, FaultKind, SimTransport};
 
@@ -219,9 +219,13 @@ impl SimTransport {
             if clocks[i].get() < t {
                 clocks[i].set(t);
             }
-            drop(w);
-            let round = all[i].sim_round();
-            w = lock(&self.world);
+            let round = {
+                let rt = &mut *all[i];
+                match &mut w {
+                    WorldRef::Locked(g) => lend(&self.world, g, || rt.sim_round()),
+                    WorldRef::Lent(_) => rt.sim_round(),
+                }
+            };
             // Completions the round's poll delivered to other threads.
             std::mem::swap(&mut woken, &mut w.woken);
             for (j, when) in woken.drain(..) {

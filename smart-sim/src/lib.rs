@@ -30,12 +30,17 @@
 //! * **Deterministic.** Events run in (time, sequence) order on one OS
 //!   thread; the same arguments and seed give the same record, bit for bit,
 //!   whatever the host is doing.
+//! * **Torn reads, as RC allows them.** A READ or WRITE that spans several
+//!   64-byte lines moves them over its DMA transfer time: it executes in
+//!   two parts, the lines before a boundary (drawn per WR) at the
+//!   transfer's start and the rest at its end, so a READ can see half of
+//!   a concurrent WRITE. Aligned 8-byte words are never torn, and atomics
+//!   execute at one instant.
 //! * **Not modelled**: the PCIe link of the compute blade beyond the WQE
 //!   fetches, NUMA, the switch's buffers (the network is lossless, as RoCE
 //!   with PFC), the OS (no preemption, interrupts or page faults), and
-//!   torn reads: every WR reads or writes memory at one instant (a
-//!   multi-line READ never sees half of a concurrent WRITE here, where an
-//!   RNIC allows it; test torn reads on the chaos backend).
+//!   tears at every line of a WR (one boundary per WR here; the chaos
+//!   backend tears at any line).
 //!
 //! Threads interleave at every post in virtual-time order; a post computes
 //! its WRs' whole path through the components at once, so requests posted
@@ -188,7 +193,7 @@ impl SimTransport {
         let mut regions = Vec::with_capacity(cfg.memory_blades);
         for b in 0..cfg.memory_blades {
             let r = match &cfg.blade_dir {
-                None => Region::anonymous(cfg.blade_bytes),
+                None => Region::anonymous_lazy(cfg.blade_bytes),
                 Some(dir) => {
                     std::fs::create_dir_all(dir)
                         .map_err(|e| Error::Io { peer: dir.display().to_string(), cause: e })?;

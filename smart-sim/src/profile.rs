@@ -32,6 +32,25 @@ pub struct Profile {
     pub network: Network,
     /// The memory blade's RNIC and DMA path.
     pub memory: Memory,
+    /// The applications' own CPU work per doorbell.
+    pub app: App,
+}
+
+/// The applications' own work between two doorbells of a coroutine (ns),
+/// beyond what `cpu.op_ns` charges every doorbell (micro's loop): hashing,
+/// parsing buckets and pages, a transaction's bookkeeping. Charged by the
+/// command line to the application it runs (`--sim-app-ns` overrides).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct App {
+    /// race-ht under YCSB.
+    pub race_ns: u64,
+    /// sherman-bt under YCSB.
+    pub sherman_ns: u64,
+    /// ford-dtx under SmallBank.
+    pub smallbank_ns: u64,
+    /// ford-dtx under TATP.
+    pub tatp_ns: u64,
 }
 
 /// CPU costs of a posting thread, in ns.
@@ -108,6 +127,14 @@ pub struct Memory {
     pub atomic_ns: u64,
     /// Slots of the atomics' lock table.
     pub atomic_slots: usize,
+}
+
+impl Memory {
+    /// Time to move `bytes` over the PCIe path at full bandwidth (ns, at
+    /// least 1).
+    pub fn transfer_ns(&self, bytes: u64) -> u64 {
+        ((bytes as f64 * 8.0 / self.pcie_gbps).ceil() as u64).max(1)
+    }
 }
 
 impl Profile {

@@ -24,6 +24,9 @@ pub(crate) struct TimeQueue<V> {
     /// The last key popped: every queued key is at least this.
     last: u64,
     len: usize,
+    /// An empty vector with capacity, swapped in for a bucket being spread
+    /// (so that no bucket loses its capacity: no allocation once warm).
+    spare: Vec<(u64, V)>,
 }
 
 fn bucket(key: u64, last: u64) -> usize {
@@ -32,7 +35,14 @@ fn bucket(key: u64, last: u64) -> usize {
 
 impl<V> TimeQueue<V> {
     pub(crate) fn new() -> TimeQueue<V> {
-        TimeQueue { buckets: (0..65).map(|_| Vec::new()).collect(), mins: [u64::MAX; 65], nonempty: 0, last: 0, len: 0 }
+        TimeQueue {
+            buckets: (0..65).map(|_| Vec::new()).collect(),
+            mins: [u64::MAX; 65],
+            nonempty: 0,
+            last: 0,
+            len: 0,
+            spare: Vec::new(),
+        }
     }
 
     #[cfg(test)]
@@ -68,12 +78,14 @@ impl<V> TimeQueue<V> {
             // keys spread over the buckets below it.
             let b = self.nonempty.trailing_zeros() as usize;
             self.last = self.mins[b];
-            let items = std::mem::take(&mut self.buckets[b]);
+            let mut items = std::mem::take(&mut self.spare);
+            std::mem::swap(&mut items, &mut self.buckets[b]);
             self.mins[b] = u64::MAX;
             self.nonempty &= !(1 << b);
-            for (k, v) in items {
+            for (k, v) in items.drain(..) {
                 self.put(k, v);
             }
+            self.spare = items;
         }
         let e = self.buckets[0].pop().expect("bucket 0 holds the earliest keys");
         if self.buckets[0].is_empty() {

@@ -91,8 +91,10 @@ struct BatchRec {
 
 #[derive(Debug)]
 enum Kind {
-    /// WR `index` of `batch` reaches memory.
-    Exec { batch: u32, index: u16, wr: WorkRequest },
+    /// WR `index` of `batch` reaches memory: all of it, or (a READ or
+    /// WRITE over several cache lines) its first `split` bytes (`first`)
+    /// or the rest.
+    Exec { batch: u32, index: u16, wr: WorkRequest, split: u32, first: bool },
     /// `batch`'s completion reaches its thread's CQ.
     Done { batch: u32 },
 }
@@ -231,6 +233,8 @@ impl World {
     }
 
     fn push(&mut self, at: u64, kind: Kind) {
+        // The time queue is monotone: nothing happens before what already ran.
+        assert!(at >= self.now, "an event at {at} ns, before the world's now ({} ns)", self.now);
         let i = match self.free_kinds.pop() {
             Some(i) => {
                 self.kinds[i as usize] = Some(kind);
@@ -265,7 +269,7 @@ impl World {
         self.now = self.now.max(at);
         self.counters.events += 1;
         match kind {
-            Kind::Exec { batch, index, wr } => self.execute(batch, index, &wr),
+            Kind::Exec { batch, index, wr, split, first } => self.execute(batch, index, &wr, split, first),
             Kind::Done { batch } => self.complete(batch),
         }
     }
@@ -293,6 +297,12 @@ impl World {
         let batch = self.new_batch(BatchRec { ep, qp, blade, wr_id, wrs: n as u16, executed: 0, status: Ok(()) });
         let p = &self.p;
         let e = &self.eps[ep as usize];
+        // A thread never acts before what the world already ran: one whose
+        // clock fell behind (another runtime, alone, let virtual time pass
+        // to its next event) catches up first.
+        if e.clock.get() < self.now {
+            e.clock.set(self.now);
+        }
         let mut t = e.clock.get() + p.cpu.op_ns + self.app_ns + p.cpu.post_doorbell_ns + p.cpu.post_wr_ns * (n - 1);
         let nic = &mut self.cnics[cb];
         let before = t;
@@ -325,7 +335,8 @@ impl World {
         let net = &p.network;
         let packets = |bytes: u64| bytes.div_ceil(net.mtu_bytes).max(1);
         let mut done = 0;
-        let mut execs = [(0u64, 0u16); smart_core::runtime::MAX_BATCH];
+        // (first part's instant, last part's instant, split) per WR.
+        let mut execs = [(0u64, 0u64, 0u32); smart_core::runtime::MAX_BATCH];
         for (i, wr) in wrs.iter().enumerate() {
             let leave = start + service * (i as u64 + 1);
             let len = u64::from(wr.len);
@@ -337,39 +348,57 @@ impl World {
             let arrive = nic.tx.send(leave, req) + net.latency_ns;
             let at_mem = mem.rx.send(arrive, req);
             let s = mem.engines.reserve(at_mem, p.memory.op_ns) + p.memory.op_ns;
-            let (exec, ready) = match wr.op {
+            // The DMA moves a READ's or WRITE's cache lines in address
+            // order over its transfer time: one spanning several lines
+            // executes in two parts, the lines before a boundary (drawn
+            // from the WR, deterministically) at the transfer's start and
+            // the rest at its end, so that a concurrent WRITE can land in
+            // between: a torn read, as RC allows (atomicity holds only
+            // within an aligned 8-byte word, and here within a line).
+            let split = split_at(wr, self.now);
+            let (exec, last, ready) = match wr.op {
                 Opcode::Read => {
                     let dma = mem.pcie.send(s, len);
-                    (s, (s + p.memory.dma_read_ns).max(dma))
+                    let last = if split > 0 { dma.max(s + 1) } else { s };
+                    (s, last, (s + p.memory.dma_read_ns).max(dma))
                 }
                 Opcode::Write => {
                     let dma = mem.pcie.send(s, len);
-                    (dma, dma)
+                    let first =
+                        if split > 0 { dma.saturating_sub(p.memory.transfer_ns(len)).max(s).min(dma - 1) } else { dma };
+                    (first, dma, dma)
                 }
                 Opcode::Cas | Opcode::Faa => {
                     let a = mem.atomics.hold(wr.remote.offset(), s, p.memory.atomic_ns);
-                    (a + p.memory.atomic_ns / 2, a + p.memory.atomic_ns)
+                    let at = a + p.memory.atomic_ns / 2;
+                    (at, at, a + p.memory.atomic_ns)
                 }
             };
             // A QP executes its WRs in posting order.
             let q = &mut nic.qps[bind.qp];
-            let exec = exec.max(q.last_exec);
-            q.last_exec = exec;
-            let back = mem.tx.send(ready.max(exec), resp) + net.latency_ns;
+            let shift = q.last_exec.saturating_sub(exec);
+            let (exec, last) = (exec + shift, last + shift);
+            q.last_exec = last;
+            let back = mem.tx.send(ready.max(last), resp) + net.latency_ns;
             done = done.max(nic.rx.send(back, resp) + p.nic.cqe_dma_ns);
-            execs[i] = (exec, i as u16);
+            execs[i] = (exec, last, split);
         }
         let q = &mut nic.qps[bind.qp];
         let done = done.max(q.last_done);
         q.last_done = done;
         self.counters.wqe_misses = self.cnics.iter().map(|c| c.cache.misses_milli / 1000).sum();
         for (i, wr) in wrs.iter().enumerate() {
-            self.push(execs[i].0, Kind::Exec { batch, index: execs[i].1, wr: *wr });
+            let (first, last, split) = execs[i];
+            let index = i as u16;
+            if split > 0 {
+                self.push(first, Kind::Exec { batch, index, wr: *wr, split, first: true });
+            }
+            self.push(last, Kind::Exec { batch, index, wr: *wr, split, first: false });
         }
         self.push(done, Kind::Done { batch });
     }
 
-    fn execute(&mut self, batch: u32, index: u16, wr: &WorkRequest) {
+    fn execute(&mut self, batch: u32, index: u16, wr: &WorkRequest, split: u32, first: bool) {
         let rec = self.batches[batch as usize].as_mut().expect("a WR's batch lives until its completion");
         if rec.status.is_err() {
             return; // flushed behind the WR that failed
@@ -382,9 +411,20 @@ impl World {
         } else if e.fence_tag != 0 && self.revoked.contains(&e.fence_tag) {
             Err(WcStatus::Fenced)
         } else {
-            execute(&self.regions[blade], self.rkeys[blade], wr, &e.local)
+            let part = match (split, first) {
+                (0, _) => *wr,
+                (n, true) => WorkRequest { len: n, ..*wr },
+                (n, false) => WorkRequest {
+                    len: wr.len - n,
+                    local_off: wr.local_off + n,
+                    remote: wr.remote.add(u64::from(n)),
+                    ..*wr
+                },
+            };
+            execute(&self.regions[blade], self.rkeys[blade], &part, &e.local)
         };
         match r {
+            Ok(()) if first => {}
             Ok(()) => rec.executed += 1,
             Err(s) => {
                 rec.status = Err((s, index));
@@ -438,6 +478,24 @@ impl World {
     pub(crate) fn revoke(&mut self, tag: u64) {
         self.revoked.insert(tag);
     }
+}
+
+/// Where a READ or WRITE over several 64-byte lines splits (bytes before a
+/// line boundary, drawn from the WR and the time), or 0: the WR executes
+/// at one instant (one line, or an atomic).
+fn split_at(wr: &WorkRequest, now: u64) -> u32 {
+    const LINE: u64 = 64;
+    if !matches!(wr.op, Opcode::Read | Opcode::Write) || wr.len == 0 {
+        return 0;
+    }
+    let (start, end) = (wr.remote.offset(), wr.remote.offset() + u64::from(wr.len));
+    let (first_line, last_line) = (start / LINE, (end - 1) / LINE);
+    if first_line == last_line {
+        return 0;
+    }
+    let h = smart_core::hash::mix64(now ^ start.rotate_left(17) ^ u64::from(wr.len) << 40);
+    let k = 1 + h % (last_line - first_line);
+    ((first_line + k) * LINE - start) as u32
 }
 
 /// Executes one WR against a region, with `local` as the local side (as an

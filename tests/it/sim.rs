@@ -88,6 +88,23 @@ fn ycsb_over_both_indexes_verifies_at_96_threads() {
     }
 }
 
+/// Two simulated compute blades of 96 threads on two memory blades: 192
+/// clients of race-ht's epoch registry (more than its first 128 entries).
+#[test]
+fn ycsb_over_two_compute_blades_verifies() {
+    let json = tmp("sim-ycsb-2cb.json");
+    let args: Vec<&str> = ["ycsb", "--app", "race", "--workload", "a", "--keys", "20000", "--verify"]
+        .into_iter()
+        .chain(["--sim-compute-blades", "2", "--sim-memory-blades", "2"])
+        .chain(SCALE)
+        .chain(["8"])
+        .collect();
+    let r = run(&args, &json);
+    assert_eq!((r["violations"].as_u64(), r["duplicates"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(r["sim"]["compute_blades"], 2);
+    assert!(r["ops"].as_u64().unwrap() > 1000, "{}", r["ops"]);
+}
+
 #[test]
 fn smallbank_and_tatp_audit_clean_at_96_threads() {
     let json = tmp("sim-dtx.json");

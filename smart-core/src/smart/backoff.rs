@@ -23,7 +23,13 @@
 //! holds, every `hold` windows (doubling, up to 8×, while such probes lose)
 //! a level down is tried too, and kept if it finishes clearly more
 //! operations: the thread recovers when backing off stops helping even if
-//! retries stay high. [`BackoffConfig::paper`] turns the guard off.
+//! retries stay high. Above `p_collapse` retries per operation (default
+//! 4) a level up needs no trial: a thread then finishes too few operations
+//! for a trial to judge in reasonable time (at 96 threads × 8 coroutines on
+//! the simulated ConnectX-6, about one per millisecond under RACE
+//! update-only, where a trial counts 2 500), and the controller climbs a
+//! level per window as the paper's does. [`BackoffConfig::paper`] turns the
+//! guard off.
 //!
 //! Both this controller and WorkReqThrot's tuner judge by throughput, so
 //! each would take the other's moves for its own effect. When the tuner sets
@@ -66,6 +72,13 @@ pub struct BackoffConfig {
     /// Retry rate below which it goes a level down (the paper: 0.1; the
     /// default 0.05).
     pub p_low: f64,
+    /// Retry rate above which the guarded controller goes a level up at
+    /// once, every window, without a trial (default 4: four of five
+    /// attempts fail). Under such contention a thread finishes too few
+    /// operations for a trial to judge (at 96 threads in the simulator,
+    /// about one per millisecond, where a trial needs `trial_ops`), and
+    /// backing off cannot lose much goodput: there is little left to lose.
+    pub p_collapse: f64,
     /// Whether coroutine throttling (`n_max`) is on.
     pub throttle_coroutines: bool,
     /// Whether levels are judged by goodput (off: the paper's controller,
@@ -156,6 +169,7 @@ impl Default for BackoffConfig {
             window_ns: 1_000_000,
             p_high: 0.2,
             p_low: 0.05,
+            p_collapse: 4.0,
             throttle_coroutines: true,
             goodput_guard: true,
             trial: 8,
@@ -396,6 +410,14 @@ impl Backoff {
     fn guarded(&mut self, ops: u64, p: f64) {
         self.hold = self.hold.saturating_sub(1);
         self.probe_in = self.probe_in.saturating_sub(1);
+        if p > self.cfg.p_collapse && self.level < self.max_level {
+            // Most attempts fail: climb now, as the paper's controller does
+            // (a trial in progress, up or down, is moot).
+            self.trial = None;
+            self.climb_best = 0.0;
+            self.enter(self.level + 1);
+            return;
+        }
         if let Some(mut t) = self.trial.take() {
             t.windows += 1;
             t.ops += ops;
@@ -502,6 +524,31 @@ mod tests {
         assert_eq!(b.n_max(), 4, "pinned and still retrying → n_max halves");
         drive(&mut b, &mut now, 10, 100, 300);
         assert_eq!(b.n_max(), 1, "... down to 1");
+    }
+
+    /// A thread in collapse (ten retries per operation, one operation per
+    /// window: too few for any trial) climbs a level per window, as the
+    /// paper's controller would; without the collapse rule it would sit at
+    /// the level without waits for 8 × 32 windows before its first trial.
+    #[test]
+    fn the_guarded_controller_climbs_at_once_when_most_attempts_fail() {
+        for (p_collapse, climbs) in [(4.0, true), (f64::INFINITY, false)] {
+            let mut b = Backoff::new(BackoffConfig { p_collapse, ..BackoffConfig::default() }, 8, 0);
+            let mut now = 0;
+            drive(&mut b, &mut now, 5, 1, 10);
+            if climbs {
+                assert_eq!(b.level, 5, "a level per window");
+                assert!(b.cap_ns() > 0);
+            } else {
+                assert_eq!((b.level, b.cap_ns()), (0, 0), "no measurement yet, no move");
+            }
+        }
+        // Once retries fall below the collapse rate, trials judge again.
+        let mut b = Backoff::new(BackoffConfig::default(), 8, 0);
+        let mut now = 0;
+        drive(&mut b, &mut now, 3, 1, 10);
+        drive(&mut b, &mut now, 20, 1, 1);
+        assert_eq!(b.level, 3, "p = 1: no climb without a measurement");
     }
 
     /// The ablation steps of figure 14: plain backoff never moves and never

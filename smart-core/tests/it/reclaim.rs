@@ -360,3 +360,42 @@ fn readers_never_see_a_reused_block_under_chaos() {
     let end = monitor.block_on(async move { heap(&ctx, 0).await });
     assert!(end <= warm + (8 << 20), "heap grew from {warm} to {end} bytes");
 }
+
+/// The registry holds 1024 clients (six compute blades of 96 threads fit);
+/// a refresh reads only the entries below the high-water mark; an epoch
+/// area made before the capacity word keeps its 128 entries.
+#[test]
+fn the_registry_grows_past_128_clients_and_old_areas_keep_theirs() {
+    use smart_core::reclaim::{EPOCH_HEADER, EPOCH_MAGIC, EPOCH_ROOT, REGISTRY};
+    on_embedded(1, |ctx| async move {
+        let clients: Vec<Rc<Reclaimer>> = (0..300).map(|_| Reclaimer::new(&ctx)).collect();
+        for c in &clients {
+            c.tick(&ctx).await.unwrap();
+        }
+        let area = ctx.root(0, EPOCH_ROOT).await.unwrap().unwrap();
+        assert_eq!(ctx.read_u64(area.add(16)).await.unwrap(), REGISTRY as u64, "capacity");
+        assert_eq!(ctx.read_u64(area.add(24)).await.unwrap(), 300, "high-water mark");
+        // Every client holds an entry of its own.
+        let mut owners = std::collections::HashSet::new();
+        for i in 0..300u64 {
+            let w = ctx.read_u64(area.add(EPOCH_HEADER + ENTRY * i)).await.unwrap();
+            assert!(w != 0 && owners.insert(w >> 24), "entry {i}: {w:#x}");
+        }
+    });
+    on_embedded(1, |ctx| async move {
+        // An area as an earlier build made it: no capacity word, 128 entries.
+        let bytes = EPOCH_HEADER + ENTRY * 128;
+        let at = ctx.alloc(0, bytes, 64).await.unwrap();
+        let mut img = vec![0u8; bytes as usize];
+        img[..8].copy_from_slice(&EPOCH_MAGIC.to_le_bytes());
+        img[8..16].copy_from_slice(&1u64.to_le_bytes());
+        ctx.write_all(at, &img).await.unwrap();
+        ctx.set_root(0, EPOCH_ROOT, at).await.unwrap();
+        let clients: Vec<Rc<Reclaimer>> = (0..129).map(|_| Reclaimer::new(&ctx)).collect();
+        for c in &clients[..128] {
+            c.tick(&ctx).await.unwrap();
+        }
+        let err = clients[128].tick(&ctx).await.unwrap_err().to_string();
+        assert!(err.contains("full (128 clients"), "{err}");
+    });
+}

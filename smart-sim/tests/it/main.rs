@@ -81,3 +81,68 @@ fn the_measured_time_is_virtual_whatever_the_host_does() {
     // Ten samples of the measured time, by the virtual clock.
     assert_eq!(r.timeline.len(), 10, "{:?}", r.timeline);
 }
+
+/// A READ spanning several cache lines can see half of a concurrent
+/// WRITE (RC promises atomicity only within an aligned 8-byte word), so
+/// the applications' version and CRC checks meet torn reads here as on an
+/// RNIC; each 8-byte word is still whole.
+#[test]
+fn reads_over_several_lines_can_be_torn_but_never_within_a_word() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let sim = SimTransport::new(SimConfig { threads_per_blade: 16, seed: 5, ..SimConfig::default() }).unwrap();
+    let cfg = RunConfig {
+        threads: 16,
+        coroutines: 4,
+        warmup: Duration::from_micros(50),
+        duration: Duration::from_micros(1500),
+        seed: 5,
+        ..RunConfig::default()
+    };
+    const WORDS: usize = 64; // 512 bytes: 8 lines
+    let at = GlobalAddr::new(0, 1 << 20);
+    let torn = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let reads = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (t2, r2) = (torn.clone(), reads.clone());
+    run(&sim, &cfg, move |w| {
+        let (torn, reads) = (t2.clone(), r2.clone());
+        async move {
+            // Writers fill the block with one value, `thread << 32 | n`;
+            // readers check that every word holds a value some writer wrote
+            // whole, and count blocks of mixed values.
+            let writer = w.coroutine() % 2 == 0;
+            let n = Rc::new(Cell::new(0u64));
+            let mut buf = vec![0u8; WORDS * 8];
+            while w.running() {
+                let t0 = w.now();
+                if writer {
+                    n.set(n.get() + 1);
+                    let v = (w.thread() as u64) << 32 | n.get();
+                    for c in buf.chunks_mut(8) {
+                        c.copy_from_slice(&v.to_le_bytes());
+                    }
+                    w.ctx().write(at, &buf).await?;
+                } else {
+                    w.ctx().read(at, &mut buf).await?;
+                    let words: Vec<u64> = buf.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+                    for &x in &words {
+                        assert!(x == 0 || (x >> 32) < 16 && x as u32 > 0, "a word no writer wrote: {x:#x}");
+                    }
+                    if words.iter().any(|&x| x != words[0]) {
+                        torn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                w.record(t0, 1);
+            }
+            Ok(())
+        }
+    })
+    .unwrap();
+    let (torn, reads) =
+        (torn.load(std::sync::atomic::Ordering::Relaxed), reads.load(std::sync::atomic::Ordering::Relaxed));
+    eprintln!("{torn} torn reads of {reads}");
+    assert!(reads > 1000, "{reads} reads");
+    assert!(torn > 0, "no torn read in {reads}: multi-line WRs must not be atomic");
+    assert!(torn < reads / 2, "{torn} torn reads of {reads}: most see one write");
+}
