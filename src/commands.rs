@@ -90,6 +90,7 @@ pub fn micro(s: &Session, t: &dyn Transport, m: &MicroConfig) -> Result<Outcome>
         "batch": m.batch,
         "contended": m.contended,
         "phase_ms": m.phase_ms,
+        "depth": m.depth,
         "latency_every": m.latency_every,
         "increments": rep.increments,
         "counter": rep.counter,

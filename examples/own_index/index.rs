@@ -1,58 +1,30 @@
-//! A linear-probing hash table on blade 0, implementing [`KvIndex`] (the
-//! tutorial's "Your own index" explains the design). Layout: a header
-//! [magic, slots, slots' offset] named by the root `lp:NAME`; 8-byte slots,
-//! each 0 (empty: a probe ends there), 1 (deleted) or `fingerprint << 48 |
-//! block offset`; immutable blocks [key len u32, value len u32, key, value],
-//! written whole before the CAS that publishes them. Not built, to stay
-//! short: freeing replaced blocks, reusing deleted slots, growing.
+//! A linear-probing hash table on blade 0 implementing [`KvIndex`] (see the tutorial's
+//! "Your own index"). Root `lp:NAME` → header [magic, n, slots' offset]; a slot is 0
+//! (empty), 1 (deleted) or fingerprint << 48 | block; a block is [key len u32, value len
+//! u32, key, value], never changed. Not built: freeing old blocks, reusing slots, growing.
 
-use std::cell::Cell;
-use std::rc::Rc;
-
-use smart_core::index::{Audit, IndexStats};
+use smart_core::hash::bytes as hash;
+use smart_core::index::Audit;
 use smart_core::{Ctx, Error, GlobalAddr, KvIndex};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"LPHASH01");
 const TOMB: u64 = 1;
 const WINDOW: u64 = 8; // slots per READ: one 64-byte line
-
-fn hash(key: &[u8]) -> u64 {
-    key.chunks(8).fold(0x51_7cc1_b727_220a, |h, c| {
-        let mut w = [0u8; 8];
-        w[..c.len()].copy_from_slice(c);
-        smart_core::hash::mix64(h ^ u64::from_le_bytes(w))
-    })
-}
-
 fn word(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap())
 }
-/// A thread's counters (the record shows them under `"lp"`).
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub(crate) struct LpStats {
-    pub(crate) cas_lost: u64,
-}
 
-impl IndexStats for LpStats {
-    fn merge(&mut self, o: &Self) {
-        self.cas_lost += o.cas_lost;
-    }
-}
-
-/// One thread's handle on a table (clones share the thread's counters).
-#[derive(Clone, Debug)]
+/// One thread's handle on a table.
+#[derive(Clone)]
 pub(crate) struct LinearProbe {
     ctx: Ctx,
     slots: u64,
     n: u64,
-    cas_lost: Rc<Cell<u64>>,
 }
-
 impl LinearProbe {
     fn slot(&self, i: u64) -> GlobalAddr {
         GlobalAddr::new(0, self.slots + 8 * (i % self.n))
     }
-
     /// Walks the key's probe sequence a window at a time: (slot, its word,
     /// the value) where the key is, or (the first empty slot, 0, None).
     async fn probe(&self, key: &[u8], h: u64) -> Result<(u64, u64, Option<Vec<u8>>), Error> {
@@ -77,21 +49,19 @@ impl LinearProbe {
         }
         Err(Error::Unsupported(format!("linear-probing table full ({} slots)", self.n)))
     }
-
-    async fn read_block(&self, word: u64) -> Result<(Vec<u8>, Vec<u8>), Error> {
+    async fn read_block(&self, slot: u64) -> Result<(Vec<u8>, Vec<u8>), Error> {
+        let at = GlobalAddr::new(0, slot & ((1 << 48) - 1));
         let mut head = [0u8; 8];
-        self.ctx.read(GlobalAddr::new(0, word & ((1 << 48) - 1)), &mut head).await?;
-        let kl = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
-        let mut kv = vec![0u8; kl + u32::from_le_bytes(head[4..].try_into().unwrap()) as usize];
-        self.ctx.read(GlobalAddr::new(0, (word & ((1 << 48) - 1)) + 8), &mut kv).await?;
+        self.ctx.read(at, &mut head).await?;
+        let (kl, vl) = (word(&head, 0) as u32 as usize, (word(&head, 0) >> 32) as usize);
+        let mut kv = vec![0u8; kl + vl];
+        self.ctx.read(at.add(8), &mut kv).await?;
         let v = kv.split_off(kl);
         Ok((kv, v))
     }
-
-    /// Every write: find the slot, CAS it from what was read to the new word
-    /// (a new block, or a tombstone when `value` is `None`), and on a lost
-    /// CAS retry (ConflictAvoid may back off first). `insert`: may go where
-    /// the key is absent; `update`: may replace it where present.
+    /// Every write: CAS the key's slot from what was read to a new block (a
+    /// tombstone when `value` is `None`); retry a lost CAS, after ConflictAvoid's
+    /// backoff. `insert`: may go where the key is absent; `update`: where present.
     async fn put(&mut self, key: &[u8], value: Option<&[u8]>, insert: bool, update: bool) -> Result<bool, Error> {
         let (h, ctx) = (hash(key), self.ctx.clone());
         let mut op = ctx.op_on(h).await; // one op on a key at a time per thread
@@ -112,7 +82,6 @@ impl LinearProbe {
             if op.commit(ctx.cas(self.slot(slot), old, new.unwrap())).await? == old {
                 return Ok(true);
             }
-            self.cas_lost.set(self.cas_lost.get() + 1);
             op.retry().await;
         }
     }
@@ -121,7 +90,7 @@ impl LinearProbe {
 impl KvIndex for LinearProbe {
     const APP: &'static str = "lp";
     type Error = Error;
-    type Stats = LpStats;
+    type Stats = (); // no counters of its own
     type Shape = u64; // slots
 
     async fn open_or_create(ctx: &Ctx, name: &str, capacity: u64) -> Result<(Self, bool), Error> {
@@ -143,18 +112,15 @@ impl KvIndex for LinearProbe {
         if word(&w, 0) != MAGIC {
             return Err(Error::Unsupported(format!("{root} is not a linear-probing table")));
         }
-        Ok((LinearProbe { ctx: ctx.clone(), slots: word(&w, 2), n: word(&w, 1), cas_lost: Rc::default() }, existed))
+        Ok((LinearProbe { ctx: ctx.clone(), slots: word(&w, 2), n: word(&w, 1) }, existed))
     }
 
     async fn exists(ctx: &Ctx, name: &str) -> Result<bool, Error> {
         Ok(ctx.root(0, &format!("lp:{name}")).await?.is_some())
     }
-
     async fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, Error> {
-        let (_, _, found) = self.probe(key, hash(key)).await?;
-        Ok(found.map(|v| *out = v).is_some())
+        Ok(self.probe(key, hash(key)).await?.2.map(|v| *out = v).is_some())
     }
-
     async fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool, Error> {
         self.put(key, Some(value), true, false).await
     }
@@ -167,13 +133,10 @@ impl KvIndex for LinearProbe {
     async fn delete(&mut self, key: &[u8]) -> Result<bool, Error> {
         self.put(key, None, false, true).await
     }
-    fn stats(&self) -> LpStats {
-        LpStats { cas_lost: self.cas_lost.get() }
-    }
+    fn stats(&self) {}
     async fn shape(&mut self) -> Result<u64, Error> {
         Ok(self.n)
     }
-
     async fn audit(&mut self) -> Result<Audit, Error> {
         let mut words = vec![0u8; 8 * self.n as usize];
         self.ctx.read_all(self.slot(0), &mut words).await?;

@@ -1,4 +1,5 @@
-//! Seed mixing shared by the workspace.
+//! Seed mixing shared by the workspace, and a hash of byte strings for
+//! data structures built on smart-core.
 
 /// splitmix64's output function (Steele, Lea and Flood, "Fast splittable
 /// pseudorandom number generators", OOPSLA 2014): a bijection of `u64`
@@ -11,9 +12,29 @@ pub fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A 64-bit hash of `key` (its 8-byte words folded through [`mix64`], the
+/// length mixed in): for placing keys in a remote table. Not keyed, so not
+/// for tables that adversaries fill.
+pub fn bytes(key: &[u8]) -> u64 {
+    let h = key.chunks(8).fold(0x51_7cc1_b727_220a ^ key.len() as u64, |h, c| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        mix64(h ^ u64::from_le_bytes(w))
+    });
+    mix64(h)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::mix64;
+    use super::{bytes, mix64};
+
+    #[test]
+    fn bytes_differ_by_content_and_length() {
+        assert_ne!(bytes(b"a"), bytes(b"b"));
+        assert_ne!(bytes(b"a"), bytes(b"a\0"), "a zero byte more is another key");
+        assert_ne!(bytes(b""), bytes(b"\0"));
+        assert_eq!(bytes(b"key-1"), bytes(b"key-1"));
+    }
 
     #[test]
     fn mix64_is_splitmix64s_output_function() {

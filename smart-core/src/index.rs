@@ -22,6 +22,11 @@ pub trait IndexStats: Default + Clone + fmt::Debug + Serialize + Send + 'static 
     fn merge(&mut self, other: &Self);
 }
 
+/// An index without counters of its own.
+impl IndexStats for () {
+    fn merge(&mut self, _: &Self) {}
+}
+
 /// What [`KvIndex::audit`] finds in a quiescent index.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Audit {

@@ -70,10 +70,19 @@ impl SimTransport {
     /// The next fault, if it is due by `next` (virtual ns): taken off the
     /// list, with its absolute instant.
     fn due_fault(&self, next: u64) -> Option<(u64, Fault)> {
+        if self.next_fault.load(std::sync::atomic::Ordering::Relaxed) > next {
+            return None;
+        }
         let mut f = self.faults.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let start = f.1?;
         let at = start + f.0.last()?.at_ns;
-        (at <= next).then(|| (at, f.0.pop().expect("a fault")))
+        if at > next {
+            return None;
+        }
+        let fault = f.0.pop().expect("a fault");
+        let after = f.0.last().map_or(u64::MAX, |x| start + x.at_ns);
+        self.next_fault.store(after, std::sync::atomic::Ordering::Relaxed);
+        Some((at, fault))
     }
 
     pub(crate) fn drive_runtimes(&self, rts: &mut [Runtime], control: &mut dyn FnMut(u64) -> u64) -> Result<()> {

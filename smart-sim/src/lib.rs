@@ -170,6 +170,9 @@ pub struct SimTransport {
     next_background: std::sync::atomic::AtomicU64,
     /// Faults still to inject, by instant, and when the timed run started.
     pub(crate) faults: Mutex<(Vec<Fault>, Option<u64>)>,
+    /// The virtual instant of the next fault (`u64::MAX`: none due), read
+    /// at every step of the simulation without taking the lock.
+    pub(crate) next_fault: std::sync::atomic::AtomicU64,
 }
 
 impl SimTransport {
@@ -244,6 +247,7 @@ impl SimTransport {
             built: std::time::Instant::now(),
             next_background: std::sync::atomic::AtomicU64::new(1),
             faults: Mutex::new((faults, None)),
+            next_fault: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 
@@ -374,6 +378,8 @@ impl Simulation for SimTransport {
         let mut f = self.faults.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if f.1.is_none() && !f.0.is_empty() {
             f.1 = Some(now_ns);
+            let next = f.0.last().map_or(u64::MAX, |x| now_ns + x.at_ns);
+            self.next_fault.store(next, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }

@@ -1,6 +1,12 @@
-//! Linearizability of register histories.
+//! Linearizability of register histories, and a history of one key of any
+//! [`KvIndex`] to check.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use smart_bench::harness::{self, RunConfig};
+use smart_core::{KvIndex, Transport};
 
 /// One completed operation on a register, with real-time bounds (ns).
 #[derive(Clone, Copy, Debug)]
@@ -89,4 +95,59 @@ mod tests {
         assert!(linearizable(&[ev(1, 10, true, 1), ev(20, 30, false, 0)], 0).is_err());
         assert!(linearizable(&[ev(1, 10, false, 9)], 0).is_err());
     }
+}
+
+/// Runs `ops` operations on one key of the index `name` (created for
+/// `capacity` keys) from every coroutine of `cfg` (its threads, coroutines
+/// and runtime; no time limit): one in three an upsert of a value unique to
+/// the coroutine and step, the others reads. Returns the history, for
+/// [`linearizable`] with initial value 0.
+///
+/// # Errors
+/// The first error of an operation, or of the run.
+pub fn register_history<I: KvIndex>(
+    transport: &dyn Transport,
+    cfg: &RunConfig,
+    name: &str,
+    capacity: u64,
+    ops: u64,
+) -> Result<Vec<Event>, String> {
+    let history = Arc::new(Mutex::new(Vec::new()));
+    let (h, t0, name) = (history.clone(), Instant::now(), name.to_string());
+    let cfg = RunConfig { duration: Duration::from_secs(3600), warmup: Duration::ZERO, ..cfg.clone() };
+    let report = harness::run(transport, &cfg, move |w| {
+        let (h, name) = (h.clone(), name.clone());
+        async move {
+            let (mut ix, _) = I::open_or_create(w.ctx(), &name, capacity)
+                .await
+                .map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
+            let mut out = Vec::new();
+            for i in 0..ops {
+                // Unique values: thread, coroutine and step in one word.
+                let value = (w.thread() as u64) << 40 | (w.coroutine() as u64) << 20 | (i + 1);
+                let start = t0.elapsed().as_nanos();
+                let (write, v) = if i % 3 == 0 {
+                    ix.upsert(b"the-key", &value.to_le_bytes())
+                        .await
+                        .map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
+                    (true, value)
+                } else {
+                    let found = ix
+                        .get(b"the-key", &mut out)
+                        .await
+                        .map_err(|e| smart_core::Error::Unsupported(e.to_string()))?;
+                    (false, if found { u64::from_le_bytes(out[..8].try_into().expect("8-byte values")) } else { 0 })
+                };
+                let end = t0.elapsed().as_nanos();
+                h.lock().expect("history").push(Event { start, end, write, value: v });
+            }
+            Ok(())
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    if let Some(e) = report.first_error {
+        return Err(e);
+    }
+    let h = history.lock().expect("history").clone();
+    Ok(h)
 }

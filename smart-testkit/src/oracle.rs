@@ -38,6 +38,33 @@ pub fn step(keys: u8) -> impl Strategy<Value = Step> {
     ]
 }
 
+/// `cases` sequences of `len` steps over `keys` keys, drawn from `seed`
+/// without proptest (for a program rather than a test): the same kinds of
+/// steps and value lengths as [`step`].
+pub fn random_steps(seed: u64, cases: usize, len: usize, keys: u8) -> Vec<Vec<Step>> {
+    let mut x = seed | 1;
+    let mut next = move |n: u64| {
+        x = smart_core::hash::mix64(x.wrapping_add(0x9e37_79b9_7f4a_7c15));
+        x % n
+    };
+    (0..cases)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    let (k, l) = (next(u64::from(keys)) as u8, [1, 8, 40, 100, 300][next(5) as usize]);
+                    match next(5) {
+                        0 => Step::Insert(k, l),
+                        1 => Step::Update(k, l),
+                        2 => Step::Upsert(k, l),
+                        3 => Step::Delete(k),
+                        _ => Step::Get(k),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// The key of key number `k`.
 pub fn key(k: u8) -> Vec<u8> {
     format!("key-{k}").into_bytes()

@@ -28,7 +28,8 @@
 //! for a trial to judge in reasonable time (at 96 threads × 8 coroutines on
 //! the simulated ConnectX-6, about one per millisecond under RACE
 //! update-only, where a trial counts 2 500), and the controller climbs a
-//! level per window as the paper's does. [`BackoffConfig::paper`] turns the
+//! level per window as the paper's does, up to the cap's last level (the
+//! levels that throttle coroutines keep their trials). [`BackoffConfig::paper`] turns the
 //! guard off.
 //!
 //! Both this controller and WorkReqThrot's tuner judge by throughput, so
@@ -73,8 +74,8 @@ pub struct BackoffConfig {
     /// default 0.05).
     pub p_low: f64,
     /// Retry rate above which the guarded controller goes a level up at
-    /// once, every window, without a trial (default 4: four of five
-    /// attempts fail). Under such contention a thread finishes too few
+    /// once, every window, without a trial, up to the cap's last level
+    /// (default 4: four of five attempts fail). Under such contention a thread finishes too few
     /// operations for a trial to judge (at 96 threads in the simulator,
     /// about one per millisecond, where a trial needs `trial_ops`), and
     /// backing off cannot lose much goodput: there is little left to lose.
@@ -410,7 +411,11 @@ impl Backoff {
     fn guarded(&mut self, ops: u64, p: f64) {
         self.hold = self.hold.saturating_sub(1);
         self.probe_in = self.probe_in.saturating_sub(1);
-        if p > self.cfg.p_collapse && self.level < self.max_level {
+        // The collapse rule climbs the cap's levels only: the levels that
+        // throttle coroutines still need a trial (over TCP, n_max = 1 halved
+        // a contended counter's throughput).
+        let top_cap = u32::from(self.cfg.no_wait_level) + self.cfg.limit_shift;
+        if p > self.cfg.p_collapse && self.level < top_cap.min(self.max_level) {
             // Most attempts fail: climb now, as the paper's controller does
             // (a trial in progress, up or down, is moot).
             self.trial = None;
@@ -543,6 +548,12 @@ mod tests {
                 assert_eq!((b.level, b.cap_ns()), (0, 0), "no measurement yet, no move");
             }
         }
+        // The climb stops where the cap is pinned at C_limit: throttling
+        // coroutines still needs a trial.
+        let mut b = Backoff::new(BackoffConfig::default(), 8, 0);
+        let mut now = 0;
+        drive(&mut b, &mut now, 30, 1, 10);
+        assert_eq!((b.cap_ns(), b.n_max()), (b.limit_ns(), 8), "level {}", b.level);
         // Once retries fall below the collapse rate, trials judge again.
         let mut b = Backoff::new(BackoffConfig::default(), 8, 0);
         let mut now = 0;
