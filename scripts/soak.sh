@@ -20,7 +20,8 @@
 # (defaults 20 and 1), each a run of a workload on the simulated transport
 # at 96 threads x 8 coroutines (THREADS, COROUTINES override) with one
 # fault drawn from the seed (--sim-fault-seed: a compute blade killed, a
-# memory blade down and back, a thread stalled, a QP dropped), then the
+# memory blade down and back, a memory blade or a thread stalled, a QP
+# dropped), then the
 # application's recovery and its own invariant checks on the blades the
 # run left (smallbank/tatp: recover, --audit-only; race: table repair,
 # table check, ycsb --no-load --verify; sherman: table check, ycsb

@@ -239,14 +239,15 @@ pub struct SimFlags {
     #[arg(long, help_heading = "Simulation (--transport sim)")]
     pub sim_blade_dir: Option<PathBuf>,
     /// Nanoseconds of application work per doorbell on top of the profile's
-    /// cpu.op_ns (default: the profile's [app] value for the application run:
+    /// cpu.op_ns (default: the profile's `app` value for the application run:
     /// race_ns, sherman_ns, smallbank_ns or tatp_ns; 0 for micro, recover
     /// and table).
     #[arg(long, help_heading = "Simulation (--transport sim)")]
     pub sim_app_ns: Option<u64>,
     /// Inject a fault, counted in virtual ms from the start of the timed run:
     /// kill@MS (this compute blade dies, exit status 137), blade-down@MS:BLADE:FOR_MS,
-    /// stall@MS:THREAD:FOR_MS, drop-qp@MS:THREAD:BLADE. Repeatable.
+    /// blade-stall@MS:BLADE:FOR_MS, stall@MS:THREAD:FOR_MS, drop-qp@MS:THREAD:BLADE.
+    /// Repeatable.
     #[arg(long, help_heading = "Simulation (--transport sim)")]
     pub sim_fault: Vec<String>,
     /// Inject one fault drawn from this seed (kind, instant within the

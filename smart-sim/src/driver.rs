@@ -179,6 +179,11 @@ impl SimTransport {
                                     *d = (at, at + down_ns);
                                 }
                             }
+                            FaultKind::BladeStall { blade, pause_ns } => {
+                                if let Some(d) = w.blade_stall.get_mut(blade as usize) {
+                                    *d = (at, at + pause_ns);
+                                }
+                            }
                             FaultKind::Stall { thread, pause_ns } => {
                                 if thread < main && all[thread].live_tasks() > 0 {
                                     let t = clocks[thread].get().max(at) + pause_ns;

@@ -1,6 +1,7 @@
 //! Faults injected at virtual instants (deterministic simulation testing,
 //! after FoundationDB's): a compute blade killed, a memory blade down for a
-//! while and back on its memory, a simulated thread stalled, a QP broken.
+//! while and back on its memory, a memory blade or a simulated thread
+//! stalled, a QP broken.
 //! After one, the application's own invariants are checked by the next
 //! commands (`recover`, `--audit-only`, `table check`, `ycsb --no-load
 //! --verify`); `scripts/soak.sh --sim SEEDS` runs many seeds.
@@ -27,6 +28,16 @@ pub enum FaultKind {
         blade: u16,
         /// How long it is down (virtual ns).
         down_ns: u64,
+    },
+    /// Memory blade `blade` stalls for `pause_ns` (its host paused, its
+    /// NIC's firmware busy): requests that reach it meanwhile wait and run
+    /// at the end, none fails; a stall past the request time-out (10 s by
+    /// default) ends in time-outs.
+    BladeStall {
+        /// The memory blade.
+        blade: u16,
+        /// How long it stalls (virtual ns).
+        pause_ns: u64,
     },
     /// Simulated thread `thread` stops for `pause_ns` (descheduled, paged
     /// out, SIGSTOPped), while the others go on.
@@ -65,6 +76,9 @@ impl fmt::Display for Fault {
             FaultKind::BladeDown { blade, down_ns } => {
                 write!(f, "blade-down@{}:{blade}:{}", ms(self.at_ns), ms(down_ns))
             }
+            FaultKind::BladeStall { blade, pause_ns } => {
+                write!(f, "blade-stall@{}:{blade}:{}", ms(self.at_ns), ms(pause_ns))
+            }
             FaultKind::Stall { thread, pause_ns } => write!(f, "stall@{}:{thread}:{}", ms(self.at_ns), ms(pause_ns)),
             FaultKind::DropQp { thread, blade } => write!(f, "drop-qp@{}:{thread}:{blade}", ms(self.at_ns)),
         }
@@ -72,15 +86,19 @@ impl fmt::Display for Fault {
 }
 
 impl Fault {
-    /// Parses `kill@MS`, `blade-down@MS:BLADE:FOR_MS`, `stall@MS:THREAD:FOR_MS`
-    /// or `drop-qp@MS:THREAD:BLADE` (times in virtual milliseconds, fractions
+    /// Parses `kill@MS`, `blade-down@MS:BLADE:FOR_MS`,
+    /// `blade-stall@MS:BLADE:FOR_MS`, `stall@MS:THREAD:FOR_MS` or
+    /// `drop-qp@MS:THREAD:BLADE` (times in virtual milliseconds, fractions
     /// allowed).
     ///
     /// # Errors
     /// Says what is malformed.
     pub fn parse(s: &str) -> Result<Fault, String> {
         let bad = || {
-            format!("--sim-fault {s:?}: expected kill@MS, blade-down@MS:BLADE:FOR_MS, stall@MS:THREAD:FOR_MS or drop-qp@MS:THREAD:BLADE")
+            format!(
+                "--sim-fault {s:?}: expected kill@MS, blade-down@MS:BLADE:FOR_MS, blade-stall@MS:BLADE:FOR_MS, \
+                 stall@MS:THREAD:FOR_MS or drop-qp@MS:THREAD:BLADE"
+            )
         };
         let (kind, rest) = s.split_once('@').ok_or_else(bad)?;
         let parts: Vec<&str> = rest.split(':').collect();
@@ -96,6 +114,7 @@ impl Fault {
         let kind = match (kind, parts.len()) {
             ("kill", 1) => FaultKind::Kill,
             ("blade-down", 3) => FaultKind::BladeDown { blade: int(parts[1])? as u16, down_ns: ns(parts[2])? },
+            ("blade-stall", 3) => FaultKind::BladeStall { blade: int(parts[1])? as u16, pause_ns: ns(parts[2])? },
             ("stall", 3) => FaultKind::Stall { thread: int(parts[1])? as usize, pause_ns: ns(parts[2])? },
             ("drop-qp", 3) => FaultKind::DropQp { thread: int(parts[1])? as usize, blade: int(parts[2])? as u16 },
             _ => return Err(bad()),
@@ -111,11 +130,12 @@ impl Fault {
         let thread = (r(2) % threads.max(1) as u64) as usize;
         let blade = (r(3) % blades.max(1) as u64) as u16;
         let long = span_ns / 4 + r(4) % span_ns.max(1);
-        let kind = match r(0) % 4 {
+        let kind = match r(0) % 5 {
             0 => FaultKind::Kill,
             1 => FaultKind::BladeDown { blade, down_ns: long },
             // Long enough to pass leases now and then: up to 3 s.
             2 => FaultKind::Stall { thread, pause_ns: (r(5) % 3_000_000_000).max(long) },
+            3 => FaultKind::BladeStall { blade, pause_ns: long },
             _ => FaultKind::DropQp { thread, blade },
         };
         Fault { at_ns, kind }
@@ -128,7 +148,7 @@ mod tests {
 
     #[test]
     fn faults_parse_and_print_back() {
-        for s in ["kill@1.5", "blade-down@2:1:0.5", "stall@0.25:7:3000", "drop-qp@1:3:0"] {
+        for s in ["kill@1.5", "blade-down@2:1:0.5", "blade-stall@2:0:1.5", "stall@0.25:7:3000", "drop-qp@1:3:0"] {
             let f = Fault::parse(s).unwrap();
             assert_eq!(Fault::parse(&f.to_string()).unwrap(), f, "{s}");
         }
@@ -145,6 +165,6 @@ mod tests {
         assert_eq!(a, b);
         assert!(a.iter().all(|f| (200_000..1_800_000).contains(&f.at_ns)));
         let kinds: std::collections::HashSet<_> = a.iter().map(|f| std::mem::discriminant(&f.kind)).collect();
-        assert_eq!(kinds.len(), 4, "every kind comes up");
+        assert_eq!(kinds.len(), 5, "every kind comes up");
     }
 }

@@ -142,6 +142,8 @@ pub(crate) struct World {
     pub(crate) app_ns: u64,
     /// Per memory blade: when it is down (from, until), a fault.
     pub(crate) blade_down: Vec<(u64, u64)>,
+    /// Per memory blade, a stall window: requests arriving in it wait to its end.
+    pub(crate) blade_stall: Vec<(u64, u64)>,
 }
 
 impl World {
@@ -183,6 +185,7 @@ impl World {
             woken: Vec::new(),
             app_ns: 0,
             blade_down: vec![(0, 0); blades],
+            blade_stall: vec![(0, 0); blades],
         }
     }
 
@@ -345,7 +348,11 @@ impl World {
                 Opcode::Write => (len + packets(len) * net.header_bytes, net.header_bytes),
                 Opcode::Cas | Opcode::Faa => (net.header_bytes + 16, net.header_bytes + 8),
             };
-            let arrive = nic.tx.send(leave, req) + net.latency_ns;
+            let mut arrive = nic.tx.send(leave, req) + net.latency_ns;
+            let (stall_from, stall_until) = self.blade_stall[blade as usize];
+            if (stall_from..stall_until).contains(&arrive) {
+                arrive = stall_until;
+            }
             let at_mem = mem.rx.send(arrive, req);
             let s = mem.engines.reserve(at_mem, p.memory.op_ns) + p.memory.op_ns;
             // The DMA moves a READ's or WRITE's cache lines in address
@@ -596,6 +603,26 @@ mod tests {
         assert_eq!(completions(&mut w, ep), [done]);
         // About 2.4 µs: an RDMA READ's round trip on this class of hardware.
         assert!((2_000..3_000).contains(&done), "{done} ns");
+    }
+
+    #[test]
+    fn a_stalled_blade_holds_a_request_to_the_end_of_the_stall() {
+        let p = Profile::connectx6();
+        let lone = {
+            let mut w = world(p.clone(), 1);
+            let ep = w.open(0, LocalMem::new(4096).unwrap(), 0);
+            w.post(ep, 0, 1, &[read(8)]);
+            completions(&mut w, ep)[0]
+        };
+        let mut w = world(p.clone(), 1);
+        let ep = w.open(0, LocalMem::new(4096).unwrap(), 0);
+        w.blade_stall[0] = (0, 1_000_000);
+        w.post(ep, 0, 1, &[read(8)]);
+        let done = completions(&mut w, ep);
+        // It arrives at the blade within the stall and waits for its end;
+        // the rest of its path is the lone READ's after the blade.
+        let arrive = lone - p.memory.op_ns - p.memory.dma_read_ns - 2 * p.network.latency_ns - p.nic.cqe_dma_ns;
+        assert!(done[0] > 1_000_000 && done[0] < 1_000_000 + lone, "{done:?} (lone {lone}, arrival ~{arrive})");
     }
 
     #[test]

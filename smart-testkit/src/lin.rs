@@ -68,35 +68,6 @@ pub fn linearizable(history: &[Event], init: u64) -> Result<(), String> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_linearizability_checker_rejects_what_it_should() {
-        // Real events start after time 0, where the initial value was "written".
-        let ev = |start, end, write, value| Event { start, end, write, value };
-        // Sequential and overlapping, fine.
-        assert!(linearizable(
-            &[ev(1, 10, true, 1), ev(20, 30, false, 1), ev(25, 40, true, 2), ev(35, 50, false, 2)],
-            0
-        )
-        .is_ok());
-        assert!(
-            linearizable(&[ev(1, 10, true, 1), ev(5, 6, false, 0)], 0).is_ok(),
-            "a read overlapping a write may see the old value"
-        );
-        // A read of a value written only after the read ended.
-        assert!(linearizable(&[ev(1, 10, false, 1), ev(20, 30, true, 1)], 0).is_err());
-        // New then old: two sequential reads see 2 and then 1, after both writes ended.
-        let h = [ev(1, 10, true, 1), ev(20, 30, true, 2), ev(40, 50, false, 2), ev(60, 70, false, 1)];
-        assert!(linearizable(&h, 0).is_err());
-        // A stale read of the initial value after a completed write.
-        assert!(linearizable(&[ev(1, 10, true, 1), ev(20, 30, false, 0)], 0).is_err());
-        assert!(linearizable(&[ev(1, 10, false, 9)], 0).is_err());
-    }
-}
-
 /// Runs `ops` operations on one key of the index `name` (created for
 /// `capacity` keys) from every coroutine of `cfg` (its threads, coroutines
 /// and runtime; no time limit): one in three an upsert of a value unique to
@@ -150,4 +121,33 @@ pub fn register_history<I: KvIndex>(
     }
     let h = history.lock().expect("history").clone();
     Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_linearizability_checker_rejects_what_it_should() {
+        // Real events start after time 0, where the initial value was "written".
+        let ev = |start, end, write, value| Event { start, end, write, value };
+        // Sequential and overlapping, fine.
+        assert!(linearizable(
+            &[ev(1, 10, true, 1), ev(20, 30, false, 1), ev(25, 40, true, 2), ev(35, 50, false, 2)],
+            0
+        )
+        .is_ok());
+        assert!(
+            linearizable(&[ev(1, 10, true, 1), ev(5, 6, false, 0)], 0).is_ok(),
+            "a read overlapping a write may see the old value"
+        );
+        // A read of a value written only after the read ended.
+        assert!(linearizable(&[ev(1, 10, false, 1), ev(20, 30, true, 1)], 0).is_err());
+        // New then old: two sequential reads see 2 and then 1, after both writes ended.
+        let h = [ev(1, 10, true, 1), ev(20, 30, true, 2), ev(40, 50, false, 2), ev(60, 70, false, 1)];
+        assert!(linearizable(&h, 0).is_err());
+        // A stale read of the initial value after a completed write.
+        assert!(linearizable(&[ev(1, 10, true, 1), ev(20, 30, false, 0)], 0).is_err());
+        assert!(linearizable(&[ev(1, 10, false, 9)], 0).is_err());
+    }
 }
