@@ -167,6 +167,7 @@ impl SimTransport {
                                 );
                                 w.now = w.now.max(at);
                                 let now = w.now;
+                                w.finish_begun();
                                 for r in &w.regions {
                                     let _ = r.flush();
                                 }

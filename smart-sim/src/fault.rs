@@ -16,8 +16,9 @@ use std::fmt;
 pub enum FaultKind {
     /// The compute-blade process dies, as by SIGKILL: it exits at once with
     /// status 137. WRs it posted that had not reached memory are lost with
-    /// it (as packets in its NIC); the memory blades keep what they hold
-    /// (use `--sim-blade-dir` to look at them afterwards).
+    /// it (as packets in its NIC); those whose packet reached a memory blade
+    /// complete there, whole; the memory blades keep what they hold (use
+    /// `--sim-blade-dir` to look at them afterwards).
     Kill,
     /// Memory blade `blade` stops answering for `down_ns`, then serves its
     /// memory again as it was (a restart on its backing file): WRs that

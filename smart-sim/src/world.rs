@@ -86,6 +86,10 @@ struct BatchRec {
     wrs: u16,
     /// WRs that reached memory.
     executed: u16,
+    /// Bit i: WR i's first part executed, so its packet is at the memory
+    /// blade and the rest of its DMA completes whatever happens to the QP,
+    /// the compute blade or the blade's availability meanwhile.
+    begun: u32,
     status: Result<(), (WcStatus, u16)>,
 }
 
@@ -297,7 +301,8 @@ impl World {
         let (cb, bind, owner) = (e.cblade, e.bindings[blade as usize], e.thread as u32);
         let n = wrs.len() as u64;
         let qp = bind.qp as u32;
-        let batch = self.new_batch(BatchRec { ep, qp, blade, wr_id, wrs: n as u16, executed: 0, status: Ok(()) });
+        let batch =
+            self.new_batch(BatchRec { ep, qp, blade, wr_id, wrs: n as u16, executed: 0, begun: 0, status: Ok(()) });
         let p = &self.p;
         let e = &self.eps[ep as usize];
         // A thread never acts before what the world already ran: one whose
@@ -407,13 +412,17 @@ impl World {
 
     fn execute(&mut self, batch: u32, index: u16, wr: &WorkRequest, split: u32, first: bool) {
         let rec = self.batches[batch as usize].as_mut().expect("a WR's batch lives until its completion");
-        if rec.status.is_err() {
+        // The rest of a WR whose packet reached the blade: its DMA completes.
+        let begun_rest = !first && split > 0 && rec.begun & (1 << index) != 0;
+        if rec.status.is_err() && !begun_rest {
             return; // flushed behind the WR that failed
         }
         let e = &self.eps[rec.ep as usize];
         let blade = rec.blade as usize;
         let (down_from, down_until) = self.blade_down[blade];
-        let r = if (down_from..down_until).contains(&self.now) {
+        let r = if begun_rest {
+            Ok(())
+        } else if (down_from..down_until).contains(&self.now) {
             Err(WcStatus::Transport)
         } else if e.fence_tag != 0 && self.revoked.contains(&e.fence_tag) {
             Err(WcStatus::Fenced)
@@ -430,9 +439,30 @@ impl World {
             };
             execute(&self.regions[blade], self.rkeys[blade], &part, &e.local)
         };
+        let r = match (r, begun_rest) {
+            (Ok(()), true) => {
+                let rest = WorkRequest {
+                    len: wr.len - split,
+                    local_off: wr.local_off + split,
+                    remote: wr.remote.add(u64::from(split)),
+                    ..*wr
+                };
+                execute(&self.regions[blade], self.rkeys[blade], &rest, &e.local)
+            }
+            (r, _) => r,
+        };
         match r {
-            Ok(()) if first => {}
-            Ok(()) => rec.executed += 1,
+            Ok(()) if first => rec.begun |= 1 << index,
+            Ok(()) => {
+                rec.executed += 1;
+                // A failure recorded at this WR (the QP dropped, the blade
+                // gone) came after its packet: it took effect.
+                if let Err((_, at)) = &mut rec.status {
+                    if *at == index {
+                        *at += 1;
+                    }
+                }
+            }
             Err(s) => {
                 rec.status = Err((s, index));
                 self.cnics[e.cblade].qps[rec.qp as usize].error = true;
@@ -451,6 +481,20 @@ impl World {
             e.cq.push_back(Completion { wr_id: rec.wr_id, status: rec.status });
             if let Some(d) = e.driver {
                 self.woken.push((d, self.now));
+            }
+        }
+    }
+
+    /// A compute blade dies: the WRs whose packets already reached a memory
+    /// blade (their first part executed) complete there; nothing else runs.
+    pub(crate) fn finish_begun(&mut self) {
+        while let Some((at, i)) = self.events.pop() {
+            if let Some(Kind::Exec { batch, index, wr, split, first: false }) = self.kinds[i as usize].take() {
+                let begun = self.batches[batch as usize].as_ref().is_some_and(|r| r.begun & (1 << index) != 0);
+                if split > 0 && begun {
+                    self.now = self.now.max(at);
+                    self.execute(batch, index, &wr, split, false);
+                }
             }
         }
     }
@@ -603,6 +647,44 @@ mod tests {
         assert_eq!(completions(&mut w, ep), [done]);
         // About 2.4 µs: an RDMA READ's round trip on this class of hardware.
         assert!((2_000..3_000).contains(&done), "{done} ns");
+    }
+
+    /// A WRITE over several lines whose packet reached the blade completes
+    /// there whatever happens next: its QP dropped, or its compute blade
+    /// killed (never half a page left behind by a dead writer).
+    #[test]
+    fn a_write_that_reached_the_blade_completes_even_if_its_sender_fails() {
+        for kill in [false, true] {
+            let p = Profile::connectx6();
+            let mut w = world(p, 1);
+            let local = LocalMem::new(4096).unwrap();
+            // SAFETY: nothing is in flight yet.
+            unsafe { local.bytes_mut(0, 512) }.fill(0xab);
+            let ep = w.open(0, local, 0);
+            let write = WorkRequest { op: Opcode::Write, len: 512, ..read(512) };
+            w.post(ep, 0, 1, &[write]);
+            // Run events until the WRITE's first part is in memory.
+            let on_blade = |w: &World| {
+                let mut b = [0u8; 512];
+                w.regions[0].read(8192, &mut b).unwrap();
+                b.iter().filter(|&&x| x == 0xab).count()
+            };
+            while on_blade(&w) == 0 {
+                w.run_next();
+            }
+            assert!(on_blade(&w) < 512, "the WRITE executes in two parts");
+            if kill {
+                w.finish_begun();
+            } else {
+                w.drop_qp(ep, 0);
+                while w.next_event().is_some() {
+                    w.run_next();
+                }
+                let c = w.eps[ep as usize].cq.pop_front().unwrap();
+                assert_eq!(c.status, Err((WcStatus::Transport, 1)), "failed after the WRITE, which took effect");
+            }
+            assert_eq!(on_blade(&w), 512, "the whole WRITE landed (kill: {kill})");
+        }
     }
 
     #[test]
