@@ -60,6 +60,9 @@ pub struct MemoryCli {
     /// How compute blades reach the region.
     #[command(flatten)]
     pub link: LinkFlags,
+    /// On an error, also print its full report with a backtrace.
+    #[arg(long)]
+    pub verbose: bool,
 }
 
 /// `compute-blade`'s flags.
@@ -69,6 +72,10 @@ pub struct ComputeCli {
     /// The benchmark.
     #[command(subcommand)]
     pub cmd: Cmd,
+    /// On an error, also print its full report with a backtrace (errors
+    /// otherwise print their message chain only).
+    #[arg(long, global = true)]
+    pub verbose: bool,
 }
 
 /// `compute-blade`'s subcommands.
@@ -469,6 +476,13 @@ pub struct RecoverArgs {
     /// restore (exit status 1).
     #[arg(long)]
     pub repair: bool,
+    /// First wait for the registrations whose lease still runs (a compute
+    /// blade killed a moment ago, or one alive): each is recovered once its
+    /// lease and a 2 s grace have run out without renewal, or left alone
+    /// once renewed (it is alive). Progress on standard error. Without it,
+    /// such registrations are listed and the exit status is 1.
+    #[arg(long)]
+    pub wait: bool,
 }
 
 /// `compute-blade rebuild`.

@@ -173,15 +173,52 @@ where
             r.extend(e);
         }
         println!("loaded {} keys into {:?} in {:.1}s ({})", y.keys, y.table, rep.load_s, rep.state.as_str());
+        if y.verify {
+            println!("{}", verified_line(None, y.keys, rep.violations, rep.duplicates));
+        }
         report::write(s, &rec)?;
         return Ok(Outcome::of(rep.violations == 0, false));
     };
     let rec = report::record(what, s, t, run, extra)?;
     report::finish(s, &rec, run)?;
+    if y.verify {
+        let keys = if run.interrupted { 0 } else { y.keys };
+        println!("{}", verified_line(Some(run.ops), keys, rep.violations, rep.duplicates));
+    }
     if rep.violations > rep.lost {
         eprintln!("compute-blade: VIOLATION: {} values were wrong or lost", rep.violations - rep.lost);
     }
     Ok(Outcome::of(rep.violations == 0 && run.first_error.is_none(), run.interrupted))
+}
+
+/// The human line of a `--verify`: what was checked, and what was found.
+/// `ops`: the timed run's operations, each checked as it completed (`None`
+/// without a run); `keys`: keys read back after it (0 when skipped).
+fn verified_line(ops: Option<u64>, keys: u64, violations: u64, duplicates: u64) -> String {
+    let mut what = Vec::new();
+    if let Some(n) = ops {
+        what.push(format!("{} ops as they completed", group(n)));
+    }
+    if keys > 0 {
+        what.push(format!("{} keys read back (each present once, holding its own value)", group(keys)));
+    } else if ops.is_some() {
+        what.push("no read-back (interrupted)".to_string());
+    }
+    let dup = if duplicates > 0 { format!(" ({duplicates} keys stored twice)") } else { String::new() };
+    format!("verified {}: {violations} violations{dup}", what.join(" and "))
+}
+
+/// `n` with thin groups of three digits: 1,234,567.
+fn group(n: u64) -> String {
+    let d = n.to_string();
+    let mut out = String::with_capacity(d.len() + d.len() / 3);
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// `compute-blade smallbank` and `compute-blade tatp`.
@@ -224,10 +261,26 @@ fn audit_line(a: &Audited) {
             m.registrations_missing
         );
     }
-    if let (Some(b), Some(e), Some(n)) = (a.balances, a.expected, a.ledger_txns) {
-        line += &format!(" | balances {b} cents, initial + ledgers {e} cents ({n} ledger transactions)");
+    match (a.balances, a.expected, a.ledger_txns, &a.money_unchecked) {
+        (Some(b), _, _, Some(_)) => line += &format!(" | balances {b} cents (money not checked: see below)"),
+        (Some(b), Some(e), Some(n), None) => {
+            line += &format!(" | balances {b} cents, initial + ledgers {e} cents ({n} ledger transactions)");
+        }
+        _ => {}
     }
     println!("{line}");
+    if let Some(why) = &a.money_unchecked {
+        println!("audit: money not checked: {why}; the other checks ran");
+    }
+    if !a.running.is_empty() {
+        let who: Vec<String> = a.running.iter().map(|(s, p)| format!("compute blade {s} (pid {p})")).collect();
+        println!(
+            "audit: {} still running after {} s: its transactions in flight (locks held, replicas part-written, \
+             records mid-write) are reported above, not counted; `--audit-only` once it ends checks everything",
+            who.join(", "),
+            smallbank_tatp::workload::AUDIT_WAIT.as_secs()
+        );
+    }
     if !a.loaded {
         println!(
             "audit: the database's load never completed (it was interrupted): it lacks rows; the next smallbank or \
@@ -362,7 +415,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
 pub fn recover(s: &Session, t: Arc<dyn Transport>, job: &RecoverJob) -> Result<Outcome> {
     let mut rt = smart_core::Runtime::new(&*t, 0, s.run.runtime.clone())?;
     let mut all = Vec::new();
-    let mut left = 0;
+    let (mut left, mut left_unjudged) = (0, 0);
     for name in &job.dbs {
         let (ctx, name2) = (rt.ctx(), name.clone());
         let opened = rt
@@ -373,6 +426,20 @@ pub fn recover(s: &Session, t: Arc<dyn Transport>, job: &RecoverJob) -> Result<O
             continue;
         };
         let db = Arc::new(db);
+        // Registrations whose lease runs: alive, or dead too recently to
+        // tell. Said, waited for with --wait, never passed over in silence.
+        let live = if job.slot.is_some() { Vec::new() } else { live_leases(&mut rt, &db, name)? };
+        let unjudged = if job.wait { wait_for_leases(&mut rt, &db, name, live)? } else { live };
+        for l in &unjudged {
+            println!(
+                "{name}: compute blade {} (pid {}): lease live for {:.1} s more; not recovered (alive, or dead too \
+                 recently to tell: `recover --wait` waits for its lease, then recovers it if it was not renewed)",
+                l.slot,
+                l.pid,
+                l.left_ms as f64 / 1e3
+            );
+        }
+        left_unjudged += unjudged.len();
         let (ctx, d, slot) = (rt.ctx(), db.clone(), job.slot);
         let r = rt.block_on(async move {
             let which = slot.map_or(Which::Expired, Which::Slot);
@@ -382,7 +449,7 @@ pub fn recover(s: &Session, t: Arc<dyn Transport>, job: &RecoverJob) -> Result<O
             Ok((v, orphans))
         });
         let (v, orphans) = r.map_err(|e: ford_dtx::DtxError| anyhow::anyhow!("recovering {name:?}: {e}"))?;
-        if v.is_empty() {
+        if v.is_empty() && unjudged.is_empty() {
             println!("{name}: no dead compute blade");
         }
         print_recovered(name, &v);
@@ -397,14 +464,115 @@ pub fn recover(s: &Session, t: Arc<dyn Transport>, job: &RecoverJob) -> Result<O
         } else {
             None
         };
-        if !v.is_empty() || orphans.released > 0 || repaired.is_some() {
-            all.push(json!({ "db": name, "recovered": v, "orphan_locks": orphans, "repair": repaired }));
+        if !v.is_empty() || orphans.released > 0 || repaired.is_some() || !unjudged.is_empty() {
+            let live: Vec<_> = unjudged
+                .iter()
+                .map(|l| json!({ "slot": l.slot, "pid": l.pid, "left_s": l.left_ms as f64 / 1e3 }))
+                .collect();
+            all.push(json!({ "db": name, "recovered": v, "orphan_locks": orphans, "repair": repaired, "live": live }));
         }
     }
     if let Some(p) = &s.json {
         std::fs::write(p, serde_json::to_string_pretty(&json!({ "bench": "recover", "databases": all }))? + "\n")?;
     }
-    Ok(Outcome::of(left == 0, false))
+    if left_unjudged > 0 {
+        eprintln!(
+            "compute-blade: recover left {left_unjudged} registration(s) whose lease runs (see above); exit status 1"
+        );
+    }
+    Ok(Outcome::of(left == 0 && left_unjudged == 0, false))
+}
+
+/// A registration whose lease has not run out (with recovery's grace).
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    slot: u16,
+    pid: u64,
+    claim: u64,
+    expiry_ms: u64,
+    /// Milliseconds until recovery may take it (its expiry plus the grace).
+    left_ms: u64,
+}
+
+/// The registrations of `db` whose lease (plus [`ford_dtx::recovery::GRACE_MS`])
+/// has not run out, and that no recovery holds.
+fn live_leases(rt: &mut smart_core::Runtime, db: &Arc<ford_dtx::db::Db>, name: &str) -> Result<Vec<Live>> {
+    let (ctx, d) = (rt.ctx(), db.clone());
+    let (slots, now) = rt
+        .block_on(async move {
+            let slots = ford_dtx::registry::slots(&ctx, &d).await?;
+            Ok::<_, ford_dtx::DtxError>((slots, ford_dtx::registry::now_ms(&ctx)))
+        })
+        .map_err(|e| anyhow::anyhow!("recovering {name:?}: reading its registry: {e}"))?;
+    let recovering = ford_dtx::layout::registry::RECOVERING;
+    Ok(slots
+        .into_iter()
+        .filter(|s| s.claim != 0 && s.claim & recovering == 0)
+        .filter_map(|s| {
+            let until = s.expiry_ms.saturating_add(ford_dtx::recovery::GRACE_MS);
+            (until >= now).then(|| Live {
+                slot: s.slot,
+                pid: s.pid,
+                claim: s.claim,
+                expiry_ms: s.expiry_ms,
+                left_ms: until - now,
+            })
+        })
+        .collect())
+}
+
+/// `recover --wait`: waits until each of `live` is judged: its lease
+/// renewed (its compute blade is alive: left alone), its registration
+/// closed or taken by another recovery, or its lease run out with the
+/// grace (then the recovery that follows takes it). Progress on stderr.
+/// Returns those still unjudged (none: each lease ends or is renewed).
+fn wait_for_leases(
+    rt: &mut smart_core::Runtime,
+    db: &Arc<ford_dtx::db::Db>,
+    name: &str,
+    mut live: Vec<Live>,
+) -> Result<Vec<Live>> {
+    let mut said = std::time::Instant::now() - std::time::Duration::from_secs(1);
+    while !live.is_empty() {
+        let now_live = live_leases(rt, db, name)?;
+        live.retain(|l| {
+            let Some(n) = now_live.iter().find(|n| n.slot == l.slot) else {
+                // Run out (recovered next), closed, or being recovered.
+                return false;
+            };
+            if n.claim != l.claim {
+                println!("{name}: compute blade {} (pid {}): registration ended while waiting", l.slot, l.pid);
+                return false;
+            }
+            if n.expiry_ms != l.expiry_ms {
+                println!(
+                    "{name}: compute blade {} (pid {}): alive (its lease was renewed); not recovered",
+                    l.slot, l.pid
+                );
+                return false;
+            }
+            true
+        });
+        for l in &mut live {
+            if let Some(n) = now_live.iter().find(|n| n.slot == l.slot) {
+                l.left_ms = n.left_ms;
+            }
+        }
+        if live.is_empty() {
+            break;
+        }
+        if said.elapsed() >= std::time::Duration::from_secs(1) {
+            let each: Vec<String> = live
+                .iter()
+                .map(|l| format!("compute blade {} (pid {}) {:.1} s", l.slot, l.pid, l.left_ms as f64 / 1e3))
+                .collect();
+            eprintln!("recover: {name}: waiting for {} lease(s) to run out: {}", live.len(), each.join(", "));
+            said = std::time::Instant::now();
+        }
+        let nap = live.iter().map(|l| l.left_ms).min().unwrap_or(0).clamp(50, 250);
+        std::thread::sleep(std::time::Duration::from_millis(nap + 1));
+    }
+    Ok(live)
 }
 
 /// What recovery did for each dead compute blade of database `name`.

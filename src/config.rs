@@ -199,6 +199,8 @@ pub struct RecoverJob {
     pub slot: Option<u16>,
     /// Then repair damaged records from their replicas.
     pub repair: bool,
+    /// First wait for the leases that run (`--wait`).
+    pub wait: bool,
 }
 
 /// `rebuild`, resolved.
@@ -352,6 +354,13 @@ fn check_blades(addrs: &[String]) -> Result<()> {
         let a = a.trim();
         if a.is_empty() {
             bail!("--blades has an empty address (a trailing or doubled comma?): give HOST:PORT[,HOST:PORT...]");
+        }
+        match a.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => {}
+            _ => bail!(
+                "--blades {a}: expected HOST:PORT, a memory blade's address and port as `memory-blade --listen` \
+                 printed it (e.g. 127.0.0.1:7000 or blade1:7000); several are separated by commas"
+            ),
         }
         if !seen.insert(a) {
             bail!("--blades names {a} twice: each memory blade once");
@@ -700,7 +709,10 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
             _ => ycsb::bench::LoadMode::Load,
         },
     };
-    let distribution = if a.uniform { "uniform".to_string() } else { format!("zipf-{}", a.zipf) };
+    // Workload d's reads follow YCSB's latest distribution (the newest
+    // inserted keys hottest), its inserts take new keys: named as such.
+    let keys = if a.uniform { "uniform".to_string() } else { format!("zipf-{}", a.zipf) };
+    let distribution = if workload.reads_latest() { format!("latest-{keys}") } else { keys };
     Ok(YcsbJob { app, y, distribution })
 }
 
@@ -782,6 +794,12 @@ fn recover_config(a: &RecoverArgs) -> Result<Config> {
     if a.slot == Some(0) {
         bail!("--slot: registry slots are numbered from 1");
     }
+    if a.wait && a.slot.is_some() {
+        bail!("--wait and --slot: --slot recovers its registration now, whatever its lease");
+    }
+    if a.wait && matches!(session.blades, Blades::Simulated(_)) {
+        bail!("--wait waits in real time; a simulated cluster's leases run in virtual time (see --sim-advance)");
+    }
     let dbs = if a.db.is_empty() { vec!["smallbank".into(), "tatp".into()] } else { a.db.clone() };
-    Ok(Config { session, job: Job::Recover(RecoverJob { dbs, slot: a.slot, repair: a.repair }) })
+    Ok(Config { session, job: Job::Recover(RecoverJob { dbs, slot: a.slot, repair: a.repair, wait: a.wait }) })
 }

@@ -195,6 +195,37 @@ pub fn emit(rec: &Value, to: Option<&std::path::Path>) -> Result<()> {
     }
 }
 
+/// Exit status of a usage error: a flag's value is wrong (as clap's own).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit status of a failure: the run could not do its work.
+pub const EXIT_FAILURE: i32 = 1;
+
+/// Reports `err` the way a user reads it and exits with `code`: the message
+/// chain on one line (`binary: error: what: why`), never a backtrace unless
+/// `verbose` (then anyhow's full report, with the backtrace when one was
+/// captured, which `--verbose` turns on). A panic still prints Rust's own
+/// report.
+pub fn fail(binary: &str, err: &anyhow::Error, verbose: bool, code: i32) -> ! {
+    if verbose {
+        eprintln!("{binary}: error: {err:?}");
+    } else {
+        eprintln!("{binary}: error: {err:#}");
+    }
+    if code == EXIT_USAGE {
+        eprintln!("\nFor more information, try '--help'.");
+    }
+    std::process::exit(code)
+}
+
+/// Turns on backtrace capture for errors when `verbose` (`--verbose`); call
+/// first in `main`, before any thread starts.
+pub fn verbose_errors(verbose: bool) {
+    if verbose {
+        std::env::set_var("RUST_LIB_BACKTRACE", "1");
+    }
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::{slow_clock_warning, utc_date};

@@ -118,6 +118,11 @@ struct Item {
     new: Vec<u8>,
     written: bool,
     posted: Option<Posted>,
+    /// A read that does not abort when the key is missing
+    /// ([`Txn::read_if_any`]).
+    maybe: bool,
+    /// Such a read found no live row.
+    absent: bool,
 }
 
 impl Step {
@@ -171,6 +176,17 @@ impl Item {
         self.value.clear();
         self.value.extend_from_slice(r.value);
         self.step = Step::Done;
+    }
+
+    /// The key has no live row: a [`Txn::read_if_any`] item takes that as
+    /// its result; any other aborts.
+    fn missing(&mut self) -> Result<(), Abort> {
+        if self.kind != Kind::Read || !self.maybe {
+            return Err(Abort::NotFound);
+        }
+        (self.absent, self.version, self.state, self.held, self.step) = (true, 0, 0, false, Step::Done);
+        self.value.clear();
+        Ok(())
     }
 }
 
@@ -304,12 +320,14 @@ impl Txn {
                 new: Vec::new(),
                 written: false,
                 posted: None,
+                maybe: false,
+                absent: false,
             });
         } else {
             let it = &mut self.items[self.n];
             (it.table, it.key, it.hash, it.kind, it.step) = (table, key, layout::key_hash(key), kind, Step::Start);
             (it.cached, it.version, it.state, it.locked, it.written, it.posted) = (false, 0, 0, false, false, None);
-            it.held = false;
+            (it.held, it.maybe, it.absent) = (false, false, false);
             it.value.clear();
             it.new.clear();
         }
@@ -320,6 +338,24 @@ impl Txn {
     /// Declares a read of `key` in `table`.
     pub fn read(&mut self, table: u32, key: u64) -> ItemId {
         self.add(table, key, Kind::Read)
+    }
+
+    /// Declares a read of `key` in `table` that, unlike [`Txn::read`], does
+    /// not abort the transaction when the key has no live row:
+    /// [`Txn::exists`] then says `false` and its value is empty (as FORD's
+    /// reads of absent keys). A row found is validated at commit as any
+    /// read; an absence is not (a row inserted after it was seen missing
+    /// does not abort the transaction).
+    pub fn read_if_any(&mut self, table: u32, key: u64) -> ItemId {
+        let id = self.add(table, key, Kind::Read);
+        self.items[id.0].maybe = true;
+        id
+    }
+
+    /// Whether an executed read found its key (always, but for a
+    /// [`Txn::read_if_any`] of a missing key).
+    pub fn exists(&self, id: ItemId) -> bool {
+        !self.items[id.0].absent
     }
 
     /// Declares a read-modify-write of `key` in `table`.
@@ -573,6 +609,9 @@ impl Txn {
                     return Ok(());
                 }
                 let ours = r.state == state::FREE || r.key == it.key;
+                if it.kind == Kind::Read && (r.state != state::LIVE || !ours) {
+                    return it.missing().map_err(Unsettled::Abort);
+                }
                 match it.kind {
                     Kind::Read | Kind::Update | Kind::Delete if r.state != state::LIVE || !ours => {
                         return Err(Abort::NotFound.into())
@@ -594,7 +633,7 @@ impl Txn {
                     if r.state == state::FREE {
                         // The chain's free tail starts before any slot of
                         // this key.
-                        return Err(Abort::NotFound.into());
+                        return it.missing().map_err(Unsettled::Abort);
                     }
                     if ours {
                         return Self::found(&self.d, t, it, t.array_mirrors(at, replicas), &r)
@@ -662,7 +701,7 @@ impl Txn {
                         it.loc = slot_loc(at.add(off), off, &mirrors, replicas);
                         it.step = Step::Lock;
                     }
-                    (Some(_), _) => return Err(Abort::NotFound.into()),
+                    (Some(_), _) => return it.missing().map_err(Unsettled::Abort),
                     (None, _) if next != 0 => {
                         let blades = self.d.0.ctx.blades();
                         let next = stored_addr(blades, next, t.bucket_bytes(), || {
@@ -673,7 +712,7 @@ impl Txn {
                         it.step = Step::Bucket { at: next, hop: hop.saturating_add(1) };
                     }
                     (None, Kind::Insert) => it.step = Step::Extend { last: at },
-                    (None, _) => return Err(Abort::NotFound.into()),
+                    (None, _) => return it.missing().map_err(Unsettled::Abort),
                 }
             }
             Step::Start | Step::Extend { .. } | Step::Done => unreachable!("settled only after a fetch"),
@@ -689,7 +728,7 @@ impl Txn {
         d.0.cache.borrow_mut().insert(t, it.key, it.hash, loc);
         match it.kind {
             Kind::Read if r.state == state::LIVE => it.take(r),
-            Kind::Read => return Err(Abort::NotFound),
+            Kind::Read => return it.missing(),
             Kind::Insert if r.state == state::LIVE => return Err(Abort::Exists),
             _ => it.step = Step::Lock,
         }
@@ -808,7 +847,7 @@ impl Txn {
         let mut checks = [None; 4 * log::MAX_WRITES];
         if validate {
             for (i, it) in self.items[..self.n].iter().enumerate() {
-                if it.kind == Kind::Read {
+                if it.kind == Kind::Read && !it.absent {
                     let (batch, b) = round.batch(it.loc[0].blade(), 1, 16)?;
                     checks[i] = Some((batch, b.read(it.loc[0].add(layout::VERSION), 16)));
                 }

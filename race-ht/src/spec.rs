@@ -152,6 +152,12 @@ impl RaceHt {
             Some((at, s)) if s.addr().blade() == new.0.blade() => (at, s),
             _ => return Ok(SpecUpdate::NotTried),
         };
+        // The new block and the remembered one must fit one batch's local
+        // slot together: with the largest values they do not (each may take
+        // almost half of it), and the normal path writes the block alone.
+        if block.len() + 8 + s.block_len() > self.ctx.config().slot_bytes {
+            return Ok(SpecUpdate::NotTried);
+        }
         let mut b = self.ctx.batch();
         b.write(new.0, block);
         let reads = read_remembered(&mut b, at, s);

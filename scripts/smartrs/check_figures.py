@@ -1,7 +1,8 @@
 """Checks what `scripts/figure all --quick` made (CI runs it): for every
 figure, a PNG and a PDF that are images, JSON lines that parse, and every
 (panel, series, x) point of the figure's sweep present with a record of a
-clean timed run.
+clean timed run; a Markdown table per panel, labelled when there are
+several.
 
     python3 scripts/smartrs/check_figures.py [OUT] [--cluster FILE]
 """
@@ -36,6 +37,16 @@ def main(argv: list[str]) -> int:
         want = {(p.panel, p.series, p.x) for p in fig.points}
         if got != want:
             bad.append(f"{jl}: missing points {sorted(want - got)[:4]}, unexpected {sorted(got - want)[:4]}")
+        md = out / f"fig{name}.md"
+        panels = list(dict.fromkeys(r["panel"] for r in rows))
+        text = md.read_text() if md.exists() else ""
+        tables = text.count("\n|---")
+        if tables != len(panels):
+            bad.append(f"{md}: {tables} tables for {len(panels)} panels")
+        if len(panels) > 1:
+            for p in panels:
+                if f"**({p}) " not in text and f"**{p}**" not in text:
+                    bad.append(f"{md}: panel {p} has no label")
         for r in rows:
             rec = r["record"]
             if rec.get("ops", 0) <= 0 or rec.get("errors") or rec.get("violations"):

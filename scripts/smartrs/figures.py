@@ -501,7 +501,7 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             if len(fig.panels) > 1:
-                ax.set_title(f"YCSB {panel.upper()}" if len(panel) == 1 else panel)
+                ax.set_title(panel_title(panel))
         for r_i, m in enumerate(ref_metrics, start=len(fig.metrics)):
             ax = axes[r_i][c]
             if not any(k[:2] == (m.key, panel) for k in ref):
@@ -598,6 +598,11 @@ def plot(fig: Figure, jl: Path, out: Path) -> list[Path]:
     return made
 
 
+def panel_title(panel: str) -> str:
+    """What a panel shows: a one-letter panel is a YCSB workload."""
+    return f"YCSB {panel.upper()}" if len(panel) == 1 else panel
+
+
 def table(fig: Figure, jl: Path, out: Path) -> Path:
     """The figure's numbers as a Markdown table (one row per x, a column per
     series and metric): the paper's table 1 is a table."""
@@ -609,7 +614,7 @@ def table(fig: Figure, jl: Path, out: Path) -> Path:
     for panel in panels:
         # One table per panel, labelled when there are several.
         if len(panels) > 1:
-            lines += ["", f"**{panel}**", ""]
+            lines += ["", f"**({panel}) {panel_title(panel)}**" if len(panel) == 1 else f"**{panel}**", ""]
         lines += [f"| {fig.x_label} | " + " | ".join(f"{s}: {m.label}" for s, m in cols) + " |",
                   "|---" * (len(cols) + 1) + "|"]
         for x in sorted({r["x"] for r in rows if r["panel"] == panel}):

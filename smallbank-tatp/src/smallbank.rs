@@ -3,8 +3,11 @@
 //!
 //! Balances are integer cents (`i64`; FORD kept an `f32`, which cannot be
 //! audited exactly). Every account starts with [`START_CENTS`] in each
-//! table. Accounts are drawn from the first `hot` with probability 90%,
-//! else uniformly from all.
+//! table. Each transaction flips one coin for its accounts, as FORD's and
+//! the Smart artifact's SmallBank do: with probability 90% they are drawn
+//! from the first `hot`, else uniformly from all; a pair is distinct and
+//! both hot or both not. (A coin per account would make a pair both hot
+//! with probability 0.81 only, and mix hot and cold accounts.)
 //!
 //! | transaction | share | items | money in |
 //! |---|---|---|---|
@@ -23,7 +26,7 @@
 //! counts every committed DepositChecking, TransactSavings and WriteCheck.
 
 use ford_dtx::{Abort, Txn, TxnError};
-use rand::Rng;
+use rand::{Rng, RngCore};
 use smart_bench::below;
 
 use crate::workload::{pick, Draw, Workload};
@@ -34,6 +37,10 @@ pub const SAVINGS: u32 = 0;
 pub const CHECKING: u32 = 1;
 /// One row per coroutine ever run with a ledger: its money brought in.
 pub const LEDGER: u32 = 2;
+/// The key of the LEDGER table's mark of a run without a ledger (above
+/// every coroutine's ledger key): balances changed that no ledger counts,
+/// so an audit can no longer check the money (it says so instead).
+pub const UNLEDGERED: u64 = 1 << 40;
 /// Starting balance of every account in each table, in cents.
 pub const START_CENTS: i64 = 1_000_000;
 
@@ -80,13 +87,15 @@ fn put(tx: &mut Txn, id: ford_dtx::ItemId, c: i64) {
 }
 
 impl SmallBank {
-    fn account(&self, rng: &mut impl Rng) -> u64 {
-        // 90% of draws from the hot set (one 64-bit draw decides and picks).
-        let r = rng.next_u64();
-        if below(r, 10) < 9 {
-            below(r.rotate_left(32), self.hot.min(self.accounts))
+    /// The range a transaction draws its accounts from: one coin per
+    /// transaction, as FORD's and the Smart artifact's SmallBank flip it:
+    /// 90% the hot set, else every account. Both accounts of a pair come
+    /// from it (both hot or both not).
+    fn range(&self, rng: &mut impl Rng) -> u64 {
+        if below(rng.next_u64(), 10) < 9 {
+            self.hot.min(self.accounts)
         } else {
-            below(r.rotate_left(32), self.accounts)
+            self.accounts
         }
     }
 
@@ -119,10 +128,16 @@ impl Workload for SmallBank {
 
     fn draw(&self, rng: &mut rand::rngs::SmallRng) -> Draw {
         let ty = pick(&self.mix, rng);
-        let a = self.account(rng);
-        let mut b = self.account(rng);
-        while b == a && self.accounts > 1 {
-            b = self.account(rng);
+        // A second account distinct from the first, from the same range
+        // (from every account when that range holds one).
+        let mut range = self.range(rng);
+        let a = below(rng.next_u64(), range);
+        if range == 1 {
+            range = self.accounts;
+        }
+        let mut b = below(rng.next_u64(), range);
+        while b == a && range > 1 {
+            b = below(rng.next_u64(), range);
         }
         Draw { ty, keys: [a, b, 0], salt: 0 }
     }
@@ -144,7 +159,20 @@ impl Workload for SmallBank {
 
     async fn prepare(&self, tx: &mut Txn, me: u64) -> Result<(), TxnError> {
         if !self.ledger {
-            return Ok(());
+            // The database remembers that this run changes balances without
+            // ledgers (marked once, by its first coroutine, before any
+            // transaction of it).
+            if me & 0xff_ffff != 0 {
+                return Ok(());
+            }
+            tx.begin();
+            let m = tx.insert(LEDGER, UNLEDGERED);
+            match tx.execute().await {
+                Err(TxnError::Abort(Abort::Exists)) => return Ok(()),
+                r => r?,
+            }
+            tx.write(m, &ledger_value(0, 0));
+            return tx.commit().await;
         }
         tx.begin();
         let l = tx.insert(LEDGER, me);

@@ -11,16 +11,32 @@ use smart::cli::{Cmd, ComputeCli};
 use smart::commands::{self, Outcome};
 use smart::config::{Config, Job};
 
-fn main() -> Result<()> {
+fn main() {
     let cli = ComputeCli::parse();
+    smart::report::verbose_errors(cli.verbose);
+    let code = match Config::from_cli(&cli) {
+        Err(e) if !matches!(cli.cmd, Cmd::Merge(_) | Cmd::VerbsInfo(_)) => {
+            smart::report::fail("compute-blade", &e, cli.verbose, smart::report::EXIT_USAGE)
+        }
+        cfg => run(&cli, cfg)
+            .unwrap_or_else(|e| smart::report::fail("compute-blade", &e, cli.verbose, smart::report::EXIT_FAILURE)),
+    };
+    std::process::exit(code);
+}
+
+/// Runs what `cli` asks; `cfg` is its resolved configuration (unused, and an
+/// error, for the commands that need no blades). Returns the exit status.
+fn run(cli: &ComputeCli, cfg: Result<Config>) -> Result<i32> {
     if let Cmd::Merge(m) = &cli.cmd {
         // The parts keep their own provenance; the merged record gets the merge's.
-        return smart::report::emit(&smart::merge::merge_files(&m.records)?, m.json.as_deref());
+        smart::report::emit(&smart::merge::merge_files(&m.records)?, m.json.as_deref())?;
+        return Ok(0);
     }
     if let Cmd::VerbsInfo(v) = &cli.cmd {
-        return smart::verbs_info::run(v);
+        smart::verbs_info::run(v)?;
+        return Ok(0);
     }
-    let mut cfg = Config::from_cli(&cli)?;
+    let mut cfg = cfg?;
     if let Some(w) = smart::report::clocksource().as_deref().and_then(smart::report::slow_clock_warning) {
         eprintln!("{w}");
     }
@@ -51,5 +67,5 @@ fn main() -> Result<()> {
     if outcome == Outcome::Interrupted {
         eprintln!("compute-blade: interrupted; the record holds what ran");
     }
-    std::process::exit(outcome.exit_code());
+    Ok(outcome.exit_code())
 }

@@ -13,8 +13,18 @@ use smart::config::Link;
 use smart_core::blade::BladeServer;
 use smart_core::region::Region;
 
-fn main() -> Result<()> {
+fn main() {
     let args = MemoryCli::parse();
+    smart::report::verbose_errors(args.verbose);
+    let link = check(&args)
+        .unwrap_or_else(|e| smart::report::fail("memory-blade", &e, args.verbose, smart::report::EXIT_USAGE));
+    if let Err(e) = run(&args, link) {
+        smart::report::fail("memory-blade", &e, args.verbose, smart::report::EXIT_FAILURE);
+    }
+}
+
+/// The flags' values, checked together (a usage error otherwise).
+fn check(args: &MemoryCli) -> Result<Link> {
     let link = Link::resolve(&args.link)?;
     if link == Link::Sim {
         anyhow::bail!(
@@ -43,6 +53,12 @@ fn main() -> Result<()> {
     if verbs {
         anyhow::bail!("{}", smart_core::backend::verbs::NOT_BUILT);
     }
+    Ok(link)
+}
+
+/// Serves until SIGINT or SIGTERM.
+fn run(args: &MemoryCli, link: Link) -> Result<()> {
+    let verbs = link != Link::Tcp;
     // A file this start creates is removed if the start fails.
     let new_file = args.backing_file.as_ref().filter(|p| !p.exists()).cloned();
     let (region, what) = match &args.backing_file {
@@ -67,7 +83,7 @@ fn main() -> Result<()> {
         ),
     };
     let region = Arc::new(region);
-    let server = match set_up(&args, &link, &region) {
+    let server = match set_up(args, &link, &region) {
         Ok(s) => s,
         Err(e) => {
             drop(region);

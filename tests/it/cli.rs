@@ -251,12 +251,30 @@ fn bad_arguments_fail_with_a_message() {
             "--db does not",
         ),
     ];
+    // The failures of a run that started (exit status 1); every other case
+    // is a usage error (2, as clap's own).
+    let failures = ["connecting", "larger --blade-size", "asked 18446744073709551615", "memory blade 0 (embedded)"];
     for (args, needle) in cases {
-        let out = compute(args);
-        assert!(!out.status.success(), "{args:?} succeeded");
+        // A user error prints its message chain, never a backtrace.
+        let out = Command::new(COMPUTE).args(*args).env("RUST_BACKTRACE", "1").output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
+        let code = if failures.contains(needle) { 1 } else { 2 };
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(!err.contains("Stack backtrace") && !err.contains("stack backtrace"), "{args:?}: {err}");
     }
+    // --verbose adds the report with its backtrace.
+    let out = compute(&["micro", "--threads", "0", "--verbose"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Stack backtrace"), "{out:?}");
+    // --blades wants HOST:PORT, and says so.
+    for bad in ["localhost", "127.0.0.1", ":7000", "host:port", "h:0"] {
+        let out = compute(&["micro", "--blades", bad]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(2) && err.contains("expected HOST:PORT"), "{bad}: {err}");
+    }
+    // memory-blade's usage errors are 2 as well.
+    let out = Command::new(BLADE).args(["--listen", "127.0.0.1:0", "--max-connections", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     // A cause is said once, not repeated by the error chain.
     let out = compute(&["micro", "--blades", "127.0.0.1:1"]);
     assert_eq!(String::from_utf8_lossy(&out.stderr).matches("Connection refused").count(), 1);
@@ -582,6 +600,23 @@ fn ycsb_over_the_b_tree_verifies_scans_and_records_its_hit_rates() {
         let out = compute(&a);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(says), "{err}");
+    }
+}
+
+#[test]
+fn the_largest_entry_the_flags_accept_works_with_every_technique() {
+    // 8 + 16 108 bytes: the largest --key-size + --value-size accepted. With
+    // spec-lookup, an update once wrote the new block and read the old one
+    // in one batch, more than its local slot holds.
+    for smart in ["all", "none", "spec-lookup"] {
+        for workload in ["a", "d", "f"] {
+            let args = ["ycsb", "--keys", "300", "--value-size", "16108", "--workload", workload, "--verify"];
+            let run = ["--smart", smart, "--threads", "2", "--coroutines", "4", "--duration", "0.3", "--warmup", "0"];
+            let out = compute(&[&args[..], &run[..], &["--quiet"]].concat());
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{smart} {workload}: {said} {}", String::from_utf8_lossy(&out.stderr));
+            assert!(said.contains("errors 0") && said.contains(": 0 violations"), "{smart} {workload}: {said}");
+        }
     }
 }
 

@@ -489,3 +489,79 @@ fn a_durable_blade_loses_no_committed_transaction_when_the_power_fails() {
     eprintln!("after the power loss: {committed} committed transactions of the interrupted run found");
     drop((b1, b2));
 }
+
+/// The crash journey as a user walks it: a compute blade SIGKILLed in the
+/// middle of its run; `recover` at once says the lease still runs (pid,
+/// seconds left) and exits 1, recovering nothing; `recover --wait` waits
+/// for the lease (progress on stderr), recovers it, and the audit is
+/// clean. A live compute blade is recognised by its renewed lease and left
+/// alone.
+#[test]
+fn recover_says_which_leases_run_and_wait_recovers_a_blade_killed_a_moment_ago() {
+    let (b1, b2) = (Blade::start(&["--size", "64MiB"]), Blade::start(&["--size", "64MiB"]));
+    let blades = format!("{},{}", b1.addr, b2.addr);
+    short_smallbank(&blades, "0.3");
+    // A live compute blade: renewed while --wait watches it, left alone.
+    let (mut alive, slot, rest) = start_smallbank(&blades, &["--lease", "2"]);
+    let out = compute(&["recover", "--blades", &blades, "--db", "smallbank", "--wait"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains(&format!("compute blade {slot} (pid {}): alive", alive.id())), "{said}");
+    // Killed: not judged at once, recovered after the wait.
+    signal(&alive, "-KILL");
+    let _ = alive.wait();
+    drop(rest);
+    let out = compute(&["recover", "--blades", &blades, "--db", "smallbank"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains(&format!("compute blade {slot} (pid {}): lease live for", alive.id())), "{said}");
+    assert!(!said.contains("no dead compute blade") && !said.contains("rolled back"), "{said}");
+    let j = tmp("recover-wait.json");
+    let out = compute(&["recover", "--blades", &blades, "--db", "smallbank", "--wait", "--json", j.to_str().unwrap()]);
+    ok(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("waiting for 1 lease(s) to run out"), "{out:?}");
+    let r = record(&j);
+    std::fs::remove_file(&j).unwrap();
+    assert_eq!(r["databases"][0]["recovered"][0]["slot"], slot, "{r}");
+    consistent(&blades, "after recover --wait");
+}
+
+/// Audits never report a false violation: after a run without a ledger the
+/// money cannot be checked, and the audit says so (the other checks run);
+/// an audit while another compute blade runs on the database waits for it
+/// to end, then checks everything.
+#[test]
+fn audits_say_what_they_cannot_check_and_wait_for_running_compute_blades() {
+    let (b1, b2) = (Blade::start(&["--size", "64MiB"]), Blade::start(&["--size", "64MiB"]));
+    let blades = format!("{},{}", b1.addr, b2.addr);
+    let sb = ["smallbank", "--blades", &blades, "--accounts", "2000", "--hot", "50", "--quiet"];
+    ok(&compute(&[&sb[..], &["--duration", "0.3", "--warmup", "0"]].concat()));
+    let out = compute(&[&sb[..], &["--audit-only"]].concat());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("audit: 0 violations"), "{said}");
+    assert!(said.contains("money not checked: a run without --audit changed balances"), "{said}");
+    let r = run_json("unledgered.json", &[&sb[..], &["--audit-only"]].concat());
+    assert!(r["audit"]["money_unchecked"].is_string() && r["violations"] == 0, "{r}");
+    // Two TATP runs with --audit at once: the one that ends first waits.
+    let tatp = ["tatp", "--blades", &blades, "--subscribers", "2000", "--audit", "--warmup", "0", "--threads", "2"];
+    short_tatp_load(&blades);
+    let mut long = spawn_compute(&[&tatp[..], &["--duration", "3", "--quiet"]].concat());
+    std::thread::sleep(Duration::from_millis(500));
+    let j = tmp("concurrent-audit.json");
+    let out = compute(&[&tatp[..], &["--duration", "0.5", "--json", j.to_str().unwrap()]].concat());
+    let status = crate::cli::wait_bounded(&mut long, Duration::from_secs(60), "the long TATP run did not end");
+    assert!(status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("audit: tatp: waiting for compute blade"), "{out:?}");
+    ok(&out);
+    let r = record(&j);
+    std::fs::remove_file(&j).unwrap();
+    assert_eq!(r["violations"], 0, "{r}");
+    assert_eq!(r["audit"]["running"], serde_json::json!([]), "{r}");
+}
+
+/// Loads TATP's 2 000 subscribers on `blades` (so that two runs started at
+/// once do not both wait for one load).
+fn short_tatp_load(blades: &str) {
+    let args = ["tatp", "--blades", blades, "--subscribers", "2000", "--duration", "0.1", "--warmup", "0", "--quiet"];
+    ok(&compute(&args));
+}
