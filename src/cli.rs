@@ -527,7 +527,8 @@ pub struct TableArgs {
     pub action: TableAction,
     /// The index (drop, check and repair).
     pub name: Option<String>,
-    /// Its kind (drop, check and repair).
-    #[arg(long, value_enum, default_value_t = AppArg::Race)]
-    pub app: AppArg,
+    /// Its kind (drop, check and repair; default: the kind of the index
+    /// of that name on the blades, race if none).
+    #[arg(long, value_enum)]
+    pub app: Option<AppArg>,
 }

@@ -1043,11 +1043,37 @@ struct Listed {
 pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> {
     let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
     let ctx = rt.ctx();
-    let root = match job.app {
+    // Without --app, the kind of the index of that name on the blades.
+    let app = match job.app {
+        Some(a) => a,
+        None => {
+            let (c, name) = (rt.ctx(), job.name.clone());
+            let sherman = rt.block_on(async move {
+                Ok::<_, smart_core::Error>(
+                    c.root(0, &format!("race-ht:{name}")).await?.is_none()
+                        && c.root(0, &format!("sherman:{name}")).await?.is_some(),
+                )
+            })?;
+            if sherman {
+                App::Sherman
+            } else {
+                App::Race
+            }
+        }
+    };
+    if let (TableAction::Repair, App::Sherman) = (job.action, app) {
+        anyhow::bail!(
+            "table repair is for RACE tables ({:?} is a sherman index): a B+tree's operations take a dead client's \
+             lock over themselves",
+            job.name
+        );
+    }
+    let job = &TableJob { app: Some(app), ..job.clone() };
+    let root = match app {
         App::Race => format!("race-ht:{}", job.name),
         App::Sherman => format!("sherman:{}", job.name),
     };
-    let kind = match job.app {
+    let kind = match app {
         App::Race => "race",
         App::Sherman => "sherman",
     };
@@ -1071,7 +1097,7 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
         }
         TableAction::Drop => {
             let (root2, name) = (root.clone(), job.name.clone());
-            let (found, reclaimed) = match job.app {
+            let (found, reclaimed) = match app {
                 App::Race => {
                     let name2 = name.clone();
                     let d = rt
@@ -1154,7 +1180,7 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                 })?
             };
             let (heap_sum, free_sum) = (heap.iter().sum::<u64>(), free.iter().sum::<u64>());
-            let (ok, detail) = match job.app {
+            let (ok, detail) = match app {
                 App::Race => {
                     let c = rt.block_on(async move {
                         let mut ht = RaceHt::open(&ctx, &name).await?;

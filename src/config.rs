@@ -164,8 +164,9 @@ pub struct TableJob {
     pub action: TableAction,
     /// The index (`drop`, `check`).
     pub name: String,
-    /// Its kind.
-    pub app: App,
+    /// Its kind (`None`: the kind of the index of that name found on the
+    /// blades).
+    pub app: Option<App>,
 }
 
 /// A transaction workload.
@@ -776,11 +777,11 @@ fn table_config(a: &TableArgs) -> Result<Config> {
         (_, Some(n)) if !n.is_empty() => n.clone(),
         _ => bail!("table drop, check and repair need the index's NAME"),
     };
-    let app = match a.app {
+    let app = a.app.map(|k| match k {
         AppArg::Race => App::Race,
         AppArg::Sherman => App::Sherman,
-    };
-    if let (TableAction::Repair, App::Sherman) = (a.action, app) {
+    });
+    if let (TableAction::Repair, Some(App::Sherman)) = (a.action, app) {
         bail!("table repair is for RACE tables: a B+tree's operations take a dead client's lock over themselves");
     }
     Ok(Config { session, job: Job::Table(TableJob { action: a.action, name, app }) })

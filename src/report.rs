@@ -225,7 +225,6 @@ pub fn verbose_errors(verbose: bool) {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::{slow_clock_warning, utc_date};

@@ -171,29 +171,63 @@ impl RaceHt {
         }
         let root = format!("race-ht:{name}");
         if ctx.root(0, &root).await?.is_none() {
-            let n = 1u64 << cfg.depth;
-            let table = ctx.alloc(0, TABLE_HEADER, 64).await?;
-            let array = ctx.alloc(0, 8 * n, 64).await?;
-            let sub_bytes = layout::subtable_bytes(cfg.groups);
-            let mut entries = Vec::with_capacity(8 * n as usize);
-            for s in 0..n {
-                let at = ctx.alloc(blade_of(s, ctx.blades().len()), sub_bytes, 64).await?;
-                // Every byte is written: the heap may hold old data on a
-                // persistent blade.
-                ctx.write_all(at, &empty_subtable(cfg.groups, cfg.depth, s)).await?;
-                entries.extend_from_slice(&layout::pack_entry(cfg.depth, at).to_le_bytes());
+            // What this creation allocated goes back to the free lists if it
+            // fails half-way (out of memory, say) or loses the race to
+            // another creator: nothing else can reach it.
+            let mut made = Vec::new();
+            let built = Self::build(ctx, name, &root, cfg, &mut made).await;
+            if !matches!(built, Ok(true)) {
+                let r = Reclaimer::new(ctx);
+                r.refresh(ctx).await?;
+                for &(at, bytes) in &made {
+                    r.retire(at, bytes);
+                }
+                r.flush(ctx).await?;
             }
-            ctx.write_all(array, &entries).await?;
-            let named = ctx.write_name(0, name).await?;
-            let mut head = Vec::with_capacity(TABLE_HEADER as usize);
-            for w in [TABLE_MAGIC, layout::pack_dir(cfg.depth, array, 0), cfg.groups, 0, 0, 0, named.raw(), 0] {
-                head.extend_from_slice(&w.to_le_bytes());
-            }
-            ctx.write(table, &head).await?;
-            // The first creator wins; a loser's copy is left unused.
-            ctx.set_root(0, &root, table).await?;
+            built?;
         }
         Self::open(ctx, name).await
+    }
+
+    /// Allocates and writes table `name`'s header, directory and
+    /// subtables, and publishes it under `root`; every allocation is
+    /// recorded in `made`. Returns whether this copy won (another creator's
+    /// may have been published first).
+    async fn build(
+        ctx: &Ctx,
+        name: &str,
+        root: &str,
+        cfg: RaceConfig,
+        made: &mut Vec<(GlobalAddr, u64)>,
+    ) -> Result<bool> {
+        let n = 1u64 << cfg.depth;
+        let mut alloc = async |blade: u16, bytes: u64| -> Result<GlobalAddr> {
+            // From the heap, or from what dropped tables gave back once the
+            // heap is exhausted.
+            let at = smart_core::reclaim::alloc_anywhere(ctx, blade, bytes, 64).await?;
+            made.push((at, bytes));
+            Ok(at)
+        };
+        let table = alloc(0, TABLE_HEADER).await?;
+        let array = alloc(0, 8 * n).await?;
+        let sub_bytes = layout::subtable_bytes(cfg.groups);
+        let mut entries = Vec::with_capacity(8 * n as usize);
+        for s in 0..n {
+            let at = alloc(blade_of(s, ctx.blades().len()), sub_bytes).await?;
+            // Every byte is written: the heap may hold old data on a
+            // persistent blade.
+            ctx.write_all(at, &empty_subtable(cfg.groups, cfg.depth, s)).await?;
+            entries.extend_from_slice(&layout::pack_entry(cfg.depth, at).to_le_bytes());
+        }
+        ctx.write_all(array, &entries).await?;
+        let named = ctx.write_name(0, name).await?;
+        let mut head = Vec::with_capacity(TABLE_HEADER as usize);
+        for w in [TABLE_MAGIC, layout::pack_dir(cfg.depth, array, 0), cfg.groups, 0, 0, 0, named.raw(), 0] {
+            head.extend_from_slice(&w.to_le_bytes());
+        }
+        ctx.write(table, &head).await?;
+        // The first creator wins.
+        Ok(ctx.set_root(0, root, table).await? == table)
     }
 
     /// Whether table `name` exists on the blades.

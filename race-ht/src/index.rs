@@ -137,6 +137,14 @@ impl KvIndex for RaceHt {
     type Stats = RaceStats;
     type Shape = TableShape;
 
+    /// The subtables and directory made for `capacity` keys, and a KV block
+    /// per key (splits not counted).
+    fn bytes_needed(capacity: u64, keys: u64, key_size: usize, value_size: usize) -> Option<u64> {
+        let c = RaceConfig::for_keys(capacity.max(1));
+        let subtables = (1u64 << c.depth) * (crate::layout::subtable_bytes(c.groups) + 8);
+        Some(subtables.saturating_add(keys.saturating_mul(crate::layout::block_len(key_size, value_size) as u64)))
+    }
+
     async fn open_or_create(ctx: &Ctx, name: &str, capacity: u64) -> Result<(Self, bool), RaceError> {
         let existed = RaceHt::exists(ctx, name).await?;
         let t = RaceHt::create(ctx, name, RaceConfig::for_keys(capacity.max(1))).await?;

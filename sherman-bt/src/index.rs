@@ -199,6 +199,12 @@ impl KvIndex for ShermanBt {
     type Stats = ShermanStats;
     type Shape = TreeShape;
 
+    /// Full leaves for `keys` keys (inner nodes and half-full leaves not
+    /// counted).
+    fn bytes_needed(_capacity: u64, keys: u64, _key_size: usize, _value_size: usize) -> Option<u64> {
+        Some(keys.div_ceil(crate::layout::ENTRIES as u64).saturating_mul(crate::layout::PAGE as u64))
+    }
+
     async fn open_or_create(ctx: &Ctx, name: &str, _capacity: u64) -> Result<(Self, bool)> {
         ShermanBt::open_or_create(ctx, name).await
     }

@@ -233,7 +233,7 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
             let a = match ctx.root(b, &name).await? {
                 Some(a) => a,
                 None => {
-                    let fresh = ctx.alloc(b, area, 4096).await?;
+                    let fresh = smart_core::reclaim::alloc_anywhere(&ctx, b, area, 4096).await?;
                     ctx.set_root(b, &name, fresh).await?
                 }
             };

@@ -145,6 +145,16 @@ pub trait KvIndex: Clone + 'static {
     /// Verb errors.
     async fn exists(ctx: &Ctx, name: &str) -> Result<bool, Self::Error>;
 
+    /// The least memory, in bytes over all blades, that creating the index
+    /// for `capacity` keys and inserting `keys` keys of `key_size` +
+    /// `value_size` bytes takes (a lower bound: what a load surely needs),
+    /// or `None` if unknown (the default). A load checks it against the
+    /// blades' free memory before it allocates anything.
+    fn bytes_needed(capacity: u64, keys: u64, key_size: usize, value_size: usize) -> Option<u64> {
+        let _ = (capacity, keys, key_size, value_size);
+        None
+    }
+
     /// Looks `key` up; its value goes to `out`. Returns whether it exists.
     ///
     /// # Errors

@@ -676,7 +676,19 @@ impl Reclaimer {
             st.ripen()
         };
         for (blade, lines, offsets) in surplus {
-            self.push(ctx, blade, lines, &offsets, 0).await?;
+            // A bag at a time: with no memory left for bags, the blocks not
+            // pushed stay this thread's (it is short of memory, and will
+            // use them).
+            for (i, part) in offsets.chunks(BAG_ENTRIES).enumerate() {
+                match self.push(ctx, blade, lines, part, 0).await {
+                    Err(Error::OutOfMemory { .. }) => {
+                        let rest = &offsets[i * BAG_ENTRIES..];
+                        self.0.borrow_mut().blades[usize::from(blade)].class(lines).free.extend_from_slice(rest);
+                        break;
+                    }
+                    r => r?,
+                }
+            }
         }
         Ok(())
     }
@@ -772,6 +784,25 @@ impl Reclaimer {
     /// Verb errors; [`Error::OutOfMemory`]; [`Error::Damaged`] for a free
     /// list that names no place in the blade's heap.
     pub async fn alloc(&self, ctx: &Ctx, blade: u16, bytes: u64) -> Result<GlobalAddr> {
+        // Out of memory while what was retired is not safe yet (a client
+        // killed a moment ago holds the epoch back for its lease): refresh
+        // and try again, for at most a lease and a half.
+        let start = ctx.now_ns();
+        loop {
+            match self.alloc_once(ctx, blade, bytes).await {
+                Err(Error::OutOfMemory { .. })
+                    if self.0.borrow().entry.is_some()
+                        && ctx.now_ns().saturating_sub(start) < self.0.borrow().lease_ns * 3 / 2 =>
+                {
+                    ctx.sleep_ns(REFRESH_NS).await;
+                    self.refresh(ctx).await?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn alloc_once(&self, ctx: &Ctx, blade: u16, bytes: u64) -> Result<GlobalAddr> {
         let lines = bytes.div_ceil(64).max(1);
         let b = usize::from(blade);
         if b >= self.0.borrow().blades.len() {
@@ -825,8 +856,19 @@ impl Reclaimer {
         let b = usize::from(blade);
         let span = span_bytes(ctx, b);
         if bytes > span / 4 {
-            self.0.borrow_mut().stats.heap_bytes += bytes;
-            return ctx.alloc(blade, bytes, 64).await;
+            return match ctx.alloc(blade, bytes, 64).await {
+                Ok(at) => {
+                    self.0.borrow_mut().stats.heap_bytes += bytes;
+                    Ok(at)
+                }
+                // The heap is exhausted: the front of a larger free object
+                // (the rest becomes a span of this thread).
+                Err(e @ Error::OutOfMemory { .. }) => match self.cut_from_larger(ctx, blade, lines).await? {
+                    Some(at) => Ok(at),
+                    None => Err(e),
+                },
+                Err(e) => Err(e),
+            };
         }
         loop {
             let wait = {
@@ -872,14 +914,76 @@ impl Reclaimer {
             Some(s) if !s.is_empty() => {
                 self.0.borrow_mut().blades[b].spans.extend(s.into_iter().map(unpack_free));
             }
-            _ => {
-                let at = ctx.alloc(blade, span, 64).await?;
-                let mut st = self.0.borrow_mut();
-                st.stats.heap_bytes += span;
-                st.blades[b].spans.push((at.offset(), span / 64));
-            }
+            _ => match ctx.alloc(blade, span, 64).await {
+                Ok(at) => {
+                    let mut st = self.0.borrow_mut();
+                    st.stats.heap_bytes += span;
+                    st.blades[b].spans.push((at.offset(), span / 64));
+                }
+                // The heap is exhausted: a larger free object, whole, as a
+                // span (cut by `fresh` into smaller objects).
+                Err(e @ Error::OutOfMemory { .. }) => {
+                    let at = self.cut_from_larger(ctx, blade, 1).await?.ok_or(e)?;
+                    // `cut_from_larger` left the object's rest as a span: the
+                    // first line joins it again.
+                    let mut st = self.0.borrow_mut();
+                    let spans = &mut st.blades[b].spans;
+                    match spans.iter_mut().find(|s| s.0 == at.offset() + 64) {
+                        Some(s) => *s = (at.offset(), s.1 + 1),
+                        None => spans.push((at.offset(), 1)),
+                    }
+                }
+                Err(e) => return Err(e),
+            },
         }
         Ok(())
+    }
+
+    /// `lines` lines cut from the front of a safe free object of a larger
+    /// size class on `blade`'s free lists (the smallest that fits), when the
+    /// heap is exhausted: the object's rest becomes a span of this thread,
+    /// the other objects of its bag join this thread's free blocks. `None`
+    /// if no class holds a larger one (or none is safe yet).
+    ///
+    /// # Errors
+    /// Verb errors; damaged free lists.
+    async fn cut_from_larger(&self, ctx: &Ctx, blade: u16, lines: u64) -> Result<Option<GlobalAddr>> {
+        let b = usize::from(blade);
+        // This thread's own free objects first (the smallest larger one).
+        {
+            let mut st = self.0.borrow_mut();
+            let bl = &mut st.blades[b];
+            let smalls = bl.small.iter().enumerate().map(|(l, c)| (l as u64, c.free.len()));
+            let bigs = bl.big.iter().map(|(&l, c)| (l, c.free.len()));
+            if let Some(size) = smalls.chain(bigs).filter(|&(l, n)| l > lines && n > 0).map(|(l, _)| l).min() {
+                let first = bl.class(size).free.pop().expect("a free object");
+                bl.spans.push((first + lines * 64, size - lines));
+                st.stats.reused_bytes += lines * 64;
+                return Ok(Some(GlobalAddr::new(blade, first)));
+            }
+        }
+        let area = self.free_area(ctx, blade).await?;
+        let mut raw = vec![0u8; (ENTRY * CLASSES as u64) as usize];
+        ctx.read_all(area, &mut raw).await?;
+        // Every class with a non-empty list and objects of at least
+        // `lines + 1` lines (small classes are their index), smallest first.
+        let mut sizes: Vec<u64> = (1..CLASSES)
+            .filter(|&i| word(&raw, 2 * i + 1) & OFFSET_MASK != 0)
+            .map(|i| if i <= SMALL_LINES as usize { i as u64 } else { word(&raw, 2 * i) })
+            .filter(|&l| l > lines)
+            .collect();
+        sizes.sort_unstable();
+        for size in sizes {
+            let Some(objects) = self.pop(ctx, blade, size).await? else { continue };
+            let Some((&first, others)) = objects.split_first() else { continue };
+            let mut st = self.0.borrow_mut();
+            st.stats.reused_bytes += lines * 64;
+            let bl = &mut st.blades[b];
+            bl.class(size).free.extend_from_slice(others);
+            bl.spans.push((first + lines * 64, size - lines));
+            return Ok(Some(GlobalAddr::new(blade, first)));
+        }
+        Ok(None)
     }
 
     /// The free area of `blade`, resolved once.
@@ -981,11 +1085,40 @@ impl Reclaimer {
             return Ok(());
         };
         let head = self.free_area(ctx, blade).await?.add(ENTRY * slot as u64 + 8);
-        for part in offsets.chunks(BAG_ENTRIES) {
+        let mut rest = offsets;
+        while !rest.is_empty() {
+            let mut part = &rest[..rest.len().min(BAG_ENTRIES)];
+            rest = &rest[part.len()..];
             let bag_at = match self.take_free(usize::from(blade), BAG / 64) {
                 Some(off) => GlobalAddr::new(blade, off),
-                None => self.fresh(ctx, blade, BAG / 64).await?,
+                None => match self.fresh(ctx, blade, BAG / 64).await {
+                    Ok(at) => at,
+                    // The heap is exhausted (a table dropped to make room,
+                    // say): a safe object of this part as large as a bag
+                    // becomes bags itself, the first for this part, the
+                    // others kept for the parts to come.
+                    Err(Error::OutOfMemory { .. }) if self.carve_bags(usize::from(blade)) => {
+                        let off = self.take_free(usize::from(blade), BAG / 64).expect("bags just cut");
+                        GlobalAddr::new(blade, off)
+                    }
+                    Err(Error::OutOfMemory { .. })
+                        if lines >= BAG / 64 && (epoch == 0 || reusable(epoch, self.0.borrow().horizon)) =>
+                    {
+                        let (&donor, others) = part.split_last().expect("a part is never empty");
+                        part = others;
+                        let mut st = self.0.borrow_mut();
+                        let pieces = (1..lines * 64 / BAG).map(|i| donor + i * BAG);
+                        st.blades[usize::from(blade)].class(BAG / 64).free.extend(pieces);
+                        GlobalAddr::new(blade, donor)
+                    }
+                    Err(e) => return Err(e),
+                },
             };
+            if part.is_empty() {
+                // The donor was the part: its bag is not needed.
+                self.0.borrow_mut().blades[usize::from(blade)].class(BAG / 64).free.push(bag_at.offset());
+                continue;
+            }
             let mut bag = Vec::with_capacity(BAG_HEADER + 8 * part.len());
             for w in [0, epoch, part.len() as u64, lines] {
                 bag.extend_from_slice(&w.to_le_bytes());
@@ -1010,6 +1143,65 @@ impl Reclaimer {
                 ctx.write(bag_at, &(h & OFFSET_MASK).to_le_bytes()).await?;
             }
             self.0.borrow_mut().stats.bags_pushed += 1;
+        }
+        Ok(())
+    }
+
+    /// Cuts one safe free object this thread holds on blade `b` that is
+    /// larger than a bag (the largest) into bag-size blocks, for bags when
+    /// the heap is exhausted. Returns whether it found one.
+    fn carve_bags(&self, b: usize) -> bool {
+        let mut st = self.0.borrow_mut();
+        let bl = &mut st.blades[b];
+        let smalls = bl.small.iter().enumerate().map(|(l, c)| (l as u64, c.free.len()));
+        let bigs = bl.big.iter().map(|(&l, c)| (l, c.free.len()));
+        let Some(lines) = smalls.chain(bigs).filter(|&(l, n)| l > BAG / 64 && n > 0).map(|(l, _)| l).max() else {
+            return false;
+        };
+        let donor = bl.class(lines).free.pop().expect("a free object");
+        bl.class(BAG / 64).free.extend((0..lines * 64 / BAG).map(|i| donor + i * BAG));
+        true
+    }
+
+    /// Makes sure pushing `work` (this thread's objects of `blade`, largest
+    /// first) finds its bags: when the blade's heap is too short of the
+    /// bags it takes (a table dropped because the blade was full), the
+    /// largest safe objects of `work` are cut into bags first, as few as
+    /// needed; the pieces no bag takes go back to the free lists as blocks
+    /// of a bag's size.
+    ///
+    /// # Errors
+    /// Verb errors.
+    async fn bags_for(&self, ctx: &Ctx, blade: u16, work: &mut [(u64, u64, Vec<u64>)]) -> Result<()> {
+        let b = usize::from(blade);
+        let needed: u64 = work.iter().map(|w| w.2.len().div_ceil(BAG_ENTRIES) as u64).sum::<u64>() + 1;
+        let (held, horizon) = {
+            let mut st = self.0.borrow_mut();
+            let horizon = st.horizon;
+            let bl = &mut st.blades[b];
+            let in_spans: u64 = bl.spans.iter().map(|s| s.1 * 64 / BAG).sum::<u64>() + (bl.span.1 - bl.span.0) / BAG;
+            (bl.class(BAG / 64).free.len() as u64 + in_spans, horizon)
+        };
+        if held >= needed {
+            return Ok(());
+        }
+        let heap = ctx.read_u64(GlobalAddr::new(blade, layout::OFF_HEAP)).await?;
+        let left = ctx.blades()[b].size.saturating_sub(heap) / BAG;
+        let mut short = needed.saturating_sub(held + left);
+        for (lines, epoch, offsets) in work.iter_mut() {
+            if short == 0 {
+                break;
+            }
+            if *lines < BAG / 64 || !(*epoch == 0 || reusable(*epoch, horizon)) {
+                continue;
+            }
+            while short > 0 {
+                let Some(donor) = offsets.pop() else { break };
+                let pieces = *lines * 64 / BAG;
+                let mut st = self.0.borrow_mut();
+                st.blades[b].class(BAG / 64).free.extend((0..pieces).map(|i| donor + i * BAG));
+                short = short.saturating_sub(pieces);
+            }
         }
         Ok(())
     }
@@ -1055,7 +1247,11 @@ impl Reclaimer {
                     }
                 }
             }
-            for (lines, e, offsets) in work {
+            // The largest first: with the heap exhausted, their safe
+            // objects become the bags of the smaller (see `push`).
+            work.sort_by_key(|w| std::cmp::Reverse(w.0));
+            self.bags_for(ctx, blade, &mut work).await?;
+            for (lines, e, offsets) in work.into_iter().filter(|w| !w.2.is_empty()) {
                 self.push(ctx, blade, lines, &offsets, e).await?;
             }
             // Bag-sized blocks: what is left after the pushes above.
@@ -1114,6 +1310,28 @@ impl Reclaimer {
         }
         Ok(())
     }
+}
+
+/// Allocates `bytes` bytes aligned to `align` (a power of two up to 4096)
+/// on `blade` from its heap ([`Ctx::alloc`]) or, when the heap is
+/// exhausted, from the blade's free lists (memory that dropped tables and
+/// retired objects gave back): for objects that are never retired
+/// themselves (a table's first subtables, a benchmark's area). The
+/// free-list path registers a [`Reclaimer`] for the time of the call.
+///
+/// # Errors
+/// [`Error::OutOfMemory`] when neither has room; verb errors.
+pub async fn alloc_anywhere(ctx: &Ctx, blade: u16, bytes: u64, align: u64) -> Result<GlobalAddr> {
+    match ctx.alloc(blade, bytes, align).await {
+        Err(Error::OutOfMemory { .. }) => {}
+        r => return r,
+    }
+    let r = Reclaimer::new(ctx);
+    r.refresh(ctx).await?;
+    let got = r.alloc(ctx, blade, bytes + align.saturating_sub(64)).await;
+    r.flush(ctx).await?;
+    let at = got?;
+    Ok(GlobalAddr::new(blade, at.offset().next_multiple_of(align)))
 }
 
 /// What the free lists of `blade` hold, walked from the blade (meant for a

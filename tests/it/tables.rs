@@ -445,3 +445,29 @@ fn a_damaged_free_list_is_named_by_the_check_which_still_checks_the_table() {
     assert_eq!((c["ok"].as_bool(), c["check"]["keys"].as_u64()), (Some(false), Some(2000)), "{c}");
     assert_eq!(c["free_list_damage"].as_array().map(Vec::len), Some(1), "{c}");
 }
+
+/// A load the blade cannot hold is refused before anything is allocated,
+/// saying what it needs and what is free; a table that filled the blade
+/// (its load killed half-way, or complete) is dropped even though the heap
+/// is exhausted, and its memory is reused: a second table as large as the
+/// blade's rest could not hold loads and verifies.
+#[test]
+fn a_load_that_cannot_fit_is_refused_and_a_full_blade_s_table_drops_and_its_memory_is_reused() {
+    let blade = Blade::start(&["--size", "32MiB"]);
+    let b = blade.addr.as_str();
+    fails(&["ycsb", "--blades", b, "--keys", "50000000"], "needs at least");
+    fails(&["ycsb", "--blades", b, "--keys", "50000000"], "MiB free (blade 0:");
+    assert!(ok_out(&["table", "list", "--blades", b]).contains("no index"));
+    let q = ["--quiet", "--threads", "2", "--coroutines", "4", "--duration", "0.2", "--warmup", "0"];
+    // About 16.5 MB each: two do not fit in 32 MiB side by side.
+    let load = ["ycsb", "--blades", b, "--keys", "200000", "--table", "big"];
+    // Killed at a random point (its load half-way, or its run), then
+    // completed by the next process.
+    run_killed(&[&load[..], &q[..]].concat(), kill_point(7, 100, 400));
+    ok_out(&[&load[..], &q[..]].concat());
+    let said = ok_out(&["table", "drop", "big", "--blades", b]);
+    assert!(said.contains("retired for reuse"), "{said}");
+    let again = ["ycsb", "--blades", b, "--keys", "200000", "--table", "again", "--verify"];
+    let said = ok_out(&[&again[..], &q[..]].concat());
+    assert!(said.contains(": 0 violations"), "{said}");
+}

@@ -409,6 +409,9 @@ pub fn run<I: KvIndex>(
         return Err(YcsbError::Config("at least 1 key must be loaded".into()));
     }
     let mut setup = Runtime::new(transport, 0, cfg.runtime.clone())?;
+    if y.load != LoadMode::NoLoad {
+        room_for_load::<I>(&mut setup, y)?;
+    }
     let ctx = setup.ctx();
     let (name, capacity, attach) = (y.table.clone(), y.capacity, y.load == LoadMode::NoLoad);
     let existed = setup
@@ -529,6 +532,52 @@ pub fn run<I: KvIndex>(
         stats,
         shape,
     })
+}
+
+/// Refuses a load into a new index that the blades' free memory cannot
+/// hold (before anything is allocated), saying what it needs and what the
+/// blades have: a load that ran out of memory half-way left the blades
+/// without room for anything else.
+fn room_for_load<I: KvIndex>(rt: &mut Runtime, y: &YcsbConfig) -> Result<(), YcsbError<I::Error>> {
+    let Some(need) = I::bytes_needed(y.capacity, y.keys, y.key_size, y.value_size) else { return Ok(()) };
+    let (ctx, name) = (rt.ctx(), y.table.clone());
+    let free = rt
+        .block_on(async move {
+            if I::exists(&ctx, &name).await? {
+                // Loading into what exists: what is there already is unknown.
+                return Ok(None);
+            }
+            let mut free = Vec::new();
+            for b in 0..ctx.blades().len() as u16 {
+                let heap = ctx.read_u64(smart_core::GlobalAddr::new(b, smart_core::layout::OFF_HEAP)).await?;
+                // Free lists: their objects, and the bags that list them
+                // (free again once popped).
+                let (objects, bags) = smart_core::reclaim::free_bytes(&ctx, b).await?;
+                free.push(ctx.blades()[usize::from(b)].size.saturating_sub(heap) + objects + bags);
+            }
+            Ok::<_, I::Error>(Some(free))
+        })
+        .map_err(YcsbError::Index)?;
+    let Some(free) = free else { return Ok(()) };
+    let total: u64 = free.iter().sum();
+    if need > total {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        let each: Vec<String> =
+            free.iter().enumerate().map(|(b, f)| format!("blade {b}: {:.1} MiB", mib(*f))).collect();
+        return Err(YcsbError::Config(format!(
+            "loading {} keys of {} + {} bytes into a new {} index needs at least {:.1} MiB of blade memory; the \
+             memory blades have {:.1} MiB free ({}): start them with a larger --size (--blade-size for embedded \
+             blades), or load fewer --keys",
+            y.keys,
+            y.key_size,
+            y.value_size,
+            I::APP,
+            mib(need),
+            mib(total),
+            each.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

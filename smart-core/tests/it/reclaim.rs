@@ -399,3 +399,67 @@ fn the_registry_grows_past_128_clients_and_old_areas_keep_theirs() {
         assert!(err.contains("full (128 clients"), "{err}");
     });
 }
+
+/// A blade whose heap is exhausted by objects that are then retired: the
+/// retiring client pushes them (its bags cut from the larger ones, as the
+/// heap has no room for bags), and the next client allocates objects of
+/// the same and of smaller sizes from them, each once, with no heap left.
+#[test]
+fn a_full_blade_s_retired_memory_is_pushed_without_heap_and_serves_same_and_smaller_sizes() {
+    let b = backends::embedded_sized(1, 8 << 20);
+    let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let r = Reclaimer::new(&ctx);
+        let (mut big, mut small) = (Vec::new(), Vec::new());
+        // Large objects, then 64-byte blocks, until the heap is exhausted.
+        loop {
+            let _op = Reclaimer::pin(&r, &ctx).await.unwrap();
+            match r.alloc(&ctx, 0, 200 * 1024).await {
+                Ok(at) => big.push(at),
+                Err(Error::OutOfMemory { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+            if big.len() >= 20 {
+                break;
+            }
+        }
+        loop {
+            let _op = Reclaimer::pin(&r, &ctx).await.unwrap();
+            match r.alloc(&ctx, 0, 64).await {
+                Ok(at) => small.push(at),
+                Err(Error::OutOfMemory { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(big.len() >= 10 && small.len() > 10 * BAG_ENTRIES, "{} {}", big.len(), small.len());
+        for &at in &big {
+            r.retire(at, 200 * 1024);
+        }
+        for &at in &small {
+            r.retire(at, 64);
+        }
+        r.flush(&ctx).await.unwrap();
+        let (objects, bags) = free_bytes(&ctx, 0).await.unwrap();
+        assert!(objects + bags >= (small.len() as u64) * 64 + (big.len() as u64 - 1) * 200 * 1024, "{objects} {bags}");
+        // The next client: the blocks again, a large object, smaller ones cut
+        // from the large, all distinct; what the heap has left is less than
+        // any of the large ones.
+        let heap0 = heap(&ctx, 0).await;
+        assert!((8 << 20) - heap0 < 200 * 1024, "{heap0}");
+        let t = Reclaimer::new(&ctx);
+        ticks(&ctx, &t, 4).await;
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..small.len() / 2 {
+            let _op = Reclaimer::pin(&t, &ctx).await.unwrap();
+            assert!(seen.insert(t.alloc(&ctx, 0, 64).await.unwrap()));
+        }
+        for bytes in [200 * 1024, 100 * 1024, 64 * 1024, 4096] {
+            let _op = Reclaimer::pin(&t, &ctx).await.unwrap();
+            let at = t.alloc(&ctx, 0, bytes).await.unwrap();
+            assert!(seen.iter().all(|s| s.offset() + 64 <= at.offset() || s.offset() >= at.offset() + bytes));
+            seen.insert(at);
+        }
+        t.flush(&ctx).await.unwrap();
+    });
+}
