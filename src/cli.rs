@@ -131,99 +131,194 @@ pub struct MergeArgs {
 /// Options every subcommand takes.
 #[derive(Args, Debug)]
 pub struct Common {
-    /// Memory blades (HOST:PORT,...); omit for an embedded blade in this process.
-    #[arg(long, value_delimiter = ',')]
-    pub blades: Vec<String>,
-    /// Transport to the --blades.
-    #[command(flatten)]
-    pub link: LinkFlags,
     /// Worker threads.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, help_heading = "Run shape")]
     pub threads: usize,
     /// Coroutines per worker thread.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, help_heading = "Run shape")]
     pub coroutines: usize,
     /// Measured seconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, help_heading = "Run shape")]
     pub duration: f64,
     /// Seconds of warmup before measuring.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, help_heading = "Run shape")]
     pub warmup: f64,
+    /// Seed of every random choice (recorded); default: a fresh one per run,
+    /// so concurrent processes do not replay the same keys.
+    #[arg(long, help_heading = "Run shape")]
+    pub seed: Option<u64>,
+    /// Start the timed run together with other processes: NAME:N waits
+    /// (after any load) until N processes arrived at barrier NAME, through
+    /// a FAA counter on blade 0. Needs --blades.
+    #[arg(long, help_heading = "Run shape")]
+    pub barrier: Option<String>,
+    /// Microseconds each coroutine idles between its operations, to offer
+    /// less than the full load (latency against throughput; 0: none).
+    #[arg(long, default_value_t = 0.0, help_heading = "Run shape")]
+    pub idle_us: f64,
+    /// Seconds to wait at the --barrier for the others before failing.
+    #[arg(long, default_value_t = 60.0, help_heading = "Run shape")]
+    pub barrier_timeout: f64,
     /// Smart techniques to enable: all (the default), none (the baseline),
     /// or a list of thd-res-alloc, work-req-throt, conflict-avoid,
     /// spec-lookup.
-    #[arg(long, default_value = "all")]
+    #[arg(long, default_value = "all", help_heading = "Smart techniques")]
     pub smart: String,
     /// The parts of conflict-avoid that are on, as the steps of the paper's
     /// figure 14: backoff (randomized exponential backoff, the cap fixed at
     /// C_limit), dyn-limit (+ the controller that moves the cap), all (+
     /// coroutine throttling and the key gate). Needs conflict-avoid in --smart.
-    #[arg(long, default_value = "all")]
+    #[arg(long, default_value = "all", help_heading = "Smart techniques")]
     pub conflict_avoid_parts: String,
     /// conflict-avoid's controller: guarded (levels up are trials judged by
     /// goodput) or paper (the paper's: the retry rate alone moves the
     /// levels, every 1 ms window; no key gate). Needs conflict-avoid in
     /// --smart.
-    #[arg(long, default_value = "guarded")]
+    #[arg(long, default_value = "guarded", help_heading = "Smart techniques")]
     pub conflict_avoid_controller: String,
     /// work-req-throt's limit on a thread's outstanding WRs: auto (the
     /// tuner's range search, from the thread's bound down to 1), paper (the
     /// paper's tuner: the best of 4, 6, 8, 10, 12), or a number (fixed; no
     /// tuning). Needs work-req-throt in --smart.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", help_heading = "Smart techniques")]
     pub throttle_limit: String,
     /// The tuner's measuring window Δ in milliseconds (the paper: 8); the
     /// stable phase lasts 60 Δ. Needs work-req-throt in --smart.
-    #[arg(long)]
+    #[arg(long, help_heading = "Smart techniques")]
     pub throttle_delta: Option<f64>,
     /// QP policy: shared, multiplexed:K, per-thread-qp, per-thread-db
     /// (default: per-thread-db with thd-res-alloc, else per-thread-qp).
-    #[arg(long)]
+    #[arg(long, help_heading = "Smart techniques")]
     pub qp_policy: Option<String>,
     /// Completion queues: one per thread (Smart) or one shared by all threads.
-    #[arg(long, value_enum, default_value_t = CqArg::PerThread)]
+    #[arg(long, value_enum, default_value_t = CqArg::PerThread, help_heading = "Smart techniques")]
     pub cq: CqArg,
     /// Emulated doorbell registers of the soft backends, LOW:MEDIUM
     /// (ConnectX-6: 4:12). Fewer doorbells make sharing show at few threads.
-    #[arg(long, default_value = "4:12")]
+    #[arg(long, default_value = "4:12", help_heading = "Smart techniques")]
     pub doorbells: String,
-    /// Write the result record (JSON) to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    /// Memory blades (HOST:PORT,...); omit for an embedded blade in this process.
+    #[arg(long, value_delimiter = ',', help_heading = "Memory blades")]
+    pub blades: Vec<String>,
+    /// Transport to the --blades.
+    #[command(flatten, next_help_heading = "Memory blades")]
+    pub link: LinkFlags,
     /// Size of each embedded blade (without --blades; default 256MiB), or
     /// of each simulated one (--transport sim; default 4GiB, whose memory
     /// and blade files are taken only as they are touched).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, help_heading = "Memory blades")]
     pub blade_size: Option<u64>,
     /// Number of embedded blades (without --blades; default 1).
-    #[arg(long)]
+    #[arg(long, help_heading = "Memory blades")]
     pub embedded_blades: Option<usize>,
-    /// No per-second progress lines.
-    #[arg(long)]
-    pub quiet: bool,
     /// Seconds a batch may wait for its completion before the run fails with
     /// a time-out naming the blade (0: wait forever).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, help_heading = "Memory blades")]
     pub request_timeout: f64,
-    /// Seed of every random choice (recorded); default: a fresh one per run,
-    /// so concurrent processes do not replay the same keys.
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Start the timed run together with other processes: NAME:N waits
-    /// (after any load) until N processes arrived at barrier NAME, through
-    /// a FAA counter on blade 0. Needs --blades.
-    #[arg(long)]
-    pub barrier: Option<String>,
-    /// Microseconds each coroutine idles between its operations, to offer
-    /// less than the full load (latency against throughput; 0: none).
-    #[arg(long, default_value_t = 0.0)]
-    pub idle_us: f64,
-    /// Seconds to wait at the --barrier for the others before failing.
-    #[arg(long, default_value_t = 60.0)]
-    pub barrier_timeout: f64,
+    /// Write the result record (JSON) to this file.
+    #[arg(long, help_heading = "Output")]
+    pub json: Option<PathBuf>,
+    /// No per-second progress lines.
+    #[arg(long, help_heading = "Output")]
+    pub quiet: bool,
     /// The simulation's flags (with --transport sim).
     #[command(flatten)]
     pub sim: SimFlags,
+}
+
+/// Options of the subcommands that run no workload (`recover`, `rebuild`,
+/// `table`): how to reach the memory blades, and the output.
+#[derive(Args, Debug)]
+pub struct BladeArgs {
+    /// Memory blades (HOST:PORT,...); omit for an embedded blade in this process.
+    #[arg(long, value_delimiter = ',', help_heading = "Memory blades")]
+    pub blades: Vec<String>,
+    /// Transport to the --blades.
+    #[command(flatten, next_help_heading = "Memory blades")]
+    pub link: LinkFlags,
+    /// Size of each embedded blade (without --blades; default 256MiB), or
+    /// of each simulated one (--transport sim; default 4GiB).
+    #[arg(long, value_parser = parse_size, help_heading = "Memory blades")]
+    pub blade_size: Option<u64>,
+    /// Number of embedded blades (without --blades; default 1).
+    #[arg(long, help_heading = "Memory blades")]
+    pub embedded_blades: Option<usize>,
+    /// Seconds a batch may wait for its completion before the command fails
+    /// with a time-out naming the blade (0: wait forever).
+    #[arg(long, default_value_t = 10.0, help_heading = "Memory blades")]
+    pub request_timeout: f64,
+    /// Write the result record (JSON) to this file.
+    #[arg(long, help_heading = "Output")]
+    pub json: Option<PathBuf>,
+    /// No progress lines.
+    #[arg(long, help_heading = "Output")]
+    pub quiet: bool,
+    /// The simulated blades (with --transport sim).
+    #[command(flatten)]
+    pub sim: SimBladeFlags,
+}
+
+/// The simulated memory blades of a command that runs no workload.
+#[derive(Args, Debug, Clone)]
+pub struct SimBladeFlags {
+    /// Hardware profile: connectx6 (the built-in, calibrated one) or a TOML
+    /// file of the same fields.
+    #[arg(long, default_value = "connectx6", help_heading = "Simulation (--transport sim)")]
+    pub sim_profile: String,
+    /// Simulated memory blades (default 1).
+    #[arg(long, help_heading = "Simulation (--transport sim)")]
+    pub sim_memory_blades: Option<usize>,
+    /// The directory of the simulated memory blades a workload left
+    /// (`--sim-blade-dir` of that run).
+    #[arg(long, help_heading = "Simulation (--transport sim)")]
+    pub sim_blade_dir: Option<PathBuf>,
+    /// Virtual seconds that pass before this command, after the last one on
+    /// the same --sim-blade-dir (e.g. for a dead compute blade's lease to
+    /// run out before recover).
+    #[arg(long, default_value_t = 0.0, help_heading = "Simulation (--transport sim)")]
+    pub sim_advance: f64,
+}
+
+impl BladeArgs {
+    /// These options with every workload option at its default (what a
+    /// command that runs no workload resolves its session from).
+    pub fn common(&self) -> Common {
+        Common {
+            blades: self.blades.clone(),
+            link: self.link.clone(),
+            threads: 1,
+            coroutines: 8,
+            duration: 5.0,
+            warmup: 1.0,
+            smart: "all".into(),
+            conflict_avoid_parts: "all".into(),
+            conflict_avoid_controller: "guarded".into(),
+            throttle_limit: "auto".into(),
+            throttle_delta: None,
+            qp_policy: None,
+            cq: CqArg::PerThread,
+            doorbells: "4:12".into(),
+            json: self.json.clone(),
+            blade_size: self.blade_size,
+            embedded_blades: self.embedded_blades,
+            quiet: self.quiet,
+            request_timeout: self.request_timeout,
+            seed: None,
+            barrier: None,
+            idle_us: 0.0,
+            barrier_timeout: 60.0,
+            sim: SimFlags {
+                sim_profile: self.sim.sim_profile.clone(),
+                sim_compute_blades: 1,
+                sim_memory_blades: self.sim.sim_memory_blades,
+                sim_blade_dir: self.sim.sim_blade_dir.clone(),
+                sim_app_ns: None,
+                sim_fault: Vec::new(),
+                sim_fault_seed: None,
+                sim_advance: self.sim.sim_advance,
+            },
+        }
+    }
 }
 
 /// The simulated cluster (`--transport sim`).
@@ -293,9 +388,6 @@ pub enum OpArg {
 /// `compute-blade micro`.
 #[derive(Args, Debug)]
 pub struct MicroArgs {
-    /// Options of every subcommand.
-    #[command(flatten)]
-    pub common: Common,
     /// The verb.
     #[arg(long, value_enum, default_value_t = OpArg::Read)]
     pub op: OpArg,
@@ -326,6 +418,9 @@ pub struct MicroArgs {
     /// flight).
     #[arg(long)]
     pub depth: Option<usize>,
+    /// Options of every subcommand.
+    #[command(flatten)]
+    pub common: Common,
 }
 
 /// `ycsb --app`.
@@ -340,9 +435,6 @@ pub enum AppArg {
 /// `compute-blade ycsb`.
 #[derive(Args, Debug)]
 pub struct YcsbArgs {
-    /// Options of every subcommand.
-    #[command(flatten)]
-    pub common: Common,
     /// The index.
     #[arg(long, value_enum, default_value_t = AppArg::Race)]
     pub app: AppArg,
@@ -382,6 +474,9 @@ pub struct YcsbArgs {
     /// Create and load the index, then stop (no timed run).
     #[arg(long)]
     pub load_only: bool,
+    /// Options of every subcommand.
+    #[command(flatten)]
+    pub common: Common,
 }
 
 /// Options of both transaction workloads.
@@ -410,9 +505,6 @@ pub struct DtxFlags {
 /// `compute-blade smallbank`.
 #[derive(Args, Debug)]
 pub struct SmallbankArgs {
-    /// Options of every subcommand.
-    #[command(flatten)]
-    pub common: Common,
     /// Accounts (1 to 2^40).
     #[arg(long, default_value_t = 100_000)]
     pub accounts: u64,
@@ -431,14 +523,14 @@ pub struct SmallbankArgs {
     /// Transaction options.
     #[command(flatten)]
     pub dtx: DtxFlags,
+    /// Options of every subcommand.
+    #[command(flatten)]
+    pub common: Common,
 }
 
 /// `compute-blade tatp`.
 #[derive(Args, Debug)]
 pub struct TatpArgs {
-    /// Options of every subcommand.
-    #[command(flatten)]
-    pub common: Common,
     /// Subscribers (1 to 2^40).
     #[arg(long, default_value_t = 100_000)]
     pub subscribers: u64,
@@ -455,14 +547,14 @@ pub struct TatpArgs {
     /// Transaction options.
     #[command(flatten)]
     pub dtx: DtxFlags,
+    /// Options of every subcommand.
+    #[command(flatten)]
+    pub common: Common,
 }
 
 /// `compute-blade recover`.
 #[derive(Args, Debug)]
 pub struct RecoverArgs {
-    /// Options of every subcommand (only the blade options matter).
-    #[command(flatten)]
-    pub common: Common,
     /// Databases to recover (default: smallbank and tatp, those that exist).
     #[arg(long, value_delimiter = ',')]
     pub db: Vec<String>,
@@ -483,14 +575,14 @@ pub struct RecoverArgs {
     /// such registrations are listed and the exit status is 1.
     #[arg(long)]
     pub wait: bool,
+    /// The memory blades and the output.
+    #[command(flatten)]
+    pub common: BladeArgs,
 }
 
 /// `compute-blade rebuild`.
 #[derive(Args, Debug)]
 pub struct RebuildArgs {
-    /// Options of every subcommand (only the blade options matter).
-    #[command(flatten)]
-    pub common: Common,
     /// The places in --blades of the lost memory blades, where fresh ones
     /// now listen (blade 0 too: its catalogs and registries come back from
     /// their mirrors on the other blades). Several lost blades are rebuilt together
@@ -500,6 +592,9 @@ pub struct RebuildArgs {
     /// Databases to rebuild (default: every FORD database on the blades).
     #[arg(long, value_delimiter = ',')]
     pub db: Vec<String>,
+    /// The memory blades and the output.
+    #[command(flatten)]
+    pub common: BladeArgs,
 }
 
 /// What `compute-blade table` does.
@@ -519,9 +614,6 @@ pub enum TableAction {
 /// `compute-blade table`.
 #[derive(Args, Debug)]
 pub struct TableArgs {
-    /// Options of every subcommand (only the blade options matter).
-    #[command(flatten)]
-    pub common: Common,
     /// list, drop, check or repair.
     #[arg(value_enum)]
     pub action: TableAction,
@@ -531,4 +623,7 @@ pub struct TableArgs {
     /// of that name on the blades, race if none).
     #[arg(long, value_enum)]
     pub app: Option<AppArg>,
+    /// The memory blades and the output.
+    #[command(flatten)]
+    pub common: BladeArgs,
 }

@@ -268,7 +268,7 @@ impl Config {
             }
             Cmd::Recover(a) => recover_config(a),
             Cmd::Rebuild(a) => {
-                let session = Session::resolve(&a.common)?;
+                let session = Session::resolve(&a.common.common())?;
                 if a.db.iter().any(String::is_empty) {
                     bail!("--db has an empty name");
                 }
@@ -770,7 +770,7 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
 }
 
 fn table_config(a: &TableArgs) -> Result<Config> {
-    let session = Session::resolve(&a.common)?;
+    let session = Session::resolve(&a.common.common())?;
     let name = match (a.action, &a.name) {
         (TableAction::List, None) => String::new(),
         (TableAction::List, Some(_)) => bail!("table list takes no NAME"),
@@ -788,7 +788,7 @@ fn table_config(a: &TableArgs) -> Result<Config> {
 }
 
 fn recover_config(a: &RecoverArgs) -> Result<Config> {
-    let session = Session::resolve(&a.common)?;
+    let session = Session::resolve(&a.common.common())?;
     if a.db.iter().any(String::is_empty) {
         bail!("--db has an empty name");
     }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
-use smart_bench::latency::{Latency, LatencyHistogram};
+use smart_bench::latency::{summary_of, Latency, LatencyHistogram};
 
 /// Fields every part must agree on: a merge of different experiments is
 /// refused (`mix`: the transaction mix of `smallbank` and `tatp`).
@@ -58,7 +58,9 @@ fn num(v: &Value, k: &str, file: &Path) -> Result<f64> {
 /// As [`merge_files`].
 pub fn merge(parts: &[(PathBuf, Value)]) -> Result<Value> {
     let (first_file, first) = parts.first().context("merge: no records")?;
-    let mut hist = Latency::default();
+    // The parts' HdrHistograms, added; the largest sample of all, exactly.
+    let mut hist = Latency::default().hdr();
+    let mut max = 0u64;
     let (mut ops, mut duration, mut mops, mut errors, mut threads) = (0u64, 0f64, 0f64, 0u64, 0u64);
     let mut per_op = [0f64; PER_OP.len()];
     let mut verbs = Map::new();
@@ -75,7 +77,9 @@ pub fn merge(parts: &[(PathBuf, Value)]) -> Result<Value> {
         })?;
         let h: LatencyHistogram =
             serde_json::from_value(h.clone()).with_context(|| format!("{}: latency_hist", file.display()))?;
-        hist.merge(&Latency::from_histogram(&h).with_context(|| file.display().to_string())?);
+        hist.add(h.decode().with_context(|| file.display().to_string())?)
+            .map_err(|e| anyhow::anyhow!("{}: latency_hist: {e:?}", file.display()))?;
+        max = max.max(h.max);
         for k in SAME {
             if v.get(k) != first.get(k) {
                 bail!(
@@ -144,7 +148,7 @@ pub fn merge(parts: &[(PathBuf, Value)]) -> Result<Value> {
     out.insert("duration_s".into(), json!(duration));
     out.insert("ops".into(), json!(ops));
     out.insert("throughput_mops".into(), json!(mops));
-    out.insert("latency_us".into(), serde_json::to_value(hist.summary())?);
+    out.insert("latency_us".into(), serde_json::to_value(summary_of(&hist, max))?);
     for (i, k) in PER_OP.iter().enumerate() {
         out.insert((*k).into(), json!(weighted(i)));
     }
@@ -158,7 +162,7 @@ pub fn merge(parts: &[(PathBuf, Value)]) -> Result<Value> {
     );
     out.insert("interrupted".into(), json!(interrupted));
     out.insert("first_error".into(), first_error);
-    out.insert("latency_hist".into(), serde_json::to_value(hist.to_histogram())?);
+    out.insert("latency_hist".into(), serde_json::to_value(LatencyHistogram::of(&hist, max))?);
     out.insert("parts".into(), Value::Array(kept));
     Ok(Value::Object(out))
 }

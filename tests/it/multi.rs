@@ -60,12 +60,14 @@ fn two_compute_blades_meet_at_a_barrier_and_their_records_merge_exactly() {
     assert_eq!(m["ops"].as_u64().unwrap(), a["ops"].as_u64().unwrap() + b["ops"].as_u64().unwrap());
     assert_eq!(m["processes"], 2);
     // The merged p99 is the p99 of the merged histograms.
-    let mut h = smart_bench::latency::Latency::default();
+    let mut h = smart_bench::latency::Latency::default().hdr();
+    let mut max = 0;
     for r in [&a, &b] {
-        let part = serde_json::from_value(r["latency_hist"].clone()).unwrap();
-        h.merge(&smart_bench::latency::Latency::from_histogram(&part).unwrap());
+        let part: smart_bench::latency::LatencyHistogram = serde_json::from_value(r["latency_hist"].clone()).unwrap();
+        h.add(part.decode().unwrap()).unwrap();
+        max = max.max(part.max);
     }
-    assert_eq!(m["latency_us"]["p99"].as_f64().unwrap(), h.summary().p99);
+    assert_eq!(m["latency_us"]["p99"].as_f64().unwrap(), smart_bench::latency::summary_of(&h, max).p99);
     assert!(a["ops"].as_u64().unwrap() > 0 && b["ops"].as_u64().unwrap() > 0);
     // Provenance: the command line, the commit, the host.
     for r in [&a, &m] {
