@@ -432,10 +432,12 @@ pub fn recover(s: &Session, t: Arc<dyn Transport>, job: &RecoverJob) -> Result<O
         let unjudged = if job.wait { wait_for_leases(&mut rt, &db, name, live)? } else { live };
         for l in &unjudged {
             println!(
-                "{name}: compute blade {} (pid {}): lease live for {:.1} s more; not recovered (alive, or dead too \
-                 recently to tell: `recover --wait` waits for its lease, then recovers it if it was not renewed)",
+                "{name}: compute blade {} (pid {} on {}): lease live for {:.1} s more; not recovered (alive, or \
+                 dead too recently to tell: `recover --wait` waits for its lease, then recovers it if it was not \
+                 renewed)",
                 l.slot,
                 l.pid,
+                l.host,
                 l.left_ms as f64 / 1e3
             );
         }
@@ -484,10 +486,11 @@ pub fn recover(s: &Session, t: Arc<dyn Transport>, job: &RecoverJob) -> Result<O
 }
 
 /// A registration whose lease has not run out (with recovery's grace).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Live {
     slot: u16,
     pid: u64,
+    host: String,
     claim: u64,
     expiry_ms: u64,
     /// Milliseconds until recovery may take it (its expiry plus the grace).
@@ -498,10 +501,11 @@ struct Live {
 /// has not run out, and that no recovery holds.
 fn live_leases(rt: &mut smart_core::Runtime, db: &Arc<ford_dtx::db::Db>, name: &str) -> Result<Vec<Live>> {
     let (ctx, d) = (rt.ctx(), db.clone());
-    let (slots, now) = rt
+    let (slots, hosts, now) = rt
         .block_on(async move {
             let slots = ford_dtx::registry::slots(&ctx, &d).await?;
-            Ok::<_, ford_dtx::DtxError>((slots, ford_dtx::registry::now_ms(&ctx)))
+            let hosts = ford_dtx::registry::slot_hosts(&ctx, &d).await?;
+            Ok::<_, ford_dtx::DtxError>((slots, hosts, ford_dtx::registry::now_ms(&ctx)))
         })
         .map_err(|e| anyhow::anyhow!("recovering {name:?}: reading its registry: {e}"))?;
     let recovering = ford_dtx::layout::registry::RECOVERING;
@@ -513,6 +517,7 @@ fn live_leases(rt: &mut smart_core::Runtime, db: &Arc<ford_dtx::db::Db>, name: &
             (until >= now).then(|| Live {
                 slot: s.slot,
                 pid: s.pid,
+                host: hosts.get(usize::from(s.slot)).cloned().flatten().unwrap_or_else(|| "host not recorded".into()),
                 claim: s.claim,
                 expiry_ms: s.expiry_ms,
                 left_ms: until - now,
@@ -541,13 +546,16 @@ fn wait_for_leases(
                 return false;
             };
             if n.claim != l.claim {
-                println!("{name}: compute blade {} (pid {}): registration ended while waiting", l.slot, l.pid);
+                println!(
+                    "{name}: compute blade {} (pid {} on {}): registration ended while waiting",
+                    l.slot, l.pid, l.host
+                );
                 return false;
             }
             if n.expiry_ms != l.expiry_ms {
                 println!(
-                    "{name}: compute blade {} (pid {}): alive (its lease was renewed); not recovered",
-                    l.slot, l.pid
+                    "{name}: compute blade {} (pid {} on {}): alive (its lease was renewed); not recovered",
+                    l.slot, l.pid, l.host
                 );
                 return false;
             }
@@ -564,7 +572,9 @@ fn wait_for_leases(
         if said.elapsed() >= std::time::Duration::from_secs(1) {
             let each: Vec<String> = live
                 .iter()
-                .map(|l| format!("compute blade {} (pid {}) {:.1} s", l.slot, l.pid, l.left_ms as f64 / 1e3))
+                .map(|l| {
+                    format!("compute blade {} (pid {} on {}) {:.1} s", l.slot, l.pid, l.host, l.left_ms as f64 / 1e3)
+                })
                 .collect();
             eprintln!("recover: {name}: waiting for {} lease(s) to run out: {}", live.len(), each.join(", "));
             said = std::time::Instant::now();

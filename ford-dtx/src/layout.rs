@@ -387,7 +387,9 @@ pub mod catalog {
 /// ```text
 /// slot  @0 claim u64 (0 free, else the holder's nonce; bit 63: recovering)
 ///       @8 lease expiry, Unix ms u64   @16 log area GlobalAddr u64
-///       @24 threads u64   @32 coroutines u64   @40 pid u64   @48 0 u64 × 2
+///       @24 threads u64   @32 coroutines u64   @40 pid u64
+///       @48 host u8 × 16 (the holder's host name, its first 16 bytes, zero-padded;
+///           zero from builds before it was kept; not mirrored)
 /// ```
 /// A compute blade claims a free slot by CAS, renews its lease with a
 /// WRITE every third of the lease, and frees the slot at a clean exit. A

@@ -108,6 +108,37 @@ pub async fn slots(ctx: &Ctx, db: &Db) -> Result<Vec<SlotInfo>> {
         .collect())
 }
 
+/// This compute blade's host name as a registry slot keeps it: its first
+/// 16 bytes, zero-padded (`simulated` under a simulation).
+fn host_bytes(ctx: &Ctx) -> [u8; 16] {
+    let name = if ctx.clock().is_virtual() {
+        "simulated".to_string()
+    } else {
+        std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown".into(), |h| h.trim().to_string())
+    };
+    let mut b = [0u8; 16];
+    let n = name.len().min(16);
+    b[..n].copy_from_slice(&name.as_bytes()[..n]);
+    b
+}
+
+/// The host name each registry slot's holder recorded, by slot number
+/// (`None` for slot 0, and where none was recorded).
+///
+/// # Errors
+/// Verb errors.
+pub async fn slot_hosts(ctx: &Ctx, db: &Db) -> Result<Vec<Option<String>>> {
+    let mut all = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
+    ctx.read_all(db.registry, &mut all).await?;
+    Ok((0..registry::SLOTS as usize)
+        .map(|i| {
+            let b = &all[i * registry::SLOT as usize + 48..][..16];
+            let end = b.iter().position(|&c| c == 0).unwrap_or(16);
+            (i > 0 && end > 0).then(|| String::from_utf8_lossy(&b[..end]).into_owned())
+        })
+        .collect())
+}
+
 /// Bytes of one coroutine's log ring in a database.
 pub fn ring_bytes(db: &Db) -> u64 {
     log::ENTRIES * log::entry_bytes(db.max_value) as u64
@@ -156,8 +187,10 @@ pub(crate) async fn claim(
             coroutines: coroutines as u64,
             pid: u64::from(ctx.clock().pid()),
         };
-        // All but the claim, which the CAS above wrote.
+        // All but the claim, which the CAS above wrote; then the host name
+        // (for messages).
         ctx.write(db.registry_slot(s.slot).add(8), &info.bytes(me, info.expiry_ms)[8..]).await?;
+        ctx.write(db.registry_slot(s.slot).add(48), &host_bytes(ctx)).await?;
         // Before the first lock: a rebuild of blade 0 finds this compute
         // blade's undo log through the mirror.
         crate::mirror::register(ctx, db, &info, lease.as_millis() as u64).await?;
