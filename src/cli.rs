@@ -253,6 +253,10 @@ pub struct BladeArgs {
     /// No progress lines.
     #[arg(long, help_heading = "Output")]
     pub quiet: bool,
+    /// Seed of the command's random choices (its nonces; recorded under
+    /// --transport sim, where the same seed repeats a command bit for bit).
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// The simulated blades (with --transport sim).
     #[command(flatten)]
     pub sim: SimBladeFlags,
@@ -303,7 +307,7 @@ impl BladeArgs {
             embedded_blades: self.embedded_blades,
             quiet: self.quiet,
             request_timeout: self.request_timeout,
-            seed: None,
+            seed: self.seed,
             barrier: None,
             idle_us: 0.0,
             barrier_timeout: 60.0,
@@ -500,6 +504,11 @@ pub struct DtxFlags {
     /// Only audit the existing database; no load, no run.
     #[arg(long, conflicts_with = "audit")]
     pub audit_only: bool,
+    /// Seconds an audit waits for other compute blades running on the
+    /// database to end (0: none); after it, their transactions in flight
+    /// are reported, not counted.
+    #[arg(long, default_value_t = 60.0)]
+    pub audit_wait: f64,
 }
 
 /// `compute-blade smallbank`.

@@ -189,6 +189,8 @@ pub struct DtxJob {
     pub audit: bool,
     /// Only audit.
     pub audit_only: bool,
+    /// How long an audit waits for other running compute blades.
+    pub audit_wait: Duration,
 }
 
 /// `recover`, resolved.
@@ -751,6 +753,9 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
     if !(f.lease >= 0.1 && f.lease <= MAX_SECONDS) {
         bail!("--lease must be 0.1 to {MAX_SECONDS} seconds");
     }
+    if !(f.audit_wait >= 0.0 && f.audit_wait <= MAX_SECONDS) {
+        bail!("--audit-wait must be 0 to {MAX_SECONDS} seconds");
+    }
     if db.is_empty() {
         bail!("--db must not be empty");
     }
@@ -766,7 +771,11 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
         retry_aborts: f.retry_aborts,
         lease: Duration::from_secs_f64(f.lease),
     };
-    Ok(Config { session, job: Job::Dtx(DtxJob { workload, cfg, audit: f.audit, audit_only: f.audit_only }) })
+    let audit_wait = Duration::from_secs_f64(f.audit_wait);
+    Ok(Config {
+        session,
+        job: Job::Dtx(DtxJob { workload, cfg, audit: f.audit, audit_only: f.audit_only, audit_wait }),
+    })
 }
 
 fn table_config(a: &TableArgs) -> Result<Config> {

@@ -639,7 +639,8 @@ fn running_now(slots: &[ford_dtx::registry::SlotInfo], now: u64) -> Vec<(u16, u6
         .collect()
 }
 
-/// Audits database `name` (which must exist): see [`Audited`].
+/// Audits database `name` (which must exist), waiting at most
+/// [`AUDIT_WAIT`] for other compute blades running on it: see [`Audited`].
 ///
 /// # Errors
 /// A missing database; verb errors.
@@ -648,6 +649,20 @@ pub fn audit(
     cfg: &RunConfig,
     name: &str,
     smallbank: bool,
+) -> Result<Audited, WorkloadError> {
+    audit_waiting(transport, cfg, name, smallbank, AUDIT_WAIT)
+}
+
+/// [`audit`], waiting at most `wait` for other running compute blades.
+///
+/// # Errors
+/// As [`audit`].
+pub fn audit_waiting(
+    transport: &dyn Transport,
+    cfg: &RunConfig,
+    name: &str,
+    smallbank: bool,
+    wait: Duration,
 ) -> Result<Audited, WorkloadError> {
     let mut rt = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = rt.ctx();
@@ -670,7 +685,7 @@ pub fn audit(
                 // Every registration left is a dead process's.
                 break Vec::new();
             }
-            if running.is_empty() || started.elapsed() >= AUDIT_WAIT {
+            if running.is_empty() || started.elapsed() >= wait {
                 break running;
             }
             if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
@@ -678,7 +693,7 @@ pub fn audit(
                 eprintln!(
                     "audit: {name}: waiting for {} to end (running on the database; at most {} s more)",
                     who.join(", "),
-                    AUDIT_WAIT.saturating_sub(started.elapsed()).as_secs()
+                    wait.saturating_sub(started.elapsed()).as_secs()
                 );
                 said = Some(Instant::now());
             }

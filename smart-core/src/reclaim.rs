@@ -1322,13 +1322,15 @@ impl Reclaimer {
 /// # Errors
 /// [`Error::OutOfMemory`] when neither has room; verb errors.
 pub async fn alloc_anywhere(ctx: &Ctx, blade: u16, bytes: u64, align: u64) -> Result<GlobalAddr> {
+    let whole = bytes.checked_add(align.saturating_sub(64));
     match ctx.alloc(blade, bytes, align).await {
-        Err(Error::OutOfMemory { .. }) => {}
+        // Only what could fit the blade is looked for on its free lists.
+        Err(Error::OutOfMemory { size, .. }) if whole.is_some_and(|w| w < size) => {}
         r => return r,
     }
     let r = Reclaimer::new(ctx);
     r.refresh(ctx).await?;
-    let got = r.alloc(ctx, blade, bytes + align.saturating_sub(64)).await;
+    let got = r.alloc(ctx, blade, whole.expect("checked above")).await;
     r.flush(ctx).await?;
     let at = got?;
     Ok(GlobalAddr::new(blade, at.offset().next_multiple_of(align)))

@@ -215,10 +215,13 @@ fn an_interrupted_load_is_found_and_finished_by_the_next_run() {
     std::thread::sleep(Duration::from_millis(400));
     kill9(&mut child);
     let j = tmp("unloaded-audit.json");
-    let out = compute(&[&db[..], &["--audit-only", "--json", j.to_str().unwrap()]].concat());
+    // At once (--audit-wait 0): the dead loader's lease still runs, and
+    // must still run when the next run starts.
+    let out = compute(&[&db[..], &["--audit-only", "--audit-wait", "0", "--json", j.to_str().unwrap()]].concat());
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("the database's load never completed"), "{said}");
+    assert!(said.contains("still running when the audit stopped waiting"), "{said}");
     let a = record(&j);
     std::fs::remove_file(&j).unwrap();
     assert_eq!(a["audit"]["loaded"], false, "{a}");
