@@ -70,12 +70,28 @@ impl Ctx {
         let chunk = self.0.cfg.chunk_bytes.min(info.size / 64).next_multiple_of(4096);
         let oom = || Error::OutOfMemory { blade, bytes: size, size: info.size };
         let heap = GlobalAddr::new(blade, layout::OFF_HEAP);
+        // The heap pointer is remote memory any client can write: a value
+        // below the heap or off a page boundary is damage, reported, never
+        // handed out (it would overlap the superblock or earlier objects).
+        let damaged = |v: u64| Error::Damaged {
+            blade,
+            what: format!(
+                "its heap pointer (offset {}) holds {v:#x}: below the heap's start ({:#x}), off a 4 KiB \
+                 boundary, or at the end of the address space, which no allocation leaves; nothing was allocated",
+                layout::OFF_HEAP,
+                layout::HEAP_START
+            ),
+        };
+        let sane = |v: u64| v >= layout::HEAP_START && v % 4096 == 0;
         if size > chunk / 4 {
             // (A size within a page of 2^64 has no page-rounded length: it
             // fits no blade.)
             let take = size.checked_next_multiple_of(4096).ok_or_else(oom)?;
             let mut cur = self.read_u64(heap).await?;
             loop {
+                if !sane(cur) {
+                    return Err(damaged(cur));
+                }
                 let end = cur.checked_add(take).filter(|e| *e <= info.size).ok_or_else(oom)?;
                 match self.cas(heap, cur, end).await? {
                     old if old == cur => return Ok(GlobalAddr::new(blade, cur)),
@@ -102,6 +118,15 @@ impl Ctx {
                 }
             }
             let off = self.faa(heap, chunk).await?;
+            if off.checked_add(chunk).is_none() || !sane(off) {
+                // This FAA moved a damaged pointer (near 2^64 it wrapped
+                // round to the start of the heap, where the next
+                // allocation would overlap what is there): it is put back
+                // as it was found (unless another client moved it since),
+                // and reported.
+                let _ = self.cas(heap, off.wrapping_add(chunk), off).await?;
+                return Err(damaged(off));
+            }
             if off >= info.size {
                 return Err(oom());
             }

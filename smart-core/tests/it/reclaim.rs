@@ -463,3 +463,61 @@ fn a_full_blade_s_retired_memory_is_pushed_without_heap_and_serves_same_and_smal
         t.flush(&ctx).await.unwrap();
     });
 }
+
+/// One client WRITE of the blade's heap pointer (any client can: it is
+/// remote memory) must not make later allocations overlap the superblock
+/// or earlier objects, nor panic: each bad value is reported, naming the
+/// blade, the offset and the value.
+#[test]
+fn a_damaged_heap_pointer_is_reported_and_never_allocated_from() {
+    let b = backends::embedded(1);
+    // Each step on a runtime of its own: no chunk cached from before.
+    let on = |body: &dyn Fn(Ctx) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>| {
+        let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(body(ctx));
+    };
+    let ptr = GlobalAddr::new(0, layout::OFF_HEAP);
+    let good = std::rc::Rc::new(std::cell::Cell::new(0));
+    let g = good.clone();
+    on(&move |ctx| {
+        let g = g.clone();
+        Box::pin(async move {
+            ctx.alloc(0, 100, 64).await.unwrap();
+            g.set(heap(&ctx, 0).await);
+        })
+    });
+    for bad in [0u64, 16, 4096 + 8, 0xffff_ffff_ffff_f000] {
+        for bytes in [64u64, 1 << 20] {
+            for anywhere in [false, true] {
+                on(&move |ctx| {
+                    Box::pin(async move {
+                        ctx.write(ptr, &bad.to_le_bytes()).await.unwrap();
+                        let r = if anywhere {
+                            smart_core::reclaim::alloc_anywhere(&ctx, 0, bytes, 64).await
+                        } else {
+                            ctx.alloc(0, bytes, 64).await
+                        };
+                        match r {
+                            Err(Error::Damaged { blade: 0, what }) => {
+                                assert!(what.contains(&format!("{bad:#x}")) && what.contains("heap pointer"), "{what}");
+                            }
+                            // Near 2^64, a large request is simply too large.
+                            Err(Error::OutOfMemory { .. }) if bad > 1 << 40 && bytes > 4096 => {}
+                            other => panic!("heap pointer {bad:#x}, {bytes} bytes: {other:?}"),
+                        }
+                        // The pointer is left as it was written (a wrap undone).
+                        assert_eq!(heap(&ctx, 0).await, bad);
+                    })
+                });
+            }
+        }
+    }
+    let good = good.get();
+    on(&move |ctx| {
+        Box::pin(async move {
+            ctx.write(ptr, &good.to_le_bytes()).await.unwrap();
+            assert!(ctx.alloc(0, 1 << 20, 64).await.unwrap().offset() >= good);
+        })
+    });
+}
