@@ -54,9 +54,16 @@ pub struct MemoryCli {
     #[arg(long)]
     pub durable: bool,
     /// Most connections served at once (a compute thread opens one per
-    /// blade); one beyond is told so and closed.
+    /// blade; the default holds a compute blade of 1024 threads with its
+    /// set-up and lease connections, and 60 more); one beyond is told so
+    /// and closed.
     #[arg(long, default_value_t = smart_core::blade::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// Seconds a connection may stay without its first request after its
+    /// handshake before it is closed (idle connections cannot keep clients
+    /// out); part of a frame left unsent for 10 s closes it too.
+    #[arg(long, default_value_t = 60.0)]
+    pub idle_timeout: f64,
     /// How compute blades reach the region.
     #[command(flatten)]
     pub link: LinkFlags,

@@ -14,11 +14,17 @@
 //! power loss). [`BladeServer::with_durable`] answers no batch before the
 //! disk holds what it wrote.
 //!
-//! Limits: at most [`BladeServer::with_max_connections`] connections (1024
-//! by default); one beyond is told so in its welcome and closed. An accept
-//! or thread-start failure (e.g. out of file descriptors) is logged and
+//! Limits: at most [`BladeServer::with_max_connections`] connections
+//! ([`DEFAULT_MAX_CONNECTIONS`] by default: a compute blade at its largest,
+//! 1024 threads, with its set-up and lease connections, and room for
+//! others); one beyond is told so in its welcome and closed. An accept or
+//! thread-start failure (e.g. out of file descriptors) is logged and
 //! survived: the server backs off and keeps accepting. A handshake must be
-//! complete within [`HANDSHAKE_TIMEOUT`] however slowly its bytes trickle.
+//! complete within [`HANDSHAKE_TIMEOUT`] however slowly its bytes trickle;
+//! a connection that sends no request within
+//! [`BladeServer::with_idle_timeout`] of its handshake ([`IDLE_TIMEOUT`] by
+//! default), or leaves part of a frame unsent for [`HANDSHAKE_TIMEOUT`], is
+//! closed, so idle or stalled connections cannot keep clients out.
 //!
 //! Robustness: every WR is checked for bounds, alignment and region key; a
 //! bad WR gets an error completion and puts only that connection's QP in the
@@ -64,8 +70,14 @@ pub const FLUSH_BYTES: usize = 1 << 20;
 /// The whole handshake (greeting in) must take at most this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connections served at once unless configured otherwise.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Connections served at once unless configured otherwise: a compute blade
+/// at its most threads (1024, one connection each per blade) plus its
+/// set-up and lease connections, with room for 60 more.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024 + 64;
+
+/// How long a connection may stay without its first request after its
+/// handshake, unless configured otherwise.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A memory blade serving its region over TCP.
 #[derive(Debug)]
@@ -77,6 +89,7 @@ pub struct BladeServer {
     verbs: Option<Arc<dyn VerbsAcceptor>>,
     max_connections: usize,
     handshake_timeout: Duration,
+    idle_timeout: Duration,
     live: Arc<AtomicUsize>,
     durable: bool,
     fences: Arc<Fences>,
@@ -124,6 +137,7 @@ impl BladeServer {
             verbs: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
             live: Arc::new(AtomicUsize::new(0)),
             fences: Arc::new(Fences::default()),
             durable: false,
@@ -137,9 +151,17 @@ impl BladeServer {
         self
     }
 
-    /// Bounds the whole handshake by `t` (default [`HANDSHAKE_TIMEOUT`]).
+    /// Bounds the whole handshake by `t` (default [`HANDSHAKE_TIMEOUT`]),
+    /// and how long part of a frame may stay unsent.
     pub fn with_handshake_timeout(mut self, t: Duration) -> Self {
         self.handshake_timeout = t;
+        self
+    }
+
+    /// Closes a connection that sends no request within `t` of its
+    /// handshake (default [`IDLE_TIMEOUT`]).
+    pub fn with_idle_timeout(mut self, t: Duration) -> Self {
+        self.idle_timeout = t;
         self
     }
 
@@ -237,6 +259,7 @@ impl BladeServer {
                     let region = self.region.clone();
                     let (rkey, stop, verbs) = (self.rkey, self.stop.clone(), self.verbs.clone());
                     let (live, deadline, durable) = (self.live.clone(), self.handshake_timeout, self.durable);
+                    let idle_timeout = self.idle_timeout;
                     let fences = self.fences.clone();
                     live.fetch_add(1, Ordering::Relaxed);
                     let spawned = std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
@@ -245,6 +268,7 @@ impl BladeServer {
                             rkey,
                             verbs: verbs.as_deref(),
                             handshake_timeout: deadline,
+                            idle_timeout,
                             durable,
                             fences: &fences,
                         };
@@ -327,13 +351,14 @@ struct Serving<'v> {
     rkey: u32,
     verbs: Option<&'v dyn VerbsAcceptor>,
     handshake_timeout: Duration,
+    idle_timeout: Duration,
     durable: bool,
     fences: &'v Fences,
 }
 
 /// Serves one connection; `Err` carries the reason for closing it early.
 fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving<'_>) -> Result<(), String> {
-    let Serving { rkey, verbs, handshake_timeout, durable, fences } = how;
+    let Serving { rkey, verbs, handshake_timeout, idle_timeout, durable, fences } = how;
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut hello = [0u8; wire::HELLO_LEN];
@@ -378,9 +403,18 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
     };
     let mut buf = vec![0u8; 256 << 10];
     let (mut start, mut end) = (0usize, 0usize);
+    // Since the handshake, while no request came; since part of a frame
+    // arrived, while the rest has not.
+    let (mut first_request, mut partial) = (Some(Instant::now()), None::<Instant>);
     loop {
         if stop.load(Ordering::Relaxed) {
             return Ok(());
+        }
+        if first_request.is_some_and(|t| t.elapsed() >= idle_timeout) && start == end {
+            return Err(format!("no request within {idle_timeout:?} of the handshake (idle time-out)"));
+        }
+        if let Some(t) = partial.filter(|t| t.elapsed() >= handshake_timeout) {
+            return Err(format!("{} bytes of a frame and not the rest for {:?} (time-out)", end - start, t.elapsed()));
         }
         if end == buf.len() {
             // Make room: drop consumed bytes, then grow up to one largest frame.
@@ -401,6 +435,8 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
             Err(e) => return Err(e.to_string()),
         };
         end += n;
+        partial.get_or_insert_with(Instant::now);
+        let before = start;
         conn.out.clear();
         if !fence.enter() {
             return Err(fenced(&mut s, &buf[start..end]));
@@ -430,9 +466,16 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
             }
         }
         fence.leave();
+        if start != before {
+            // Frames ran: the connection is in use, and what is left of the
+            // bytes is a frame that just began.
+            first_request = None;
+            partial = (start < end).then(Instant::now);
+        }
         if start == end {
             start = 0;
             end = 0;
+            partial = None;
         }
         if !conn.out.is_empty() {
             conn.send(&mut s)?;

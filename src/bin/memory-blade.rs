@@ -35,6 +35,9 @@ fn check(args: &MemoryCli) -> Result<Link> {
     if args.max_connections == 0 {
         anyhow::bail!("--max-connections must be at least 1");
     }
+    if !(args.idle_timeout > 0.0 && args.idle_timeout <= 1e6) {
+        anyhow::bail!("--idle-timeout must be more than 0 and at most 1000000 seconds");
+    }
     if let Some(size) = args.size {
         smart::config::check_blade_size("--size", size)?;
     }
@@ -117,7 +120,8 @@ fn run(args: &MemoryCli, link: Link) -> Result<()> {
 fn set_up(args: &MemoryCli, link: &Link, region: &Arc<Region>) -> Result<BladeServer> {
     let mut server = BladeServer::bind(&args.listen, region.clone())
         .with_context(|| format!("listening on {}", args.listen))?
-        .with_max_connections(args.max_connections);
+        .with_max_connections(args.max_connections)
+        .with_idle_timeout(std::time::Duration::from_secs_f64(args.idle_timeout));
     if let (true, Some(p)) = (args.durable, &args.backing_file) {
         server = server.with_durable()?;
         // The file as formatted (superblock, identity) and its name in its

@@ -818,3 +818,25 @@ fn a_blade_that_never_answers_is_a_timeout_naming_it_not_a_hang() {
     assert!(err.contains("memory blade 0 did not answer"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(50), "gave up on the time-out, not at the end of the run");
 }
+
+#[test]
+fn a_default_blade_serves_a_compute_blade_of_the_most_threads_allowed() {
+    // 1024 threads (the most `--threads` accepts) and the set-up
+    // connection: a default memory blade serves them all.
+    let blade = Blade::start(&["--size", "64MiB"]);
+    let out = compute(&[
+        "micro",
+        "--blades",
+        &blade.addr,
+        "--threads",
+        "1024",
+        "--coroutines",
+        "1",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--quiet",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -230,6 +230,45 @@ fn connections_beyond_the_maximum_are_refused_with_a_reason() {
     drop(b);
 }
 
+/// Connections that complete the handshake and then send nothing, or only
+/// part of a frame, cannot keep clients out: they are closed after the
+/// idle time-out (no first request) or the handshake time-out (half a
+/// frame), and a real client then gets in; a connection in use is kept
+/// however long it pauses.
+#[test]
+fn idle_and_half_frame_connections_are_closed_and_a_real_client_gets_in() {
+    let region = Arc::new(Region::anonymous(1 << 20).unwrap());
+    let blade = BladeServer::bind("127.0.0.1:0", region)
+        .unwrap()
+        .with_max_connections(3)
+        .with_idle_timeout(Duration::from_millis(600))
+        .with_handshake_timeout(Duration::from_millis(600))
+        .spawn()
+        .unwrap();
+    let peer = blade.addr().to_string();
+    // A client in use: one READ, then a pause longer than both time-outs.
+    let t = TcpTransport::connect(&[peer.clone()]).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let at = smart_core::GlobalAddr::new(0, 4096);
+    let c = ctx.clone();
+    rt.block_on(async move { c.read_u64(at).await.unwrap() });
+    // Two idle connections, and one that sends 5 bytes of a frame.
+    let (idle, _) = handshake(&peer, wire::PROTOCOL_VERSION).unwrap();
+    let (half, _) = handshake(&peer, wire::PROTOCOL_VERSION).unwrap();
+    let e = handshake(&peer, wire::PROTOCOL_VERSION).unwrap_err();
+    assert!(e.to_string().contains("maximum number of connections"), "{e}");
+    (&half).write_all(&[1, 2, 3, 4, 5]).unwrap();
+    let start = std::time::Instant::now();
+    assert!(closed(idle) && closed(half), "idle connections were kept");
+    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    // The client in use was kept through its pause; a new one gets in.
+    std::thread::sleep(Duration::from_millis(700));
+    let c = ctx.clone();
+    rt.block_on(async move { c.read_u64(at).await.unwrap() });
+    assert!(handshake(&peer, wire::PROTOCOL_VERSION).is_ok());
+}
+
 /// The set check over three embedded blades whose superblocks the test
 /// edits as a restart, a reordering or another set would leave them.
 #[test]
