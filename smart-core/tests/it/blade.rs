@@ -247,7 +247,7 @@ fn idle_and_half_frame_connections_are_closed_and_a_real_client_gets_in() {
         .unwrap();
     let peer = blade.addr().to_string();
     // A client in use: one READ, then a pause longer than both time-outs.
-    let t = TcpTransport::connect(&[peer.clone()]).unwrap();
+    let t = TcpTransport::connect(std::slice::from_ref(&peer)).unwrap();
     let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
     let ctx = rt.ctx();
     let at = smart_core::GlobalAddr::new(0, 4096);
