@@ -22,6 +22,11 @@ pub enum ShermanError {
     /// The tree cannot be used as asked.
     #[error("{0}")]
     Config(String),
+    /// A page lock this client held was taken over by a waiter elsewhere
+    /// (this client stalled for a lease and was taken for dead): nothing
+    /// was written under it; the operation starts over.
+    #[error("the lock of page {0} was taken over while this client stalled (lease lost)")]
+    LeaseLost(GlobalAddr),
     /// The remote structure is not what the tree expects.
     #[error("B+tree corrupt: {0}")]
     Corrupt(String),

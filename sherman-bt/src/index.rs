@@ -38,6 +38,9 @@ pub struct ShermanStats {
     pub lock_retries: u64,
     /// Locks taken over from a holder whose lease ran out.
     pub lock_steals: u64,
+    /// Locks this client found taken over before it wrote under them
+    /// (it stalled for a lease): the operation started over.
+    pub lease_losses: u64,
     /// Locks handed over to a local waiter.
     pub handovers: u64,
     /// Moves to a right sibling (a page split since it was found).
@@ -66,6 +69,7 @@ struct StatsRecord {
     root_races: u64,
     lock_retries: u64,
     lock_steals: u64,
+    lease_losses: u64,
     handovers: u64,
     sibling_hops: u64,
     restarts: u64,
@@ -119,6 +123,7 @@ impl From<ShermanStats> for StatsRecord {
             root_races: s.root_races,
             lock_retries: s.lock_retries,
             lock_steals: s.lock_steals,
+            lease_losses: s.lease_losses,
             handovers: s.handovers,
             sibling_hops: s.sibling_hops,
             restarts: s.restarts,
@@ -142,6 +147,7 @@ impl IndexStats for ShermanStats {
         self.root_races += o.root_races;
         self.lock_retries += o.lock_retries;
         self.lock_steals += o.lock_steals;
+        self.lease_losses += o.lease_losses;
         self.handovers += o.handovers;
         self.sibling_hops += o.sibling_hops;
         self.restarts += o.restarts;

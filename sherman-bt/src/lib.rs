@@ -62,9 +62,13 @@
 //! root written but not installed (leaked). Page WRITEs are single WRs; a
 //! memory blade applies each request whole (TCP) or the RNIC completes it,
 //! so no torn page is left behind on those transports. The takeover is a
-//! timing argument like every lease: a holder stalled for longer than
-//! [`LOCK_LEASE`] between its CAS and its page WRITE could overwrite the
-//! page after another client took the lock over.
+//! timing argument like every lease. A holder renews its lock word (a new
+//! tag, by CAS from its own) before a page WRITE when half a lease passed
+//! since its tag was written, and if the lock was taken over meanwhile (it
+//! stalled and was taken for dead) it writes nothing and starts its
+//! operation over ([`ShermanError::LeaseLost`], counted in `lease_losses`);
+//! only a stall between that check and the WRITE, which have no wait in
+//! between, could still overwrite a page another client took over.
 //!
 //! ## Limits
 //! * Keys and values are exactly 8 bytes (the paper's setting); keys are

@@ -56,6 +56,9 @@ struct Queue {
     /// The global word's value while this thread holds it: the tag of the
     /// acquisition that took it on the blade.
     tag: u64,
+    /// When that tag was written (this thread's clock, ns): a waiter
+    /// elsewhere may take the lock over a lease after it.
+    since: u64,
     handovers: u32,
     wakers: VecDeque<(u64, Waker)>,
     abandoned: Vec<u64>,
@@ -96,9 +99,10 @@ impl LocalLocks {
     /// Decides the release of lock `id`, whose global word holds `tag`:
     /// `true` if the global word must be released (no local waiter, or too
     /// many hand-overs in a row).
-    fn plan_release(&mut self, id: u64, tag: u64) -> bool {
+    fn plan_release(&mut self, id: u64, tag: u64, since: u64) -> bool {
         let q = self.queues.get_mut(&id).expect("a held lock has a queue");
         q.tag = tag;
+        q.since = since;
         q.handovers += 1;
         let waiters = q.next > q.serving + 1 + q.abandoned.len() as u64;
         if waiters && q.handovers < MAX_HANDOVERS {
@@ -130,7 +134,7 @@ impl LocalLocks {
 }
 
 /// Waits for a ticket's turn in a local queue; yields the global word's tag
-/// if the global lock came with it (handed over).
+/// and when it was written, if the global lock came with it (handed over).
 struct Turn<'a> {
     local: &'a RefCell<Local>,
     id: u64,
@@ -139,12 +143,12 @@ struct Turn<'a> {
 }
 
 impl Future for Turn<'_> {
-    type Output = Option<u64>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<u64>> {
+    type Output = Option<(u64, u64)>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<(u64, u64)>> {
         let mut l = self.local.borrow_mut();
         let q = l.locks.queues.get_mut(&self.id).expect("a waited lock has a queue");
         if q.serving == self.ticket {
-            let g = q.global.then_some(q.tag);
+            let g = q.global.then_some((q.tag, q.since));
             drop(l);
             self.done = true;
             return Poll::Ready(g);
@@ -188,6 +192,8 @@ pub(crate) struct Held {
     word: GlobalAddr,
     /// The global word's value: the tag of the acquisition that took it.
     tag: u64,
+    /// When the tag was written (this thread's clock, ns).
+    since: u64,
     /// The page's sequence number as read under the lock.
     pub(crate) seq: u32,
 }
@@ -218,7 +224,8 @@ impl ShermanBt {
         let id = word.raw();
         let ticket = self.local.borrow_mut().locks.ticket(id);
         let handed = Turn { local: &self.local, id, ticket, done: false }.await;
-        let mut held = Held { page: at, word, tag: handed.unwrap_or(0), seq: 0 };
+        let (tag, since) = handed.unwrap_or((0, 0));
+        let mut held = Held { page: at, word, tag, since, seq: 0 };
         if handed.is_some() {
             self.local.borrow_mut().stats.handovers += 1;
             if let Err(e) = self.read_locked(at).await {
@@ -231,7 +238,8 @@ impl ShermanBt {
         let tag = self.next_tag();
         held.tag = tag;
         match self.acquire(at, word, tag, op).await {
-            Ok(()) => {
+            Ok(since) => {
+                held.since = since;
                 held.seq = self.page.view().seq();
                 Ok(held)
             }
@@ -246,7 +254,9 @@ impl ShermanBt {
         }
     }
 
-    async fn acquire(&mut self, at: GlobalAddr, word: GlobalAddr, tag: u64, op: &mut OpGuard<'_>) -> Result<()> {
+    /// Takes the global word of page `at` (CAS to `tag`) and reads the page;
+    /// returns when the tag was written (before the CAS was posted).
+    async fn acquire(&mut self, at: GlobalAddr, word: GlobalAddr, tag: u64, op: &mut OpGuard<'_>) -> Result<u64> {
         let mut expect = 0;
         let mut seen = (0u64, 0u64);
         let mut first = true;
@@ -255,6 +265,7 @@ impl ShermanBt {
         loop {
             let mut b = ctx.batch();
             let c = b.cas(word, expect, tag);
+            let since = ctx.now_ns();
             if first {
                 let r = b.read(at, PAGE);
                 let done = b.post().await?;
@@ -262,18 +273,18 @@ impl ShermanBt {
                     if let Some(p) = PageRef::check(done.bytes(r)) {
                         self.page.copy_from(p);
                         self.count_read(PAGE);
-                        return Ok(());
+                        return Ok(since);
                     }
                     drop(done);
                     self.local.borrow_mut().stats.torn += 1;
-                    return self.read_locked(at).await;
+                    return self.read_locked(at).await.map(|()| since);
                 }
                 expect = done.old(c);
             } else {
                 let done = b.post().await?;
                 if done.old(c) == expect {
                     drop(done);
-                    return self.read_locked(at).await;
+                    return self.read_locked(at).await.map(|()| since);
                 }
                 expect = done.old(c);
             }
@@ -325,9 +336,36 @@ impl ShermanBt {
         self.release(h, true).await
     }
 
+    /// Before a page WRITE under lock `h`: if half a lease passed since its
+    /// tag was written, writes a new tag (CAS from the old), so that a
+    /// waiter's lease starts again; returns the lock as held now, or
+    /// [`ShermanError::LeaseLost`] (nothing written, the local turn passed
+    /// on) if a waiter took the lock over meanwhile (this client stalled
+    /// for a lease, and was taken for dead).
+    async fn still_held(&mut self, mut h: Held) -> Result<Held> {
+        let half = LOCK_LEASE.as_nanos() as u64 / 2;
+        while self.ctx.now_ns().saturating_sub(h.since) >= half {
+            let (new, since) = (self.next_tag(), self.ctx.now_ns());
+            let old = self.ctx.cas(h.word, h.tag, new).await?;
+            if old != h.tag {
+                let id = h.word.raw();
+                let mut l = self.local.borrow_mut();
+                l.stats.lease_losses += 1;
+                let q = l.locks.queues.get_mut(&id).expect("a held lock has a queue");
+                q.global = false;
+                q.handovers = 0;
+                l.locks.finish_release(id);
+                return Err(ShermanError::LeaseLost(h.page));
+            }
+            (h.tag, h.since) = (new, since);
+        }
+        Ok(h)
+    }
+
     async fn release(&mut self, h: Held, write: bool) -> Result<()> {
+        let h = if write { self.still_held(h).await? } else { h };
         let id = h.word.raw();
-        let remote = self.local.borrow_mut().locks.plan_release(id, h.tag);
+        let remote = self.local.borrow_mut().locks.plan_release(id, h.tag, h.since);
         let result = async {
             let mut b = self.ctx.batch();
             if write {
@@ -368,7 +406,7 @@ mod tests {
         }
         let mut remote = Vec::new();
         for _ in 0..11 {
-            remote.push(l.plan_release(id, 7));
+            remote.push(l.plan_release(id, 7, 0));
             assert!(!l.finish_release(id));
         }
         // Hand-overs 1..7 keep the word; the 8th releases it; then the count
@@ -383,7 +421,7 @@ mod tests {
         let mut l = LocalLocks::default();
         l.ticket(1);
         l.ticket(1);
-        assert!(!l.plan_release(1, 7), "one waiter: hand over");
+        assert!(!l.plan_release(1, 7, 0), "one waiter: hand over");
         // The waiter gives up before its turn.
         l.queues.get_mut(&1).unwrap().abandoned.push(1);
         assert!(l.finish_release(1), "nobody to take the global lock");

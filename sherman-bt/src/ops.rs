@@ -206,6 +206,18 @@ impl ShermanBt {
     /// Inserts, updates, upserts or deletes `key` (see [`Kind`]); returns
     /// whether it changed the tree.
     pub(crate) async fn modify(&mut self, key: u64, value: u64, kind: Kind) -> Result<bool> {
+        // A lock lost to a waiter while this client stalled (nothing was
+        // written under it): the operation starts over.
+        let mut lost = 0;
+        loop {
+            match self.modify_once(key, value, kind).await {
+                Err(ShermanError::LeaseLost(_)) if lost < MAX_RESTARTS => lost += 1,
+                r => return r,
+            }
+        }
+    }
+
+    async fn modify_once(&mut self, key: u64, value: u64, kind: Kind) -> Result<bool> {
         let ctx = self.ctx.clone();
         let mut op = ctx.op().await;
         let mut at = self.leaf_for(key).await?;
@@ -401,7 +413,15 @@ impl ShermanBt {
                 self.page.set_sorted(&es[..n]);
                 self.page.seal_next();
                 self.cache_level1();
-                return self.unlock_sealed(held).await;
+                match self.unlock_sealed(held).await {
+                    // Taken over while this client stalled, nothing written:
+                    // the separator is put in again.
+                    Err(ShermanError::LeaseLost(_)) if restarts < MAX_RESTARTS => {
+                        restarts += 1;
+                        continue;
+                    }
+                    r => return r,
+                }
             }
             // Split the internal page: the middle entry's key goes up, its
             // child becomes the new page's leftmost.
@@ -420,7 +440,14 @@ impl ShermanBt {
             self.page.set_sorted(&es[..mid]);
             self.page.seal_after(held.seq);
             self.cache_level1();
-            self.unlock_sealed(held).await?;
+            match self.unlock_sealed(held).await {
+                // As above; the new right page is left unlinked (leaked).
+                Err(ShermanError::LeaseLost(_)) if restarts < MAX_RESTARTS => {
+                    restarts += 1;
+                    continue;
+                }
+                r => r?,
+            }
             self.local.borrow_mut().stats.internal_splits += 1;
             (level, sep, child, left) = (level + 1, sep2, right, held.page);
         }
