@@ -95,12 +95,15 @@ pub struct BladeServer {
     fences: Arc<Fences>,
 }
 
-/// A blade server running on a background thread; stops when dropped.
+/// A blade server running on a background thread; stops when dropped, and
+/// the drop returns once every connection's thread has let the region go
+/// (at most 5 s), so that its backing file can be opened again at once.
 #[derive(Debug)]
 pub struct BladeHandle {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<io::Result<()>>>,
+    live: Arc<AtomicUsize>,
 }
 
 impl BladeHandle {
@@ -115,6 +118,12 @@ impl Drop for BladeHandle {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // Connection threads notice the stop within their 200 ms read
+        // time-out; each lets the region go before it counts itself out.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.live.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
@@ -263,7 +272,10 @@ impl BladeServer {
                     let fences = self.fences.clone();
                     live.fetch_add(1, Ordering::Relaxed);
                     let spawned = std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
+                        // Declared first, dropped last: the connection counts
+                        // itself out only after it let the region go.
                         let _live = LiveGuard(&live);
+                        let (region, verbs, fences) = (region, verbs, fences);
                         let how = Serving {
                             rkey,
                             verbs: verbs.as_deref(),
@@ -303,9 +315,9 @@ impl BladeServer {
     /// If the address cannot be read or the thread cannot start.
     pub fn spawn(self) -> io::Result<BladeHandle> {
         let addr = self.local_addr()?;
-        let stop = self.stop.clone();
+        let (stop, live) = (self.stop.clone(), self.live.clone());
         let thread = std::thread::Builder::new().name("blade-accept".into()).spawn(move || self.serve())?;
-        Ok(BladeHandle { addr, stop, thread: Some(thread) })
+        Ok(BladeHandle { addr, stop, thread: Some(thread), live })
     }
 }
 
@@ -314,7 +326,7 @@ struct LiveGuard<'a>(&'a AtomicUsize);
 
 impl Drop for LiveGuard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Release);
     }
 }
 
