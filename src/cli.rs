@@ -150,10 +150,6 @@ pub struct Common {
     /// Seconds of warmup before measuring.
     #[arg(long, default_value_t = 1.0, help_heading = "Run shape")]
     pub warmup: f64,
-    /// Seed of every random choice (recorded); default: a fresh one per run,
-    /// so concurrent processes do not replay the same keys.
-    #[arg(long, help_heading = "Run shape")]
-    pub seed: Option<u64>,
     /// Start the timed run together with other processes: NAME:N waits
     /// (after any load) until N processes arrived at barrier NAME, through
     /// a FAA counter on blade 0. Needs --blades.
@@ -204,6 +200,19 @@ pub struct Common {
     /// (ConnectX-6: 4:12). Fewer doorbells make sharing show at few threads.
     #[arg(long, default_value = "4:12", help_heading = "Smart techniques")]
     pub doorbells: String,
+    /// The memory blades, the output and the seed, as every subcommand
+    /// takes them.
+    #[command(flatten)]
+    pub target: BladeArgs,
+    /// The simulation's flags of a workload (with --transport sim).
+    #[command(flatten)]
+    pub sim_run: SimRunFlags,
+}
+
+/// How a subcommand reaches the memory blades, its output and its seed: all
+/// that `recover`, `rebuild` and `table` take, and part of [`Common`].
+#[derive(Args, Debug, Clone)]
+pub struct BladeArgs {
     /// Memory blades (HOST:PORT,...); omit for an embedded blade in this process.
     #[arg(long, value_delimiter = ',', help_heading = "Memory blades")]
     pub blades: Vec<String>,
@@ -218,38 +227,6 @@ pub struct Common {
     /// Number of embedded blades (without --blades; default 1).
     #[arg(long, help_heading = "Memory blades")]
     pub embedded_blades: Option<usize>,
-    /// Seconds a batch may wait for its completion before the run fails with
-    /// a time-out naming the blade (0: wait forever).
-    #[arg(long, default_value_t = 10.0, help_heading = "Memory blades")]
-    pub request_timeout: f64,
-    /// Write the result record (JSON) to this file.
-    #[arg(long, help_heading = "Output")]
-    pub json: Option<PathBuf>,
-    /// No per-second progress lines.
-    #[arg(long, help_heading = "Output")]
-    pub quiet: bool,
-    /// The simulation's flags (with --transport sim).
-    #[command(flatten)]
-    pub sim: SimFlags,
-}
-
-/// Options of the subcommands that run no workload (`recover`, `rebuild`,
-/// `table`): how to reach the memory blades, and the output.
-#[derive(Args, Debug)]
-pub struct BladeArgs {
-    /// Memory blades (HOST:PORT,...); omit for an embedded blade in this process.
-    #[arg(long, value_delimiter = ',', help_heading = "Memory blades")]
-    pub blades: Vec<String>,
-    /// Transport to the --blades.
-    #[command(flatten, next_help_heading = "Memory blades")]
-    pub link: LinkFlags,
-    /// Size of each embedded blade (without --blades; default 256MiB), or
-    /// of each simulated one (--transport sim; default 4GiB).
-    #[arg(long, value_parser = parse_size, help_heading = "Memory blades")]
-    pub blade_size: Option<u64>,
-    /// Number of embedded blades (without --blades; default 1).
-    #[arg(long, help_heading = "Memory blades")]
-    pub embedded_blades: Option<usize>,
     /// Seconds a batch may wait for its completion before the command fails
     /// with a time-out naming the blade (0: wait forever).
     #[arg(long, default_value_t = 10.0, help_heading = "Memory blades")]
@@ -257,30 +234,32 @@ pub struct BladeArgs {
     /// Write the result record (JSON) to this file.
     #[arg(long, help_heading = "Output")]
     pub json: Option<PathBuf>,
-    /// No progress lines.
+    /// No progress lines (a run's are per second).
     #[arg(long, help_heading = "Output")]
     pub quiet: bool,
-    /// Seed of the command's random choices (its nonces; recorded under
-    /// --transport sim, where the same seed repeats a command bit for bit).
-    #[arg(long)]
+    /// Seed of every random choice (recorded; under --transport sim the same
+    /// seed repeats a command bit for bit); default: a fresh one per run, so
+    /// concurrent processes do not replay the same keys.
+    #[arg(long, help_heading = "Run shape")]
     pub seed: Option<u64>,
     /// The simulated blades (with --transport sim).
     #[command(flatten)]
     pub sim: SimBladeFlags,
 }
 
-/// The simulated memory blades of a command that runs no workload.
+/// The simulated cluster's memory blades (`--transport sim`).
 #[derive(Args, Debug, Clone)]
 pub struct SimBladeFlags {
     /// Hardware profile: connectx6 (the built-in, calibrated one) or a TOML
     /// file of the same fields.
     #[arg(long, default_value = "connectx6", help_heading = "Simulation (--transport sim)")]
     pub sim_profile: String,
-    /// Simulated memory blades (default 1).
+    /// Simulated memory blades (default 1; smallbank and tatp: --replicas).
     #[arg(long, help_heading = "Simulation (--transport sim)")]
     pub sim_memory_blades: Option<usize>,
-    /// The directory of the simulated memory blades a workload left
-    /// (`--sim-blade-dir` of that run).
+    /// Keep the simulated memory blades in DIR/blade-I.img, so that a later
+    /// command (table, recover, --audit-only, --no-load) finds what this one
+    /// left.
     #[arg(long, help_heading = "Simulation (--transport sim)")]
     pub sim_blade_dir: Option<PathBuf>,
     /// Virtual seconds that pass before this command, after the last one on
@@ -291,66 +270,29 @@ pub struct SimBladeFlags {
 }
 
 impl BladeArgs {
-    /// These options with every workload option at its default (what a
-    /// command that runs no workload resolves its session from).
+    /// These options with every workload option at its default, as clap
+    /// gives it (what a command that runs no workload resolves its session
+    /// from).
     pub fn common(&self) -> Common {
-        Common {
-            blades: self.blades.clone(),
-            link: self.link.clone(),
-            threads: 1,
-            coroutines: 8,
-            duration: 5.0,
-            warmup: 1.0,
-            smart: "all".into(),
-            conflict_avoid_parts: "all".into(),
-            conflict_avoid_controller: "guarded".into(),
-            throttle_limit: "auto".into(),
-            throttle_delta: None,
-            qp_policy: None,
-            cq: CqArg::PerThread,
-            doorbells: "4:12".into(),
-            json: self.json.clone(),
-            blade_size: self.blade_size,
-            embedded_blades: self.embedded_blades,
-            quiet: self.quiet,
-            request_timeout: self.request_timeout,
-            seed: self.seed,
-            barrier: None,
-            idle_us: 0.0,
-            barrier_timeout: 60.0,
-            sim: SimFlags {
-                sim_profile: self.sim.sim_profile.clone(),
-                sim_compute_blades: 1,
-                sim_memory_blades: self.sim.sim_memory_blades,
-                sim_blade_dir: self.sim.sim_blade_dir.clone(),
-                sim_app_ns: None,
-                sim_fault: Vec::new(),
-                sim_fault_seed: None,
-                sim_advance: self.sim.sim_advance,
-            },
+        /// Only to take [`Common`]'s defaults from clap.
+        #[derive(Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            common: Common,
         }
+        let mut c = Defaults::parse_from(["defaults"]).common;
+        c.target = self.clone();
+        c
     }
 }
 
-/// The simulated cluster (`--transport sim`).
+/// The simulation's flags that only a workload takes (`--transport sim`).
 #[derive(Args, Debug, Clone)]
-pub struct SimFlags {
-    /// Hardware profile: connectx6 (the built-in, calibrated one) or a TOML
-    /// file of the same fields.
-    #[arg(long, default_value = "connectx6", help_heading = "Simulation (--transport sim)")]
-    pub sim_profile: String,
+pub struct SimRunFlags {
     /// Simulated compute blades, each with --threads threads, its own RNIC
     /// and links (default 1).
     #[arg(long, default_value_t = 1, help_heading = "Simulation (--transport sim)")]
     pub sim_compute_blades: usize,
-    /// Simulated memory blades (default 1; smallbank and tatp: --replicas).
-    #[arg(long, help_heading = "Simulation (--transport sim)")]
-    pub sim_memory_blades: Option<usize>,
-    /// Keep the simulated memory blades in DIR/blade-I.img, so that a later
-    /// command (table, recover, --audit-only, --no-load) finds what this one
-    /// left.
-    #[arg(long, help_heading = "Simulation (--transport sim)")]
-    pub sim_blade_dir: Option<PathBuf>,
     /// Nanoseconds of application work per doorbell on top of the profile's
     /// cpu.op_ns (default: the profile's `app` value for the application run:
     /// race_ns, sherman_ns, smallbank_ns or tatp_ns; 0 for micro, recover
@@ -367,11 +309,6 @@ pub struct SimFlags {
     /// warm-up and measured time, thread or blade); printed on stderr.
     #[arg(long, help_heading = "Simulation (--transport sim)")]
     pub sim_fault_seed: Option<u64>,
-    /// Virtual seconds that pass before this command, after the last one on
-    /// the same --sim-blade-dir (e.g. for a dead compute blade's lease to
-    /// run out before recover).
-    #[arg(long, default_value_t = 0.0, help_heading = "Simulation (--transport sim)")]
-    pub sim_advance: f64,
 }
 
 /// `--cq`.

@@ -391,7 +391,7 @@ impl Session {
     /// doorbell from the profile (`pick`), unless --sim-app-ns says.
     fn sim_app(&mut self, c: &Common, pick: impl Fn(&smart_sim::profile::App) -> u64) {
         if let Blades::Simulated(cfg) = &mut self.blades {
-            if c.sim.sim_app_ns.is_none() {
+            if c.sim_run.sim_app_ns.is_none() {
                 cfg.app_ns = pick(&cfg.profile.app);
             }
         }
@@ -445,7 +445,7 @@ impl Session {
         if let Some(p) = &c.qp_policy {
             smart.qp_policy = p.parse().map_err(|e| anyhow::anyhow!("--qp-policy: {e}"))?;
         }
-        let link = Link::resolve(&c.link)?;
+        let link = Link::resolve(&c.target.link)?;
         if c.threads == 0 || c.coroutines == 0 {
             bail!("--threads and --coroutines must be at least 1");
         }
@@ -458,123 +458,126 @@ impl Session {
         if !(c.duration > 0.0 && c.duration <= MAX_SECONDS && (0.0..=MAX_SECONDS).contains(&c.warmup)) {
             bail!("--duration must be positive and --warmup non-negative, both at most {MAX_SECONDS} seconds");
         }
-        let seed = c.seed.unwrap_or_else(rand::random);
-        let sim_flags_given = c.sim.sim_compute_blades != 1
-            || c.sim.sim_memory_blades.is_some()
-            || c.sim.sim_blade_dir.is_some()
-            || c.sim.sim_app_ns.is_some()
-            || c.sim.sim_profile != "connectx6"
-            || !c.sim.sim_fault.is_empty()
-            || c.sim.sim_fault_seed.is_some()
-            || c.sim.sim_advance != 0.0;
+        let seed = c.target.seed.unwrap_or_else(rand::random);
+        let sim_flags_given = c.sim_run.sim_compute_blades != 1
+            || c.target.sim.sim_memory_blades.is_some()
+            || c.target.sim.sim_blade_dir.is_some()
+            || c.sim_run.sim_app_ns.is_some()
+            || c.target.sim.sim_profile != "connectx6"
+            || !c.sim_run.sim_fault.is_empty()
+            || c.sim_run.sim_fault_seed.is_some()
+            || c.target.sim.sim_advance != 0.0;
         if sim_flags_given && link != Link::Sim {
             bail!("the --sim-* flags apply to --transport sim only");
         }
         let blades = if link == Link::Sim {
-            if !c.blades.is_empty() {
+            if !c.target.blades.is_empty() {
                 bail!("--transport sim simulates its own memory blades: drop --blades (or use --sim-memory-blades N)");
             }
-            if c.embedded_blades.is_some() {
+            if c.target.embedded_blades.is_some() {
                 bail!("--embedded-blades applies to embedded blades; a simulation takes --sim-memory-blades");
             }
             if c.barrier.is_some() {
                 bail!("--barrier needs processes on real blades; a simulation runs its compute blades in one process (--sim-compute-blades)");
             }
-            let profile = smart_sim::Profile::load(&c.sim.sim_profile).map_err(anyhow::Error::msg)?;
+            let profile = smart_sim::Profile::load(&c.target.sim.sim_profile).map_err(anyhow::Error::msg)?;
             // A blade directory made by an earlier run says how many blades it holds.
             let kept = c
+                .target
                 .sim
                 .sim_blade_dir
                 .as_ref()
                 .map_or(0, |d| (0..).take_while(|b| d.join(format!("blade-{b}.img")).exists()).count());
-            let memory_blades = c.sim.sim_memory_blades.unwrap_or(kept.max(1));
+            let memory_blades = c.target.sim.sim_memory_blades.unwrap_or(kept.max(1));
             if memory_blades == 0 || memory_blades > smart_core::addr::MAX_BLADES {
                 bail!("--sim-memory-blades must be 1 to {}", smart_core::addr::MAX_BLADES);
             }
-            if c.sim.sim_compute_blades == 0 || c.sim.sim_compute_blades * c.threads > MAX_THREADS * 16 {
+            if c.sim_run.sim_compute_blades == 0 || c.sim_run.sim_compute_blades * c.threads > MAX_THREADS * 16 {
                 bail!(
                     "--sim-compute-blades must be at least 1, and compute blades × --threads at most {}",
                     MAX_THREADS * 16
                 );
             }
-            if c.sim.sim_app_ns.is_some_and(|n| n > 1_000_000_000) {
+            if c.sim_run.sim_app_ns.is_some_and(|n| n > 1_000_000_000) {
                 bail!("--sim-app-ns must be at most 1000000000 (1 s)");
             }
-            // Simulated blades take memory only as it is touched (and their
-            // files are sparse): large by default, so that 96 threads × many
-            // compute blades never run out of a blade sized for two.
-            let blade_bytes = c.blade_size.unwrap_or(SIM_BLADE_BYTES);
+            // Simulated blades take memory only as it is touched (a
+            // --sim-blade-dir file, though, takes its disk space up front):
+            // large by default, so that 96 threads × many compute blades
+            // never run out of a blade sized for two.
+            let blade_bytes = c.target.blade_size.unwrap_or(SIM_BLADE_BYTES);
             check_blade_size("--blade-size", blade_bytes)?;
             let faults = c
-                .sim
+                .sim_run
                 .sim_fault
                 .iter()
                 .map(|f| smart_sim::Fault::parse(f))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(anyhow::Error::msg)?;
-            if !(0.0..=MAX_SECONDS).contains(&c.sim.sim_advance) {
+            if !(0.0..=MAX_SECONDS).contains(&c.target.sim.sim_advance) {
                 bail!("--sim-advance must be 0 to {MAX_SECONDS} seconds");
             }
-            if c.sim.sim_advance > 0.0 && c.sim.sim_blade_dir.is_none() {
+            if c.target.sim.sim_advance > 0.0 && c.target.sim.sim_blade_dir.is_none() {
                 bail!("--sim-advance needs --sim-blade-dir (it moves the virtual clock kept there)");
             }
             Blades::Simulated(Box::new(smart_sim::SimConfig {
                 profile,
                 memory_blades,
                 blade_bytes,
-                compute_blades: c.sim.sim_compute_blades,
+                compute_blades: c.sim_run.sim_compute_blades,
                 threads_per_blade: c.threads,
                 seed,
-                blade_dir: c.sim.sim_blade_dir.clone(),
-                app_ns: c.sim.sim_app_ns.unwrap_or(0),
+                blade_dir: c.target.sim.sim_blade_dir.clone(),
+                app_ns: c.sim_run.sim_app_ns.unwrap_or(0),
                 faults,
-                fault_seed: c.sim.sim_fault_seed,
+                fault_seed: c.sim_run.sim_fault_seed,
                 fault_span_ns: ((c.warmup + c.duration) * 1e9) as u64,
-                advance_ns: (c.sim.sim_advance * 1e9) as u64,
+                advance_ns: (c.target.sim.sim_advance * 1e9) as u64,
             }))
-        } else if c.blades.is_empty() {
+        } else if c.target.blades.is_empty() {
             if link != Link::Tcp {
                 bail!("--transport verbs needs --blades");
             }
-            let count = c.embedded_blades.unwrap_or(1);
+            let count = c.target.embedded_blades.unwrap_or(1);
             if count == 0 || count > smart_core::addr::MAX_BLADES {
                 bail!("--embedded-blades must be 1 to {}", smart_core::addr::MAX_BLADES);
             }
-            let size = c.blade_size.unwrap_or(256 << 20);
+            let size = c.target.blade_size.unwrap_or(256 << 20);
             check_blade_size("--blade-size", size)?;
             Blades::Embedded { count, size }
         } else {
-            if c.blade_size.is_some() || c.embedded_blades.is_some() {
+            if c.target.blade_size.is_some() || c.target.embedded_blades.is_some() {
                 bail!("--blade-size and --embedded-blades apply to embedded blades only, not with --blades");
             }
-            check_blades(&c.blades)?;
-            Blades::Remote { addrs: c.blades.iter().map(|a| a.trim().to_string()).collect(), link }
+            check_blades(&c.target.blades)?;
+            Blades::Remote { addrs: c.target.blades.iter().map(|a| a.trim().to_string()).collect(), link }
         };
-        if let Some(p) = &c.json {
+        if let Some(p) = &c.target.json {
             check_json(p)?;
         }
-        if !(0.0..=MAX_SECONDS).contains(&c.request_timeout) {
+        if !(0.0..=MAX_SECONDS).contains(&c.target.request_timeout) {
             bail!("--request-timeout must be 0 (none) to {MAX_SECONDS} seconds");
         }
-        let request_timeout = (c.request_timeout > 0.0).then(|| Duration::from_secs_f64(c.request_timeout));
+        let request_timeout =
+            (c.target.request_timeout > 0.0).then(|| Duration::from_secs_f64(c.target.request_timeout));
         if !(0.0..=1e6).contains(&c.idle_us) {
             bail!("--idle-us must be 0 to 1000000 microseconds");
         }
-        let compute_blades = if matches!(blades, Blades::Simulated(_)) { c.sim.sim_compute_blades } else { 1 };
+        let compute_blades = if matches!(blades, Blades::Simulated(_)) { c.sim_run.sim_compute_blades } else { 1 };
         let mut run = RunConfig {
             threads: c.threads * compute_blades,
             coroutines: c.coroutines,
             duration: Duration::from_secs_f64(c.duration),
             warmup: Duration::from_secs_f64(c.warmup),
             runtime: RuntimeConfig { smart, request_timeout, ..RuntimeConfig::default() },
-            progress: !c.quiet,
+            progress: !c.target.quiet,
             seed,
             interrupt: None,
             gate: None,
             idle: Duration::from_secs_f64(c.idle_us / 1e6),
         };
         if let Some(b) = &c.barrier {
-            if c.blades.is_empty() {
+            if c.target.blades.is_empty() {
                 bail!("--barrier needs --blades (processes meet on a memory blade, not in an embedded one)");
             }
             if !(c.barrier_timeout > 0.0 && c.barrier_timeout <= MAX_SECONDS) {
@@ -582,7 +585,7 @@ impl Session {
             }
             run.gate = Some(barrier_gate(b, Duration::from_secs_f64(c.barrier_timeout), &run.runtime)?);
         }
-        Ok(Session { blades, run, json: c.json.clone() })
+        Ok(Session { blades, run, json: c.target.json.clone() })
     }
 }
 
@@ -736,8 +739,8 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
     }
     // Embedded and simulated blades: as many as replicas unless told.
     match &mut session.blades {
-        Blades::Embedded { count, .. } if c.embedded_blades.is_none() => *count = f.replicas,
-        Blades::Simulated(cfg) if c.sim.sim_memory_blades.is_none() && cfg.memory_blades < f.replicas => {
+        Blades::Embedded { count, .. } if c.target.embedded_blades.is_none() => *count = f.replicas,
+        Blades::Simulated(cfg) if c.target.sim.sim_memory_blades.is_none() && cfg.memory_blades < f.replicas => {
             cfg.memory_blades = f.replicas
         }
         _ => {}
