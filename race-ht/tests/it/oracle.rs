@@ -3,8 +3,6 @@
 
 use proptest::prelude::*;
 use race_ht::{RaceConfig, RaceHt, RaceStats};
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use smart_core::smart::SmartConfig;
 use smart_core::RuntimeConfig;
 use smart_testkit::backends::{self, Backend};
@@ -50,20 +48,7 @@ proptest! {
 }
 
 fn long_sequence() -> Vec<Step> {
-    let mut rng = SmallRng::seed_from_u64(11);
-    (0..20_000)
-        .map(|_| {
-            let k = rng.random_range(0..255u8);
-            let l = [8, 40, 100, 300][rng.random_range(0..4)];
-            match rng.random_range(0..5) {
-                0 => Step::Insert(k, l),
-                1 => Step::Update(k, l),
-                2 => Step::Upsert(k, l),
-                3 => Step::Delete(k),
-                _ => Step::Get(k),
-            }
-        })
-        .collect()
+    smart_testkit::oracle::random_steps(11, 1, 20_000, 255).remove(0)
 }
 
 #[test]
