@@ -415,8 +415,8 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
     };
     let mut buf = vec![0u8; 256 << 10];
     let (mut start, mut end) = (0usize, 0usize);
-    // Since the handshake, while no request came; since part of a frame
-    // arrived, while the rest has not.
+    // Since the handshake, while no request came; since a read brought
+    // bytes that completed no frame, while none has completed.
     let (mut first_request, mut partial) = (Some(Instant::now()), None::<Instant>);
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -447,7 +447,6 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
             Err(e) => return Err(e.to_string()),
         };
         end += n;
-        partial.get_or_insert_with(Instant::now);
         let before = start;
         conn.out.clear();
         if !fence.enter() {
@@ -479,15 +478,17 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
         }
         fence.leave();
         if start != before {
-            // Frames ran: the connection is in use, and what is left of the
-            // bytes is a frame that just began.
+            // Frames ran: the connection is in use, and no frame is stuck.
             first_request = None;
-            partial = (start < end).then(Instant::now);
+            partial = None;
+        } else if start < end && partial.is_none() {
+            // Bytes came that completed no frame: the clock of a stalled
+            // frame starts (read only off the usual path).
+            partial = Some(Instant::now());
         }
         if start == end {
             start = 0;
             end = 0;
-            partial = None;
         }
         if !conn.out.is_empty() {
             conn.send(&mut s)?;

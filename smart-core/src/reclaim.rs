@@ -786,14 +786,16 @@ impl Reclaimer {
     pub async fn alloc(&self, ctx: &Ctx, blade: u16, bytes: u64) -> Result<GlobalAddr> {
         // Out of memory while what was retired is not safe yet (a client
         // killed a moment ago holds the epoch back for its lease): refresh
-        // and try again, for at most a lease and a half.
-        let start = ctx.now_ns();
+        // and try again, for at most a lease and a half from the first
+        // failure (the clock is read only then, never on the usual path).
+        let mut first_failure = None;
         loop {
             match self.alloc_once(ctx, blade, bytes).await {
-                Err(Error::OutOfMemory { .. })
-                    if self.0.borrow().entry.is_some()
-                        && ctx.now_ns().saturating_sub(start) < self.0.borrow().lease_ns * 3 / 2 =>
-                {
+                Err(e @ Error::OutOfMemory { .. }) if self.0.borrow().entry.is_some() => {
+                    let now = ctx.now_ns();
+                    if now.saturating_sub(*first_failure.get_or_insert(now)) >= self.0.borrow().lease_ns * 3 / 2 {
+                        return Err(e);
+                    }
                     ctx.sleep_ns(REFRESH_NS).await;
                     self.refresh(ctx).await?;
                 }
