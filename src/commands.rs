@@ -501,27 +501,22 @@ struct Live {
 /// has not run out, and that no recovery holds.
 fn live_leases(rt: &mut smart_core::Runtime, db: &Arc<ford_dtx::db::Db>, name: &str) -> Result<Vec<Live>> {
     let (ctx, d) = (rt.ctx(), db.clone());
-    let (slots, hosts, now) = rt
+    let (slots, now) = rt
         .block_on(async move {
-            let slots = ford_dtx::registry::slots(&ctx, &d).await?;
-            let hosts = ford_dtx::registry::slot_hosts(&ctx, &d).await?;
-            Ok::<_, ford_dtx::DtxError>((slots, hosts, ford_dtx::registry::now_ms(&ctx)))
+            let slots = ford_dtx::registry::slots_and_hosts(&ctx, &d).await?;
+            Ok::<_, ford_dtx::DtxError>((slots, ford_dtx::registry::now_ms(&ctx)))
         })
         .map_err(|e| anyhow::anyhow!("recovering {name:?}: reading its registry: {e}"))?;
-    let recovering = ford_dtx::layout::registry::RECOVERING;
     Ok(slots
         .into_iter()
-        .filter(|s| s.claim != 0 && s.claim & recovering == 0)
-        .filter_map(|s| {
-            let until = s.expiry_ms.saturating_add(ford_dtx::recovery::GRACE_MS);
-            (until >= now).then(|| Live {
-                slot: s.slot,
-                pid: s.pid,
-                host: hosts.get(usize::from(s.slot)).cloned().flatten().unwrap_or_else(|| "host not recorded".into()),
-                claim: s.claim,
-                expiry_ms: s.expiry_ms,
-                left_ms: until - now,
-            })
+        .filter(|(s, _)| s.lease_runs(now))
+        .map(|(s, host)| Live {
+            slot: s.slot,
+            pid: s.pid,
+            host: host.unwrap_or_else(|| "host not recorded".into()),
+            claim: s.claim,
+            expiry_ms: s.expiry_ms,
+            left_ms: (s.expiry_ms + ford_dtx::recovery::GRACE_MS).saturating_sub(now),
         })
         .collect())
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
-use smart_bench::latency::{summary_of, Latency, LatencyHistogram};
+use smart_bench::latency::{empty_hdr, summary_of, LatencyHistogram};
 
 /// Fields every part must agree on: a merge of different experiments is
 /// refused (`mix`: the transaction mix of `smallbank` and `tatp`).
@@ -59,7 +59,7 @@ fn num(v: &Value, k: &str, file: &Path) -> Result<f64> {
 pub fn merge(parts: &[(PathBuf, Value)]) -> Result<Value> {
     let (first_file, first) = parts.first().context("merge: no records")?;
     // The parts' HdrHistograms, added; the largest sample of all, exactly.
-    let mut hist = Latency::default().hdr();
+    let mut hist = empty_hdr();
     let mut max = 0u64;
     let (mut ops, mut duration, mut mops, mut errors, mut threads) = (0u64, 0f64, 0f64, 0u64, 0u64);
     let mut per_op = [0f64; PER_OP.len()];
@@ -170,6 +170,7 @@ pub fn merge(parts: &[(PathBuf, Value)]) -> Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use smart_bench::latency::Latency;
 
     fn part(ops: u64, secs: f64, lat: &[u64], retries: f64) -> Value {
         let mut l = Latency::default();

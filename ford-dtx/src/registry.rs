@@ -66,6 +66,16 @@ impl SlotInfo {
         b
     }
 
+    /// Whether a registration holds the slot and its lease (with
+    /// recovery's [`GRACE_MS`](crate::recovery::GRACE_MS)) runs at `now`
+    /// (Unix ms), no recovery holding it: a compute blade alive, or dead
+    /// too recently to tell.
+    pub fn lease_runs(&self, now: u64) -> bool {
+        self.claim != 0
+            && self.claim & registry::RECOVERING == 0
+            && self.expiry_ms.saturating_add(crate::recovery::GRACE_MS) >= now
+    }
+
     /// The registration nonce (the claim without the recovering bit).
     pub fn nonce(&self) -> u64 {
         self.claim & !registry::RECOVERING
@@ -101,12 +111,30 @@ impl SlotInfo {
 /// # Errors
 /// Verb errors.
 pub async fn slots(ctx: &Ctx, db: &Db) -> Result<Vec<SlotInfo>> {
+    Ok(slots_and_hosts(ctx, db).await?.into_iter().map(|(s, _)| s).collect())
+}
+
+/// Reads every registry slot (one READ), each with the host name its
+/// holder recorded (`None` where none was: a free slot, or a build before
+/// host names were kept).
+///
+/// # Errors
+/// Verb errors.
+pub async fn slots_and_hosts(ctx: &Ctx, db: &Db) -> Result<Vec<(SlotInfo, Option<String>)>> {
     let mut all = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
     ctx.read_all(db.registry, &mut all).await?;
     Ok((1..registry::SLOTS as u16)
-        .map(|i| SlotInfo::parse(i, &all[i as usize * registry::SLOT as usize..][..registry::SLOT as usize]))
+        .map(|i| {
+            let b = &all[i as usize * registry::SLOT as usize..][..registry::SLOT as usize];
+            let host = &b[HOST..HOST + 16];
+            let end = host.iter().position(|&c| c == 0).unwrap_or(16);
+            (SlotInfo::parse(i, b), (end > 0).then(|| String::from_utf8_lossy(&host[..end]).into_owned()))
+        })
         .collect())
 }
+
+/// Offset in a registry slot of its holder's host name (16 bytes).
+const HOST: usize = 48;
 
 /// This compute blade's host name as a registry slot keeps it: its first
 /// 16 bytes, zero-padded (`simulated` under a simulation).
@@ -120,23 +148,6 @@ fn host_bytes(ctx: &Ctx) -> [u8; 16] {
     let n = name.len().min(16);
     b[..n].copy_from_slice(&name.as_bytes()[..n]);
     b
-}
-
-/// The host name each registry slot's holder recorded, by slot number
-/// (`None` for slot 0, and where none was recorded).
-///
-/// # Errors
-/// Verb errors.
-pub async fn slot_hosts(ctx: &Ctx, db: &Db) -> Result<Vec<Option<String>>> {
-    let mut all = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
-    ctx.read_all(db.registry, &mut all).await?;
-    Ok((0..registry::SLOTS as usize)
-        .map(|i| {
-            let b = &all[i * registry::SLOT as usize + 48..][..16];
-            let end = b.iter().position(|&c| c == 0).unwrap_or(16);
-            (i > 0 && end > 0).then(|| String::from_utf8_lossy(&b[..end]).into_owned())
-        })
-        .collect())
 }
 
 /// Bytes of one coroutine's log ring in a database.
@@ -190,7 +201,7 @@ pub(crate) async fn claim(
         // All but the claim, which the CAS above wrote; then the host name
         // (for messages).
         ctx.write(db.registry_slot(s.slot).add(8), &info.bytes(me, info.expiry_ms)[8..]).await?;
-        ctx.write(db.registry_slot(s.slot).add(48), &host_bytes(ctx)).await?;
+        ctx.write(db.registry_slot(s.slot).add(HOST as u64), &host_bytes(ctx)).await?;
         // Before the first lock: a rebuild of blade 0 finds this compute
         // blade's undo log through the mirror.
         crate::mirror::register(ctx, db, &info, lease.as_millis() as u64).await?;

@@ -630,13 +630,7 @@ pub const AUDIT_WAIT: Duration = Duration::from_secs(60);
 /// The registrations of `db` other than recovering ones whose lease (with
 /// recovery's grace) runs at `now`: (slot, pid).
 fn running_now(slots: &[ford_dtx::registry::SlotInfo], now: u64) -> Vec<(u16, u64)> {
-    let recovering = ford_dtx::layout::registry::RECOVERING;
-    slots
-        .iter()
-        .filter(|s| s.claim != 0 && s.claim & recovering == 0)
-        .filter(|s| s.expiry_ms.saturating_add(recovery::GRACE_MS) >= now)
-        .map(|s| (s.slot, s.pid))
-        .collect()
+    slots.iter().filter(|s| s.lease_runs(now)).map(|s| (s.slot, s.pid)).collect()
 }
 
 /// Audits database `name` (which must exist), waiting at most

@@ -463,12 +463,14 @@ impl RunReport {
 
     /// The common fields of the result record.
     pub fn record(&self) -> Record {
+        // One HdrHistogram for the percentiles and the record's copy.
+        let hdr = self.latency.hdr();
         Record {
             duration_s: self.duration_s,
             ops: self.ops,
             throughput_mops: self.mops(),
-            latency_us: self.latency.summary(),
-            latency_hist: self.latency.to_histogram(),
+            latency_us: crate::latency::summary_of(&hdr, self.latency.max()),
+            latency_hist: crate::latency::LatencyHistogram::of(&hdr, self.latency.max()),
             verbs_per_op: self.per_op(self.verbs.wrs),
             doorbells_per_op: self.per_op(self.verbs.doorbells),
             retries_per_op: self.per_op(self.verbs.retries),

@@ -142,6 +142,12 @@ impl LatencyHistogram {
     }
 }
 
+/// An empty HdrHistogram as [`Latency::hdr`] makes them ([`HDR_DIGITS`],
+/// growing to any value): what merged histograms are added into.
+pub fn empty_hdr() -> Histogram<u64> {
+    Histogram::new(HDR_DIGITS).expect("3 significant digits are valid")
+}
+
 /// Percentiles of `h`, whose largest sample was exactly `max`, in
 /// microseconds (a percentile is its bucket's highest equivalent value,
 /// as HdrHistogram reports it, but never above `max`).
@@ -167,7 +173,7 @@ impl Latency {
     /// each bucket's count at its midpoint (exact below 512 ns, within
     /// 0.1% above).
     pub fn hdr(&self) -> Histogram<u64> {
-        let mut h = Histogram::new(HDR_DIGITS).expect("3 significant digits are valid");
+        let mut h = empty_hdr();
         for (i, &c) in self.counts.iter().enumerate().filter(|(_, c)| **c > 0) {
             h.record_n(midpoint(i).min(self.max), c).expect("an auto-resizing histogram takes any value");
         }

@@ -60,7 +60,7 @@ fn two_compute_blades_meet_at_a_barrier_and_their_records_merge_exactly() {
     assert_eq!(m["ops"].as_u64().unwrap(), a["ops"].as_u64().unwrap() + b["ops"].as_u64().unwrap());
     assert_eq!(m["processes"], 2);
     // The merged p99 is the p99 of the merged histograms.
-    let mut h = smart_bench::latency::Latency::default().hdr();
+    let mut h = smart_bench::latency::empty_hdr();
     let mut max = 0;
     for r in [&a, &b] {
         let part: smart_bench::latency::LatencyHistogram = serde_json::from_value(r["latency_hist"].clone()).unwrap();

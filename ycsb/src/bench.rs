@@ -550,10 +550,15 @@ fn room_for_load<I: KvIndex>(rt: &mut Runtime, y: &YcsbConfig) -> Result<(), Ycs
             let mut free = Vec::new();
             for b in 0..ctx.blades().len() as u16 {
                 let heap = ctx.read_u64(smart_core::GlobalAddr::new(b, smart_core::layout::OFF_HEAP)).await?;
-                // Free lists: their objects, and the bags that list them
-                // (free again once popped).
-                let (objects, bags) = smart_core::reclaim::free_bytes(&ctx, b).await?;
-                free.push(ctx.blades()[usize::from(b)].size.saturating_sub(heap) + objects + bags);
+                free.push(ctx.blades()[usize::from(b)].size.saturating_sub(heap));
+            }
+            if free.iter().sum::<u64>() < need {
+                // Then the free lists count too (a walk of every bag): their
+                // objects, and the bags that list them (free once popped).
+                for (b, f) in free.iter_mut().enumerate() {
+                    let (objects, bags) = smart_core::reclaim::free_bytes(&ctx, b as u16).await?;
+                    *f += objects + bags;
+                }
             }
             Ok::<_, I::Error>(Some(free))
         })
