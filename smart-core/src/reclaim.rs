@@ -227,6 +227,13 @@ struct Blade {
 }
 
 impl Blade {
+    /// Cuts the free object of `lines` lines at `at` into blocks of a bag's
+    /// size, free for bags (the rest of a line count not a multiple of a
+    /// bag's is left unused).
+    fn cut_into_bags(&mut self, at: u64, lines: u64) {
+        self.class(BAG / 64).free.extend((0..lines * 64 / BAG).map(|i| at + i * BAG));
+    }
+
     fn class(&mut self, lines: u64) -> &mut Class {
         match small_class(lines) {
             Some(c) => {
@@ -1087,40 +1094,21 @@ impl Reclaimer {
             return Ok(());
         };
         let head = self.free_area(ctx, blade).await?.add(ENTRY * slot as u64 + 8);
-        let mut rest = offsets;
-        while !rest.is_empty() {
-            let mut part = &rest[..rest.len().min(BAG_ENTRIES)];
-            rest = &rest[part.len()..];
+        for part in offsets.chunks(BAG_ENTRIES) {
             let bag_at = match self.take_free(usize::from(blade), BAG / 64) {
                 Some(off) => GlobalAddr::new(blade, off),
                 None => match self.fresh(ctx, blade, BAG / 64).await {
                     Ok(at) => at,
                     // The heap is exhausted (a table dropped to make room,
-                    // say): a safe object of this part as large as a bag
-                    // becomes bags itself, the first for this part, the
-                    // others kept for the parts to come.
+                    // say): bags are cut from a larger free object this
+                    // thread holds.
                     Err(Error::OutOfMemory { .. }) if self.carve_bags(usize::from(blade)) => {
                         let off = self.take_free(usize::from(blade), BAG / 64).expect("bags just cut");
                         GlobalAddr::new(blade, off)
                     }
-                    Err(Error::OutOfMemory { .. })
-                        if lines >= BAG / 64 && (epoch == 0 || reusable(epoch, self.0.borrow().horizon)) =>
-                    {
-                        let (&donor, others) = part.split_last().expect("a part is never empty");
-                        part = others;
-                        let mut st = self.0.borrow_mut();
-                        let pieces = (1..lines * 64 / BAG).map(|i| donor + i * BAG);
-                        st.blades[usize::from(blade)].class(BAG / 64).free.extend(pieces);
-                        GlobalAddr::new(blade, donor)
-                    }
                     Err(e) => return Err(e),
                 },
             };
-            if part.is_empty() {
-                // The donor was the part: its bag is not needed.
-                self.0.borrow_mut().blades[usize::from(blade)].class(BAG / 64).free.push(bag_at.offset());
-                continue;
-            }
             let mut bag = Vec::with_capacity(BAG_HEADER + 8 * part.len());
             for w in [0, epoch, part.len() as u64, lines] {
                 bag.extend_from_slice(&w.to_le_bytes());
@@ -1161,7 +1149,7 @@ impl Reclaimer {
             return false;
         };
         let donor = bl.class(lines).free.pop().expect("a free object");
-        bl.class(BAG / 64).free.extend((0..lines * 64 / BAG).map(|i| donor + i * BAG));
+        bl.cut_into_bags(donor, lines);
         true
     }
 
@@ -1199,10 +1187,8 @@ impl Reclaimer {
             }
             while short > 0 {
                 let Some(donor) = offsets.pop() else { break };
-                let pieces = *lines * 64 / BAG;
-                let mut st = self.0.borrow_mut();
-                st.blades[b].class(BAG / 64).free.extend((0..pieces).map(|i| donor + i * BAG));
-                short = short.saturating_sub(pieces);
+                self.0.borrow_mut().blades[b].cut_into_bags(donor, *lines);
+                short = short.saturating_sub(*lines * 64 / BAG);
             }
         }
         Ok(())
