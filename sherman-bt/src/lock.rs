@@ -416,6 +416,50 @@ mod tests {
         assert!(l.queues.is_empty(), "an idle lock leaves no queue behind");
     }
 
+    /// A holder whose lock a waiter took over (after the lease: the holder
+    /// stalled) writes nothing under it and says so; one whose lock is
+    /// only old renews it, writes, and releases it.
+    #[test]
+    fn a_holder_that_lost_its_lock_to_a_waiter_writes_nothing() {
+        use crate::layout::Entry;
+        use smart_core::{Runtime, RuntimeConfig};
+        let b = smart_testkit::backends::embedded(1);
+        let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            let (mut t, _) = ShermanBt::open_or_create(&ctx, "lease").await.unwrap();
+            let (_, leaf) = t.root().await.unwrap();
+            let mut before = vec![0u8; PAGE];
+            ctx.read(leaf, &mut before).await.unwrap();
+            for taken_over in [true, false] {
+                let mut op = ctx.op().await;
+                let held = t.lock_read(leaf, &mut op).await.unwrap();
+                // Held for half a lease, as by a client that stalled.
+                ctx.sleep_ns(LOCK_LEASE.as_nanos() as u64 / 2).await;
+                if taken_over {
+                    // A waiter's takeover: a CAS from the holder's word.
+                    assert_eq!(ctx.cas(held.word, held.tag, 0xdead_beef).await.unwrap(), held.tag);
+                }
+                t.page.set_entry(0, Entry { key: 7, value: 7, valid: true });
+                let r = t.unlock(held, true).await;
+                let mut after = vec![0u8; PAGE];
+                ctx.read(leaf, &mut after).await.unwrap();
+                let word = ctx.read_u64(held.word).await.unwrap();
+                if taken_over {
+                    assert!(matches!(r, Err(ShermanError::LeaseLost(p)) if p == leaf), "{r:?}");
+                    assert_eq!(after, before, "a page was written under a lost lock");
+                    assert_eq!(word, 0xdead_beef, "the new holder's word was touched");
+                    assert_eq!(t.local.borrow().stats.lease_losses, 1);
+                    ctx.write(held.word, &0u64.to_le_bytes()).await.unwrap();
+                } else {
+                    r.unwrap();
+                    assert_ne!(after, before, "the renewed lock's page was written");
+                    assert_eq!(word, 0, "released");
+                }
+            }
+        });
+    }
+
     #[test]
     fn a_handover_planned_for_a_dropped_waiter_is_reported() {
         let mut l = LocalLocks::default();

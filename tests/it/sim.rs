@@ -265,17 +265,19 @@ fn injected_faults_leave_the_applications_recoverable() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Soak seed 199: a thread of a Sherman run stalls for 2.9 s of virtual time
-/// while it holds a page lock; a waiter takes the lock over after its
-/// 2 s lease. The stalled thread, when it wakes, must not write the page
-/// under the lock it lost (it did, and the tree's level 1 then named a page
-/// missing from level 0's chain): it finds the lock taken over, writes
-/// nothing, and starts its operation over; the tree verifies.
+/// Soak seed 199 found it: a thread of a Sherman run stalled for 2.9 s of
+/// virtual time while it held a page lock, a waiter took the lock over
+/// after its 2 s lease, and the stalled thread then wrote the page under
+/// the lock it had lost (the tree's level 1 named a page missing from level
+/// 0's chain). Here twelve threads stall past the lease in the middle of
+/// the run: locks are taken over from them, and the tree still verifies
+/// and checks clean. (That a holder whose lock was taken over writes
+/// nothing: `lock::tests` in sherman-bt, deterministically.)
 #[test]
-fn a_sherman_thread_stalled_past_its_lock_lease_writes_nothing_under_the_lost_lock() {
+fn sherman_threads_stalled_past_their_lock_lease_leave_a_sound_tree() {
     let dir = tmp("sim-sherman-stall");
     let d = dir.to_str().unwrap();
-    let args = [
+    let mut args = vec![
         "ycsb",
         "--app",
         "sherman",
@@ -301,12 +303,14 @@ fn a_sherman_thread_stalled_past_its_lock_lease_writes_nothing_under_the_lost_lo
         d,
         "--blade-size",
         "1GiB",
-        "--sim-fault",
-        "stall@2.577745:26:2878.322872",
     ];
+    let stalls: Vec<String> = (0..96).step_by(8).map(|t| format!("stall@2.0:{t}:2900")).collect();
+    for s in &stalls {
+        args.extend(["--sim-fault", s.as_str()]);
+    }
     let r = run(&args, &tmp("sim-sherman-stall.json"));
     assert_eq!(r["violations"], 0, "{r}");
-    assert!(r["sherman"]["lease_losses"].as_u64().unwrap() >= 1, "the stall did not cost a lock: {}", r["sherman"]);
+    assert!(r["sherman"]["lock_steals"].as_u64().unwrap() >= 1, "no lock was taken over: {}", r["sherman"]);
     let out = compute(&["table", "check", "ycsb", "--transport", "sim", "--sim-blade-dir", d]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
     std::fs::remove_dir_all(&dir).ok();
