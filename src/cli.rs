@@ -59,6 +59,20 @@ pub struct MemoryCli {
     /// and closed.
     #[arg(long, default_value_t = smart_core::blade::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// Most connections from one peer (IP address) at once; default: 32
+    /// fewer than --max-connections (room kept for other peers), or all of
+    /// them when that is at most 64.
+    #[arg(long)]
+    pub max_connections_per_peer: Option<usize>,
+    /// Memory all connections' responses may hold together, beyond 64 KiB
+    /// each (at least 1MiB): a connection whose next response does not fit
+    /// sends what it holds and reads no more requests until there is room;
+    /// a client that takes no responses for 10 s is closed. The blade's
+    /// memory is then bounded by its region, this, and per connection 64
+    /// KiB out, 256 KiB in (more only while a client sends a frame larger
+    /// than that) and a thread's stack.
+    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    pub response_memory: u64,
     /// Seconds a connection may stay without its first request after its
     /// handshake before it is closed (idle connections cannot keep clients
     /// out); part of a frame left unsent for 10 s closes it too.

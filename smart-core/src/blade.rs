@@ -9,6 +9,15 @@
 //! frame runs, so whatever a client asks, a connection makes the blade hold
 //! at most one frame's response (≤ 16 MiB) beyond that.
 //!
+//! Memory: all connections together hold at most
+//! [`BladeServer::with_response_memory`] bytes of responses
+//! ([`DEFAULT_RESPONSE_MEMORY`] by default) beyond a fixed
+//! [`BASE_OUT`] each. A frame runs only once the room for its whole
+//! response is taken from that budget; a connection that cannot get it
+//! sends what it holds and then waits, reading nothing more from its
+//! client (backpressure). A client that takes none of its responses for
+//! [`HANDSHAKE_TIMEOUT`] is closed, which gives its share back.
+//!
 //! Durability: by default a WRITE completes once it is in the region (for a
 //! file-backed region, in the page cache: it survives this process, not a
 //! power loss). [`BladeServer::with_durable`] answers no batch before the
@@ -17,7 +26,10 @@
 //! Limits: at most [`BladeServer::with_max_connections`] connections
 //! ([`DEFAULT_MAX_CONNECTIONS`] by default: a compute blade at its largest,
 //! 1024 threads, with its set-up and lease connections, and room for
-//! others); one beyond is told so in its welcome and closed. An accept or
+//! others), and at most [`BladeServer::with_max_per_peer`] from one peer
+//! (an IP address; by default [`ROOM_FOR_OTHERS`] fewer than the maximum,
+//! so one host cannot take every connection); one beyond is told so in
+//! its welcome and closed. An accept or
 //! thread-start failure (e.g. out of file descriptors) is logged and
 //! survived: the server backs off and keeps accepting. A handshake must be
 //! complete within [`HANDSHAKE_TIMEOUT`] however slowly its bytes trickle;
@@ -36,10 +48,11 @@
 //! may revoke an owner; the blade then runs none of that owner's requests
 //! any more (see [`crate::fence`]).
 
+use std::collections::HashMap;
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -79,6 +92,46 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024 + 64;
 /// handshake, unless configured otherwise.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Connections kept for other peers: one peer may hold this many fewer
+/// than the maximum, unless configured otherwise.
+pub const ROOM_FOR_OTHERS: usize = 32;
+
+/// Bytes of responses all connections may hold together beyond
+/// [`BASE_OUT`] each, unless configured otherwise: room for 16 of the
+/// largest responses at once (ordinary batches need a few KiB).
+pub const DEFAULT_RESPONSE_MEMORY: usize = 256 << 20;
+
+/// Response buffer every connection keeps outside the shared budget.
+pub const BASE_OUT: usize = 64 << 10;
+
+/// Memory for responses shared by a blade's connections.
+#[derive(Debug)]
+struct Budget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl Budget {
+    /// Takes `n` bytes if they fit (or if nothing is taken: one response
+    /// can always be built, whatever the limit).
+    fn try_take(&self, n: usize) -> bool {
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            if cur != 0 && cur + n > self.limit {
+                return false;
+            }
+            match self.used.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn give(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
 /// A memory blade serving its region over TCP.
 #[derive(Debug)]
 pub struct BladeServer {
@@ -88,11 +141,14 @@ pub struct BladeServer {
     stop: Arc<AtomicBool>,
     verbs: Option<Arc<dyn VerbsAcceptor>>,
     max_connections: usize,
+    max_per_peer: Option<usize>,
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
     handshake_timeout: Duration,
     idle_timeout: Duration,
     live: Arc<AtomicUsize>,
     durable: bool,
     fences: Arc<Fences>,
+    budget: Arc<Budget>,
 }
 
 /// A blade server running on a background thread; stops when dropped, and
@@ -145,6 +201,9 @@ impl BladeServer {
             stop: Arc::new(AtomicBool::new(false)),
             verbs: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_per_peer: None,
+            peers: Arc::default(),
+            budget: Arc::new(Budget { used: AtomicUsize::new(0), limit: DEFAULT_RESPONSE_MEMORY }),
             handshake_timeout: HANDSHAKE_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
             live: Arc::new(AtomicUsize::new(0)),
@@ -157,6 +216,29 @@ impl BladeServer {
     /// refused with [`wire::STATUS_FULL`] in its welcome.
     pub fn with_max_connections(mut self, n: usize) -> Self {
         self.max_connections = n.max(1);
+        self
+    }
+
+    /// Serves at most `n` connections from one peer (IP address) at once
+    /// (at least 1; default: [`ROOM_FOR_OTHERS`] fewer than the maximum,
+    /// or the maximum itself when it is at most twice that); one beyond is refused as when the blade is full.
+    pub fn with_max_per_peer(mut self, n: usize) -> Self {
+        self.max_per_peer = Some(n.max(1));
+        self
+    }
+
+    /// The connections one peer may hold.
+    pub fn max_per_peer(&self) -> usize {
+        let most = self.max_connections;
+        self.max_per_peer.unwrap_or(if most > 2 * ROOM_FOR_OTHERS { most - ROOM_FOR_OTHERS } else { most })
+    }
+
+    /// Lets all connections together hold at most `bytes` of responses
+    /// beyond [`BASE_OUT`] each (default [`DEFAULT_RESPONSE_MEMORY`]); a
+    /// connection whose next response does not fit waits, reading nothing
+    /// more from its client, until others' responses are sent.
+    pub fn with_response_memory(mut self, bytes: usize) -> Self {
+        self.budget = Arc::new(Budget { used: AtomicUsize::new(0), limit: bytes });
         self
     }
 
@@ -265,17 +347,27 @@ impl BladeServer {
                         ));
                         continue;
                     }
+                    let Some(from_peer) = PeerGuard::take(&self.peers, peer.ip(), self.max_per_peer()) else {
+                        refuse_full(stream);
+                        complain(format!(
+                            "refused a connection from {peer}: {} connections from {} is the most one peer may hold",
+                            self.max_per_peer(),
+                            peer.ip()
+                        ));
+                        continue;
+                    };
                     let region = self.region.clone();
                     let (rkey, stop, verbs) = (self.rkey, self.stop.clone(), self.verbs.clone());
                     let (live, deadline, durable) = (self.live.clone(), self.handshake_timeout, self.durable);
                     let idle_timeout = self.idle_timeout;
-                    let fences = self.fences.clone();
+                    let (fences, budget) = (self.fences.clone(), self.budget.clone());
                     live.fetch_add(1, Ordering::Relaxed);
                     let spawned = std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
                         // Declared first, dropped last: the connection counts
                         // itself out only after it let the region go.
                         let _live = LiveGuard(&live);
-                        let (region, verbs, fences) = (region, verbs, fences);
+                        let _from_peer = from_peer;
+                        let (region, verbs, fences, budget) = (region, verbs, fences, budget);
                         let how = Serving {
                             rkey,
                             verbs: verbs.as_deref(),
@@ -283,6 +375,7 @@ impl BladeServer {
                             idle_timeout,
                             durable,
                             fences: &fences,
+                            budget: &budget,
                         };
                         if let Err(reason) = serve_conn(stream, &region, &stop, how) {
                             eprintln!("memory-blade: closing connection from {peer}: {reason}");
@@ -330,6 +423,37 @@ impl Drop for LiveGuard<'_> {
     }
 }
 
+/// Counts a connection against its peer's share while it is served.
+struct PeerGuard {
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl PeerGuard {
+    /// Counts one more connection from `ip`, unless it holds `most`.
+    fn take(peers: &Arc<Mutex<HashMap<IpAddr, usize>>>, ip: IpAddr, most: usize) -> Option<PeerGuard> {
+        let mut map = peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = map.entry(ip).or_insert(0);
+        if *n >= most {
+            return None;
+        }
+        *n += 1;
+        Some(PeerGuard { peers: peers.clone(), ip })
+    }
+}
+
+impl Drop for PeerGuard {
+    fn drop(&mut self) {
+        let mut map = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// Tells a connection beyond the maximum so, best effort, and closes it.
 fn refuse_full(mut s: TcpStream) {
     let _ = s.set_nonblocking(false);
@@ -366,11 +490,12 @@ struct Serving<'v> {
     idle_timeout: Duration,
     durable: bool,
     fences: &'v Fences,
+    budget: &'v Budget,
 }
 
 /// Serves one connection; `Err` carries the reason for closing it early.
 fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving<'_>) -> Result<(), String> {
-    let Serving { rkey, verbs, handshake_timeout, idle_timeout, durable, fences } = how;
+    let Serving { rkey, verbs, handshake_timeout, idle_timeout, durable, fences, budget } = how;
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut hello = [0u8; wire::HELLO_LEN];
@@ -398,8 +523,11 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
             None => Err("client asked for RDMA verbs; this blade serves TCP only (--transport tcp)".into()),
         };
     }
-    // Wake up now and then to notice a stop request.
+    // Wake up now and then to notice a stop request; a client that takes
+    // no responses for the handshake time-out is closed (its share of the
+    // response budget comes back).
     s.set_read_timeout(Some(Duration::from_millis(200))).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(handshake_timeout)).map_err(|e| e.to_string())?;
     let fence = fences.attach();
     // However this connection ends, it runs no request any more.
     let _left = Left(&fence);
@@ -407,11 +535,14 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
         region,
         rkey,
         qp_error: false,
-        out: Vec::with_capacity(64 << 10),
+        out: Vec::with_capacity(BASE_OUT),
+        held: 0,
+        budget,
         durable,
         wrote: false,
         fences,
         fence: &fence,
+        refused: false,
     };
     let mut buf = vec![0u8; 256 << 10];
     let (mut start, mut end) = (0usize, 0usize);
@@ -462,15 +593,39 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
             if end - start < total {
                 break;
             }
-            conn.frame(h, &buf[start + HEADER_LEN..start + total])?;
+            let body = &buf[start + HEADER_LEN..start + total];
+            let need = response_bound(&h, body);
+            if !conn.make_room(need) {
+                // The budget is spent: send what this connection holds,
+                // then wait for room, reading nothing more meanwhile.
+                fence.leave();
+                conn.send(&mut s)?;
+                let mut pause = Duration::from_millis(1);
+                while !conn.make_room(need) {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                if !fence.enter() {
+                    return Err(fenced(&mut s, &buf[start..end]));
+                }
+            }
+            conn.frame(h, body)?;
             start += total;
+            if conn.refused {
+                // Its tag was refused: nothing after it runs.
+                fence.leave();
+                conn.send(&mut s)?;
+                return Err(fenced(&mut s, &buf[start..end]));
+            }
             if conn.out.len() >= FLUSH_BYTES {
                 // Send before running more frames: the responses a client
                 // can make the blade hold stay bounded. Not fenced while it
                 // sends (a client that stops reading holds no revocation up).
                 fence.leave();
                 conn.send(&mut s)?;
-                conn.out.clear();
                 if !fence.enter() {
                     return Err(fenced(&mut s, &buf[start..end]));
                 }
@@ -493,11 +648,28 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
         if !conn.out.is_empty() {
             conn.send(&mut s)?;
         }
-        if conn.out.capacity() > 2 * FLUSH_BYTES {
-            // A large READ grew it: give the memory back.
-            conn.out = Vec::with_capacity(64 << 10);
+    }
+}
+
+/// The most bytes the response to the frame `h` (body `body`) can take: a
+/// header, and a batch's READ data and atomics' old values. A malformed
+/// frame gets a header's worth (it is refused before anything runs).
+fn response_bound(h: &Header, body: &[u8]) -> usize {
+    let mut n = 0usize;
+    if h.kind == wire::KIND_BATCH {
+        let mut p = 0usize;
+        for _ in 0..usize::from(h.count).min(wire::MAX_WRS) {
+            let Some(desc) = body.get(p..p + WR_DESC_LEN) else { break };
+            let d = WrDesc::get(desc);
+            n += match Opcode::from_u8(d.op) {
+                Some(Opcode::Read) => d.len as usize,
+                Some(Opcode::Cas | Opcode::Faa) => 8,
+                _ => 0,
+            };
+            p += WR_DESC_LEN + d.payload_len();
         }
     }
+    HEADER_LEN + n.min(MAX_FRAME)
 }
 
 /// Clears a connection's `busy` when it ends.
@@ -625,15 +797,51 @@ struct Conn<'r> {
     rkey: u32,
     qp_error: bool,
     out: Vec<u8>,
+    /// Bytes of `out`'s capacity beyond [`BASE_OUT`], taken from `budget`.
+    held: usize,
+    budget: &'r Budget,
     /// Serving durably: answers wait until the disk holds their writes.
     durable: bool,
     /// This connection wrote since its last answer.
     wrote: bool,
     fences: &'r Fences,
     fence: &'r ConnFence,
+    /// A tag frame named a revoked owner: nothing after it runs.
+    refused: bool,
+}
+
+impl Drop for Conn<'_> {
+    fn drop(&mut self) {
+        self.budget.give(self.held);
+    }
 }
 
 impl Conn<'_> {
+    /// Makes `out` able to take `need` more bytes without growing past
+    /// what the budget gave it: `false` if the budget has no room now.
+    fn make_room(&mut self, need: usize) -> bool {
+        let want = self.out.len() + need;
+        let had = self.out.capacity();
+        if want <= had {
+            return true;
+        }
+        let more = want - had.max(BASE_OUT).min(want);
+        if !self.budget.try_take(more) {
+            return false;
+        }
+        self.out.reserve_exact(need);
+        let grown = self.out.capacity().saturating_sub(BASE_OUT);
+        if grown > self.held + more {
+            // The allocator rounded up: count that too.
+            self.budget.used.fetch_add(grown - self.held - more, Ordering::AcqRel);
+            self.held = grown;
+        } else {
+            self.budget.give(self.held + more - grown);
+            self.held = grown;
+        }
+        true
+    }
+
     /// Sends the responses gathered, after syncing what they complete when
     /// serving durably: one `fdatasync` of the file, however many writes
     /// the answer completes (it also writes back pages other connections
@@ -647,7 +855,20 @@ impl Conn<'_> {
             })?;
         }
         self.wrote = false;
-        s.write_all(&self.out).map_err(|e| format!("sending responses: {e}"))
+        s.write_all(&self.out).map_err(|e| match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => {
+                "its client took none of its responses for the handshake time-out".to_string()
+            }
+            _ => format!("sending responses: {e}"),
+        })?;
+        self.out.clear();
+        if self.held > 0 {
+            // A large response grew it: give the memory back.
+            self.out = Vec::with_capacity(BASE_OUT);
+            self.budget.give(self.held);
+            self.held = 0;
+        }
+        Ok(())
     }
 
     /// Handles one request frame, appending its response to `out`.
@@ -675,6 +896,7 @@ impl Conn<'_> {
                     if self.fences.tag(self.fence, tag) {
                         0
                     } else {
+                        self.refused = true;
                         WcStatus::Fenced as u8
                     }
                 } else {

@@ -36,7 +36,11 @@
 //! verbs never complete (their retries run out, or the client's request
 //! time-out does).
 //!
-//! The blade remembers the last [`REMEMBERED`] revoked tags. A blade with a
+//! A revocation is never forgotten: a revoked owner may come back at any
+//! time (a paused process resumed), so the blade keeps every revoked tag,
+//! up to [`MAX_REVOKED`]; a revocation beyond that is refused (the
+//! recovery that asked for it fails and says why) rather than forgetting
+//! an older one. A blade with a
 //! backing file also records each in a file beside it ([`log_path`]),
 //! synced to the disk before the revocation is answered, and reads them
 //! back when it restarts on that file: a compute blade taken for dead stays
@@ -51,7 +55,7 @@ use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -59,8 +63,9 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 /// What a compute blade is told when a memory blade refuses it.
 pub const REFUSED: &str = "the memory blade refuses this compute blade (a recovery revoked its registration)";
 
-/// Revoked tags a blade remembers (the oldest are forgotten first).
-pub const REMEMBERED: usize = 1 << 16;
+/// Most revoked tags a blade keeps (8 MiB in its file); a revocation
+/// beyond is refused, never one forgotten.
+pub const MAX_REVOKED: usize = 1 << 20;
 
 /// What a revocation must stop besides requests the blade's CPU runs: the
 /// blade's end of a verbs client's QP.
@@ -157,7 +162,6 @@ fn quiesce(other: &ConnFence, me: &ConnFence) -> bool {
 #[derive(Debug, Default)]
 struct State {
     revoked: HashSet<u64>,
-    order: VecDeque<u64>,
     conns: Vec<Weak<ConnFence>>,
 }
 
@@ -194,11 +198,11 @@ struct TagLog {
 
 impl TagLog {
     /// Opens (or makes) the file at `path` for the blade of `identity`:
-    /// returns it and the tags it holds, the last [`REMEMBERED`] at most. A
-    /// file of another identity (its backing file was made anew) is started
-    /// again empty; a record cut short by a crash is dropped; a file
-    /// holding more than twice [`REMEMBERED`] tags is rewritten with the
-    /// newest.
+    /// returns it and the tags it holds. A file of another identity (its
+    /// backing file was made anew) is started again empty; a record cut
+    /// short by a crash is dropped; a file holding more than
+    /// [`MAX_REVOKED`] tags is refused (this blade would have to forget
+    /// some).
     fn open(path: &Path, identity: u64) -> io::Result<(TagLog, Vec<u64>)> {
         let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {what}", path.display()));
         let mut file = std::fs::OpenOptions::new().read(true).append(true).create(true).open(path)?;
@@ -216,16 +220,19 @@ impl TagLog {
         let whole = LOG_HEADER + records.len() / 8 * 8;
         let mut tags: Vec<u64> =
             records.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
-        // A tag revoked again after it was forgotten is kept once, where it
-        // was revoked last.
+        // Each tag once (older files could name one twice).
         let mut seen = HashSet::new();
-        tags.reverse();
         tags.retain(|t| seen.insert(*t));
-        tags.truncate(REMEMBERED);
-        tags.reverse();
+        if tags.len() > MAX_REVOKED {
+            return Err(bad(format!(
+                "it names {} revoked tags, more than the {MAX_REVOKED} a blade keeps: it was not written by this \
+                 version; move it away only if none of those compute blades can come back",
+                tags.len()
+            )));
+        }
         let mut log = TagLog { file, path: path.to_path_buf() };
-        if !mine || records.len() > 16 * REMEMBERED {
-            // Started again, or rewritten with the newest tags.
+        if !mine || tags.len() < records.len() / 8 {
+            // Started again, or rewritten with each tag once.
             let mut all = LOG_MAGIC.to_vec();
             all.extend(std::iter::once(identity).chain(tags.iter().copied()).flat_map(u64::to_le_bytes));
             log.file.set_len(0)?;
@@ -260,7 +267,7 @@ impl Fences {
     pub(crate) fn persistent(path: &Path, identity: u64) -> io::Result<(Fences, usize)> {
         let (log, tags) = TagLog::open(path, identity)?;
         let n = tags.len();
-        let state = State { revoked: tags.iter().copied().collect(), order: tags.into(), conns: Vec::new() };
+        let state = State { revoked: tags.into_iter().collect(), conns: Vec::new() };
         Ok((Fences { state: Mutex::new(state), log: Some(Mutex::new(log)) }, n))
     }
 
@@ -290,18 +297,18 @@ impl Fences {
     /// request and what they hold is stopped.
     ///
     /// # Errors
-    /// `me` was revoked meanwhile, or something held could not be stopped.
+    /// The blade keeps [`MAX_REVOKED`] tags already, `me` was revoked
+    /// meanwhile, or something held could not be stopped.
     pub(crate) fn revoke(&self, tag: u64, me: &ConnFence) -> Result<(), String> {
         let (victims, new) = {
             let mut s = self.state();
-            let new = s.revoked.insert(tag);
-            if new {
-                s.order.push_back(tag);
-                if s.order.len() > REMEMBERED {
-                    let old = s.order.pop_front().expect("not empty");
-                    s.revoked.remove(&old);
-                }
+            if s.revoked.len() >= MAX_REVOKED && !s.revoked.contains(&tag) {
+                return Err(format!(
+                    "this blade keeps {MAX_REVOKED} revoked tags, its most, and forgets none (a revoked compute \
+                     blade could come back): move its data to a fresh blade"
+                ));
             }
+            let new = s.revoked.insert(tag);
             let v: Vec<Arc<ConnFence>> =
                 s.conns.iter().filter_map(Weak::upgrade).filter(|c| c.tag.load(Ordering::Relaxed) == tag).collect();
             for c in &v {
@@ -414,17 +421,20 @@ mod tests {
         assert_eq!(f.revoke(11, &me), Err("cannot".to_string()));
     }
 
+    /// A flood of revocations makes the blade refuse more, never forget
+    /// the first (a fenced compute blade must not come back after it).
     #[test]
-    fn the_oldest_revoked_tags_are_forgotten_past_the_limit() {
+    fn no_revoked_tag_is_forgotten_however_many_come() {
         let f = Fences::default();
         let me = f.attach();
-        for t in 1..=REMEMBERED as u64 + 1 {
+        for t in 1..=MAX_REVOKED as u64 {
             assert!(f.revoke(t, &me).is_ok());
         }
-        assert!(!f.remembers(1));
-        assert!(f.remembers(2) && f.remembers(REMEMBERED as u64 + 1));
-        assert!(f.revoke(2, &me).is_ok(), "revoking a remembered tag again keeps it once");
-        assert!(f.remembers(2));
+        let err = f.revoke(MAX_REVOKED as u64 + 1, &me).unwrap_err();
+        assert!(err.contains("forgets none"), "{err}");
+        assert!(f.remembers(1) && f.remembers(MAX_REVOKED as u64) && !f.remembers(MAX_REVOKED as u64 + 1));
+        assert!(!f.tag(&f.attach(), 1), "the first revoked tag is still refused");
+        assert!(f.revoke(2, &me).is_ok(), "revoking a kept tag again is no new one");
     }
 
     fn scratch(name: &str) -> PathBuf {
@@ -466,18 +476,20 @@ mod tests {
     }
 
     #[test]
-    fn a_file_of_revoked_tags_is_rewritten_with_the_newest_when_it_grows_past_twice_the_limit() {
+    fn a_file_naming_a_tag_twice_is_rewritten_with_each_once_and_one_past_the_limit_is_refused() {
         let p = scratch("compact");
-        let tags: Vec<u8> = (1..=2 * REMEMBERED as u64 + 1).flat_map(u64::to_le_bytes).collect();
+        let tags: Vec<u8> = [1u64, 2, 1, 3, 2].iter().flat_map(|t| t.to_le_bytes()).collect();
         std::fs::write(&p, [&LOG_MAGIC[..], &5u64.to_le_bytes(), &tags].concat()).unwrap();
         let (f, n) = Fences::persistent(&p, 5).unwrap();
-        assert_eq!(n, REMEMBERED);
-        assert!(!f.remembers(REMEMBERED as u64 + 1) && f.remembers(REMEMBERED as u64 + 2));
-        assert_eq!(std::fs::metadata(&p).unwrap().len(), 16 + 8 * REMEMBERED as u64);
+        assert_eq!(n, 3);
+        assert!(f.remembers(1) && f.remembers(2) && f.remembers(3));
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 16 + 8 * 3);
         drop(f);
-        let (f, n) = Fences::persistent(&p, 5).unwrap();
-        assert_eq!(n, REMEMBERED);
-        assert!(f.remembers(2 * REMEMBERED as u64 + 1));
+        let tags: Vec<u8> = (1..=MAX_REVOKED as u64 + 1).flat_map(u64::to_le_bytes).collect();
+        std::fs::write(&p, [&LOG_MAGIC[..], &5u64.to_le_bytes(), &tags].concat()).unwrap();
+        let err = Fences::persistent(&p, 5).unwrap_err().to_string();
+        assert!(err.contains("more than the"), "{err}");
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 16 + 8 * (MAX_REVOKED as u64 + 1), "left as it was");
         let _ = std::fs::remove_file(&p);
     }
 }

@@ -35,6 +35,12 @@ fn check(args: &MemoryCli) -> Result<Link> {
     if args.max_connections == 0 {
         anyhow::bail!("--max-connections must be at least 1");
     }
+    if args.max_connections_per_peer == Some(0) {
+        anyhow::bail!("--max-connections-per-peer must be at least 1");
+    }
+    if args.response_memory < 1 << 20 {
+        anyhow::bail!("--response-memory must be at least 1MiB");
+    }
     if !(args.idle_timeout > 0.0 && args.idle_timeout <= 1e6) {
         anyhow::bail!("--idle-timeout must be more than 0 and at most 1000000 seconds");
     }
@@ -121,7 +127,11 @@ fn set_up(args: &MemoryCli, link: &Link, region: &Arc<Region>) -> Result<BladeSe
     let mut server = BladeServer::bind(&args.listen, region.clone())
         .with_context(|| format!("listening on {}", args.listen))?
         .with_max_connections(args.max_connections)
+        .with_response_memory(usize::try_from(args.response_memory).unwrap_or(usize::MAX))
         .with_idle_timeout(std::time::Duration::from_secs_f64(args.idle_timeout));
+    if let Some(n) = args.max_connections_per_peer {
+        server = server.with_max_per_peer(n);
+    }
     if let (true, Some(p)) = (args.durable, &args.backing_file) {
         server = server.with_durable()?;
         // The file as formatted (superblock, identity) and its name in its

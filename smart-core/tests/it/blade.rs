@@ -456,3 +456,64 @@ fn a_dropped_blade_releases_its_backing_file_before_the_drop_returns() {
     }
     std::fs::remove_file(&file).unwrap();
 }
+
+/// A TCP connection to `to` from the local address `from` (any address of
+/// 127.0.0.0/8 is this host's).
+fn connect_from(from: std::net::Ipv4Addr, to: std::net::SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let std::net::SocketAddr::V4(to) = to else { panic!("IPv4 only") };
+    let sa = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket, bound and connected with valid, sized
+    // addresses; its descriptor is handed to the TcpStream, which owns it.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let (src, dst) = (sa(from, 0), sa(*to.ip(), to.port()));
+        assert_eq!(libc::bind(fd, (&raw const src).cast(), len), 0, "bind: {}", std::io::Error::last_os_error());
+        assert_eq!(libc::connect(fd, (&raw const dst).cast(), len), 0, "{}", std::io::Error::last_os_error());
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// The welcome's status for a greeting sent on `s`.
+fn welcome_status(s: &mut TcpStream) -> u32 {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&wire::hello(wire::PROTOCOL_VERSION)).unwrap();
+    let mut w = [0u8; wire::WELCOME_LEN];
+    s.read_exact(&mut w).unwrap();
+    wire::Welcome::decode(&w).unwrap().status
+}
+
+/// One peer (one IP address) cannot take every connection: past its share
+/// it is refused, and another peer still gets in.
+#[test]
+fn one_peer_cannot_take_every_connection() {
+    let region = Arc::new(Region::anonymous(1 << 20).unwrap());
+    let server = BladeServer::bind("127.0.0.1:0", region).unwrap().with_max_connections(80);
+    assert_eq!(server.max_per_peer(), 80 - smart_core::blade::ROOM_FOR_OTHERS, "the default share");
+    let blade = server.with_max_per_peer(10).spawn().unwrap();
+    let (one, other) = (std::net::Ipv4Addr::new(127, 0, 0, 1), std::net::Ipv4Addr::new(127, 0, 0, 2));
+    let mut held: Vec<TcpStream> = Vec::new();
+    for _ in 0..10 {
+        let mut s = connect_from(one, blade.addr());
+        assert_eq!(welcome_status(&mut s), wire::STATUS_OK);
+        held.push(s);
+    }
+    let mut s = connect_from(one, blade.addr());
+    assert_eq!(welcome_status(&mut s), wire::STATUS_FULL, "the eleventh from one peer is refused");
+    let mut s = connect_from(other, blade.addr());
+    assert_eq!(welcome_status(&mut s), wire::STATUS_OK, "another peer gets in");
+    // A connection of the first peer that ends gives its share back.
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while welcome_status(&mut connect_from(one, blade.addr())) != wire::STATUS_OK {
+        assert!(std::time::Instant::now() < deadline, "no room after a close");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -114,3 +114,36 @@ fn a_write_delivered_after_the_revocation_does_not_land() {
     let t = TcpTransport::connect(&[peer]).unwrap();
     assert_eq!(t.blades().len(), 1);
 }
+
+/// A tag frame that names a revoked owner, and a WRITE batch sent behind it
+/// in the same send: both are answered as fenced, the WRITE does not land,
+/// and the connection closes.
+#[test]
+fn frames_behind_a_refused_tag_in_the_same_send_do_not_run() {
+    let region = Arc::new(Region::anonymous(1 << 20).unwrap());
+    let blade = BladeServer::bind("127.0.0.1:0", region.clone()).unwrap().spawn().unwrap();
+    let peer = blade.addr().to_string();
+    revoke(&peer, 91).unwrap();
+    let (mut s, info) = handshake(&peer, wire::PROTOCOL_VERSION).unwrap();
+    let at = 1u64 << 19;
+    let mut f = Vec::new();
+    Header { len: wire::TAG_LEN as u32, kind: wire::KIND_TAG, count: 0, wr_id: 1 }.put(&mut f);
+    f.extend_from_slice(&91u64.to_le_bytes());
+    let d = WrDesc { op: Opcode::Write as u8, rkey: info.rkey, remote: at, len: 8, compare_add: 0, swap: 0 };
+    Header { len: (wire::WR_DESC_LEN + 8) as u32, kind: wire::KIND_BATCH, count: 1, wr_id: 2 }.put(&mut f);
+    d.put(&mut f);
+    f.extend_from_slice(&0xbad_u64.to_le_bytes());
+    s.write_all(&f).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for wr_id in [1, 2] {
+        let mut h = [0u8; wire::HEADER_LEN];
+        s.read_exact(&mut h).unwrap();
+        let h = Header::get(&h);
+        assert_eq!((h.wr_id, h.kind), (wr_id, WcStatus::Fenced as u8), "frame {wr_id} is refused");
+    }
+    let mut rest = [0u8; 8];
+    assert!(matches!(s.read(&mut rest), Ok(0) | Err(_)), "and the connection closes");
+    let mut v = [0u8; 8];
+    region.read(at, &mut v).unwrap();
+    assert_eq!(u64::from_le_bytes(v), 0, "the WRITE behind the refused tag did not land");
+}
