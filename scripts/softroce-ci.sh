@@ -46,8 +46,10 @@ cmds=(
   'with-blade --size 256MiB -- compute-blade ycsb --blades {blade} --transport verbs --device rxe0 --app race --workload a --keys 20000 --capacity 1000 --verify --threads 2 --coroutines 8 --duration 3 --warmup 0.2 --quiet --json $OUT/ycsb.json'
   # 11: the memory blade is SIGKILLed mid-run
   'blade-dies'
-  # 12-13: FORD transactions, audited (one blade: one replica)
-  'with-blade --size 256MiB -- compute-blade smallbank --blades {blade} --transport verbs --device rxe0 --replicas 1 --accounts 5000 --hot 200 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/smallbank.json'
+  # 12-13: FORD transactions, audited (one blade: one replica); SmallBank
+  # on a blade with the cluster secret (every QP request and revocation
+  # proves it)
+  'compute-blade secret /tmp/cluster.secret && with-blade --size 256MiB --secret-file /tmp/cluster.secret -- compute-blade smallbank --blades {blade} --secret-file /tmp/cluster.secret --transport verbs --device rxe0 --replicas 1 --accounts 5000 --hot 200 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/smallbank.json'
   'with-blade --size 256MiB -- compute-blade tatp --blades {blade} --transport verbs --device rxe0 --replicas 1 --subscribers 5000 --audit --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --quiet --json $OUT/tatp.json'
   # 14: YCSB e over the B+tree, scans verified, speculation on
   'with-blade --size 256MiB -- compute-blade ycsb --blades {blade} --transport verbs --device rxe0 --app sherman --workload e --keys 20000 --verify --threads 2 --coroutines 8 --duration 1 --warmup 0.2 --smart all --quiet --json $OUT/btree.json'

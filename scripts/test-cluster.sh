@@ -55,6 +55,9 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# Every blade and compute blade of the test proves this secret (a blade
+# without it would serve anyone; one with another refuses).
+"$bin/compute-blade" secret "$work/cluster.secret" >/dev/null
 
 # free_port: a port nothing is bound to, below the kernel's ephemeral range.
 # The blades of this test bind the same two ports scenario after scenario;
@@ -150,6 +153,7 @@ ssh_port = $port
 ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-i", "$work/client_key"]
 workdir = "$PWD"
 bin = "$bin"
+secret_file = "$work/cluster.secret"
 EOF
     blades_and_computes 127.0.0.1 1
   } >"$work/cluster.toml"
@@ -166,6 +170,7 @@ transport = "tcp"
 launch = "srun"
 workdir = "$PWD"
 bin = "$bin"
+secret_file = "$work/cluster.secret"
 EOF
     blades_and_computes "$node" "$2"
   } >"$1"

@@ -78,6 +78,12 @@ pub struct MemoryCli {
     /// out); part of a frame left unsent for 10 s closes it too.
     #[arg(long, default_value_t = 60.0)]
     pub idle_timeout: f64,
+    /// The cluster secret (a file `compute-blade secret` wrote): serve only
+    /// clients that prove they hold it, and take revocations only from
+    /// them. Without it, anyone who reaches the port may read, write and
+    /// revoke (a warning says so).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
     /// How compute blades reach the region.
     #[command(flatten)]
     pub link: LinkFlags,
@@ -125,6 +131,16 @@ pub enum Cmd {
     /// limits, atomics, thread domains, locked memory, huge pages (fails if
     /// no device, or not the one named, has an active port).
     VerbsInfo(VerbsInfoArgs),
+    /// Write a new cluster secret to a file (readable by its owner only;
+    /// never overwrites one), for --secret-file on every blade.
+    Secret(SecretArgs),
+}
+
+/// `compute-blade secret`.
+#[derive(Args, Debug)]
+pub struct SecretArgs {
+    /// The file to create.
+    pub file: PathBuf,
 }
 
 /// `compute-blade verbs-info`.
@@ -245,6 +261,10 @@ pub struct BladeArgs {
     /// with a time-out naming the blade (0: wait forever).
     #[arg(long, default_value_t = 10.0, help_heading = "Memory blades")]
     pub request_timeout: f64,
+    /// The cluster secret (a file `compute-blade secret` wrote), proved to
+    /// the --blades that run with --secret-file (they serve no one else).
+    #[arg(long, help_heading = "Memory blades")]
+    pub secret_file: Option<PathBuf>,
     /// Write the result record (JSON) to this file.
     #[arg(long, help_heading = "Output")]
     pub json: Option<PathBuf>,

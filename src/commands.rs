@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use ford_dtx::recovery::Which;
 use ford_dtx::Abort;
 use race_ht::RaceHt;
@@ -355,7 +355,8 @@ fn dtx_on<W: Workload + Clone + 'static>(
     let rate = |n: u64| per(n, attempted);
     let wrs = rep.run.verbs.wrs;
     let audited = if job.audit && !rep.run.interrupted && rep.run.first_error.is_none() {
-        Some(smallbank_tatp::workload::audit_waiting(&*t, &s.run, &job.cfg.db, smallbank, job.audit_wait)?)
+        let audit = smallbank_tatp::workload::audit_waiting(&*t, &s.run, &job.cfg.db, smallbank, job.audit_wait);
+        Some(audit.with_context(|| format!("auditing {:?} after the timed run", job.cfg.db))?)
     } else {
         None
     };

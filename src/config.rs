@@ -70,6 +70,8 @@ pub enum Blades {
         addrs: Vec<String>,
         /// How to reach them.
         link: Link,
+        /// The file of the cluster secret to prove to them, if any.
+        secret_file: Option<PathBuf>,
     },
 }
 
@@ -86,26 +88,45 @@ impl Blades {
             Blades::Simulated(cfg) => {
                 Arc::new(smart_sim::SimTransport::new((**cfg).clone()).context("building the simulated cluster")?)
             }
-            Blades::Remote { addrs, link: Link::Tcp } => {
-                Arc::new(TcpTransport::connect(addrs).context("connecting to the memory blades")?)
+            Blades::Remote { addrs, link: Link::Tcp, secret_file } => {
+                let secret = load_secret(secret_file.as_deref())?;
+                Arc::new(TcpTransport::connect_with(addrs, secret).context("connecting to the memory blades")?)
             }
             Blades::Remote { link: Link::Sim, .. } => bail!("--transport sim simulates its own blades: no --blades"),
-            Blades::Remote { addrs, link: Link::Verbs { device, gid_index } } => {
-                verbs_transport(addrs, device.clone(), *gid_index)?
+            Blades::Remote { addrs, link: Link::Verbs { device, gid_index }, secret_file } => {
+                verbs_transport(addrs, device.clone(), *gid_index, load_secret(secret_file.as_deref())?)?
             }
         })
     }
 }
 
+/// The secret in the file at `path` (`--secret-file`), if one is named.
+///
+/// # Errors
+/// The file cannot be read, is readable by others, or holds no secret.
+pub fn load_secret(path: Option<&std::path::Path>) -> Result<Option<smart_core::secret::Secret>> {
+    path.map(|p| smart_core::secret::Secret::load(p).map_err(anyhow::Error::msg)).transpose()
+}
+
 #[cfg(feature = "verbs")]
-fn verbs_transport(addrs: &[String], device: Option<String>, gid_index: Option<u32>) -> Result<Arc<dyn Transport>> {
+fn verbs_transport(
+    addrs: &[String],
+    device: Option<String>,
+    gid_index: Option<u32>,
+    secret: Option<smart_core::secret::Secret>,
+) -> Result<Arc<dyn Transport>> {
     use smart_core::backend::verbs::{VerbsConfig, VerbsTransport};
     let cfg = VerbsConfig { device, gid_index };
-    Ok(Arc::new(VerbsTransport::connect(addrs, &cfg).context("connecting over RDMA verbs")?))
+    Ok(Arc::new(VerbsTransport::connect_with(addrs, &cfg, secret).context("connecting over RDMA verbs")?))
 }
 
 #[cfg(not(feature = "verbs"))]
-fn verbs_transport(_: &[String], _: Option<String>, _: Option<u32>) -> Result<Arc<dyn Transport>> {
+fn verbs_transport(
+    _: &[String],
+    _: Option<String>,
+    _: Option<u32>,
+    _: Option<smart_core::secret::Secret>,
+) -> Result<Arc<dyn Transport>> {
     bail!("{}", smart_core::backend::verbs::NOT_BUILT)
 }
 
@@ -300,6 +321,7 @@ impl Config {
             Cmd::VerbsInfo(_) => {
                 bail!("verbs-info looks at this host and needs no blades (run it as a command of its own)")
             }
+            Cmd::Secret(_) => bail!("secret writes a file and needs no blades (run it as a command of its own)"),
         }
     }
 }
@@ -550,8 +572,13 @@ impl Session {
                 bail!("--blade-size and --embedded-blades apply to embedded blades only, not with --blades");
             }
             check_blades(&c.target.blades)?;
-            Blades::Remote { addrs: c.target.blades.iter().map(|a| a.trim().to_string()).collect(), link }
+            load_secret(c.target.secret_file.as_deref())?;
+            let addrs = c.target.blades.iter().map(|a| a.trim().to_string()).collect();
+            Blades::Remote { addrs, link, secret_file: c.target.secret_file.clone() }
         };
+        if c.target.secret_file.is_some() && !matches!(blades, Blades::Remote { .. }) {
+            bail!("--secret-file applies to --blades (memory-blade processes) only");
+        }
         if let Some(p) = &c.target.json {
             check_json(p)?;
         }

@@ -159,7 +159,7 @@ pub fn merged(parts: impl IntoIterator<Item = Value>) -> Value {
 pub fn finish(s: &Session, rec: &Value, r: &RunReport) -> Result<()> {
     println!("{}", r.summary_line());
     if let Some(e) = &r.first_error {
-        eprintln!("compute-blade: {} coroutine(s) failed; first: {e}", r.errors);
+        eprintln!("compute-blade: during the timed run, {} coroutine(s) failed; first: {e}", r.errors);
     }
     write(s, rec)
 }

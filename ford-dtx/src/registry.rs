@@ -238,8 +238,13 @@ pub struct Registration {
 
 /// What renews a registration's lease.
 enum Heartbeat {
-    /// A thread of this process.
-    Thread(JoinHandle<std::result::Result<(), String>>),
+    /// A thread of this process, renewing the word at `at`, and the
+    /// transport's silent blades (if it keeps track).
+    Thread {
+        thread: JoinHandle<std::result::Result<(), String>>,
+        at: GlobalAddr,
+        silence: Option<Arc<smart_core::backend::Silence>>,
+    },
     /// A simulated thread of the simulation behind `transport`.
     Simulated {
         transport: Arc<dyn Transport>,
@@ -252,7 +257,7 @@ enum Heartbeat {
 impl std::fmt::Debug for Heartbeat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Heartbeat::Thread(_) => f.write_str("Heartbeat::Thread"),
+            Heartbeat::Thread { .. } => f.write_str("Heartbeat::Thread"),
             Heartbeat::Simulated { id, .. } => write!(f, "Heartbeat::Simulated({id})"),
         }
     }
@@ -345,6 +350,7 @@ impl Registration {
             let id = sim.spawn_background(0, cfg, task)?;
             Heartbeat::Simulated { transport: transport.clone(), id, failed }
         } else {
+            let silence = transport.silence();
             let (st, lo, mut expires) = (stop.clone(), lost.clone(), expires);
             let thread = std::thread::Builder::new()
                 .name(format!("lease-{}", info.slot))
@@ -377,7 +383,7 @@ impl Registration {
                     Ok(())
                 })
                 .map_err(|e| DtxError::Config(format!("starting the lease thread: {e}")))?;
-            Heartbeat::Thread(thread)
+            Heartbeat::Thread { thread, at, silence }
         };
         let prints = Arc::new(crate::cache::Prints::new(&db));
         Ok(Registration { db, info, threads, coroutines, stop, lost, heartbeat: Some(heartbeat), prints })
@@ -425,7 +431,18 @@ impl Registration {
     fn stop_heartbeat(&mut self) -> std::result::Result<(), String> {
         self.stop.store(true, Ordering::Relaxed);
         match self.heartbeat.take() {
-            Some(Heartbeat::Thread(t)) => t.join().unwrap_or_else(|_| Err("the lease thread panicked".into())),
+            Some(Heartbeat::Thread { thread, at, silence }) => {
+                // A renewal in flight to a blade found silent can only time
+                // out: the thread is left to it (it ends then), not waited
+                // for.
+                while !thread.is_finished() {
+                    if let Some(Err(e)) = silence.as_ref().map(|s| s.check(at.blade())) {
+                        return Err(format!("its renewal waits for a blade that stopped answering: {e}"));
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                thread.join().unwrap_or_else(|_| Err("the lease thread panicked".into()))
+            }
             Some(Heartbeat::Simulated { transport, id, failed }) => {
                 if let Some(sim) = transport.simulation() {
                     sim.stop_background(id);

@@ -269,9 +269,19 @@ impl RaceHt {
         let (depth, array, _) = layout::unpack_dir(dir_word);
         let (groups, epoch) = (word(&head, 16), word(&head, layout::SPLITS_WORD as usize));
         crate::drop::check_magic(word(&head, 0), table)?;
-        if depth > layout::MAX_DEPTH || groups == 0 || array.is_null() {
-            return Err(RaceError::Corrupt(format!("at {table}: bad table header")));
+        if depth > layout::MAX_DEPTH || groups == 0 || groups > layout::MAX_GROUPS || array.is_null() {
+            return Err(RaceError::Corrupt(format!(
+                "at {table}: bad table header (depth {depth}, {groups} groups, directory at {array})"
+            )));
         }
+        // The header and the directory are remote memory any client can
+        // write: every address they hold must lie whole in a blade's heap
+        // before anything is read or written there.
+        let place = |what: String, at: GlobalAddr, len: u64| {
+            smart_core::layout::check_heap_place(ctx.blades(), at, len)
+                .map_err(|why| RaceError::Corrupt(format!("at {table}: {what} holds {at}, which {why}")))
+        };
+        place("the header's directory pointer".into(), array, 8 << depth)?;
         let mut raw = vec![0u8; 8 << depth];
         ctx.read_all(array, &mut raw).await?;
         let mut entries = Vec::with_capacity(1 << depth);
@@ -280,6 +290,7 @@ impl RaceHt {
             if ld > depth || at.is_null() {
                 return Err(RaceError::Corrupt(format!("at {table}: directory entry {i} is ({ld}, {at})")));
             }
+            place(format!("directory entry {i}"), at, layout::subtable_bytes(groups))?;
             entries.push((ld, at));
         }
         Ok(Directory { depth, groups, array, dir_word, entries, epoch, version: 0, checked: 0, lapses: 0 })
@@ -409,5 +420,42 @@ mod tests {
         assert!(w.look(&ctx) >= Duration::from_millis(60), "looks closer than the gap accumulate");
         std::thread::sleep(super::WATCH_GAP + Duration::from_millis(50));
         assert!(w.look(&ctx) < Duration::from_millis(10), "a gap longer than WATCH_GAP restarts the clock");
+    }
+
+    /// The table header and directory are remote memory any client can
+    /// write: a directory entry or directory pointer that leads into the
+    /// superblock (or past the blade) makes opening the table fail, naming
+    /// it, before anything is read or written there.
+    #[test]
+    fn a_directory_that_leads_out_of_the_heap_is_refused_by_name() {
+        use crate::layout;
+        use crate::{RaceConfig, RaceHt};
+        use smart_core::GlobalAddr;
+
+        let t = smart_core::EmbeddedTransport::new(1, 16 << 20).unwrap();
+        let mut rt = smart_core::Runtime::new(&t, 0, smart_core::RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            let ht = RaceHt::create(&ctx, "dir", RaceConfig::for_keys(1000)).await.unwrap();
+            let table = ht.table;
+            let dir_word = ctx.read_u64(table.add(layout::DIR_WORD)).await.unwrap();
+            let (depth, array, _) = layout::unpack_dir(dir_word);
+            let entry = ctx.read_u64(array).await.unwrap();
+            let (ld, _) = layout::unpack_entry(entry);
+            // Entry 0 into the superblock.
+            ctx.write(array, &layout::pack_entry(ld, GlobalAddr::new(0, 16)).to_le_bytes()).await.unwrap();
+            let err = RaceHt::open(&ctx, "dir").await.expect_err("refused");
+            assert!(
+                err.to_string().contains("directory entry 0 holds") && err.to_string().contains("below the heap"),
+                "{err}"
+            );
+            ctx.write(array, &entry.to_le_bytes()).await.unwrap();
+            assert!(RaceHt::open(&ctx, "dir").await.is_ok());
+            // The directory pointer into the superblock.
+            let far = layout::pack_dir(depth, GlobalAddr::new(0, 64), 0);
+            ctx.write(table.add(layout::DIR_WORD), &far.to_le_bytes()).await.unwrap();
+            let err = RaceHt::open(&ctx, "dir").await.expect_err("refused");
+            assert!(err.to_string().contains("directory pointer"), "{err}");
+        });
     }
 }

@@ -133,6 +133,7 @@ class Cluster:
     memory: list[MemoryBlade]
     compute: list[ComputeHost]
     transport: str
+    secret_file: str = ""  # the cluster secret, on every host at this path (--secret-file)
 
     def max_threads(self) -> int:
         return min(c.threads for c in self.compute)
@@ -161,7 +162,7 @@ def _host(d: dict, defaults: dict, where: str) -> Host:
 HOST_KEYS = {"host", "launch", "ssh", "ssh_port", "ssh_options", "workdir", "bin"}
 MEMORY_KEYS = HOST_KEYS | {"port", "size", "backing_file", "durable", "listen", "address", "device", "gid_index"}
 COMPUTE_KEYS = HOST_KEYS | {"threads", "oversubscribe"}
-DEFAULTS_KEYS = (HOST_KEYS - {"host"}) | {"transport", "device", "gid_index", "oversubscribe"}
+DEFAULTS_KEYS = (HOST_KEYS - {"host"}) | {"transport", "device", "gid_index", "oversubscribe", "secret_file"}
 
 
 def _known(table: dict, keys: set[str], where: str) -> None:
@@ -222,7 +223,10 @@ def load_cluster(path: str | Path | None) -> Cluster:
         if not isinstance(over, bool):
             raise LaunchError(f"{where}: oversubscribe is true or false, not {over!r}")
         comp.append(ComputeHost(_host(c, defaults, where), threads, over))
-    return Cluster(p, hashlib.sha256(raw).hexdigest(), mem, comp, transport)
+    secret = defaults.get("secret_file", "")
+    if not isinstance(secret, str):
+        raise LaunchError(f"{p}: secret_file is a path, not {secret!r}")
+    return Cluster(p, hashlib.sha256(raw).hexdigest(), mem, comp, transport, secret)
 
 
 class Proc:
@@ -346,6 +350,8 @@ class Launcher:
     def link_flags(self) -> list[str]:
         c = self.cluster
         a = ["--transport", c.transport]
+        if c.secret_file:
+            a += ["--secret-file", c.secret_file]
         m = c.memory[0]
         if c.transport == "verbs":
             if m.device:

@@ -89,6 +89,18 @@ class ClusterFile(unittest.TestCase):
         self.assertEqual(first[-3:], ["--backing-file", "/data/b.img", "--durable"])
         self.assertNotIn("--durable", second)
 
+    def test_a_cluster_secret_goes_to_every_blade_and_compute_blade(self):
+        c = load_cluster(cluster_file('[defaults]\nsecret_file = "/etc/smart/cluster.secret"\n[[memory_blade]]\n'))
+        with tempfile.TemporaryDirectory() as logs, Launcher(c, Path(logs)) as launcher:
+            blade = launcher.memory_argv(c.memory[0], "127.0.0.1:0")
+            link = launcher.link_flags()
+        for argv in (blade, link):
+            self.assertEqual(argv[argv.index("--secret-file") + 1], "/etc/smart/cluster.secret")
+        with tempfile.TemporaryDirectory() as logs, Launcher(load_cluster(None), Path(logs)) as launcher:
+            self.assertNotIn("--secret-file", launcher.link_flags())
+        with self.assertRaisesRegex(LaunchError, "secret_file is a path"):
+            load_cluster(cluster_file('[defaults]\nsecret_file = 1\n[[memory_blade]]\n'))
+
     def test_compute_blades_reach_a_blade_where_it_listens(self):
         text = ('[defaults]\nworkdir = "/w"\n'
                 '[[memory_blade]]\nhost = "node1"\nport = 7000\n'

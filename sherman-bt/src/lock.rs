@@ -257,6 +257,7 @@ impl ShermanBt {
     /// Takes the global word of page `at` (CAS to `tag`) and reads the page;
     /// returns when the tag was written (before the CAS was posted).
     async fn acquire(&mut self, at: GlobalAddr, word: GlobalAddr, tag: u64, op: &mut OpGuard<'_>) -> Result<u64> {
+        crate::read::check_link(&self.ctx, at)?;
         let mut expect = 0;
         let mut seen = (0u64, 0u64);
         let mut first = true;

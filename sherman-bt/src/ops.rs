@@ -24,16 +24,24 @@ pub(crate) enum Kind {
 /// What a reader does at a leaf.
 enum AtLeaf<T> {
     Here(T),
-    Right(GlobalAddr),
+    /// To the sibling, which starts at the key given (this page's end).
+    Right(GlobalAddr, u64),
     Restart,
 }
 
-/// Classifies a page reached while looking for `key`'s leaf.
-fn at_leaf<T>(p: PageRef<'_>, key: u64, here: impl FnOnce(PageRef<'_>) -> T) -> AtLeaf<T> {
-    if !p.is_leaf() || p.lowest() > key {
+/// Classifies a page reached while looking for `key`'s leaf, moving right
+/// from a page that ended at `min_low` (0: reached from above). A page
+/// that starts below `min_low` is no right sibling: a link that leads
+/// back (damaged, or written by a hostile client) restarts the reader
+/// instead of sending it round a cycle.
+fn at_leaf<T>(p: PageRef<'_>, key: u64, min_low: u64, here: impl FnOnce(PageRef<'_>) -> T) -> AtLeaf<T> {
+    if !p.is_leaf() || p.lowest() > key || p.lowest() < min_low {
         AtLeaf::Restart
     } else if p.is_right_of(key) {
-        p.sibling().map_or(AtLeaf::Restart, AtLeaf::Right)
+        match (p.sibling(), p.highest()) {
+            (Some(s), Some(h)) => AtLeaf::Right(s, h),
+            _ => AtLeaf::Restart,
+        }
     } else {
         AtLeaf::Here(here(p))
     }
@@ -59,19 +67,20 @@ impl ShermanBt {
             return Ok(Some(v));
         }
         let mut at = self.leaf_for(key).await?;
-        let mut restarts = 0;
+        let (mut restarts, mut min_low) = (0, 0);
         loop {
-            let step = with_page(&self.ctx, &self.local, &self.read, at, |p| at_leaf(p, key, |p| p.find(key))).await?;
+            let step = with_page(&self.ctx, &self.local, &self.read, at, |p| at_leaf(p, key, min_low, |p| p.find(key)))
+                .await?;
             match step {
                 AtLeaf::Here(found) => {
                     self.remember(key, found.map(|(i, _)| (at, i)));
                     return Ok(found.map(|(_, v)| v));
                 }
-                AtLeaf::Right(s) => {
+                AtLeaf::Right(s, high) => {
                     self.moved_right(key);
-                    at = s;
+                    (at, min_low) = (s, high);
                 }
-                AtLeaf::Restart => at = self.restart(key, &mut restarts).await?,
+                AtLeaf::Restart => (at, min_low) = (self.restart(key, &mut restarts).await?, 0),
             }
         }
     }
@@ -160,12 +169,12 @@ impl ShermanBt {
             return Ok(());
         }
         let mut at = self.leaf_for(start).await?;
-        let (mut from, mut first, mut restarts) = (start, true, 0);
+        let (mut from, mut first, mut restarts, mut min_low) = (start, true, 0, 0);
         loop {
             let mut buf = [(0u64, 0u64); ENTRIES];
             let mut n = 0;
             let step = with_page(&self.ctx, &self.local, &self.read, at, |p| {
-                at_leaf(p, from, |p| {
+                at_leaf(p, from, min_low, |p| {
                     for (_, e) in p.live() {
                         if e.key >= from {
                             buf[n] = (e.key, e.value);
@@ -186,14 +195,14 @@ impl ShermanBt {
                     }
                     at = sibling
                         .ok_or_else(|| ShermanError::Corrupt(format!("leaf {at} ends at {high} but has no sibling")))?;
-                    from = high;
+                    (from, min_low) = (high, high);
                     first = false;
                 }
-                AtLeaf::Right(s) => {
+                AtLeaf::Right(s, high) => {
                     self.moved_right(from);
-                    at = s;
+                    (at, min_low) = (s, high);
                 }
-                AtLeaf::Restart if first => at = self.restart(from, &mut restarts).await?,
+                AtLeaf::Restart if first => (at, min_low) = (self.restart(from, &mut restarts).await?, 0),
                 AtLeaf::Restart => {
                     return Err(ShermanError::Corrupt(format!(
                         "the sibling {at} of a leaf ending at {from} does not start there"
@@ -221,25 +230,25 @@ impl ShermanBt {
         let ctx = self.ctx.clone();
         let mut op = ctx.op().await;
         let mut at = self.leaf_for(key).await?;
-        let mut restarts = 0;
+        let (mut restarts, mut min_low) = (0, 0);
         loop {
             let held = self.lock_read(at, &mut op).await?;
-            let step = at_leaf(self.page.view(), key, |p| {
+            let step = at_leaf(self.page.view(), key, min_low, |p| {
                 let found = p.find(key);
                 let free = (0..ENTRIES).find(|&i| !p.entry(i).valid);
                 (found, free)
             });
             let (found, free) = match step {
                 AtLeaf::Here(x) => x,
-                AtLeaf::Right(s) => {
+                AtLeaf::Right(s, high) => {
                     self.unlock(held, false).await?;
                     self.moved_right(key);
-                    at = s;
+                    (at, min_low) = (s, high);
                     continue;
                 }
                 AtLeaf::Restart => {
                     self.unlock(held, false).await?;
-                    at = self.restart(key, &mut restarts).await?;
+                    (at, min_low) = (self.restart(key, &mut restarts).await?, 0);
                     continue;
                 }
             };
@@ -371,16 +380,17 @@ impl ShermanBt {
                 }
             }
             let mut at = self.descend(sep, level).await?;
+            let mut min_low = 0;
             let held = loop {
                 let held = self.lock_read(at, op).await?;
                 let p = self.page.view();
-                if p.level() == level && p.lowest() <= sep {
+                if p.level() == level && p.lowest() <= sep && p.lowest() >= min_low {
                     if !p.is_right_of(sep) {
                         break Some(held);
                     }
-                    if let Some(s) = p.sibling() {
+                    if let (Some(s), Some(h)) = (p.sibling(), p.highest()) {
                         self.unlock(held, false).await?;
-                        at = s;
+                        (at, min_low) = (s, h);
                         continue;
                     }
                 }
@@ -518,6 +528,42 @@ mod tests {
             assert_eq!((shape.depth, keys.len()), (2, 100));
             for k in 0..100 {
                 assert_eq!(a.get_u64(k).await.unwrap(), Some(k));
+            }
+        });
+    }
+
+    /// Page links are remote memory any client can write: a leaf whose
+    /// sibling link leads back to itself, or into the superblock, ends a
+    /// scan with an error naming it, never a cycle or a read of the
+    /// superblock as a page.
+    #[test]
+    fn a_sibling_link_that_leads_back_or_out_of_the_heap_is_an_error() {
+        use crate::layout::{PageBuf, PageRef, PAGE};
+        use crate::ShermanError;
+        use smart_core::GlobalAddr;
+
+        let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
+        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            let (mut a, _) = ShermanBt::open_or_create(&ctx, "links").await.unwrap();
+            for k in 0..200 {
+                a.insert_u64(k, k).await.unwrap();
+            }
+            let first = a.descend(0, 0).await.unwrap();
+            let mut out = Vec::new();
+            a.scan_u64(0, 200, &mut out).await.unwrap();
+            assert_eq!(out.len(), 200);
+            for (link, says) in [(first, "does not start there"), (GlobalAddr::new(0, 16), "below the heap")] {
+                let mut bytes = vec![0u8; PAGE];
+                ctx.read(first, &mut bytes).await.unwrap();
+                let mut page = PageBuf::from_page(PageRef::check(&bytes).unwrap());
+                assert!(page.view().highest().is_some(), "the first leaf has a right sibling");
+                page.set_sibling(Some(link));
+                page.seal_next();
+                ctx.write(first, &page.0[..]).await.unwrap();
+                let err = a.scan_u64(0, 200, &mut out).await.unwrap_err();
+                assert!(matches!(err, ShermanError::Corrupt(_)) && err.to_string().contains(says), "{err}");
             }
         });
     }

@@ -24,6 +24,7 @@ pub(crate) async fn with_page<T>(
     at: GlobalAddr,
     f: impl FnOnce(PageRef<'_>) -> T,
 ) -> Result<T> {
+    check_link(ctx, at)?;
     let mut pause = TORN_PAUSE_NS;
     for _ in 0..TORN_RETRIES {
         let mut b = ctx.batch();
@@ -41,9 +42,20 @@ pub(crate) async fn with_page<T>(
     Err(ShermanError::Torn(at))
 }
 
+/// `Err` unless the page address `at`, read from a page or the root word
+/// (remote memory any client can write), lies whole in a blade's heap.
+///
+/// # Errors
+/// [`ShermanError::Corrupt`] naming the address and what is wrong with it.
+pub(crate) fn check_link(ctx: &Ctx, at: GlobalAddr) -> Result<()> {
+    smart_core::layout::check_heap_place(ctx.blades(), at, PAGE as u64)
+        .map_err(|why| ShermanError::Corrupt(format!("a page link holds {at}, which {why}")))
+}
+
 /// What a descent does at a page.
 enum Step {
-    Right(GlobalAddr),
+    /// To the sibling, which starts at the key given (this page's end).
+    Right(GlobalAddr, u64),
     Down(GlobalAddr),
     Here,
     Restart,
@@ -68,13 +80,19 @@ impl ShermanBt {
                 return Err(ShermanError::Corrupt(format!("the tree has no level {level} (root at level {lvl})")));
             }
             let top = lvl;
+            // Where the page moved right from ended: a right sibling starts
+            // there (a link leading back restarts, never cycles).
+            let mut min_low = 0;
             loop {
                 let local = &self.local;
                 let step = with_page(&self.ctx, local, &self.read, at, |p| {
-                    if p.level() != lvl || p.lowest() > key {
+                    if p.level() != lvl || p.lowest() > key || p.lowest() < min_low {
                         Step::Restart
                     } else if p.is_right_of(key) {
-                        p.sibling().map_or(Step::Restart, Step::Right)
+                        match (p.sibling(), p.highest()) {
+                            (Some(s), Some(h)) => Step::Right(s, h),
+                            _ => Step::Restart,
+                        }
                     } else if lvl == level {
                         Step::Here
                     } else {
@@ -88,10 +106,11 @@ impl ShermanBt {
                 match step {
                     Step::Here => return Ok(at),
                     Step::Down(c) => {
-                        at = c;
+                        (at, min_low) = (c, 0);
                         lvl -= 1;
                     }
-                    Step::Right(s) => {
+                    Step::Right(s, high) => {
+                        min_low = high;
                         self.local.borrow_mut().stats.sibling_hops += 1;
                         if lvl == top {
                             // The root split: a higher root will do better.

@@ -1066,3 +1066,44 @@ mod tests {
         assert!(e.to_string().contains("thread 0 cannot open"), "{e}");
     }
 }
+
+/// An error and the phase of a benchmark it happened in (set-up, load,
+/// timed run, read-back), so that a failure says where it stopped.
+#[derive(Debug)]
+pub struct InPhase {
+    /// What the benchmark was doing, e.g. "setting up".
+    pub phase: String,
+    /// The error.
+    pub source: Error,
+}
+
+impl InPhase {
+    /// Names `phase` for errors of `r`.
+    ///
+    /// # Errors
+    /// `r`'s, in `phase`.
+    pub fn of<T>(phase: impl FnOnce() -> String, r: Result<T>) -> std::result::Result<T, InPhase> {
+        r.map_err(|source| InPhase { phase: phase(), source })
+    }
+}
+
+impl std::fmt::Display for InPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.phase)
+    }
+}
+
+impl std::error::Error for InPhase {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// The phase after a timed run, naming the run's first error if it had
+/// one (which a later failure usually follows from).
+pub fn after_run(what: &str, run: &RunReport) -> String {
+    match &run.first_error {
+        Some(e) => format!("{what} after the timed run, whose first error was \"{e}\""),
+        None => format!("{what} after the timed run"),
+    }
+}

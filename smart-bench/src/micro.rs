@@ -32,7 +32,7 @@ use smart_core::verbs::Opcode;
 use smart_core::{Error, GlobalAddr, Result};
 
 use crate::below;
-use crate::harness::{self, RunConfig, RunReport, Tally};
+use crate::harness::{self, InPhase, RunConfig, RunReport, Tally};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,39 +191,48 @@ async fn own_counter(ctx: smart_core::Ctx) -> Result<GlobalAddr> {
     Ok(counter)
 }
 
+/// A configuration that cannot run.
+fn unusable(source: Error) -> InPhase {
+    InPhase { phase: "checking the configuration".into(), source }
+}
+
 /// Runs the micro-benchmark.
 ///
 /// # Errors
-/// Bad parameters, allocation or connection failures.
-pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Result<MicroReport> {
+/// Bad parameters, allocation or connection failures, in the phase they
+/// happened in.
+pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Result<MicroReport, InPhase> {
     let size = if m.op.is_atomic() { 8 } else { m.size };
     if size == 0 {
-        return Err(Error::Unsupported("a READ or WRITE must move at least 1 byte".into()));
+        return Err(unusable(Error::Unsupported("a READ or WRITE must move at least 1 byte".into())));
     }
     if m.batch == 0 || m.batch > MAX_BATCH {
-        return Err(Error::Unsupported(format!("a batch holds 1 to {MAX_BATCH} WRs, not {}", m.batch)));
+        return Err(unusable(Error::Unsupported(format!("a batch holds 1 to {MAX_BATCH} WRs, not {}", m.batch))));
     }
     if m.contended && m.op == Opcode::Cas && m.batch != 1 {
-        return Err(Error::Unsupported("a contended CAS-increment is one CAS at a time: a batch of 1".into()));
+        return Err(unusable(Error::Unsupported(
+            "a contended CAS-increment is one CAS at a time: a batch of 1".into(),
+        )));
     }
     if u64::from(size) * m.batch as u64 > cfg.runtime.slot_bytes as u64 {
-        return Err(Error::Unsupported(format!(
+        return Err(unusable(Error::Unsupported(format!(
             "{} WRs of {size} bytes exceed the {} local bytes of a slot",
             m.batch, cfg.runtime.slot_bytes
-        )));
+        ))));
     }
     let stride = u64::from(size).next_multiple_of(8);
     if m.area < stride {
-        return Err(Error::Unsupported("the area must hold at least one WR".into()));
+        return Err(unusable(Error::Unsupported("the area must hold at least one WR".into())));
     }
     // Set up on the driving thread: an area per blade, and a counter of
     // this run's own, zeroed.
     let nblades = transport.blades().len();
-    let mut setup = Runtime::new(transport, 0, cfg.runtime.clone())?;
+    let setting_up = || "setting up".to_string();
+    let mut setup = InPhase::of(setting_up, Runtime::new(transport, 0, cfg.runtime.clone()))?;
     let ctx = setup.ctx();
-    let counter = setup.block_on(own_counter(ctx.clone()))?;
+    let counter = InPhase::of(setting_up, setup.block_on(own_counter(ctx.clone())))?;
     let area = m.area;
-    let areas: Vec<GlobalAddr> = setup.block_on(async move {
+    let areas = setup.block_on(async move {
         let mut v = Vec::with_capacity(nblades);
         for b in 0..nblades as u16 {
             ctx.check_blade(b).await?;
@@ -240,7 +249,8 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
             v.push(a);
         }
         Ok::<_, Error>(v)
-    })?;
+    });
+    let areas: Vec<GlobalAddr> = InPhase::of(setting_up, areas)?;
     let slots = m.area / stride;
     let increments = Arc::new(AtomicU64::new(0));
     let m = *m;
@@ -361,10 +371,18 @@ pub fn run(transport: &dyn Transport, cfg: &RunConfig, m: &MicroConfig) -> Resul
             }
             Ok(())
         }
-    })?;
-    let ctx = setup.ctx();
-    let final_counter = setup.block_on(async move { ctx.read_u64(counter).await })?;
+    });
+    let run = InPhase::of(|| "during the timed run".into(), run)?;
     let checked = m.contended && m.op.is_atomic();
+    // Read back only when it is checked (a blade that stopped answering
+    // then adds no wait to the run's error).
+    let ctx = setup.ctx();
+    let final_counter = if checked {
+        let read = setup.block_on(async move { ctx.read_u64(counter).await });
+        InPhase::of(|| harness::after_run("reading the shared counter", &run), read)?
+    } else {
+        0
+    };
     let increments = increments.load(Ordering::Relaxed);
     let violations = u64::from(checked && final_counter != increments);
     Ok(MicroReport { run, increments, counter: if checked { final_counter } else { 0 }, violations })

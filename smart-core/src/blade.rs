@@ -44,9 +44,15 @@
 //! malformed, truncated or oversized frame, or a failed handshake, closes
 //! only that connection, with the reason on stderr; the blade keeps serving.
 //!
-//! Fencing: a connection may name its owner (a tag frame), and any client
+//! Fencing: a connection may name its owner (a tag frame), and a client
 //! may revoke an owner; the blade then runs none of that owner's requests
 //! any more (see [`crate::fence`]).
+//!
+//! Authentication: a blade given the cluster secret
+//! ([`BladeServer::with_secret`]) runs nothing for a connection before it
+//! proved it holds the secret, and takes tag and revoke frames only with a
+//! proof (see [`crate::secret`]); without a secret, anyone who reaches the
+//! port may do anything.
 
 use std::collections::HashMap;
 use std::io::{self, ErrorKind, Read, Write};
@@ -59,6 +65,7 @@ use std::time::{Duration, Instant};
 use crate::fence::{ConnFence, Fences, Revocable};
 use crate::layout;
 use crate::region::{NoPause, Region};
+use crate::secret::Secret;
 use crate::verbs::{Opcode, WcStatus};
 use crate::wire::conn::{self, BladeVerbsInfo, QpEndpoint};
 use crate::wire::{self, Header, Welcome, WrDesc, HEADER_LEN, MAX_FRAME, WR_DESC_LEN};
@@ -149,6 +156,10 @@ pub struct BladeServer {
     durable: bool,
     fences: Arc<Fences>,
     budget: Arc<Budget>,
+    secret: Option<Arc<Secret>>,
+    /// The region's identity as the blade started (what proofs are bound
+    /// to; a client WRITE of the superblock does not change it).
+    identity: u64,
 }
 
 /// A blade server running on a background thread; stops when dropped, and
@@ -192,6 +203,7 @@ impl BladeServer {
     /// If binding fails or the region holds an incompatible superblock.
     pub fn bind(addr: &str, region: Arc<Region>) -> io::Result<BladeServer> {
         layout::format_or_check(&region).map_err(io::Error::other)?;
+        let identity = region.load_u64(layout::OFF_IDENTITY).map_err(io::Error::other)?;
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         Ok(BladeServer {
@@ -204,6 +216,8 @@ impl BladeServer {
             max_per_peer: None,
             peers: Arc::default(),
             budget: Arc::new(Budget { used: AtomicUsize::new(0), limit: DEFAULT_RESPONSE_MEMORY }),
+            secret: None,
+            identity,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
             live: Arc::new(AtomicUsize::new(0)),
@@ -216,6 +230,13 @@ impl BladeServer {
     /// refused with [`wire::STATUS_FULL`] in its welcome.
     pub fn with_max_connections(mut self, n: usize) -> Self {
         self.max_connections = n.max(1);
+        self
+    }
+
+    /// Serves only clients that prove they hold `secret` (see
+    /// [`crate::secret`]).
+    pub fn with_secret(mut self, secret: Secret) -> Self {
+        self.secret = Some(Arc::new(secret));
         self
     }
 
@@ -361,13 +382,14 @@ impl BladeServer {
                     let (live, deadline, durable) = (self.live.clone(), self.handshake_timeout, self.durable);
                     let idle_timeout = self.idle_timeout;
                     let (fences, budget) = (self.fences.clone(), self.budget.clone());
+                    let (secret, identity) = (self.secret.clone(), self.identity);
                     live.fetch_add(1, Ordering::Relaxed);
                     let spawned = std::thread::Builder::new().name(format!("blade-{peer}")).spawn(move || {
                         // Declared first, dropped last: the connection counts
                         // itself out only after it let the region go.
                         let _live = LiveGuard(&live);
                         let _from_peer = from_peer;
-                        let (region, verbs, fences, budget) = (region, verbs, fences, budget);
+                        let (region, verbs, fences, budget, secret) = (region, verbs, fences, budget, secret);
                         let how = Serving {
                             rkey,
                             verbs: verbs.as_deref(),
@@ -376,6 +398,8 @@ impl BladeServer {
                             durable,
                             fences: &fences,
                             budget: &budget,
+                            secret: secret.as_deref(),
+                            identity,
                         };
                         if let Err(reason) = serve_conn(stream, &region, &stop, how) {
                             eprintln!("memory-blade: closing connection from {peer}: {reason}");
@@ -458,7 +482,8 @@ impl Drop for PeerGuard {
 fn refuse_full(mut s: TcpStream) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
-    let welcome = Welcome { version: wire::PROTOCOL_VERSION, status: wire::STATUS_FULL, size: 0, rkey: 0 };
+    let welcome =
+        Welcome { version: wire::PROTOCOL_VERSION, status: wire::STATUS_FULL, size: 0, rkey: 0, flags: 0, identity: 0 };
     let _ = s.write_all(&welcome.encode());
 }
 
@@ -491,11 +516,13 @@ struct Serving<'v> {
     durable: bool,
     fences: &'v Fences,
     budget: &'v Budget,
+    secret: Option<&'v Secret>,
+    identity: u64,
 }
 
 /// Serves one connection; `Err` carries the reason for closing it early.
 fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving<'_>) -> Result<(), String> {
-    let Serving { rkey, verbs, handshake_timeout, idle_timeout, durable, fences, budget } = how;
+    let Serving { rkey, verbs, handshake_timeout, idle_timeout, durable, fences, budget, secret, identity } = how;
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut hello = [0u8; wire::HELLO_LEN];
@@ -512,14 +539,15 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
         (true, Some(v)) => v.info().rkey,
         _ => rkey,
     };
-    let welcome = Welcome { version: wire::PROTOCOL_VERSION, status, size: region.len(), rkey: key };
+    let flags = if secret.is_some() { wire::WELCOME_SECRET } else { 0 };
+    let welcome = Welcome { version: wire::PROTOCOL_VERSION, status, size: region.len(), rkey: key, flags, identity };
     s.write_all(&welcome.encode()).map_err(|e| format!("handshake: {e}"))?;
     if !ok {
         return Err(format!("client speaks protocol version {version}, this blade speaks {}", wire::PROTOCOL_VERSION));
     }
     if wants_verbs {
         return match verbs {
-            Some(v) => serve_verbs_control(s, v, stop, fences),
+            Some(v) => serve_verbs_control(s, v, stop, fences, secret.map(|k| (k, identity))),
             None => Err("client asked for RDMA verbs; this blade serves TCP only (--transport tcp)".into()),
         };
     }
@@ -542,7 +570,9 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
         wrote: false,
         fences,
         fence: &fence,
-        refused: false,
+        refused: None,
+        secret: secret.map(|k| (k, identity)),
+        proven: secret.is_none(),
     };
     let mut buf = vec![0u8; 256 << 10];
     let (mut start, mut end) = (0usize, 0usize);
@@ -614,11 +644,12 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
             }
             conn.frame(h, body)?;
             start += total;
-            if conn.refused {
-                // Its tag was refused: nothing after it runs.
+            if let Some(why) = conn.refused {
+                // Its tag or credentials were refused: nothing after it runs.
                 fence.leave();
                 conn.send(&mut s)?;
-                return Err(fenced(&mut s, &buf[start..end]));
+                fenced(&mut s, &buf[start..end]);
+                return Err(why.into());
             }
             if conn.out.len() >= FLUSH_BYTES {
                 // Send before running more frames: the responses a client
@@ -661,11 +692,7 @@ fn response_bound(h: &Header, body: &[u8]) -> usize {
         for _ in 0..usize::from(h.count).min(wire::MAX_WRS) {
             let Some(desc) = body.get(p..p + WR_DESC_LEN) else { break };
             let d = WrDesc::get(desc);
-            n += match Opcode::from_u8(d.op) {
-                Some(Opcode::Read) => d.len as usize,
-                Some(Opcode::Cas | Opcode::Faa) => 8,
-                _ => 0,
-            };
+            n += d.response_len();
             p += WR_DESC_LEN + d.payload_len();
         }
     }
@@ -691,7 +718,7 @@ fn fenced(s: &mut TcpStream, bytes: &[u8]) -> String {
     }
     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
     let _ = s.write_all(&out);
-    "its owner was revoked (a recovery took that compute blade for dead): its requests are refused".into()
+    REVOKED.into()
 }
 
 /// Hints the CPU to fetch the remote lines of every WR in the complete
@@ -728,6 +755,16 @@ fn complete_frames(mut bytes: &[u8]) -> impl Iterator<Item = (Header, &[u8])> {
     })
 }
 
+/// Answers a QP request that did not prove the secret with the reason
+/// (best effort), and says why its connection closes.
+fn refuse_unproven_qp(s: &mut TcpStream, wr_id: u64) -> String {
+    let mut out = Vec::new();
+    Header { len: UNPROVEN.len() as u32, kind: 1, count: 0, wr_id }.put(&mut out);
+    out.extend_from_slice(UNPROVEN.as_bytes());
+    let _ = s.write_all(&out);
+    UNPROVEN.into()
+}
+
 /// Serves a verbs client's control connection: one QP per request, all
 /// kept until it disconnects, each held by a fence of its own, which a
 /// revocation of the tag it was requested under finds.
@@ -736,6 +773,7 @@ fn serve_verbs_control(
     v: &dyn VerbsAcceptor,
     stop: &AtomicBool,
     fences: &Fences,
+    secret: Option<(&Secret, u64)>,
 ) -> Result<(), String> {
     s.write_all(&v.info().encode()).map_err(|e| format!("sending verbs info: {e}"))?;
     let mut qps: Vec<Arc<ConnFence>> = Vec::new();
@@ -758,11 +796,26 @@ fn serve_verbs_control(
         s.read_exact(&mut hdr[1..]).map_err(|e| format!("reading a QP request: {e}"))?;
         let h = Header::get(&hdr);
         let n = h.len as usize;
-        if h.kind != conn::KIND_QP_CONNECT || (n != conn::QP_ENDPOINT_LEN && n != conn::QP_TAGGED_LEN) {
+        let sizes: &[usize] = match secret {
+            None => &[conn::QP_ENDPOINT_LEN, conn::QP_TAGGED_LEN],
+            Some(_) => &[conn::QP_PROVEN_LEN],
+        };
+        if h.kind != conn::KIND_QP_CONNECT || !sizes.contains(&n) {
+            if secret.is_some() && h.kind == conn::KIND_QP_CONNECT && n <= conn::QP_TAGGED_LEN {
+                return Err(refuse_unproven_qp(&mut s, h.wr_id));
+            }
             return Err(format!("unexpected control frame (kind {}, {} bytes)", h.kind, h.len));
         }
+        let mut request = [0u8; conn::QP_PROVEN_LEN];
+        s.read_exact(&mut request[..n]).map_err(|e| format!("reading a QP request: {e}"))?;
         let mut body = [0u8; conn::QP_TAGGED_LEN];
-        s.read_exact(&mut body[..n]).map_err(|e| format!("reading a QP request: {e}"))?;
+        match secret {
+            None => body[..n].copy_from_slice(&request[..n]),
+            Some((key, identity)) => match key.verify(h.kind, &request[..n], identity) {
+                Some(b) => body.copy_from_slice(b),
+                None => return Err(refuse_unproven_qp(&mut s, h.wr_id)),
+            },
+        }
         let tag = u64::from_le_bytes(body[conn::QP_ENDPOINT_LEN..].try_into().expect("8 bytes"));
         // The QP is accepted inside its fence's barrier: a revocation of its
         // tag either refuses it here or finds it held.
@@ -806,8 +859,14 @@ struct Conn<'r> {
     wrote: bool,
     fences: &'r Fences,
     fence: &'r ConnFence,
-    /// A tag frame named a revoked owner: nothing after it runs.
-    refused: bool,
+    /// Why nothing after the frame just run may run (a tag frame named a
+    /// revoked owner; a frame without the proof the blade requires).
+    refused: Option<&'static str>,
+    /// The secret that proofs must verify with, and this blade's identity.
+    secret: Option<(&'r Secret, u64)>,
+    /// Whether the connection proved it holds the secret (or none is
+    /// required).
+    proven: bool,
 }
 
 impl Drop for Conn<'_> {
@@ -816,7 +875,21 @@ impl Drop for Conn<'_> {
     }
 }
 
+/// Why a connection that named a revoked owner is closed.
+const REVOKED: &str = "its owner was revoked (a recovery took that compute blade for dead): its requests are refused";
+
+/// Why a connection that did not prove the cluster secret is closed.
+const UNPROVEN: &str = "it did not prove it holds the cluster secret (this blade runs with --secret-file): refused";
+
 impl Conn<'_> {
+    /// Answers frame `h` with `status`, and nothing after it runs: the
+    /// connection closes, for `why`.
+    fn refuse(&mut self, h: Header, status: WcStatus, why: &'static str) -> Result<(), String> {
+        Header { len: 0, kind: status as u8, count: 0, wr_id: h.wr_id }.put(&mut self.out);
+        self.refused = Some(why);
+        Ok(())
+    }
+
     /// Makes `out` able to take `need` more bytes without growing past
     /// what the budget gave it: `false` if the budget has no room now.
     fn make_room(&mut self, need: usize) -> bool {
@@ -873,6 +946,9 @@ impl Conn<'_> {
 
     /// Handles one request frame, appending its response to `out`.
     fn frame(&mut self, h: Header, body: &[u8]) -> Result<(), String> {
+        if !self.proven && !matches!(h.kind, wire::KIND_TAG | wire::KIND_REVOKE) {
+            return self.refuse(h, WcStatus::RemoteAccess, UNPROVEN);
+        }
         match h.kind {
             wire::KIND_RESET => {
                 if h.count != 0 || !body.is_empty() {
@@ -884,10 +960,30 @@ impl Conn<'_> {
             }
             wire::KIND_BATCH => self.batch(h, body),
             wire::KIND_TAG | wire::KIND_REVOKE => {
+                let body = match self.secret {
+                    None => body,
+                    Some((key, identity)) => match key.verify(h.kind, body, identity) {
+                        Some(b) => {
+                            self.proven = true;
+                            b
+                        }
+                        None => return self.refuse(h, WcStatus::RemoteAccess, UNPROVEN),
+                    },
+                };
                 let tag = match <[u8; wire::TAG_LEN]>::try_from(body) {
-                    Ok(b) if h.count == 0 && u64::from_le_bytes(b) != 0 => u64::from_le_bytes(b),
+                    // With a proof, a tag frame may name no owner.
+                    Ok(b)
+                        if h.count == 0 && (u64::from_le_bytes(b) != 0 || self.proven && h.kind == wire::KIND_TAG) =>
+                    {
+                        u64::from_le_bytes(b)
+                    }
                     _ => return Err("malformed tag or revoke frame (it carries one non-zero 8-byte tag)".into()),
                 };
+                if tag == 0 {
+                    // Proved the secret, names no owner.
+                    Header { len: 0, kind: 0, count: 0, wr_id: h.wr_id }.put(&mut self.out);
+                    return Ok(());
+                }
                 let kind = if h.kind == wire::KIND_TAG {
                     let had = self.fence.tag();
                     if had != 0 && had != tag {
@@ -896,8 +992,7 @@ impl Conn<'_> {
                     if self.fences.tag(self.fence, tag) {
                         0
                     } else {
-                        self.refused = true;
-                        WcStatus::Fenced as u8
+                        return self.refuse(h, WcStatus::Fenced, REVOKED);
                     }
                 } else {
                     match self.fences.revoke(tag, self.fence) {

@@ -51,6 +51,19 @@ pub enum Error {
         /// How long it had waited, in ms.
         waited_ms: u64,
     },
+    /// A batch or connection to a blade that timed out earlier and has sent
+    /// nothing since: not waited for again (see
+    /// [`Silence`](crate::backend::Silence)).
+    #[error(
+        "memory blade {blade} did not answer a batch within {waited_ms} ms and has sent nothing since (frozen, \
+         overloaded or unreachable; the limit is RuntimeConfig::request_timeout, --request-timeout)"
+    )]
+    Silent {
+        /// The blade.
+        blade: u16,
+        /// How long the batch that found it silent waited, in ms.
+        waited_ms: u64,
+    },
     /// A worker thread panicked (a bug): its run was stopped and every
     /// other thread joined.
     #[error("a worker thread panicked: {0}")]

@@ -56,6 +56,7 @@ mod primitive;
 pub mod reclaim;
 pub mod region;
 pub mod runtime;
+pub mod secret;
 pub mod smart;
 pub mod stats;
 pub mod verbs;

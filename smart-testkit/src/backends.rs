@@ -128,7 +128,7 @@ pub fn all_sized(blades: usize, bytes: u64) -> Vec<Backend> {
 
 /// Real RDMA: `blades` memory blades registered on the device named by
 /// `SMART_RDMA_DEVICE` (GID index from `SMART_RDMA_GID_INDEX`), served on
-/// loopback for connection setup. `None` when the variable is unset.
+/// loopback for connection setup, with a cluster secret. `None` when the variable is unset.
 ///
 /// # Panics
 /// If the device or the loopback set-up fails.
@@ -139,14 +139,17 @@ pub fn verbs(blades: usize) -> Option<Backend> {
     let gid_index =
         std::env::var("SMART_RDMA_GID_INDEX").ok().map(|g| g.parse().expect("SMART_RDMA_GID_INDEX is a number"));
     let cfg = VerbsConfig { device: Some(device), gid_index };
+    // With a cluster secret: every QP request carries its proof.
+    let secret = smart_core::secret::Secret::random();
     let handles: Vec<BladeHandle> = (0..blades)
         .map(|_| {
             let region = Arc::new(Region::anonymous(8 << 20).unwrap());
             let vb = VerbsBlade::open(region.clone(), &cfg).unwrap();
-            BladeServer::bind("127.0.0.1:0", region).unwrap().with_verbs(Arc::new(vb)).spawn().unwrap()
+            let server = BladeServer::bind("127.0.0.1:0", region).unwrap().with_secret(secret.clone());
+            server.with_verbs(Arc::new(vb)).spawn().unwrap()
         })
         .collect();
     let addrs: Vec<String> = handles.iter().map(|h| h.addr().to_string()).collect();
-    let transport = Arc::new(VerbsTransport::connect(&addrs, &cfg).unwrap());
+    let transport = Arc::new(VerbsTransport::connect_with(&addrs, &cfg, Some(secret)).unwrap());
     Some(Backend { name: "verbs", transport, _blades: handles })
 }

@@ -15,7 +15,7 @@ fn main() {
     let cli = ComputeCli::parse();
     smart::report::verbose_errors(cli.verbose);
     let code = match Config::from_cli(&cli) {
-        Err(e) if !matches!(cli.cmd, Cmd::Merge(_) | Cmd::VerbsInfo(_)) => {
+        Err(e) if !matches!(cli.cmd, Cmd::Merge(_) | Cmd::VerbsInfo(_) | Cmd::Secret(_)) => {
             smart::report::fail("compute-blade", &e, cli.verbose, smart::report::EXIT_USAGE)
         }
         cfg => run(&cli, cfg)
@@ -34,6 +34,15 @@ fn run(cli: &ComputeCli, cfg: Result<Config>) -> Result<i32> {
     }
     if let Cmd::VerbsInfo(v) = &cli.cmd {
         smart::verbs_info::run(v)?;
+        return Ok(0);
+    }
+    if let Cmd::Secret(a) = &cli.cmd {
+        smart_core::secret::Secret::generate(&a.file)
+            .with_context(|| format!("writing a new secret to {}", a.file.display()))?;
+        println!(
+            "wrote a new cluster secret to {} (mode 600): pass it to every blade with --secret-file",
+            a.file.display()
+        );
         return Ok(0);
     }
     let mut cfg = cfg?;

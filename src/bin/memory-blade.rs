@@ -132,6 +132,13 @@ fn set_up(args: &MemoryCli, link: &Link, region: &Arc<Region>) -> Result<BladeSe
     if let Some(n) = args.max_connections_per_peer {
         server = server.with_max_per_peer(n);
     }
+    match smart::config::load_secret(args.secret_file.as_deref())? {
+        Some(secret) => server = server.with_secret(secret),
+        None => eprintln!(
+            "memory-blade: warning: no --secret-file: anyone who reaches this port can read and write the region \
+             and revoke compute blades"
+        ),
+    }
     if let (true, Some(p)) = (args.durable, &args.backing_file) {
         server = server.with_durable()?;
         // The file as formatted (superblock, identity) and its name in its

@@ -789,6 +789,8 @@ impl Mute {
                                 status: wire::STATUS_OK,
                                 size: 64 << 20,
                                 rkey: 1,
+                                flags: 0,
+                                identity: 1,
                             };
                             let _ = s.write_all(&w.encode());
                             held.push(s);

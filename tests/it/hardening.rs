@@ -59,3 +59,121 @@ fn many_amplifying_connections_share_a_bounded_response_memory() {
     assert!(peak <= bound, "peak RSS {peak} KiB exceeds {bound} KiB: the responses are not bounded");
     drop(conns);
 }
+
+/// Runs `compute-blade args` on a fresh blade, SIGSTOPs the blade `delay`
+/// after the compute blade printed a stderr line starting with `marker`,
+/// and returns how long the compute blade took to exit after that, its
+/// exit code and its stderr.
+fn frozen_in(args: &[&str], marker: &str, delay: Duration) -> (Duration, Option<i32>, String) {
+    use std::io::BufRead;
+    let blade = Blade::start(&["--size", "1GiB"]);
+    let mut child = std::process::Command::new(crate::cli::COMPUTE)
+        .args(args)
+        .args(["--blades", &blade.addr, "--request-timeout", "3"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        said += &line;
+        said.push('\n');
+        if line.starts_with(marker) {
+            break;
+        }
+    }
+    assert!(said.lines().any(|l| l.starts_with(marker)), "{args:?} never printed {marker:?}: {said}");
+    std::thread::sleep(delay);
+    assert!(child.try_wait().unwrap().is_none(), "{args:?} ended before the blade froze: {said}");
+    crate::cli::signal(&blade.child, "-STOP");
+    let t0 = std::time::Instant::now();
+    let rest = std::thread::spawn(move || lines.map(|l| l.unwrap() + "\n").collect::<String>());
+    let status = crate::cli::wait_bounded(&mut child, Duration::from_secs(60), "no exit with the blade frozen");
+    let took = t0.elapsed();
+    (took, status.code(), said + &rest.join().unwrap())
+}
+
+/// A frozen (SIGSTOPped) memory blade is detected within 1.2 × the
+/// request time-out (3 s here) in every phase, and the error names the
+/// phase: nothing after the first time-out waits for that blade again.
+#[test]
+fn a_frozen_blade_is_detected_within_the_request_timeout_in_every_phase() {
+    let limit = Duration::from_secs_f64(1.2 * 3.0);
+    let cases: [(&[&str], &str, u64, &str); 5] = [
+        (&["micro", "--threads", "2", "--duration", "30"], "warming up", 1500, "during the timed run"),
+        (&["ycsb", "--threads", "2", "--keys", "2000000", "--duration", "30"], "loading", 300, "load failed"),
+        (&["ycsb", "--threads", "2", "--keys", "20000", "--duration", "30"], "warming up", 1500, "after the timed run"),
+        (
+            // The read-back (one coroutine, 200,000 keys) starts 2 s after
+            // the warm-up starts and lasts seconds.
+            &["ycsb", "--threads", "2", "--keys", "200000", "--duration", "1", "--verify"],
+            "warming up",
+            2400,
+            "reading back every key after the timed run",
+        ),
+        (
+            &["smallbank", "--threads", "2", "--replicas", "1", "--duration", "30"],
+            "warming up",
+            1500,
+            "during the timed run",
+        ),
+    ];
+    for (args, marker, delay, phase) in cases {
+        let (took, code, said) = frozen_in(args, marker, Duration::from_millis(delay));
+        eprintln!("{args:?}: exited {code:?} {:.2} s after the blade froze", took.as_secs_f64());
+        assert_eq!(code, Some(1), "{args:?}: {said}");
+        assert!(took <= limit, "{args:?}: {:.2} s after the freeze, more than {limit:?}: {said}", took.as_secs_f64());
+        assert!(said.contains(phase) && said.contains("did not answer"), "{args:?} does not name {phase:?}: {said}");
+    }
+}
+
+/// `compute-blade secret` writes a private secret file; a memory blade
+/// started with it serves only compute blades that pass it: a run without
+/// it, or with another, fails and says why; with it, runs, recovery (which
+/// revokes) and table listing work.
+#[test]
+fn a_blade_with_a_secret_serves_only_compute_blades_that_hold_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = crate::cli::tmp("secret");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (file, other) = (dir.join("cluster.secret"), dir.join("other.secret"));
+    for f in [&file, &other] {
+        let _ = std::fs::remove_file(f);
+        let out = compute(&["secret", f.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::metadata(f).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let again = compute(&["secret", file.to_str().unwrap()]);
+    assert!(!again.status.success(), "an existing secret file is never overwritten");
+    let (file, other) = (file.to_str().unwrap(), other.to_str().unwrap());
+    let blade = Blade::start(&["--size", "256MiB", "--secret-file", file]);
+    let micro = |extra: &[&str]| {
+        let mut args = vec!["micro", "--blades", &blade.addr, "--threads", "1", "--duration", "0.3", "--quiet"];
+        args.extend_from_slice(extra);
+        compute(&args)
+    };
+    let out = micro(&[]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("serves only holders of the cluster secret"), "{said}");
+    let out = micro(&["--secret-file", other]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("holds another secret"), "{said}");
+    let out = micro(&["--secret-file", file]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let blades = ["--blades", &blade.addr, "--secret-file", file];
+    let out = compute(
+        &[&["smallbank", "--threads", "1", "--duration", "0.3", "--replicas", "1", "--quiet"], &blades[..]].concat(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = compute(&[&["recover", "--db", "smallbank"], &blades[..]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = compute(&[&["table", "list"], &blades[..]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Without blades, a secret is a usage error.
+    assert_eq!(compute(&["micro", "--secret-file", file, "--duration", "0.1"]).status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

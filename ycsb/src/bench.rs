@@ -118,6 +118,33 @@ pub enum YcsbError<E: std::error::Error + 'static> {
     /// The load was interrupted (every insert that started finished).
     #[error("interrupted during the load, after {0:.1} s")]
     Interrupted(f64),
+    /// An error of a phase (set-up, load, timed run, read-back), named.
+    #[error("{phase}: {cause}")]
+    During {
+        /// What the run was doing.
+        phase: String,
+        /// The error, with its causes.
+        cause: String,
+    },
+}
+
+impl<E: std::error::Error + 'static> YcsbError<E> {
+    /// Names the phase of `r`'s error.
+    fn during<T>(phase: impl FnOnce() -> String, r: Result<T, Self>) -> Result<T, Self> {
+        r.map_err(|e| match e {
+            // Already named as what it is.
+            e @ (YcsbError::Config(_) | YcsbError::Interrupted(_) | YcsbError::During { .. }) => e,
+            e => {
+                let mut cause = e.to_string();
+                let mut at: Option<&dyn std::error::Error> = std::error::Error::source(&e);
+                while let Some(inner) = at {
+                    cause = format!("{cause}: {inner}");
+                    at = inner.source();
+                }
+                YcsbError::During { phase: phase(), cause }
+            }
+        })
+    }
 }
 
 /// The outcome of a YCSB run.
@@ -408,27 +435,26 @@ pub fn run<I: KvIndex>(
     if y.keys == 0 {
         return Err(YcsbError::Config("at least 1 key must be loaded".into()));
     }
-    let mut setup = Runtime::new(transport, 0, cfg.runtime.clone())?;
+    let setting_up = || "setting up".to_string();
+    let mut setup = YcsbError::during(setting_up, Runtime::new(transport, 0, cfg.runtime.clone()).map_err(Into::into))?;
     if y.load != LoadMode::NoLoad {
-        room_for_load::<I>(&mut setup, y)?;
+        YcsbError::during(setting_up, room_for_load::<I>(&mut setup, y))?;
     }
     let ctx = setup.ctx();
     let (name, capacity, attach) = (y.table.clone(), y.capacity, y.load == LoadMode::NoLoad);
-    let existed = setup
-        .block_on(async move {
-            if attach && !I::exists(&ctx, &name).await? {
-                return Ok(None);
-            }
-            I::open_or_create(&ctx, &name, capacity).await.map(|(_, e)| Some(e))
-        })
-        .map_err(YcsbError::Index)?
-        .ok_or_else(|| {
-            YcsbError::Config(format!(
-                "--no-load: index {:?} does not exist on the blades ({} index); load it first",
-                y.table,
-                I::APP
-            ))
-        })?;
+    let existed = setup.block_on(async move {
+        if attach && !I::exists(&ctx, &name).await? {
+            return Ok(None);
+        }
+        I::open_or_create(&ctx, &name, capacity).await.map(|(_, e)| Some(e))
+    });
+    let existed = YcsbError::during(setting_up, existed.map_err(YcsbError::Index))?.ok_or_else(|| {
+        YcsbError::Config(format!(
+            "--no-load: index {:?} does not exist on the blades ({} index); load it first",
+            y.table,
+            I::APP
+        ))
+    })?;
     let state = match (existed, attach) {
         (false, _) => TableState::Created,
         (true, false) => TableState::LoadedIntoExisting,
@@ -463,7 +489,8 @@ pub fn run<I: KvIndex>(
         if cfg.progress {
             eprintln!("loading {} keys", y.keys);
         }
-        let load = harness::run_bench(transport, &cfg.for_load(), &phase(true))?;
+        let load = harness::run_bench(transport, &cfg.for_load(), &phase(true));
+        let load = YcsbError::during(|| "during the load".into(), load.map_err(Into::into))?;
         if let Some(e) = load.first_error {
             return Err(YcsbError::Load(e));
         }
@@ -482,7 +509,10 @@ pub fn run<I: KvIndex>(
 
     let run = match y.load {
         LoadMode::LoadOnly => None,
-        _ => Some(harness::run_bench(transport, cfg, &phase(false))?),
+        _ => {
+            let run = harness::run_bench(transport, cfg, &phase(false)).map_err(Into::into);
+            Some(YcsbError::during(|| "during the timed run".into(), run)?)
+        }
     };
     let interrupted = run.as_ref().is_some_and(|r| r.interrupted);
 
@@ -493,7 +523,7 @@ pub fn run<I: KvIndex>(
         eprintln!("interrupted: skipping the read-back of every key");
     }
     let (keys, ksz, verify, name) = (y.keys, y.key_size, verify_after, y.table.clone());
-    let (shape, duplicates, lost, lost_keys) = setup
+    let read_back = setup
         .block_on(async move {
             let (mut ix, _) = I::open_or_create(&ctx, &name, 1).await?;
             let (mut duplicates, mut lost, mut lost_keys) = (0, 0, Vec::new());
@@ -517,7 +547,15 @@ pub fn run<I: KvIndex>(
             ix.close().await?;
             Ok((shape, duplicates, lost, lost_keys))
         })
-        .map_err(YcsbError::Index)?;
+        .map_err(YcsbError::Index);
+    let what = if verify_after { "reading back every key" } else { "reading the index's shape" };
+    let (shape, duplicates, lost, lost_keys) = YcsbError::during(
+        || match &run {
+            Some(r) => harness::after_run(what, r),
+            None => format!("{what} after the load"),
+        },
+        read_back,
+    )?;
     violations.fetch_add(lost + duplicates, Ordering::Relaxed);
     let stats = stats.into_inner().expect("not poisoned");
     Ok(YcsbReport {

@@ -101,6 +101,12 @@ pub trait Transport: Send + Sync + fmt::Debug {
         Vec::new()
     }
 
+    /// The blades that this transport's runtimes found silent (see
+    /// [`Silence`]), if it keeps track: the network backends do.
+    fn silence(&self) -> Option<Arc<Silence>> {
+        None
+    }
+
     /// The simulation behind a simulated transport (`smart-sim`), which the
     /// run harness hands its worker threads' runtimes to drive in virtual
     /// time instead of running an OS thread per worker. `None` (the
@@ -365,4 +371,55 @@ pub fn validate_batch(local: &LocalMem, qp: u16, wrs: &[WorkRequest]) -> Result<
         }
     }
     Ok(())
+}
+
+/// The memory blades that a batch timed out on and that have sent nothing
+/// since, shared by every runtime of one transport.
+///
+/// Once a blade is silent, nothing waits for it again: a new batch to it,
+/// or a new thread's connection, fails at once with [`Error::Silent`]
+/// instead of waiting another request time-out (a process that meets a
+/// frozen blade then stops within one time-out, whatever it does after
+/// the first). The first bytes the blade sends again (TCP) make it
+/// answering again.
+#[derive(Debug)]
+pub struct Silence {
+    /// Per blade: how long its batch waited, in ms; 0 while it answers.
+    waited_ms: Box<[std::sync::atomic::AtomicU64]>,
+}
+
+impl Silence {
+    /// Nothing silent among `blades` blades.
+    pub fn new(blades: usize) -> Arc<Silence> {
+        Arc::new(Silence { waited_ms: (0..blades).map(|_| std::sync::atomic::AtomicU64::new(0)).collect() })
+    }
+
+    /// Blade `blade` did not answer a batch within `waited_ms`.
+    pub fn mark(&self, blade: u16, waited_ms: u64) {
+        if let Some(w) = self.waited_ms.get(usize::from(blade)) {
+            w.store(waited_ms.max(1), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// `Err(`[`Error::Silent`]`)` if `blade` is silent.
+    ///
+    /// # Errors
+    /// As said.
+    #[inline]
+    pub fn check(&self, blade: u16) -> Result<()> {
+        match self.waited_ms.get(usize::from(blade)).map(|w| w.load(std::sync::atomic::Ordering::Relaxed)) {
+            Some(w) if w != 0 => Err(Error::Silent { blade, waited_ms: w }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Blade `blade` sent something: it answers again.
+    #[inline]
+    pub fn heard(&self, blade: u16) {
+        if let Some(w) = self.waited_ms.get(usize::from(blade)) {
+            if w.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+                w.store(0, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
 }

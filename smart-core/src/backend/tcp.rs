@@ -30,7 +30,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::softnic::{self, SoftNic, SoftPort};
-use super::{validate_batch, BladeInfo, Endpoint, LocalMem, ThreadSpec, Transport};
+use super::{validate_batch, BladeInfo, Endpoint, LocalMem, Silence, ThreadSpec, Transport};
+use crate::secret::Secret;
 use crate::smart::QpPlan;
 use crate::verbs::{Completion, Opcode, WcStatus, WorkRequest};
 use crate::wire::{self, Header, Welcome, WrDesc, HEADER_LEN, MAX_FRAME, WR_DESC_LEN};
@@ -52,6 +53,12 @@ pub struct TcpTransport {
     peers: Vec<String>,
     infos: Vec<BladeInfo>,
     nic: Arc<SoftNic<Conn>>,
+    silence: Arc<Silence>,
+    /// The cluster secret, to prove to blades that require it.
+    secret: Option<Arc<Secret>>,
+    /// What each blade said in its welcome (its identity, whether it
+    /// requires proofs).
+    welcomes: Vec<Welcome>,
 }
 
 impl TcpTransport {
@@ -62,6 +69,16 @@ impl TcpTransport {
     /// # Errors
     /// If a blade is unreachable, not a memory blade, or of another version.
     pub fn connect(addrs: &[String]) -> Result<TcpTransport> {
+        Self::connect_with(addrs, None)
+    }
+
+    /// [`TcpTransport::connect`], proving `secret` (see [`crate::secret`])
+    /// to the blades that require it.
+    ///
+    /// # Errors
+    /// As [`TcpTransport::connect`]; a blade that requires a secret when
+    /// `secret` is `None`.
+    pub fn connect_with(addrs: &[String], secret: Option<Secret>) -> Result<TcpTransport> {
         if addrs.is_empty() || addrs.len() > crate::addr::MAX_BLADES {
             return Err(Error::Unsupported(format!(
                 "{} blade addresses: need 1 to {}",
@@ -69,13 +86,16 @@ impl TcpTransport {
                 crate::addr::MAX_BLADES
             )));
         }
-        let mut infos = Vec::with_capacity(addrs.len());
+        let (mut infos, mut welcomes) = (Vec::with_capacity(addrs.len()), Vec::with_capacity(addrs.len()));
         for a in addrs {
-            let (_, info) = handshake(a, wire::PROTOCOL_VERSION)?;
-            infos.push(info);
+            let (_, w) = greet(a, wire::PROTOCOL_VERSION, 0)?;
+            needs_secret(a, &w, secret.as_ref())?;
+            infos.push(BladeInfo { size: w.size, rkey: w.rkey });
+            welcomes.push(w);
         }
         let nic = Arc::new(SoftNic::new(addrs.len()));
-        Ok(TcpTransport { peers: addrs.to_vec(), infos, nic })
+        let (peers, silence, secret) = (addrs.to_vec(), Silence::new(addrs.len()), secret.map(Arc::new));
+        Ok(TcpTransport { peers, infos, nic, silence, secret, welcomes })
     }
 }
 
@@ -93,6 +113,33 @@ pub fn handshake(peer: &str, version: u32) -> Result<(TcpStream, BladeInfo)> {
 /// # Errors
 /// As [`handshake`]; a blade that does not serve verbs is named as such.
 pub fn handshake_with(peer: &str, version: u32, flags: u32) -> Result<(TcpStream, BladeInfo)> {
+    let (s, w) = greet(peer, version, flags)?;
+    Ok((s, BladeInfo { size: w.size, rkey: w.rkey }))
+}
+
+/// What a client is told when a blade requires the cluster secret and it
+/// has none.
+pub const NEEDS_SECRET: &str = "this memory blade serves only holders of the cluster secret (it runs with \
+     --secret-file): pass the same file with --secret-file";
+
+/// `Err` if the blade at `peer`, which said `w`, requires a secret and
+/// there is none.
+///
+/// # Errors
+/// As said.
+pub fn needs_secret(peer: &str, w: &Welcome, secret: Option<&Secret>) -> Result<()> {
+    if w.wants_secret() && secret.is_none() {
+        return Err(Error::Handshake { peer: peer.to_string(), reason: NEEDS_SECRET.into() });
+    }
+    Ok(())
+}
+
+/// [`handshake_with`], returning the blade's whole welcome (its identity,
+/// whether it requires proofs of the secret).
+///
+/// # Errors
+/// As [`handshake_with`].
+pub fn greet(peer: &str, version: u32, flags: u32) -> Result<(TcpStream, Welcome)> {
     let io = |source| Error::Io { peer: peer.to_string(), cause: source };
     let hs = |reason: String| Error::Handshake { peer: peer.to_string(), reason };
     let addr = peer.to_socket_addrs().map_err(io)?.next().ok_or_else(|| hs("address resolves to nothing".into()))?;
@@ -128,7 +175,7 @@ pub fn handshake_with(peer: &str, version: u32, flags: u32) -> Result<(TcpStream
         )));
     }
     s.set_read_timeout(None).map_err(io)?;
-    Ok((s, BladeInfo { size: welcome.size, rkey: welcome.rkey }))
+    Ok((s, welcome))
 }
 
 impl Transport for TcpTransport {
@@ -149,12 +196,16 @@ impl Transport for TcpTransport {
         self.nic.doorbell_rings()
     }
 
+    fn silence(&self) -> Option<Arc<Silence>> {
+        Some(self.silence.clone())
+    }
+
     fn open_thread(&self, thread: usize, spec: ThreadSpec) -> Result<Box<dyn Endpoint>> {
         let port = SoftPort::open(&self.nic, thread, spec.local_bytes, |b| self.connect_qp(b, spec.fence_tag))?;
         // One pollfd per QP at most: sized now, so that waiting never
         // allocates (the first wait may come long after warm-up).
         let fds = Vec::with_capacity(port.qps.len());
-        Ok(Box::new(TcpEndpoint { port, failed: Vec::new(), fds }))
+        Ok(Box::new(TcpEndpoint { port, failed: Vec::new(), fds, secret: self.secret.clone() }))
     }
 }
 
@@ -162,16 +213,22 @@ impl TcpTransport {
     /// Opens one QP (connection) to blade `b`, naming its owner `tag` (0:
     /// none).
     fn connect_qp(&self, b: usize, tag: u64) -> Result<Conn> {
+        // A blade found silent gets no new connection (it would wait for
+        // the handshake's time-out).
+        self.silence.check(b as u16)?;
         let peer = &self.peers[b];
-        let (mut stream, now) = handshake(peer, wire::PROTOCOL_VERSION)?;
-        if now.size != self.infos[b].size {
+        let (mut stream, now) = greet(peer, wire::PROTOCOL_VERSION, 0)?;
+        if now.size != self.infos[b].size || now.identity != self.welcomes[b].identity {
             return Err(Error::Handshake {
                 peer: peer.clone(),
-                reason: "blade changed size since the transport connected".into(),
+                reason: "another blade (size or identity) than when the transport connected".into(),
             });
         }
-        if tag != 0 {
-            let status = control(&mut stream, peer, wire::KIND_TAG, tag, CONNECT_TIMEOUT)?;
+        let proof = now.wants_secret().then(|| self.secret.as_deref().map(|k| (k, now.identity))).flatten();
+        if tag != 0 || proof.is_some() {
+            // To a blade that requires it, a connection proves the secret
+            // first, naming its owner or none.
+            let status = control(&mut stream, peer, wire::KIND_TAG, tag, CONNECT_TIMEOUT, proof)?;
             if status == WcStatus::Fenced as u8 {
                 return Err(Error::Handshake {
                     peer: peer.clone(),
@@ -195,6 +252,8 @@ impl TcpTransport {
             batches: VecDeque::new(),
             broken: None,
             fenced: false,
+            blade: b as u16,
+            silence: self.silence.clone(),
         })
     }
 }
@@ -203,13 +262,25 @@ impl TcpTransport {
 /// that the owner's connections are running there.
 pub const REVOKE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Sends a tag or revoke frame on a blocking stream and returns the status
-/// of its answer.
-fn control(s: &mut TcpStream, peer: &str, kind: u8, tag: u64, timeout: Duration) -> Result<u8> {
+/// Sends a tag or revoke frame on a blocking stream, with a proof of the
+/// secret for the blade of the identity given, and returns the status of
+/// its answer.
+fn control(
+    s: &mut TcpStream,
+    peer: &str,
+    kind: u8,
+    tag: u64,
+    timeout: Duration,
+    proof: Option<(&Secret, u64)>,
+) -> Result<u8> {
     let io = |source| Error::Io { peer: peer.to_string(), cause: source };
-    let mut f = Vec::with_capacity(HEADER_LEN + wire::TAG_LEN);
-    Header { len: wire::TAG_LEN as u32, kind, count: 0, wr_id: 0 }.put(&mut f);
-    f.extend_from_slice(&tag.to_le_bytes());
+    let mut body = tag.to_le_bytes().to_vec();
+    if let Some((key, identity)) = proof {
+        key.prove(kind, &mut body, identity);
+    }
+    let mut f = Vec::with_capacity(HEADER_LEN + body.len());
+    Header { len: body.len() as u32, kind, count: 0, wr_id: 0 }.put(&mut f);
+    f.extend_from_slice(&body);
     s.write_all(&f).map_err(io)?;
     s.set_read_timeout(Some(timeout)).map_err(io)?;
     let mut h = [0u8; HEADER_LEN];
@@ -218,6 +289,14 @@ fn control(s: &mut TcpStream, peer: &str, kind: u8, tag: u64, timeout: Duration)
     let h = Header::get(&h);
     if h.len != 0 || h.wr_id != 0 {
         return Err(Error::Handshake { peer: peer.to_string(), reason: "malformed answer to a control frame".into() });
+    }
+    if h.kind == WcStatus::RemoteAccess as u8 {
+        return Err(Error::Handshake {
+            peer: peer.to_string(),
+            reason: "the memory blade refused this compute blade's proof of the cluster secret: its --secret-file \
+                     holds another secret"
+                .into(),
+        });
     }
     Ok(h.kind)
 }
@@ -229,8 +308,19 @@ fn control(s: &mut TcpStream, peer: &str, kind: u8, tag: u64, timeout: Duration)
 /// An unreachable blade, one that does not answer within
 /// [`REVOKE_TIMEOUT`], or an older blade that does not know the request.
 pub fn revoke(peer: &str, tag: u64) -> Result<()> {
-    let (mut s, _) = handshake(peer, wire::PROTOCOL_VERSION)?;
-    match control(&mut s, peer, wire::KIND_REVOKE, tag, REVOKE_TIMEOUT)? {
+    revoke_with(peer, tag, None)
+}
+
+/// [`revoke`], proving `secret` to a blade that requires it.
+///
+/// # Errors
+/// As [`revoke`]; a blade that requires a secret when `secret` is `None`
+/// or refuses the one given.
+pub fn revoke_with(peer: &str, tag: u64, secret: Option<&Secret>) -> Result<()> {
+    let (mut s, w) = greet(peer, wire::PROTOCOL_VERSION, 0)?;
+    needs_secret(peer, &w, secret)?;
+    let proof = secret.filter(|_| w.wants_secret()).map(|k| (k, w.identity));
+    match control(&mut s, peer, wire::KIND_REVOKE, tag, REVOKE_TIMEOUT, proof)? {
         0 => Ok(()),
         st => Err(Error::Handshake { peer: peer.to_string(), reason: format!("revocation refused (status {st})") }),
     }
@@ -255,10 +345,16 @@ struct Conn {
     broken: Option<String>,
     /// The blade answered a batch as fenced (it closes the connection next).
     fenced: bool,
+    /// Which blade it reaches, and the transport's silent blades (bytes
+    /// from it make it answering again).
+    blade: u16,
+    silence: Arc<Silence>,
 }
 
 #[derive(Debug)]
 struct TcpEndpoint {
+    /// The cluster secret, for revocations.
+    secret: Option<Arc<Secret>>,
     port: SoftPort<Conn>,
     /// Completions produced at post time (batches to a broken connection).
     failed: Vec<Completion>,
@@ -345,7 +441,10 @@ impl Conn {
             match self.stream.read(&mut self.inb[self.end..]) {
                 Ok(0) if self.fenced => return Err(format!("{}, and closed the connection", crate::fence::REFUSED)),
                 Ok(0) => return Err("the memory blade closed the connection".into()),
-                Ok(n) => self.end += n,
+                Ok(n) => {
+                    self.end += n;
+                    self.silence.heard(self.blade);
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e.to_string()),
@@ -547,7 +646,7 @@ impl Endpoint for TcpEndpoint {
     fn revoke(&mut self, tag: u64) -> Result<crate::Fencing> {
         let peers: Vec<String> = self.port.qps.iter_mut().map(|c| c.with(|c| c.peer.clone())).collect();
         for p in &peers {
-            revoke(p, tag)?;
+            revoke_with(p, tag, self.secret.as_deref())?;
         }
         Ok(crate::Fencing::Enforced(peers.len()))
     }

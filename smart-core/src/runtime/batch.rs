@@ -278,7 +278,11 @@ impl<'a> Post<'_, 'a> {
                     Ok(()) => Ok(Done { ctx: self.batch.ctx, slot, base: slot_base(inner, slot) }),
                     Err(Failure::Wc(status, index)) => Err(Error::Wc { status, index }),
                     Err(Failure::TimedOut { qp, waited_ns }) => {
-                        Err(Error::Timeout { blade: qp, waited_ms: waited_ns / 1_000_000 })
+                        let waited_ms = waited_ns / 1_000_000;
+                        if let Some(s) = &inner.silence {
+                            s.mark(qp, waited_ms);
+                        }
+                        Err(Error::Timeout { blade: qp, waited_ms })
                     }
                 })
             }
@@ -298,6 +302,13 @@ impl<'a> Post<'_, 'a> {
         }
         if b.n == 0 {
             return Poll::Ready(Err(Error::InvalidWr("empty batch")));
+        }
+        if let (Some(s), Some(blade)) = (&inner.silence, b.blade) {
+            // A blade found silent is not waited for again.
+            if let Err(e) = s.check(blade) {
+                b.clear();
+                return Poll::Ready(Err(e));
+            }
         }
         let nwr = b.n as u32;
         if let Some(c) = &inner.credits {

@@ -24,6 +24,8 @@ pub(super) struct Inner {
     pub(super) ep: RefCell<Box<dyn Endpoint>>,
     pub(super) local: Arc<LocalMem>,
     pub(super) blades: Vec<BladeInfo>,
+    /// The transport's silent blades, if it keeps track.
+    pub(super) silence: Option<Arc<crate::backend::Silence>>,
     pub(super) cfg: RuntimeConfig,
     pub(super) slots: RefCell<Slots>,
     /// Staging areas of batches being built.

@@ -168,6 +168,7 @@ impl Runtime {
             local,
             chunks: RefCell::new(vec![(0, 0); blades.len()]),
             spare_chunks: RefCell::new(vec![Vec::new(); blades.len()]),
+            silence: transport.silence(),
             blades,
             cfg,
             slots: RefCell::new(slots),

@@ -4,7 +4,9 @@
 //! the blade sends a [`BladeVerbsInfo`]. Then, for each QP the compute side
 //! wants, it sends a `KIND_QP_CONNECT` frame whose body is a [`QpEndpoint`]
 //! (its QP), optionally followed by a non-zero fence tag (u64: the QP's
-//! owner, see [`crate::fence`]), and the blade answers with a frame whose
+//! owner, see [`crate::fence`]); to a blade that requires proofs of the
+//! cluster secret, always the endpoint, the tag (0: none) and a proof
+//! ([`crate::secret`]). The blade answers with a frame whose
 //! body is the blade's matching [`QpEndpoint`] (status 0), or with a
 //! non-zero status and a UTF-8 reason. The blade keeps those QPs while the
 //! control connection is open; a revocation of a QP's tag moves the
@@ -20,6 +22,8 @@ pub const KIND_QP_CONNECT: u8 = 3;
 pub const QP_ENDPOINT_LEN: usize = 32;
 /// Bytes of a QP request with a fence tag.
 pub const QP_TAGGED_LEN: usize = QP_ENDPOINT_LEN + 8;
+/// Bytes of a QP request with a fence tag and a proof of the secret.
+pub const QP_PROVEN_LEN: usize = QP_TAGGED_LEN + crate::secret::PROOF_LEN;
 /// Bytes of an encoded [`BladeVerbsInfo`].
 pub const BLADE_INFO_LEN: usize = 48;
 

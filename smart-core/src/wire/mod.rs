@@ -5,8 +5,10 @@
 //! **Handshake.** The client sends [`HELLO_LEN`] bytes: magic `SMRTRNIC`,
 //! protocol version u32, flags u32 (0). The blade answers [`WELCOME_LEN`]
 //! bytes: magic `SMRTBLAD`, its protocol version u32, status u32 (0 accepted,
-//! 1 version mismatch), region size u64, rkey u32, reserved u32. On a
-//! mismatch it closes after answering; on a wrong magic it closes at once.
+//! 1 version mismatch, 3 full), region size u64, rkey u32, flags u32 (bit 0:
+//! the blade requires proofs of the cluster secret, see [`crate::secret`]),
+//! identity u64 (what proofs for it are bound to). On a mismatch it closes
+//! after answering; on a wrong magic it closes at once.
 //!
 //! **Request frame** (client → blade): header `len u32` (body bytes),
 //! `kind u8` (1 batch, 2 reset QP, 4 tag, 5 revoke), `reserved u8`, `nwr
@@ -21,10 +23,12 @@
 //! `wr_id u64`; then, for every WR that succeeded, in order: a READ's data or
 //! an atomic's 8-byte old value (WRITEs add nothing).
 //!
-//! **Fencing.** A tag frame (body: a non-zero `tag u64`) names the owner of
+//! **Fencing.** A tag frame (body: a non-zero `tag u64`; to a blade that
+//! requires proofs, `tag u64` (0: no owner), then a proof: a 16-byte nonce
+//! and a 32-byte MAC, see [`crate::secret`]) names the owner of
 //! the connection, e.g. a compute blade's registration; it is answered with
 //! an empty response, status 0, or [`WcStatus::Fenced`] if that tag was
-//! revoked. A revoke frame (body: `tag u64`) makes the blade refuse every
+//! revoked. A revoke frame (body as a tag frame's, the tag non-zero) makes the blade refuse every
 //! connection with that tag from then on: it is answered (status 0) only
 //! once none of them is running a request, and the blade answers their
 //! later batches with [`WcStatus::Fenced`] and closes them.
@@ -38,11 +42,11 @@ pub const HELLO_MAGIC: [u8; 8] = *b"SMRTRNIC";
 /// Blade greeting magic.
 pub const WELCOME_MAGIC: [u8; 8] = *b"SMRTBLAD";
 /// Version of this protocol; peers with another version are refused.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Bytes of the client greeting.
 pub const HELLO_LEN: usize = 16;
 /// Bytes of the blade's answer.
-pub const WELCOME_LEN: usize = 32;
+pub const WELCOME_LEN: usize = 40;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 16;
 /// Bytes of one WR descriptor.
@@ -59,8 +63,10 @@ pub const KIND_RESET: u8 = 2;
 pub const KIND_TAG: u8 = 4;
 /// Frame kind: refuse every connection with a tag (body: the tag, u64).
 pub const KIND_REVOKE: u8 = 5;
-/// Bytes of a tag or revoke frame's body.
+/// Bytes of a tag or revoke frame's body (without a proof).
 pub const TAG_LEN: usize = 8;
+/// Welcome flag: the blade requires proofs of the cluster secret.
+pub const WELCOME_SECRET: u32 = 1;
 /// Welcome status: accepted.
 pub const STATUS_OK: u32 = 0;
 /// Welcome status: protocol versions differ.
@@ -102,9 +108,18 @@ pub struct Welcome {
     pub size: u64,
     /// Region key.
     pub rkey: u32,
+    /// [`WELCOME_SECRET`] or 0.
+    pub flags: u32,
+    /// The blade's identity (its superblock's, read when it started).
+    pub identity: u64,
 }
 
 impl Welcome {
+    /// Whether the blade requires proofs of the cluster secret.
+    pub fn wants_secret(&self) -> bool {
+        self.flags & WELCOME_SECRET != 0
+    }
+
     /// Encodes it.
     pub fn encode(&self) -> [u8; WELCOME_LEN] {
         let mut b = [0u8; WELCOME_LEN];
@@ -113,6 +128,8 @@ impl Welcome {
         b[12..16].copy_from_slice(&self.status.to_le_bytes());
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
         b[24..28].copy_from_slice(&self.rkey.to_le_bytes());
+        b[28..32].copy_from_slice(&self.flags.to_le_bytes());
+        b[32..40].copy_from_slice(&self.identity.to_le_bytes());
         b
     }
 
@@ -126,6 +143,8 @@ impl Welcome {
             status: le32(&b[12..16]),
             size: le64(&b[16..24]),
             rkey: le32(&b[24..28]),
+            flags: le32(&b[28..32]),
+            identity: le64(&b[32..40]),
         })
     }
 }
@@ -260,7 +279,7 @@ mod tests {
         assert_eq!(WrDesc::get(&v), d);
         assert_eq!(d.response_len(), 8);
         assert_eq!(d.payload_len(), 0);
-        let w = Welcome { version: 1, status: STATUS_OK, size: 1 << 30, rkey: 77 };
+        let w = Welcome { version: 1, status: STATUS_OK, size: 1 << 30, rkey: 77, flags: 1, identity: 0xabc };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
         assert_eq!(parse_hello(&hello(3)), Ok((3, 0)));
         assert_eq!(parse_hello(&hello_with(1, 5)), Ok((1, 5)));

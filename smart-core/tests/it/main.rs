@@ -1,6 +1,7 @@
 //! Integration tests of smart-core through its public API (one binary).
 
 mod alloc;
+mod auth;
 mod blade;
 mod chaos;
 mod concurrency;

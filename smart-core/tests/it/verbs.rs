@@ -18,6 +18,14 @@ use smart_testkit::backends;
 
 use crate::semantics;
 
+/// The device of `SMART_RDMA_DEVICE`, with `SMART_RDMA_GID_INDEX`.
+fn device_config() -> VerbsConfig {
+    let device = std::env::var("SMART_RDMA_DEVICE").expect("set SMART_RDMA_DEVICE to an RDMA device (e.g. rxe0)");
+    let gid_index =
+        std::env::var("SMART_RDMA_GID_INDEX").ok().map(|g| g.parse().expect("SMART_RDMA_GID_INDEX is a number"));
+    VerbsConfig { device: Some(device), gid_index }
+}
+
 /// Fresh blades registered on the device: no part depends on what an
 /// earlier one left behind.
 fn device_backend(blades: usize) -> backends::Backend {
@@ -64,6 +72,40 @@ fn verbs_device_a_revoked_owner_runs_no_verb() {
 
 #[test]
 #[ignore = "needs an RDMA device: SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_"]
+fn verbs_device_a_client_without_the_secret_gets_no_qp() {
+    use std::sync::Arc;
+
+    use smart_core::backend::verbs::VerbsBlade;
+    use smart_core::blade::BladeServer;
+    use smart_core::region::Region;
+    use smart_core::secret::Secret;
+    use smart_core::{Runtime, RuntimeConfig};
+
+    let cfg = device_config();
+    let secret = Secret::random();
+    let region = Arc::new(Region::anonymous(8 << 20).unwrap());
+    let vb = VerbsBlade::open(region.clone(), &cfg).unwrap();
+    let server = BladeServer::bind("127.0.0.1:0", region).unwrap().with_secret(secret.clone());
+    let h = server.with_verbs(Arc::new(vb)).spawn().unwrap();
+    let addrs = [h.addr().to_string()];
+    let err = VerbsTransport::connect(&addrs, &cfg).unwrap_err();
+    assert!(err.to_string().contains("--secret-file"), "{err}");
+    let t = VerbsTransport::connect_with(&addrs, &cfg, Some(Secret::random())).unwrap();
+    let err = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("cluster secret"), "{err}");
+    let t = VerbsTransport::connect_with(&addrs, &cfg, Some(secret)).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    let v = rt.block_on(async move {
+        let a = ctx.alloc(0, 64, 8).await.unwrap();
+        ctx.faa(a, 7).await.unwrap();
+        ctx.read_u64(a).await.unwrap()
+    });
+    assert_eq!(v, 7);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: SMART_RDMA_DEVICE=rxe0 cargo test --release -p smart-core --features verbs -- --ignored verbs_"]
 fn verbs_device_a_revoked_owner_is_refused_after_the_blade_restarts() {
     use std::sync::Arc;
 
@@ -72,10 +114,7 @@ fn verbs_device_a_revoked_owner_is_refused_after_the_blade_restarts() {
     use smart_core::region::Region;
     use smart_core::{Fencing, Runtime, RuntimeConfig};
 
-    let device = std::env::var("SMART_RDMA_DEVICE").expect("set SMART_RDMA_DEVICE to an RDMA device (e.g. rxe0)");
-    let gid_index =
-        std::env::var("SMART_RDMA_GID_INDEX").ok().map(|g| g.parse().expect("SMART_RDMA_GID_INDEX is a number"));
-    let cfg = VerbsConfig { device: Some(device), gid_index };
+    let cfg = device_config();
     let file = std::env::temp_dir().join(format!("smart-verbs-fenced-{}.img", std::process::id()));
     let log = smart_core::fence::log_path(&file);
     let _ = (std::fs::remove_file(&file), std::fs::remove_file(&log));

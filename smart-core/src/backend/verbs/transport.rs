@@ -14,11 +14,12 @@ use super::ffi::{Context, Cq, DeviceList, Mr, Pd, Qp, QpCaps};
 use super::plan::{self, PlannedWr};
 use super::status;
 use super::track::{Cqe, QpTrack};
-use crate::backend::tcp::handshake_with;
-use crate::backend::{validate_batch, BladeInfo, Endpoint, LocalMem, ThreadSpec, Transport};
+use crate::backend::tcp::{greet, needs_secret};
+use crate::backend::{validate_batch, BladeInfo, Endpoint, LocalMem, Silence, ThreadSpec, Transport};
 use crate::blade::VerbsAcceptor;
 use crate::region::Region;
 use crate::runtime::MAX_BATCH;
+use crate::secret::Secret;
 use crate::smart::{QpPlan, QpPolicy};
 use crate::verbs::{Completion, WorkRequest};
 use crate::wire::conn::{self, BladeVerbsInfo, QpEndpoint};
@@ -247,6 +248,9 @@ struct BladeLink {
     peer: String,
     ctrl: Mutex<TcpStream>,
     info: BladeVerbsInfo,
+    /// The secret to prove with each QP request, and the blade's identity,
+    /// when the blade requires proofs.
+    proof: Option<(Arc<Secret>, u64)>,
 }
 
 impl BladeLink {
@@ -255,13 +259,16 @@ impl BladeLink {
     fn connect_qp(&self, mine: &QpEndpoint, tag: u64) -> Result<QpEndpoint> {
         let io = |source| Error::Io { peer: self.peer.clone(), cause: source };
         let mut s = self.ctrl.lock().unwrap_or_else(PoisonError::into_inner);
-        let len = if tag == 0 { conn::QP_ENDPOINT_LEN } else { conn::QP_TAGGED_LEN };
-        let mut req = Vec::with_capacity(HEADER_LEN + len);
-        Header { len: len as u32, kind: conn::KIND_QP_CONNECT, count: 0, wr_id: 0 }.put(&mut req);
-        req.extend_from_slice(&mine.encode());
-        if tag != 0 {
-            req.extend_from_slice(&tag.to_le_bytes());
+        let mut body = mine.encode().to_vec();
+        if tag != 0 || self.proof.is_some() {
+            body.extend_from_slice(&tag.to_le_bytes());
         }
+        if let Some((key, identity)) = &self.proof {
+            key.prove(conn::KIND_QP_CONNECT, &mut body, *identity);
+        }
+        let mut req = Vec::with_capacity(HEADER_LEN + body.len());
+        Header { len: body.len() as u32, kind: conn::KIND_QP_CONNECT, count: 0, wr_id: 0 }.put(&mut req);
+        req.extend_from_slice(&body);
         s.write_all(&req).map_err(io)?;
         let mut hdr = [0u8; HEADER_LEN];
         s.read_exact(&mut hdr).map_err(io)?;
@@ -297,6 +304,7 @@ pub struct VerbsTransport {
     pool: Mutex<Pool>,
     /// The fallback from thread domains was reported.
     said_no_td: AtomicBool,
+    silence: Arc<Silence>,
 }
 
 impl std::fmt::Debug for VerbsTransport {
@@ -312,6 +320,16 @@ impl VerbsTransport {
     /// No device (fails at once, naming the alternatives); a blade that is
     /// unreachable, of another version, or serving TCP only.
     pub fn connect(addrs: &[String], cfg: &VerbsConfig) -> Result<VerbsTransport> {
+        Self::connect_with(addrs, cfg, None)
+    }
+
+    /// [`VerbsTransport::connect`], proving `secret` (see
+    /// [`crate::secret`]) to the blades that require it.
+    ///
+    /// # Errors
+    /// As [`VerbsTransport::connect`]; a blade that requires a secret when
+    /// `secret` is `None`.
+    pub fn connect_with(addrs: &[String], cfg: &VerbsConfig, secret: Option<Secret>) -> Result<VerbsTransport> {
         if addrs.is_empty() || addrs.len() > crate::addr::MAX_BLADES {
             return Err(Error::Unsupported(format!(
                 "{} blade addresses: need 1 to {}",
@@ -320,15 +338,18 @@ impl VerbsTransport {
             )));
         }
         let nic = Nic::open(cfg)?;
+        let secret = secret.map(Arc::new);
         let mut links = Vec::with_capacity(addrs.len());
         let mut infos = Vec::with_capacity(addrs.len());
         for peer in addrs {
-            let (mut s, _) = handshake_with(peer, wire::PROTOCOL_VERSION, conn::FLAG_VERBS)?;
+            let (mut s, welcome) = greet(peer, wire::PROTOCOL_VERSION, conn::FLAG_VERBS)?;
+            needs_secret(peer, &welcome, secret.as_deref())?;
+            let proof = secret.clone().filter(|_| welcome.wants_secret()).map(|k| (k, welcome.identity));
             let mut b = [0u8; conn::BLADE_INFO_LEN];
             s.read_exact(&mut b).map_err(|source| Error::Io { peer: peer.clone(), cause: source })?;
             let info = BladeVerbsInfo::decode(&b).map_err(|reason| Error::Handshake { peer: peer.clone(), reason })?;
             infos.push(BladeInfo { size: info.size, rkey: info.rkey });
-            links.push(Arc::new(BladeLink { peer: peer.clone(), ctrl: Mutex::new(s), info }));
+            links.push(Arc::new(BladeLink { peer: peer.clone(), ctrl: Mutex::new(s), info, proof }));
         }
         let plan = QpPlan::new(QpPolicy::PerThreadQp, 1, addrs.len(), Default::default());
         Ok(VerbsTransport {
@@ -338,6 +359,7 @@ impl VerbsTransport {
             plan: Mutex::new(plan),
             pool: Mutex::new(Pool { slabs: Vec::new(), used: 0 }),
             said_no_td: AtomicBool::new(false),
+            silence: Silence::new(addrs.len()),
         })
     }
 
@@ -382,7 +404,13 @@ impl Transport for VerbsTransport {
         Ok(())
     }
 
+    fn silence(&self) -> Option<Arc<Silence>> {
+        Some(self.silence.clone())
+    }
+
     fn open_thread(&self, _thread: usize, spec: ThreadSpec) -> Result<Box<dyn Endpoint>> {
+        // A blade found silent gets no new QP (its set-up would wait).
+        (0..self.infos.len() as u16).try_for_each(|b| self.silence.check(b))?;
         let plan = *self.plan.lock().unwrap_or_else(PoisonError::into_inner);
         let (local, mr) = self.local_slice(spec.local_bytes)?;
         // Sized so that neither queue overflows: a QP holds at most the
@@ -610,7 +638,7 @@ impl Endpoint for VerbsEndpoint {
         // Over each blade's TCP port: the blade moves its ends of the QPs
         // that the owner connected under `tag` to the error state.
         for link in &self.links {
-            crate::backend::tcp::revoke(&link.peer, tag)?;
+            crate::backend::tcp::revoke_with(&link.peer, tag, link.proof.as_ref().map(|(k, _)| &**k))?;
         }
         Ok(crate::Fencing::Enforced(self.links.len()))
     }
