@@ -102,7 +102,10 @@ pub trait Transport: Send + Sync + fmt::Debug {
     }
 
     /// The blades that this transport's runtimes found silent (see
-    /// [`Silence`]), if it keeps track: the network backends do.
+    /// [`Silence`]), if it keeps track: the TCP backend does. (Over RDMA a
+    /// time-out does not mean a silent blade: one-sided verbs never wait
+    /// for the blade's CPU, and the QP of a revoked owner drops its verbs
+    /// while the blade's other QPs work, so the verbs backend keeps none.)
     fn silence(&self) -> Option<Arc<Silence>> {
         None
     }

@@ -15,7 +15,7 @@ use super::plan::{self, PlannedWr};
 use super::status;
 use super::track::{Cqe, QpTrack};
 use crate::backend::tcp::{greet, needs_secret};
-use crate::backend::{validate_batch, BladeInfo, Endpoint, LocalMem, Silence, ThreadSpec, Transport};
+use crate::backend::{validate_batch, BladeInfo, Endpoint, LocalMem, ThreadSpec, Transport};
 use crate::blade::VerbsAcceptor;
 use crate::region::Region;
 use crate::runtime::MAX_BATCH;
@@ -304,7 +304,6 @@ pub struct VerbsTransport {
     pool: Mutex<Pool>,
     /// The fallback from thread domains was reported.
     said_no_td: AtomicBool,
-    silence: Arc<Silence>,
 }
 
 impl std::fmt::Debug for VerbsTransport {
@@ -359,7 +358,6 @@ impl VerbsTransport {
             plan: Mutex::new(plan),
             pool: Mutex::new(Pool { slabs: Vec::new(), used: 0 }),
             said_no_td: AtomicBool::new(false),
-            silence: Silence::new(addrs.len()),
         })
     }
 
@@ -404,13 +402,7 @@ impl Transport for VerbsTransport {
         Ok(())
     }
 
-    fn silence(&self) -> Option<Arc<Silence>> {
-        Some(self.silence.clone())
-    }
-
     fn open_thread(&self, _thread: usize, spec: ThreadSpec) -> Result<Box<dyn Endpoint>> {
-        // A blade found silent gets no new QP (its set-up would wait).
-        (0..self.infos.len() as u16).try_for_each(|b| self.silence.check(b))?;
         let plan = *self.plan.lock().unwrap_or_else(PoisonError::into_inner);
         let (local, mr) = self.local_slice(spec.local_bytes)?;
         // Sized so that neither queue overflows: a QP holds at most the
