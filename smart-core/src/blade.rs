@@ -565,6 +565,7 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
         qp_error: false,
         out: Vec::with_capacity(BASE_OUT),
         held: 0,
+        wanted: 0,
         budget,
         durable,
         wrote: false,
@@ -624,14 +625,14 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
                 break;
             }
             let body = &buf[start + HEADER_LEN..start + total];
-            let need = response_bound(&h, body);
-            if !conn.make_room(need) {
-                // The budget is spent: send what this connection holds,
-                // then wait for room, reading nothing more meanwhile.
+            if !conn.frame(h, body)? {
+                // The budget has no room for its response: send what this
+                // connection holds, then wait for room, reading nothing
+                // more meanwhile, and run it.
                 fence.leave();
                 conn.send(&mut s)?;
                 let mut pause = Duration::from_millis(1);
-                while !conn.make_room(need) {
+                while !conn.make_room(conn.wanted) {
                     if stop.load(Ordering::Relaxed) {
                         return Ok(());
                     }
@@ -641,8 +642,9 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
                 if !fence.enter() {
                     return Err(fenced(&mut s, &buf[start..end]));
                 }
+                let ran = conn.frame(h, body)?;
+                debug_assert!(ran, "the room it waited for is taken");
             }
-            conn.frame(h, body)?;
             start += total;
             if let Some(why) = conn.refused {
                 // Its tag or credentials were refused: nothing after it runs.
@@ -680,23 +682,6 @@ fn serve_conn(mut s: TcpStream, region: &Region, stop: &AtomicBool, how: Serving
             conn.send(&mut s)?;
         }
     }
-}
-
-/// The most bytes the response to the frame `h` (body `body`) can take: a
-/// header, and a batch's READ data and atomics' old values. A malformed
-/// frame gets a header's worth (it is refused before anything runs).
-fn response_bound(h: &Header, body: &[u8]) -> usize {
-    let mut n = 0usize;
-    if h.kind == wire::KIND_BATCH {
-        let mut p = 0usize;
-        for _ in 0..usize::from(h.count).min(wire::MAX_WRS) {
-            let Some(desc) = body.get(p..p + WR_DESC_LEN) else { break };
-            let d = WrDesc::get(desc);
-            n += d.response_len();
-            p += WR_DESC_LEN + d.payload_len();
-        }
-    }
-    HEADER_LEN + n.min(MAX_FRAME)
 }
 
 /// Clears a connection's `busy` when it ends.
@@ -852,6 +837,8 @@ struct Conn<'r> {
     out: Vec<u8>,
     /// Bytes of `out`'s capacity beyond [`BASE_OUT`], taken from `budget`.
     held: usize,
+    /// The room the frame that could not run needs.
+    wanted: usize,
     budget: &'r Budget,
     /// Serving durably: answers wait until the disk holds their writes.
     durable: bool,
@@ -892,12 +879,16 @@ impl Conn<'_> {
 
     /// Makes `out` able to take `need` more bytes without growing past
     /// what the budget gave it: `false` if the budget has no room now.
+    #[inline]
     fn make_room(&mut self, need: usize) -> bool {
+        self.out.len() + need <= self.out.capacity() || self.grow(need)
+    }
+
+    /// [`Conn::make_room`] when `out` must grow.
+    #[cold]
+    fn grow(&mut self, need: usize) -> bool {
         let want = self.out.len() + need;
         let had = self.out.capacity();
-        if want <= had {
-            return true;
-        }
         let more = want - had.max(BASE_OUT).min(want);
         if !self.budget.try_take(more) {
             return false;
@@ -944,11 +935,25 @@ impl Conn<'_> {
         Ok(())
     }
 
-    /// Handles one request frame, appending its response to `out`.
-    fn frame(&mut self, h: Header, body: &[u8]) -> Result<(), String> {
-        if !self.proven && !matches!(h.kind, wire::KIND_TAG | wire::KIND_REVOKE) {
-            return self.refuse(h, WcStatus::RemoteAccess, UNPROVEN);
+    /// Handles one request frame, appending its response to `out`:
+    /// `Ok(false)`, and nothing done, when its response does not fit in
+    /// what the budget gives now (it needs [`Conn::wanted`] more bytes).
+    fn frame(&mut self, h: Header, body: &[u8]) -> Result<bool, String> {
+        if !self.make_room(HEADER_LEN) {
+            self.wanted = HEADER_LEN;
+            return Ok(false);
         }
+        if !self.proven && !matches!(h.kind, wire::KIND_TAG | wire::KIND_REVOKE) {
+            return self.refuse(h, WcStatus::RemoteAccess, UNPROVEN).map(|()| true);
+        }
+        if h.kind == wire::KIND_BATCH {
+            return self.batch(h, body);
+        }
+        self.control(h, body).map(|()| true)
+    }
+
+    /// A frame other than a batch (each answered with a header alone).
+    fn control(&mut self, h: Header, body: &[u8]) -> Result<(), String> {
         match h.kind {
             wire::KIND_RESET => {
                 if h.count != 0 || !body.is_empty() {
@@ -958,7 +963,6 @@ impl Conn<'_> {
                 Header { len: 0, kind: 0, count: 0, wr_id: h.wr_id }.put(&mut self.out);
                 Ok(())
             }
-            wire::KIND_BATCH => self.batch(h, body),
             wire::KIND_TAG | wire::KIND_REVOKE => {
                 let body = match self.secret {
                     None => body,
@@ -1010,22 +1014,31 @@ impl Conn<'_> {
         }
     }
 
-    fn batch(&mut self, h: Header, body: &[u8]) -> Result<(), String> {
+    /// Runs a batch: `Ok(false)`, and nothing run, if its response does
+    /// not fit in what the budget gives now.
+    fn batch(&mut self, h: Header, body: &[u8]) -> Result<bool, String> {
         let n = h.count as usize;
         if n == 0 || n > wire::MAX_WRS {
             return Err(format!("batch of {n} WRs (must be 1 to {})", wire::MAX_WRS));
         }
-        // First pass: the frame's structure must be exact before any WR runs.
-        let mut p = 0usize;
+        // First pass: the frame's structure must be exact before any WR
+        // runs, and its whole response must fit.
+        let (mut p, mut need) = (0usize, HEADER_LEN);
         for _ in 0..n {
             let d = WrDesc::get(body.get(p..p + WR_DESC_LEN).ok_or("frame ends inside a WR descriptor")?);
             p += WR_DESC_LEN + d.payload_len();
+            need += d.response_len();
             if p > body.len() {
                 return Err("frame ends inside a WRITE payload".into());
             }
         }
         if p != body.len() {
             return Err(format!("frame has {} stray bytes after its WRs", body.len() - p));
+        }
+        let need = need.min(HEADER_LEN + MAX_FRAME);
+        if !self.make_room(need) {
+            self.wanted = need;
+            return Ok(false);
         }
         let head = self.out.len();
         Header { len: 0, kind: 0, count: 0, wr_id: h.wr_id }.put(&mut self.out);
@@ -1048,7 +1061,7 @@ impl Conn<'_> {
         let len = (self.out.len() - head - HEADER_LEN) as u32;
         let hdr = Header { len, kind: wire::status_byte(status), count: failed, wr_id: h.wr_id };
         self.out[head..head + HEADER_LEN].copy_from_slice(&hdr.encode());
-        Ok(())
+        Ok(true)
     }
 
     fn execute(&mut self, d: &WrDesc, payload: &[u8], head: usize) -> Result<(), WcStatus> {
