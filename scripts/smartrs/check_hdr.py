@@ -25,7 +25,13 @@ def check(path: str) -> list[str]:
         # The record caps a percentile at the exact maximum, as below.
         got = min(hist.get_value_at_percentile(pct), h["max"]) / 1000.0
         want = rec["latency_us"][key]
-        if abs(got - want) > 1e-9 * max(1.0, want):
+        # The two libraries round a percentile to a sample's rank apart
+        # (Python's hdrh rounds, the Rust crate takes the ceiling): the
+        # record must hold a value within 1.5 ranks of HdrHistogram's.
+        slack = 150.0 / max(1, h["count"])
+        lo = min(hist.get_value_at_percentile(max(0.0, pct - slack)), h["max"]) / 1000.0
+        hi = min(hist.get_value_at_percentile(min(100.0, pct + slack)), h["max"]) / 1000.0
+        if not (lo - 1e-9 * max(1.0, want) <= want <= hi + 1e-9 * max(1.0, want)):
             bad.append(f"{path}: {key}: HdrHistogram says {got} us, the record {want} us")
     if hist.get_max_value() < h["max"] * 0.999:
         bad.append(f"{path}: max {hist.get_max_value()} ns decoded, the record's exact max is {h['max']} ns")
