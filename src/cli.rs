@@ -405,6 +405,15 @@ pub struct MicroArgs {
     pub common: Common,
 }
 
+/// `ycsb --record`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RecordArg {
+    /// Keys as 8 big-endian bytes, 8-byte values.
+    Binary,
+    /// YCSB's standard record: 24-byte string keys, 10 × 100-byte values.
+    Ycsb,
+}
+
 /// `ycsb --app`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum AppArg {
@@ -435,13 +444,20 @@ pub struct YcsbArgs {
     /// Uniform requests instead of Zipfian.
     #[arg(long)]
     pub uniform: bool,
-    /// Key bytes (≥ 8; suffixes as for sizes).
-    #[arg(long, default_value = "8", value_parser = parse_size)]
-    pub key_size: u64,
-    /// Value bytes (≥ 8; exactly 8 with --app sherman; suffixes as for
-    /// sizes).
-    #[arg(long, default_value = "8", value_parser = parse_size)]
-    pub value_size: u64,
+    /// The record: `binary` (keys are the key number as 8 big-endian bytes;
+    /// default sizes 8 and 8) or `ycsb` (YCSB's standard record: keys
+    /// `user` + 20 digits, 24 bytes; values of 10 fields × 100 bytes).
+    /// --key-size and --value-size change the sizes of either.
+    #[arg(long, value_enum, default_value = "binary")]
+    pub record: RecordArg,
+    /// Key bytes (≥ 8, ≥ 24 with --record ycsb; at most 256 with --app
+    /// sherman; default from --record; suffixes as for sizes).
+    #[arg(long, value_parser = parse_size)]
+    pub key_size: Option<u64>,
+    /// Value bytes (≥ 8; at most 4 KiB with --app sherman; default from
+    /// --record; suffixes as for sizes).
+    #[arg(long, value_parser = parse_size)]
+    pub value_size: Option<u64>,
     /// Check every value read and read every key back after the run.
     #[arg(long)]
     pub verify: bool,
@@ -589,7 +605,8 @@ pub struct RebuildArgs {
 pub enum TableAction {
     /// Every index on the blades (by its named root), with its kind and name.
     List,
-    /// Unset an index's name (a RACE table's memory comes back; a B+tree's pages are not reclaimed).
+    /// Unset an index's name and give its memory back (every RACE subtable and block, every B+tree page
+    /// and value block), once no client can still be using it.
     Drop,
     /// Read an index whole and report what is wrong with it.
     Check,

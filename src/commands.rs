@@ -147,6 +147,7 @@ where
         "keys": y.keys,
         "distribution": job.distribution,
         "key_size": y.key_size,
+        "key_format": y.key_format.as_str(),
         "value_size": y.value_size,
         "load_s": rep.load_s,
         "load_only": rep.run.is_none(),
@@ -154,15 +155,19 @@ where
         "violations": rep.violations,
         "lost": rep.lost,
         "lost_keys": rep.lost_keys,
+        "resurrected": rep.resurrected,
         "capacity": y.capacity,
         "duplicates": rep.duplicates,
         I::APP: index,
     });
     if rep.lost > 0 {
         eprintln!(
-            "compute-blade: VIOLATION: {} keys of 0..{} missing or holding another key's value; first: {:?}",
-            rep.lost, y.keys, rep.lost_keys
+            "compute-blade: VIOLATION: {} keys missing or holding another key's value; first: {:?}",
+            rep.lost, rep.lost_keys
         );
+    }
+    if rep.resurrected > 0 {
+        eprintln!("compute-blade: VIOLATION: {} keys the run deleted are still there", rep.resurrected);
     }
     let what = Subject { bench: "ycsb", app: I::APP, workload: y.workload.name };
     let Some(run) = &rep.run else {
@@ -174,7 +179,7 @@ where
         }
         println!("loaded {} keys into {:?} in {:.1}s ({})", y.keys, y.table, rep.load_s, rep.state.as_str());
         if y.verify {
-            println!("{}", verified_line(None, y.keys, rep.violations, rep.duplicates));
+            println!("{}", verified_line(None, rep.read_back, rep.violations, rep.duplicates));
         }
         report::write(s, &rec)?;
         return Ok(Outcome::of(rep.violations == 0, false));
@@ -182,11 +187,14 @@ where
     let rec = report::record(what, s, t, run, extra)?;
     report::finish(s, &rec, run)?;
     if y.verify {
-        let keys = if run.interrupted { 0 } else { y.keys };
+        let keys = if run.interrupted { 0 } else { rep.read_back };
         println!("{}", verified_line(Some(run.ops), keys, rep.violations, rep.duplicates));
     }
-    if rep.violations > rep.lost {
-        eprintln!("compute-blade: VIOLATION: {} values were wrong or lost", rep.violations - rep.lost);
+    if rep.violations > rep.lost + rep.resurrected {
+        eprintln!(
+            "compute-blade: VIOLATION: {} values were wrong or lost",
+            rep.violations - rep.lost - rep.resurrected
+        );
     }
     Ok(Outcome::of(rep.violations == 0 && run.first_error.is_none(), run.interrupted))
 }
@@ -1075,10 +1083,6 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
         );
     }
     let job = &TableJob { app: Some(app), ..job.clone() };
-    let root = match app {
-        App::Race => format!("race-ht:{}", job.name),
-        App::Sherman => format!("sherman:{}", job.name),
-    };
     let kind = match app {
         App::Race => "race",
         App::Sherman => "sherman",
@@ -1102,7 +1106,7 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
             Ok(Outcome::of(true, false))
         }
         TableAction::Drop => {
-            let (root2, name) = (root.clone(), job.name.clone());
+            let name = job.name.clone();
             let (found, reclaimed) = match app {
                 App::Race => {
                     let name2 = name.clone();
@@ -1118,11 +1122,17 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                     (d.is_some(), d.map(serde_json::to_value).transpose()?)
                 }
                 App::Sherman => {
-                    let dropped = rt.block_on(async move { ctx.drop_root(0, &root2).await })?;
-                    if let Some(at) = dropped {
-                        println!("dropped sherman index {name:?} (was at {at}); its pages are not reclaimed");
+                    let name2 = name.clone();
+                    let d = rt
+                        .block_on(async move { ShermanBt::drop_tree(&ctx, &name2).await })
+                        .map_err(|e| anyhow::anyhow!("dropping sherman index {name:?}: {e}"))?;
+                    if let Some(d) = d {
+                        println!(
+                            "dropped sherman index {name:?}: {} pages and {} value blocks ({} bytes) retired for reuse",
+                            d.pages, d.blocks, d.bytes
+                        );
                     }
-                    (dropped.is_some(), None)
+                    (d.is_some(), d.map(serde_json::to_value).transpose()?)
                 }
             };
             if !found {

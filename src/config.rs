@@ -15,8 +15,8 @@ use smart_core::{EmbeddedTransport, Opcode, Runtime, RuntimeConfig, TcpTransport
 use ycsb::bench::YcsbConfig;
 
 use crate::cli::{
-    AppArg, Cmd, Common, ComputeCli, CqArg, DtxFlags, LinkFlags, MicroArgs, OpArg, RecoverArgs, TableAction, TableArgs,
-    TransportArg, YcsbArgs,
+    AppArg, Cmd, Common, ComputeCli, CqArg, DtxFlags, LinkFlags, MicroArgs, OpArg, RecordArg, RecoverArgs, TableAction,
+    TableArgs, TransportArg, YcsbArgs,
 };
 
 /// How to reach the blades' memory.
@@ -703,22 +703,31 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
         bail!("--zipf must be a positive number other than 1 (the paper uses 0.99)");
     }
     check_rows("--keys", a.keys)?;
-    if a.key_size < 8 || a.value_size < 8 {
-        bail!("--key-size and --value-size must be ≥ 8");
-    }
-    if app == App::Sherman && (a.key_size != 8 || a.value_size != 8) {
+    let (key_format, (key_default, value_default)) = match a.record {
+        RecordArg::Binary => (ycsb::bench::KeyFormat::Binary, (8, 8)),
+        RecordArg::Ycsb => (ycsb::bench::KeyFormat::Ycsb, (ycsb::bench::YCSB_KEY as u64, 1000)),
+    };
+    let (key_size, value_size) = (a.key_size.unwrap_or(key_default), a.value_size.unwrap_or(value_default));
+    if key_size < key_format.min_size() as u64 {
         bail!(
-            "--app sherman stores 8-byte keys and 8-byte values, as in the paper (asked --key-size {} --value-size {})",
-            a.key_size,
-            a.value_size
+            "--key-size must be ≥ {} with --record {} (asked {key_size})",
+            key_format.min_size(),
+            key_format.as_str()
         );
     }
-    let max = match app {
-        App::Race => race_ht::RaceHt::max_kv_bytes(RuntimeConfig::default().slot_bytes) as u64,
-        App::Sherman => 16,
-    };
-    if a.key_size.saturating_add(a.value_size) > max {
-        bail!("--key-size + --value-size must be at most {max} bytes (the largest entry the index stores)");
+    if value_size < 8 {
+        bail!("--value-size must be ≥ 8 (asked {value_size})");
+    }
+    if app == App::Sherman {
+        let (k, v) = (sherman_bt::layout::MAX_KEY as u64, sherman_bt::layout::MAX_VALUE as u64);
+        if key_size > k || value_size > v {
+            bail!("--app sherman stores keys of up to {k} bytes and values of up to {v} (asked --key-size {key_size} --value-size {value_size})");
+        }
+    } else {
+        let max = race_ht::RaceHt::max_kv_bytes(RuntimeConfig::default().slot_bytes) as u64;
+        if key_size.saturating_add(value_size) > max {
+            bail!("--key-size + --value-size must be at most {max} bytes (the largest entry the index stores)");
+        }
     }
     if let Some(c) = a.capacity {
         check_rows("--capacity", c)?;
@@ -732,8 +741,9 @@ fn ycsb(a: &YcsbArgs) -> Result<YcsbJob> {
         keys: a.keys,
         workload,
         chooser,
-        key_size: a.key_size as usize,
-        value_size: a.value_size as usize,
+        key_size: key_size as usize,
+        key_format,
+        value_size: value_size as usize,
         verify: a.verify,
         capacity: a.capacity.unwrap_or(a.keys),
         load: match (a.no_load, a.load_only) {

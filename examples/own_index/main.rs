@@ -51,6 +51,7 @@ fn main() -> anyhow::Result<()> {
         workload: ycsb::Workload::parse("a").map_err(anyhow::Error::msg)?,
         chooser: ycsb::KeyChooser::zipfian(args.ops, 0.99),
         key_size: 8,
+        key_format: ycsb::bench::KeyFormat::Binary,
         value_size: 8,
         verify: true,
         capacity: args.ops,

@@ -93,8 +93,7 @@ pub const SPLIT_DONE: u64 = u64::MAX - 1;
 pub const BEAT_BITS: u32 = 24;
 /// Largest global (and local) depth: a directory of 2^20 entries (8 MiB).
 pub const MAX_DEPTH: u32 = 20;
-/// Bytes of a KV block's header.
-pub const KV_HEADER: usize = 8;
+pub use smart_core::kvblock::KV_HEADER;
 /// Largest offset a slot can hold (1 TiB per blade).
 pub const MAX_OFFSET: u64 = (1 << 40) - 1;
 /// Most bucket groups per subtable: a subtable (its buckets and split line,
@@ -223,41 +222,7 @@ impl Slot {
     }
 }
 
-/// Bytes of the KV block for a key and value (a multiple of 64).
-pub fn block_len(key: usize, value: usize) -> usize {
-    (KV_HEADER + key + value + 4).next_multiple_of(64)
-}
-
-/// Encodes a KV block into `out` (resized to its length).
-pub fn encode_block(key: &[u8], value: &[u8], out: &mut Vec<u8>) {
-    let len = block_len(key.len(), value.len());
-    out.clear();
-    out.resize(len, 0);
-    out[0..4].copy_from_slice(&(key.len() as u32).to_le_bytes());
-    out[4..8].copy_from_slice(&(value.len() as u32).to_le_bytes());
-    out[8..8 + key.len()].copy_from_slice(key);
-    out[8 + key.len()..8 + key.len() + value.len()].copy_from_slice(value);
-    let crc = crc32fast::hash(&out[..len - 4]);
-    out[len - 4..].copy_from_slice(&crc.to_le_bytes());
-}
-
-/// Decodes a KV block: `Some((key, value))` if its lengths fit and its CRC
-/// matches, `None` if it is torn, in flight, or garbage.
-pub fn decode_block(b: &[u8]) -> Option<(&[u8], &[u8])> {
-    if b.len() < 64 || b.len() % 64 != 0 {
-        return None;
-    }
-    let k = u32::from_le_bytes(b[0..4].try_into().ok()?) as usize;
-    let v = u32::from_le_bytes(b[4..8].try_into().ok()?) as usize;
-    if block_len(k, v) != b.len() {
-        return None;
-    }
-    let crc = u32::from_le_bytes(b[b.len() - 4..].try_into().ok()?);
-    if crc32fast::hash(&b[..b.len() - 4]) != crc {
-        return None;
-    }
-    Some((&b[8..8 + k], &b[8 + k..8 + k + v]))
-}
+pub use smart_core::kvblock::{block_len, decode_block, encode_block};
 
 /// The two hashes of a key: `h1` picks the subtable, a main bucket and the
 /// fingerprint; `h2` the second main bucket.

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 use smart_core::GlobalAddr;
 
-use crate::layout::{PageRef, PAGE};
+use crate::layout::{Format, PageRef};
 
-/// Most level-1 pages the index cache holds (1 KiB each).
-pub const INDEX_CACHE_PAGES: usize = 8192;
+/// Most bytes of level-1 pages the index cache holds (8 MiB: 8 192 pages
+/// of 1 KiB).
+pub const INDEX_CACHE_BYTES: usize = 8 << 20;
 
 /// Entries of the speculative-lookup cache (16 bytes each): sets of
 /// [`SPEC_WAYS`].
@@ -21,46 +22,60 @@ pub const SPEC_WAYS: usize = 4;
 /// Level-1 pages keyed by their `lowest`, each with its range: the leaf for
 /// a key is one READ away. A page found stale (the leaf it names no longer
 /// holds the key) is dropped by the caller.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct IndexCache {
-    pages: BTreeMap<u64, Box<[u8; PAGE]>>,
-    /// Rotates the victim of evictions over the key space.
-    victim: u64,
+    f: Format,
+    pages: BTreeMap<Vec<u8>, Box<[u8]>>,
+    /// Pages it holds at most.
+    most: usize,
 }
 
 impl IndexCache {
+    pub(crate) fn new(f: Format) -> IndexCache {
+        IndexCache { f, pages: BTreeMap::new(), most: (INDEX_CACHE_BYTES / f.page).max(1) }
+    }
+
     /// Caches a validated level-1 page.
     pub(crate) fn insert(&mut self, p: PageRef<'_>) {
-        if let Some(old) = self.pages.get_mut(&p.lowest()) {
+        let low = p.lowest();
+        if let Some(old) = self.pages.get_mut(low.as_slice()) {
             old.copy_from_slice(p.bytes());
             return;
         }
-        if self.pages.len() >= INDEX_CACHE_PAGES {
-            self.victim = self.victim.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let k = self.pages.range(self.victim..).next().or_else(|| self.pages.iter().next()).map(|(k, _)| *k);
+        if self.pages.len() >= self.most {
+            // The victim: the page after the newcomer in key order (the
+            // first after the last), one lookup, no bookkeeping per hit.
+            use std::ops::Bound;
+            let after = self.pages.range::<[u8], _>((Bound::Excluded(low.as_slice()), Bound::Unbounded)).next();
+            let k = after.or_else(|| self.pages.iter().next()).map(|(k, _)| k.clone());
             if let Some(k) = k {
                 self.pages.remove(&k);
             }
         }
-        let mut b = Box::new([0u8; PAGE]);
-        b.copy_from_slice(p.bytes());
-        self.pages.insert(p.lowest(), b);
+        self.pages.insert(low.as_slice().to_vec(), p.bytes().into());
     }
 
-    fn covering(&self, key: u64) -> Option<(u64, PageRef<'_>)> {
-        let (lo, b) = self.pages.range(..=key).next_back()?;
-        let p = PageRef::trusted(&b[..]);
-        p.covers(key).then_some((*lo, p))
+    fn covering(&self, key: &[u8]) -> Option<(&[u8], PageRef<'_>)> {
+        use std::ops::Bound;
+        let (lo, b) = self.pages.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
+        let p = PageRef::trusted(&b[..], self.f);
+        p.covers(key).then_some((&lo[..], p))
+    }
+
+    /// Forgets every page.
+    pub(crate) fn clear(&mut self) {
+        self.pages.clear();
     }
 
     /// The leaf a cached page names for `key`.
-    pub(crate) fn child(&self, key: u64) -> Option<GlobalAddr> {
+    pub(crate) fn child(&self, key: &[u8]) -> Option<GlobalAddr> {
         self.covering(key).map(|(_, p)| p.child_for(key))
     }
 
     /// Drops the cached page covering `key`.
-    pub(crate) fn invalidate(&mut self, key: u64) {
+    pub(crate) fn invalidate(&mut self, key: &[u8]) {
         if let Some((lo, _)) = self.covering(key) {
+            let lo = lo.to_vec();
             self.pages.remove(&lo);
         }
     }
@@ -71,14 +86,16 @@ impl IndexCache {
     }
 }
 
-/// Where keys were last seen: key → (leaf, entry), set-associative (a
+/// Where keys were last seen: key (by a 64-bit hash; the entry read
+/// names the key it holds) → (leaf, entry), set-associative (a
 /// direct-mapped table lost a fifth of YCSB C's lookups at Zipf 0.99 to
 /// hot keys sharing a slot). Within a set, a new key enters first and the
 /// last one leaves; a hit moves its key one place forward, so hot keys
 /// stay.
 #[derive(Debug)]
 pub(crate) struct SpecCache {
-    /// (key, entry index:8 | leaf address:56); a zero location is empty.
+    /// (key hash, entry index:8 | leaf address:56); a zero location is
+    /// empty.
     entries: Vec<(u64, u64)>,
 }
 
@@ -94,7 +111,7 @@ impl SpecCache {
         SpecCache { entries: vec![(0, 0); SPEC_ENTRIES] }
     }
 
-    /// Where `key` was last seen.
+    /// Where the key of hash `key` was last seen.
     pub(crate) fn get(&mut self, key: u64) -> Option<(GlobalAddr, usize)> {
         let s = set(key);
         let ways = &mut self.entries[s..s + SPEC_WAYS];
@@ -140,7 +157,8 @@ mod tests {
     use crate::layout::PageBuf;
 
     fn level1(lowest: u64, highest: Option<u64>, child: u64) -> PageBuf {
-        let mut p = PageBuf::new(1, lowest, highest, None);
+        let high = highest.map(u64::to_be_bytes);
+        let mut p = PageBuf::new(Format::paper(), 1, &lowest.to_be_bytes(), high.as_ref().map(|h| &h[..]), None);
         p.set_leftmost(GlobalAddr::new(0, child));
         p.seal(2);
         p
@@ -148,20 +166,24 @@ mod tests {
 
     #[test]
     fn the_index_cache_finds_pages_by_range_and_stays_bounded() {
-        let mut c = IndexCache::default();
+        let mut c = IndexCache::new(Format::paper());
         let a = level1(0, Some(100), 4096);
         let b = level1(100, None, 8192);
         c.insert(a.view());
         c.insert(b.view());
-        assert_eq!(c.child(5).map(|g| g.offset()), Some(4096));
-        assert_eq!(c.child(100).map(|g| g.offset()), Some(8192));
-        assert_eq!(c.child(u64::MAX).map(|g| g.offset()), Some(8192));
-        c.invalidate(50);
-        assert_eq!(c.child(5), None);
-        for i in 0..(INDEX_CACHE_PAGES as u64 + 10) {
+        let k = u64::to_be_bytes;
+        assert_eq!(c.child(&k(5)).map(|g| g.offset()), Some(4096));
+        assert_eq!(c.child(&k(100)).map(|g| g.offset()), Some(8192));
+        assert_eq!(c.child(&k(u64::MAX)).map(|g| g.offset()), Some(8192));
+        assert_eq!(c.child(&[0xff; 20]).map(|g| g.offset()), Some(8192), "a longer key after every 8-byte one");
+        c.invalidate(&k(50));
+        assert_eq!(c.child(&k(5)), None);
+        let most = INDEX_CACHE_BYTES / 1024;
+        for i in 0..(most as u64 + 10) {
             c.insert(level1(1000 + i * 10, Some(1000 + i * 10 + 10), 4096).view());
         }
-        assert!(c.len() <= INDEX_CACHE_PAGES);
+        assert!(c.len() <= most);
+        assert!(c.child(&k(1000 + (most as u64 + 9) * 10)).is_some(), "the newest page is in");
     }
 
     #[test]

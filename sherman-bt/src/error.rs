@@ -9,12 +9,19 @@ pub enum ShermanError {
     #[error(transparent)]
     Verbs(#[from] smart_core::Error),
     /// A key or value of a size the tree does not store.
-    #[error("the B+tree stores 8-byte keys and 8-byte values (asked {key} and {value} bytes)")]
+    #[error(
+        "this B+tree stores keys of up to {key_max} bytes and values of up to {value_max} (asked {key} and \
+         {value} bytes); its sizes are set when it is created"
+    )]
     Size {
         /// Key bytes asked.
         key: usize,
         /// Value bytes asked.
         value: usize,
+        /// The tree's longest key.
+        key_max: usize,
+        /// The tree's longest value.
+        value_max: usize,
     },
     /// A page stayed torn over every re-read.
     #[error("page at {0} failed its line checks on every one of {n} reads: damaged, or left half-written by a writer that died", n = crate::TORN_RETRIES)]
@@ -27,6 +34,9 @@ pub enum ShermanError {
     /// was written under it; the operation starts over.
     #[error("the lock of page {0} was taken over while this client stalled (lease lost)")]
     LeaseLost(GlobalAddr),
+    /// The tree was dropped (`compute-blade table drop`).
+    #[error("the B+tree was dropped")]
+    Dropped,
     /// The remote structure is not what the tree expects.
     #[error("B+tree corrupt: {0}")]
     Corrupt(String),

@@ -1,32 +1,54 @@
 //! Remote layout of the tree (Sherman, Wang et al., SIGMOD '22, with
 //! Smart-BT's per-line sequence numbers, Ren et al., ASPLOS '24), declared
-//! once.
+//! once. Every size follows from the tree's [`Format`]: the longest key
+//! (8 to 256 bytes) and the longest value (8 bytes to 4 KiB) it stores,
+//! fixed when the tree is created and kept in its meta.
 //!
 //! ```text
-//! page (1 KiB)   16 lines of 64 bytes
+//! page           P bytes = lines of 64 bytes (P a power of two, 1 to 8 KiB:
+//!                the least that holds MIN_FANOUT entries of either kind)
 //! line           [seq u32][check u32][56 payload bytes]
 //! seq            page sequence number << 1 | 1 if the page is a leaf; the
 //!                same in every line of a consistent page
 //! check          a 32-bit hash of (seq, line index, payload): a line torn
 //!                inside itself fails it
-//! line 0 payload [magic u32 "SBTP"][level u8][flags u8][count u16]
-//!                [lowest u64][highest u64][sibling u64][leftmost u64][0 × 16]
-//!                flags bit 0: highest is +∞ (the last page of its level)
-//! lines 1..16    3 entries of 18 bytes each at payload offsets 0, 18, 36:
-//!                [key u64][value or child u64][meta u16] (meta bit 0: valid)
+//! payload        the lines' payloads in a row, offsets s ↦ byte
+//!                (s / 56) · 64 + 8 + s mod 56 of the page
+//!   at 0         [magic u32 "SBT2"][level u8][flags u8][count u16]
+//!                [sibling u64][leftmost u64][lowest len u16]
+//!                [highest len u16][0 u32][link u64]              40 bytes
+//!   at 40        [lowest: K bytes][highest: K bytes]    (K = longest key)
+//!                flags bit 0: highest is +∞ (the last page of its level);
+//!                bit 1 dead, bit 2 merging, bit 3 absorbing (a merge, see
+//!                the crate docs; link names the other page of it)
+//! entries        from the first line after the header; an entry of E ≤ 56
+//!                bytes never crosses a line (⌊56/E⌋ per line), a longer
+//!                one starts a line and takes ⌈E/56⌉ lines
+//! leaf entry     [key len u16, bit 15: valid][key: K][value len u16,
+//!                bit 15: out of line][value: C]
+//!                C = V (the longest value) if V ≤ INLINE_MAX, else 8: a
+//!                value of up to C bytes is inline, a longer one lives in a
+//!                KV block (smart_core::kvblock) whose address is the first
+//!                8 bytes of the value field
+//! internal entry [key len u16, bit 15: valid][key: K][child u64]
 //! ```
-//! A page covers the keys `[lowest, highest)`; its right sibling (B-link, on
+//! Keys are byte strings compared lexicographically (a shorter key that is
+//! a prefix of a longer one comes first; the empty key is the least). A
+//! page covers the keys `[lowest, highest)`; its right sibling (B-link, on
 //! every level) covers `[highest, …)`. A page's `lowest` never changes: a
 //! split keeps the lower half in place and moves the upper half to a new
 //! right sibling. Internal pages (level ≥ 1) hold `count` entries sorted by
 //! key: `leftmost` covers `[lowest, key₀)`, the child of entry `i` covers
-//! `[keyᵢ, keyᵢ₊₁)`. Leaves (level 0) hold up to [`ENTRIES`] entries in any
-//! order; an entry is live when its valid bit is set.
+//! `[keyᵢ, keyᵢ₊₁)`. Leaves (level 0) hold their entries in any slot; an
+//! entry is live when its valid bit is set.
 //!
 //! ```text
 //! tree meta (256 bytes, named root "sherman:NAME" on blade 0)
-//!                [magic u64 "SHERMAN1"][root word u64][blades u64]
-//!                [lock table address u64 × blades] … at 240: [name block u64]
+//!                [magic u64 "SHERMAN2"][root word u64][blades u64]
+//!                [lock table address u64 × blades] …
+//!                at 232: [longest key u16][longest value u16][0 u32]
+//!                at 240: [name block u64]
+//!                at 248: [pages freed u64] (FAA before each page is retired)
 //! root word      root level:8 | root page address:56 (changed by CAS)
 //! lock table     LOCK_SLOTS words of 8 bytes on every blade; the lock of
 //!                page P is word hash(P) mod LOCK_SLOTS on P's blade;
@@ -38,66 +60,211 @@
 //! transfer). smart-core's consistency model promises only 8-byte words
 //! (its chaos backend copies word by word), so a line may tear inside
 //! itself; the check catches that, the equal sequence numbers catch a page
-//! torn across lines.
+//! (or an entry spanning lines) torn across lines.
+
+use std::cmp::Ordering;
 
 use smart_core::GlobalAddr;
 
-/// Bytes per page.
-pub const PAGE: usize = 1024;
 /// Bytes per line.
 pub const LINE: usize = 64;
-/// Lines per page.
-pub const LINES: usize = PAGE / LINE;
 /// Bytes of a line's header (sequence number and check).
 pub const LINE_HEADER: usize = 8;
-/// Bytes of an entry.
-pub const ENTRY: usize = 18;
-/// Entries per line.
-pub const PER_LINE: usize = 3;
-/// Entries per page (leaf entries; internal pages hold this many keys plus
-/// `leftmost`).
-pub const ENTRIES: usize = (LINES - 1) * PER_LINE;
-/// Page magic "SBTP".
-pub const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"SBTP");
-/// Tree meta magic "SHERMAN1".
-pub const META_MAGIC: u64 = u64::from_le_bytes(*b"SHERMAN1");
+/// Payload bytes per line.
+pub const PAYLOAD: usize = LINE - LINE_HEADER;
+/// Bytes of a page header before its fence keys.
+pub const HEADER: usize = 40;
+/// Shortest longest-key a tree is made for.
+pub const MIN_KEY: usize = 8;
+/// Longest key any tree stores.
+pub const MAX_KEY: usize = 256;
+/// Shortest longest-value a tree is made for.
+pub const MIN_VALUE: usize = 8;
+/// Longest value any tree stores.
+pub const MAX_VALUE: usize = 4096;
+/// Longest values kept inline in the leaves: a tree made for longer values
+/// keeps values of up to 8 bytes inline and longer ones out of line.
+pub const INLINE_MAX: usize = 128;
+/// Entries a page of either kind holds at least (the page size grows until
+/// it does).
+pub const MIN_FANOUT: usize = 16;
+/// Smallest page.
+pub const MIN_PAGE: usize = 1024;
+/// Largest page.
+pub const MAX_PAGE: usize = 8192;
+/// Page magic "SBT2".
+pub const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"SBT2");
+/// Tree meta magic "SHERMAN2".
+pub const META_MAGIC: u64 = u64::from_le_bytes(*b"SHERMAN2");
+/// The meta magic of trees of 8-byte keys made before byte-string keys.
+pub const OLD_META_MAGIC: u64 = u64::from_le_bytes(*b"SHERMAN1");
 /// Bytes of the tree meta.
 pub const META: usize = 256;
 /// Offset of the root word in the meta.
 pub const ROOT_WORD: u64 = 8;
+/// Offset of the format word (longest key, longest value) in the meta.
+pub const FORMAT_WORD: usize = META - 24;
 /// Offset of the name block's address in the meta.
 pub const NAME_WORD: usize = META - 16;
+/// Offset of the count of pages freed in the meta: a client that sees it
+/// move drops its caches (they may name a freed page).
+pub const FREES_WORD: u64 = (META - 8) as u64;
+/// The meta magic of a dropped tree (kept as a tombstone).
+pub const DROPPED_MAGIC: u64 = u64::from_le_bytes(*b"SHERMAN-");
 /// Most blades a tree spans (lock-table addresses the meta holds).
-pub const MAX_BLADES: usize = (NAME_WORD - 24) / 8;
+pub const MAX_BLADES: usize = (FORMAT_WORD - 24) / 8;
 /// Lock words per blade.
 pub const LOCK_SLOTS: u64 = 32_768;
 /// Deepest tree (levels above the leaves), far beyond any realistic size.
 pub const MAX_LEVEL: u8 = 32;
 
-const _: () = assert!(LINE_HEADER + PER_LINE * ENTRY <= LINE);
-
-// Line-0 payload fields (offsets in the page).
-const OFF_MAGIC: usize = 8;
-const OFF_LEVEL: usize = 12;
-const OFF_FLAGS: usize = 13;
-const OFF_COUNT: usize = 14;
-const OFF_LOWEST: usize = 16;
-const OFF_HIGHEST: usize = 24;
-const OFF_SIBLING: usize = 32;
-const OFF_LEFTMOST: usize = 40;
+// Header fields (payload offsets; all inside line 0).
+const P_MAGIC: usize = 0;
+const P_LEVEL: usize = 4;
+const P_FLAGS: usize = 5;
+const P_COUNT: usize = 6;
+const P_SIBLING: usize = 8;
+const P_LEFTMOST: usize = 16;
+const P_LOW_LEN: usize = 24;
+const P_HIGH_LEN: usize = 26;
+const P_LINK: usize = 32;
 const FLAG_HIGH_INF: u8 = 1;
-const META_VALID: u16 = 1;
+/// A page merged into its left neighbour: empty, its link names the page
+/// that took its range.
+pub const FLAG_DEAD: u8 = 2;
+/// A page being merged into its left neighbour (named by its link): no
+/// writer changes it before the merge is finished.
+pub const FLAG_MERGING: u8 = 4;
+/// A page that took its right neighbour's entries (named by its link) in
+/// a merge not finished yet: no writer changes it before then.
+pub const FLAG_ABSORBING: u8 = 8;
+const VALID: u16 = 1 << 15;
+const OUT_OF_LINE: u16 = 1 << 15;
+const LEN_MASK: u16 = 0x1fff;
 
-/// Line and offset in the page of entry `i`.
+const _: () = assert!(HEADER <= PAYLOAD);
+
+/// Byte of the page holding payload offset `s`.
 #[inline]
-pub const fn entry_offset(i: usize) -> usize {
-    (1 + i / PER_LINE) * LINE + LINE_HEADER + (i % PER_LINE) * ENTRY
+const fn at(s: usize) -> usize {
+    (s / PAYLOAD) * LINE + LINE_HEADER + s % PAYLOAD
 }
 
-/// The line (0..16) that holds entry `i`.
-#[inline]
-pub const fn entry_line(i: usize) -> usize {
-    1 + i / PER_LINE
+/// Where one kind of entry lies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slots {
+    /// Bytes of an entry.
+    pub bytes: usize,
+    /// Entries per line (entries of at most 56 bytes), else 0.
+    pub per_line: usize,
+    /// Lines an entry spans.
+    pub lines: usize,
+    /// Entries a page holds.
+    pub count: usize,
+}
+
+impl Slots {
+    fn new(bytes: usize, first: usize, page_lines: usize) -> Slots {
+        let free = page_lines.saturating_sub(first);
+        if bytes <= PAYLOAD {
+            let per = PAYLOAD / bytes;
+            Slots { bytes, per_line: per, lines: 1, count: free * per }
+        } else {
+            let lines = bytes.div_ceil(PAYLOAD);
+            Slots { bytes, per_line: 0, lines, count: free / lines }
+        }
+    }
+}
+
+/// A tree's sizes and everything that follows from them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Format {
+    /// Longest key (bytes).
+    pub key_max: usize,
+    /// Longest value (bytes).
+    pub value_max: usize,
+    /// Bytes of the value field of a leaf entry (inline capacity).
+    pub inline: usize,
+    /// Bytes per page.
+    pub page: usize,
+    /// Lines per page.
+    pub lines: usize,
+    /// The first line of entries.
+    pub first: usize,
+    /// Leaf entries.
+    pub leaf: Slots,
+    /// Internal entries.
+    pub internal: Slots,
+}
+
+impl Format {
+    /// The format of a tree storing keys of up to `key_max` and values of
+    /// up to `value_max` bytes.
+    ///
+    /// # Errors
+    /// Sizes outside 8..=256 (keys) or 8..=4096 (values), named.
+    pub fn new(key_max: usize, value_max: usize) -> Result<Format, String> {
+        if !(MIN_KEY..=MAX_KEY).contains(&key_max) {
+            return Err(format!("the B+tree stores keys of {MIN_KEY} to {MAX_KEY} bytes at most (asked {key_max})"));
+        }
+        if !(MIN_VALUE..=MAX_VALUE).contains(&value_max) {
+            return Err(format!(
+                "the B+tree stores values of {MIN_VALUE} to {MAX_VALUE} bytes at most (asked {value_max})"
+            ));
+        }
+        let inline = if value_max <= INLINE_MAX { value_max } else { 8 };
+        let first = (HEADER + 2 * key_max).div_ceil(PAYLOAD);
+        let (leaf_bytes, internal_bytes) = (2 + key_max + 2 + inline, 2 + key_max + 8);
+        let mut page = MIN_PAGE;
+        loop {
+            let lines = page / LINE;
+            let leaf = Slots::new(leaf_bytes, first, lines);
+            let internal = Slots::new(internal_bytes, first, lines);
+            if (leaf.count >= MIN_FANOUT && internal.count >= MIN_FANOUT) || page == MAX_PAGE {
+                assert!(leaf.count >= MIN_FANOUT && internal.count >= MIN_FANOUT, "sizes checked above");
+                assert!(leaf.count <= 255 && internal.count <= 255, "an entry index fits 8 bits");
+                return Ok(Format { key_max, value_max, inline, page, lines, first, leaf, internal });
+            }
+            page *= 2;
+        }
+    }
+
+    /// The paper's setting: 8-byte keys and values.
+    pub fn paper() -> Format {
+        Format::new(8, 8).expect("valid sizes")
+    }
+
+    /// The slots of a page of `level`.
+    #[inline]
+    pub fn slots(&self, level: u8) -> &Slots {
+        if level == 0 {
+            &self.leaf
+        } else {
+            &self.internal
+        }
+    }
+
+    /// Payload offset of entry `i` of a page of `level`.
+    #[inline]
+    pub fn entry_at(&self, level: u8, i: usize) -> usize {
+        let s = self.slots(level);
+        match (i.checked_div(s.per_line), i.checked_rem(s.per_line)) {
+            (Some(line), Some(k)) => (self.first + line) * PAYLOAD + k * s.bytes,
+            _ => (self.first + i * s.lines) * PAYLOAD,
+        }
+    }
+
+    /// The lines `[first, first + n)` that leaf entry `i` spans.
+    #[inline]
+    pub fn leaf_entry_lines(&self, i: usize) -> (usize, usize) {
+        (self.entry_at(0, i) / PAYLOAD, self.leaf.lines)
+    }
+
+    /// Whether a value of `len` bytes goes out of line.
+    #[inline]
+    pub fn out_of_line(&self, len: usize) -> bool {
+        len > self.inline
+    }
 }
 
 #[inline]
@@ -140,65 +307,192 @@ pub const fn seq_is_leaf(seq: u32) -> bool {
     seq & 1 == 1
 }
 
-/// One entry of a page.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Entry {
-    /// The key.
-    pub key: u64,
-    /// The value (leaf) or the child page's raw address (internal).
-    pub value: u64,
-    /// Whether the entry is live (leaves; internal entries below `count`
-    /// are always live).
-    pub valid: bool,
+/// A key of up to [`MAX_KEY`] bytes, kept without allocation.
+#[derive(Clone, Copy)]
+pub struct Key {
+    len: u16,
+    b: [u8; MAX_KEY],
 }
 
-/// Decodes entry `slot` (0..3) of a 64-byte line.
-#[inline]
-pub fn line_entry(line: &[u8], slot: usize) -> Entry {
-    let o = LINE_HEADER + slot * ENTRY;
-    Entry { key: u64_at(line, o), value: u64_at(line, o + 8), valid: u16_at(line, o + 16) & META_VALID != 0 }
+impl Key {
+    /// The empty key (the least).
+    pub const EMPTY: Key = Key { len: 0, b: [0; MAX_KEY] };
+
+    /// A copy of `k`.
+    ///
+    /// # Panics
+    /// If `k` is longer than [`MAX_KEY`] (callers check sizes first).
+    pub fn new(k: &[u8]) -> Key {
+        let mut key = Key::EMPTY;
+        key.b[..k.len()].copy_from_slice(k);
+        key.len = k.len() as u16;
+        key
+    }
+
+    /// The bytes.
+    #[inline]
+    pub fn as_slice(&self) -> &[u8] {
+        &self.b[..usize::from(self.len)]
+    }
 }
 
-/// A read-only view of a validated page.
+impl PartialEq for Key {
+    fn eq(&self, o: &Self) -> bool {
+        self.as_slice() == o.as_slice()
+    }
+}
+
+impl Eq for Key {}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.as_slice().cmp(o.as_slice())
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        show_key(self.as_slice()).fmt(f)
+    }
+}
+
+/// A key for messages: printable ASCII as text, else hex.
+pub fn show_key(k: &[u8]) -> String {
+    if k.iter().all(|c| c.is_ascii_graphic()) {
+        format!("{:?}", String::from_utf8_lossy(k))
+    } else {
+        let hex: String = k.iter().map(|b| format!("{b:02x}")).collect();
+        format!("0x{hex}")
+    }
+}
+
+/// A leaf entry's value field as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Value<'a> {
+    /// The value itself.
+    Inline(&'a [u8]),
+    /// A KV block of `len` value bytes at the address.
+    Block(GlobalAddr, usize),
+}
+
+/// A read-only view of validated lines of a page: the whole page, or the
+/// lines of one entry (a speculative read).
 #[derive(Clone, Copy, Debug)]
-pub struct PageRef<'a>(&'a [u8]);
+pub struct PageRef<'a> {
+    b: &'a [u8],
+    /// The first line `b` holds.
+    base: usize,
+    f: Format,
+}
 
 impl<'a> PageRef<'a> {
-    /// Validates `b` (one page): every line intact, every line with the same
-    /// sequence number, the magic right. `None` if the read was torn (or
-    /// the bytes are not a page).
-    pub fn check(b: &'a [u8]) -> Option<PageRef<'a>> {
-        if b.len() != PAGE {
+    /// Validates `b` (one page of format `f`): every line intact, every
+    /// line with the same sequence number, the magic right. `None` if the
+    /// read was torn (or the bytes are not a page).
+    pub fn check(b: &'a [u8], f: Format) -> Option<PageRef<'a>> {
+        if b.len() != f.page {
             return None;
         }
-        let seq = line_seq(&b[..LINE], 0)?;
-        for i in 1..LINES {
-            if line_seq(&b[i * LINE..(i + 1) * LINE], i)? != seq {
-                return None;
-            }
-        }
-        (u32_at(b, OFF_MAGIC) == PAGE_MAGIC).then_some(PageRef(b))
+        lines_seq(b, 0)?;
+        (u32_at(b, at(P_MAGIC)) == PAGE_MAGIC).then_some(PageRef { b, base: 0, f })
+    }
+
+    /// Validates the lines of a leaf entry read alone (lines from `base`):
+    /// intact, of one sequence number, and that number a leaf's.
+    pub fn check_lines(b: &'a [u8], base: usize, f: Format) -> Option<PageRef<'a>> {
+        let seq = lines_seq(b, base)?;
+        seq_is_leaf(seq).then_some(PageRef { b, base, f })
     }
 
     /// A view of bytes validated before (a cached copy).
-    pub(crate) fn trusted(b: &'a [u8]) -> PageRef<'a> {
-        debug_assert_eq!(b.len(), PAGE);
-        PageRef(b)
+    pub(crate) fn trusted(b: &'a [u8], f: Format) -> PageRef<'a> {
+        debug_assert_eq!(b.len(), f.page);
+        PageRef { b, base: 0, f }
     }
 
     /// The raw bytes.
     pub fn bytes(&self) -> &'a [u8] {
-        self.0
+        self.b
+    }
+
+    /// The tree's format.
+    pub fn format(&self) -> &Format {
+        &self.f
+    }
+
+    /// Copies payload bytes `[s, s + out.len())` into `out`.
+    #[inline]
+    fn read(&self, mut s: usize, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let room = PAYLOAD - s % PAYLOAD;
+            let n = room.min(out.len() - done);
+            let o = at(s) - self.base * LINE;
+            out[done..done + n].copy_from_slice(&self.b[o..o + n]);
+            done += n;
+            s += n;
+        }
+    }
+
+    /// Payload bytes `[s, s + n)` when they lie in one line.
+    #[inline]
+    fn slice(&self, s: usize, n: usize) -> Option<&'a [u8]> {
+        (s % PAYLOAD + n <= PAYLOAD).then(|| {
+            let o = at(s) - self.base * LINE;
+            &self.b[o..o + n]
+        })
+    }
+
+    #[inline]
+    fn u16(&self, s: usize) -> u16 {
+        let mut w = [0; 2];
+        self.read(s, &mut w);
+        u16::from_le_bytes(w)
+    }
+
+    #[inline]
+    fn u64(&self, s: usize) -> u64 {
+        let mut w = [0; 8];
+        self.read(s, &mut w);
+        u64::from_le_bytes(w)
+    }
+
+    /// The key at payload offset `s` whose length word says `len`.
+    fn key_at(&self, s: usize, len: usize) -> Key {
+        let mut k = Key::EMPTY;
+        let len = len.min(self.f.key_max);
+        self.read(s, &mut k.b[..len]);
+        k.len = len as u16;
+        k
+    }
+
+    /// Whether the key at `s` of length `len` is `key`, without copying
+    /// when it lies in one line.
+    #[inline]
+    fn key_is(&self, s: usize, len: usize, key: &[u8]) -> bool {
+        if len != key.len() {
+            return false;
+        }
+        match self.slice(s, len) {
+            Some(b) => b == key,
+            None => self.key_at(s, len).as_slice() == key,
+        }
     }
 
     /// The sequence number (with the leaf bit).
     pub fn seq(&self) -> u32 {
-        u32_at(self.0, 0)
+        u32_at(self.b, 0)
     }
 
     /// The level (0 = leaf).
     pub fn level(&self) -> u8 {
-        self.0[OFF_LEVEL]
+        self.b[at(P_LEVEL)]
     }
 
     /// Whether this is a leaf.
@@ -208,73 +502,156 @@ impl<'a> PageRef<'a> {
 
     /// Entries in use (internal pages).
     pub fn count(&self) -> usize {
-        usize::from(u16_at(self.0, OFF_COUNT)).min(ENTRIES)
+        usize::from(u16_at(self.b, at(P_COUNT))).min(self.f.internal.count)
+    }
+
+    /// Entry slots of this page.
+    pub fn slots(&self) -> usize {
+        self.f.slots(self.level()).count
     }
 
     /// The lowest key the page covers.
-    pub fn lowest(&self) -> u64 {
-        u64_at(self.0, OFF_LOWEST)
+    pub fn lowest(&self) -> Key {
+        self.key_at(HEADER, usize::from(u16_at(self.b, at(P_LOW_LEN))))
     }
 
     /// The first key above the page's range, `None` for +∞.
-    pub fn highest(&self) -> Option<u64> {
-        (self.0[OFF_FLAGS] & FLAG_HIGH_INF == 0).then(|| u64_at(self.0, OFF_HIGHEST))
+    pub fn highest(&self) -> Option<Key> {
+        (self.b[at(P_FLAGS)] & FLAG_HIGH_INF == 0)
+            .then(|| self.key_at(HEADER + self.f.key_max, usize::from(u16_at(self.b, at(P_HIGH_LEN)))))
+    }
+
+    /// The merge flags ([`FLAG_DEAD`], [`FLAG_MERGING`], [`FLAG_ABSORBING`]).
+    pub fn merge_flags(&self) -> u8 {
+        self.b[at(P_FLAGS)] & (FLAG_DEAD | FLAG_MERGING | FLAG_ABSORBING)
+    }
+
+    /// Whether the page was merged away (its link names where its range went).
+    pub fn is_dead(&self) -> bool {
+        self.b[at(P_FLAGS)] & FLAG_DEAD != 0
+    }
+
+    /// The other page of a merge (see the flags).
+    pub fn link(&self) -> GlobalAddr {
+        GlobalAddr::from_raw(u64_at(self.b, at(P_LINK)))
     }
 
     /// The right sibling, `None` for the last page of a level.
     pub fn sibling(&self) -> Option<GlobalAddr> {
-        let s = u64_at(self.0, OFF_SIBLING);
+        let s = u64_at(self.b, at(P_SIBLING));
         (s != 0).then(|| GlobalAddr::from_raw(s))
     }
 
     /// The child covering keys below the first entry (internal pages).
     pub fn leftmost(&self) -> GlobalAddr {
-        GlobalAddr::from_raw(u64_at(self.0, OFF_LEFTMOST))
+        GlobalAddr::from_raw(u64_at(self.b, at(P_LEFTMOST)))
     }
 
     /// Whether `key` is in `[lowest, highest)`.
-    pub fn covers(&self, key: u64) -> bool {
-        key >= self.lowest() && self.highest().is_none_or(|h| key < h)
+    pub fn covers(&self, key: &[u8]) -> bool {
+        self.lowest().as_slice() <= key && !self.is_right_of(key)
     }
 
     /// Whether `key` is at or beyond `highest` (then it is to the right).
-    pub fn is_right_of(&self, key: u64) -> bool {
-        self.highest().is_some_and(|h| key >= h)
+    pub fn is_right_of(&self, key: &[u8]) -> bool {
+        self.highest().is_some_and(|h| key >= h.as_slice())
     }
 
-    /// Entry `i`.
+    /// The length word of entry `i` (leaf or internal).
     #[inline]
-    pub fn entry(&self, i: usize) -> Entry {
-        let o = entry_offset(i);
-        Entry { key: u64_at(self.0, o), value: u64_at(self.0, o + 8), valid: u16_at(self.0, o + 16) & META_VALID != 0 }
+    fn entry_word(&self, i: usize) -> u16 {
+        self.u16(self.f.entry_at(self.level(), i))
     }
 
-    /// The live entries: every valid one of a leaf, the first `count` of an
-    /// internal page.
-    pub fn live(&self) -> impl Iterator<Item = (usize, Entry)> + 'a {
+    /// Whether entry `i` is live: a valid leaf entry, or one of the first
+    /// `count` of an internal page.
+    #[inline]
+    pub fn is_live(&self, i: usize) -> bool {
+        if self.is_leaf() {
+            self.entry_word(i) & VALID != 0
+        } else {
+            i < self.count()
+        }
+    }
+
+    /// The key of entry `i`.
+    pub fn key(&self, i: usize) -> Key {
+        let s = self.f.entry_at(self.level(), i);
+        self.key_at(s + 2, usize::from(self.u16(s) & LEN_MASK))
+    }
+
+    /// The child of internal entry `i`.
+    pub fn child(&self, i: usize) -> GlobalAddr {
+        GlobalAddr::from_raw(self.u64(self.f.entry_at(self.level(), i) + 2 + self.f.key_max))
+    }
+
+    /// The value of leaf entry `i`: inline bytes are copied into `buf`.
+    pub fn value<'b>(&self, i: usize, buf: &'b mut [u8; INLINE_MAX]) -> Value<'b> {
+        let s = self.f.entry_at(0, i) + 2 + self.f.key_max;
+        let w = self.u16(s);
+        let len = usize::from(w & LEN_MASK);
+        if w & OUT_OF_LINE != 0 {
+            Value::Block(GlobalAddr::from_raw(self.u64(s + 2)), len)
+        } else {
+            let len = len.min(self.f.inline);
+            self.read(s + 2, &mut buf[..len]);
+            Value::Inline(&buf[..len])
+        }
+    }
+
+    /// The raw value field of leaf entry `i` (length word and value bytes),
+    /// moved as it is by a split.
+    pub(crate) fn value_field(&self, i: usize, out: &mut [u8]) {
+        let s = self.f.entry_at(0, i) + 2 + self.f.key_max;
+        self.read(s, &mut out[..2 + self.f.inline]);
+    }
+
+    /// The live entries' indexes: every valid one of a leaf, the first
+    /// `count` of an internal page.
+    pub fn live(&self) -> impl Iterator<Item = usize> + 'a {
         let p = *self;
-        let n = if p.is_leaf() { ENTRIES } else { p.count() };
-        (0..n).map(move |i| (i, p.entry(i))).filter(move |(_, e)| !p.is_leaf() || e.valid)
+        let n = if p.is_leaf() { p.slots() } else { p.count() };
+        (0..n).filter(move |&i| p.is_live(i))
     }
 
     /// A leaf's entry holding `key`, if any.
     #[inline]
-    pub fn find(&self, key: u64) -> Option<(usize, u64)> {
-        (0..ENTRIES).find_map(|i| {
-            let e = self.entry(i);
-            (e.valid && e.key == key).then_some((i, e.value))
-        })
+    pub fn find(&self, key: &[u8]) -> Option<usize> {
+        (0..self.f.leaf.count).find(|&i| self.entry_is(i, key))
+    }
+
+    /// Whether leaf entry `i` is live and holds `key`.
+    #[inline]
+    pub fn entry_is(&self, i: usize, key: &[u8]) -> bool {
+        let s = self.f.entry_at(0, i);
+        let w = self.u16(s);
+        w & VALID != 0 && self.key_is(s + 2, usize::from(w & LEN_MASK), key)
+    }
+
+    /// A leaf's first free slot.
+    pub fn free_slot(&self) -> Option<usize> {
+        (0..self.f.leaf.count).find(|&i| self.entry_word(i) & VALID == 0)
+    }
+
+    /// Compares internal entry `i`'s key with `key`.
+    #[inline]
+    fn cmp_key(&self, i: usize, key: &[u8]) -> Ordering {
+        let s = self.f.entry_at(self.level(), i);
+        let len = usize::from(self.u16(s) & LEN_MASK).min(self.f.key_max);
+        match self.slice(s + 2, len) {
+            Some(b) => b.cmp(key),
+            None => self.key_at(s + 2, len).as_slice().cmp(key),
+        }
     }
 
     /// An internal page's child covering `key` (which the page covers).
-    pub fn child_for(&self, key: u64) -> GlobalAddr {
-        let n = self.count();
+    pub fn child_for(&self, key: &[u8]) -> GlobalAddr {
         // The last entry whose key ≤ `key`, by binary search over the
         // sorted entries.
-        let (mut lo, mut hi) = (0, n);
+        let (mut lo, mut hi) = (0, self.count());
         while lo < hi {
             let mid = (lo + hi) / 2;
-            if self.entry(mid).key <= key {
+            if self.cmp_key(mid, key) != Ordering::Greater {
                 lo = mid + 1;
             } else {
                 hi = mid;
@@ -283,15 +660,34 @@ impl<'a> PageRef<'a> {
         if lo == 0 {
             self.leftmost()
         } else {
-            GlobalAddr::from_raw(self.entry(lo - 1).value)
+            self.child(lo - 1)
         }
     }
+}
+
+/// The sequence number shared by every line of `b` (lines from `base`),
+/// each intact; `None` otherwise.
+fn lines_seq(b: &[u8], base: usize) -> Option<u32> {
+    if b.is_empty() || b.len() % LINE != 0 {
+        return None;
+    }
+    let seq = line_seq(&b[..LINE], base)?;
+    for (j, line) in b.chunks_exact(LINE).enumerate().skip(1) {
+        if line_seq(line, base + j)? != seq {
+            return None;
+        }
+    }
+    Some(seq)
 }
 
 /// A page being built or modified, sealed (sequence numbers and checks
 /// written) before it is written.
 #[derive(Clone)]
-pub struct PageBuf(pub Box<[u8; PAGE]>);
+pub struct PageBuf {
+    /// The page's bytes.
+    pub b: Box<[u8]>,
+    f: Format,
+}
 
 impl std::fmt::Debug for PageBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -300,86 +696,197 @@ impl std::fmt::Debug for PageBuf {
     }
 }
 
+/// A leaf entry's value field to store: the length word and the bytes
+/// (inline value, or the block address).
+#[derive(Clone, Copy, Debug)]
+pub struct Field {
+    word: u16,
+    bytes: [u8; INLINE_MAX],
+}
+
+impl Field {
+    /// An inline value (at most the format's inline capacity).
+    pub fn inline(v: &[u8]) -> Field {
+        let mut f = Field { word: v.len() as u16, bytes: [0; INLINE_MAX] };
+        f.bytes[..v.len()].copy_from_slice(v);
+        f
+    }
+
+    /// A value of `len` bytes in the KV block at `at`.
+    pub fn block(at: GlobalAddr, len: usize) -> Field {
+        let mut f = Field { word: len as u16 | OUT_OF_LINE, bytes: [0; INLINE_MAX] };
+        f.bytes[..8].copy_from_slice(&at.raw().to_le_bytes());
+        f
+    }
+
+    /// A field as read by [`PageRef::value_field`].
+    pub(crate) fn raw(b: &[u8]) -> Field {
+        let mut f = Field { word: u16_at(b, 0), bytes: [0; INLINE_MAX] };
+        let n = (b.len() - 2).min(INLINE_MAX);
+        f.bytes[..n].copy_from_slice(&b[2..2 + n]);
+        f
+    }
+
+    /// The inline value's bytes (nothing for a block).
+    pub fn inline_bytes(&self) -> &[u8] {
+        if self.word & OUT_OF_LINE != 0 {
+            return &[];
+        }
+        &self.bytes[..usize::from(self.word & LEN_MASK).min(INLINE_MAX)]
+    }
+
+    /// The block this field names, if out of line (with its value length).
+    pub fn block_of(&self) -> Option<(GlobalAddr, usize)> {
+        (self.word & OUT_OF_LINE != 0)
+            .then(|| (GlobalAddr::from_raw(u64_at(&self.bytes, 0)), usize::from(self.word & LEN_MASK)))
+    }
+}
+
 impl PageBuf {
-    /// An empty page of `level` covering `[lowest, highest)` (`None`: +∞).
-    pub fn new(level: u8, lowest: u64, highest: Option<u64>, sibling: Option<GlobalAddr>) -> PageBuf {
-        let mut p = PageBuf(Box::new([0; PAGE]));
+    /// An empty page of format `f` and `level` covering
+    /// `[lowest, highest)` (`None`: +∞).
+    pub fn new(f: Format, level: u8, lowest: &[u8], highest: Option<&[u8]>, sibling: Option<GlobalAddr>) -> PageBuf {
+        let mut p = PageBuf { b: vec![0; f.page].into_boxed_slice(), f };
         p.reset(level, lowest, highest, sibling);
         p
     }
 
+    /// An empty buffer of format `f` (a level-0 page from the empty key).
+    pub fn empty(f: Format) -> PageBuf {
+        PageBuf::new(f, 0, &[], None, None)
+    }
+
     /// Empties this buffer into a new page (see [`PageBuf::new`]).
-    pub fn reset(&mut self, level: u8, lowest: u64, highest: Option<u64>, sibling: Option<GlobalAddr>) {
-        self.0.fill(0);
-        self.0[OFF_MAGIC..OFF_MAGIC + 4].copy_from_slice(&PAGE_MAGIC.to_le_bytes());
-        self.0[OFF_LEVEL] = level;
+    pub fn reset(&mut self, level: u8, lowest: &[u8], highest: Option<&[u8]>, sibling: Option<GlobalAddr>) {
+        self.b.fill(0);
+        self.b[at(P_MAGIC)..at(P_MAGIC) + 4].copy_from_slice(&PAGE_MAGIC.to_le_bytes());
+        self.b[at(P_LEVEL)] = level;
         self.set_lowest(lowest);
         self.set_highest(highest);
         self.set_sibling(sibling);
     }
 
-    /// A copy of a validated page.
-    pub fn from_page(p: PageRef<'_>) -> PageBuf {
-        let mut b = PageBuf(Box::new([0; PAGE]));
-        b.0.copy_from_slice(p.bytes());
-        b
-    }
-
     /// Copies a validated page into this buffer.
     pub fn copy_from(&mut self, p: PageRef<'_>) {
-        self.0.copy_from_slice(p.bytes());
+        self.b.copy_from_slice(p.bytes());
+    }
+
+    /// A copy of a validated page.
+    pub fn from_page(p: PageRef<'_>) -> PageBuf {
+        PageBuf { b: p.bytes().into(), f: p.f }
     }
 
     /// A view (not validated: the buffer is this client's own).
     pub fn view(&self) -> PageRef<'_> {
-        PageRef(&self.0[..])
+        PageRef { b: &self.b[..], base: 0, f: self.f }
+    }
+
+    /// The format.
+    pub fn format(&self) -> &Format {
+        &self.f
+    }
+
+    fn write(&mut self, mut s: usize, data: &[u8]) {
+        let mut done = 0;
+        while done < data.len() {
+            let n = (PAYLOAD - s % PAYLOAD).min(data.len() - done);
+            let o = at(s);
+            self.b[o..o + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+            s += n;
+        }
+    }
+
+    fn put_key(&mut self, s: usize, k: &[u8]) {
+        assert!(k.len() <= self.f.key_max, "key of {} bytes in a tree of {}", k.len(), self.f.key_max);
+        let mut b = [0u8; MAX_KEY];
+        b[..k.len()].copy_from_slice(k);
+        self.write(s, &b[..self.f.key_max]);
     }
 
     /// Sets the lowest key.
-    pub fn set_lowest(&mut self, k: u64) {
-        self.0[OFF_LOWEST..OFF_LOWEST + 8].copy_from_slice(&k.to_le_bytes());
+    pub fn set_lowest(&mut self, k: &[u8]) {
+        self.put_key(HEADER, k);
+        self.write(P_LOW_LEN, &(k.len() as u16).to_le_bytes());
     }
 
     /// Sets the highest key (`None`: +∞).
-    pub fn set_highest(&mut self, h: Option<u64>) {
-        self.0[OFF_HIGHEST..OFF_HIGHEST + 8].copy_from_slice(&h.unwrap_or(0).to_le_bytes());
+    pub fn set_highest(&mut self, h: Option<&[u8]>) {
+        let k = h.unwrap_or(&[]);
+        self.put_key(HEADER + self.f.key_max, k);
+        self.write(P_HIGH_LEN, &(k.len() as u16).to_le_bytes());
         if h.is_some() {
-            self.0[OFF_FLAGS] &= !FLAG_HIGH_INF;
+            self.b[at(P_FLAGS)] &= !FLAG_HIGH_INF;
         } else {
-            self.0[OFF_FLAGS] |= FLAG_HIGH_INF;
+            self.b[at(P_FLAGS)] |= FLAG_HIGH_INF;
         }
     }
 
     /// Sets the right sibling.
     pub fn set_sibling(&mut self, s: Option<GlobalAddr>) {
-        self.0[OFF_SIBLING..OFF_SIBLING + 8].copy_from_slice(&s.map_or(0, GlobalAddr::raw).to_le_bytes());
+        self.write(P_SIBLING, &s.map_or(0, GlobalAddr::raw).to_le_bytes());
+    }
+
+    /// Sets the merge flags and the link (see [`PageRef::merge_flags`]).
+    pub fn set_merge(&mut self, flags: u8, link: GlobalAddr) {
+        let keep = self.b[at(P_FLAGS)] & FLAG_HIGH_INF;
+        self.b[at(P_FLAGS)] = keep | flags;
+        self.write(P_LINK, &link.raw().to_le_bytes());
     }
 
     /// Sets the leftmost child.
     pub fn set_leftmost(&mut self, c: GlobalAddr) {
-        self.0[OFF_LEFTMOST..OFF_LEFTMOST + 8].copy_from_slice(&c.raw().to_le_bytes());
+        self.write(P_LEFTMOST, &c.raw().to_le_bytes());
     }
 
     /// Sets the entry count (internal pages).
     pub fn set_count(&mut self, n: usize) {
-        assert!(n <= ENTRIES, "{n} entries do not fit a page");
-        self.0[OFF_COUNT..OFF_COUNT + 2].copy_from_slice(&(n as u16).to_le_bytes());
+        assert!(n <= self.f.internal.count, "{n} entries do not fit a page");
+        self.write(P_COUNT, &(n as u16).to_le_bytes());
     }
 
-    /// Sets entry `i`.
-    #[inline]
-    pub fn set_entry(&mut self, i: usize, e: Entry) {
-        let o = entry_offset(i);
-        self.0[o..o + 8].copy_from_slice(&e.key.to_le_bytes());
-        self.0[o + 8..o + 16].copy_from_slice(&e.value.to_le_bytes());
-        self.0[o + 16..o + 18].copy_from_slice(&u16::from(e.valid).to_le_bytes());
+    /// Sets leaf entry `i` to `key` → `value`.
+    pub fn set_leaf(&mut self, i: usize, key: &[u8], value: &Field) {
+        let s = self.f.entry_at(0, i);
+        self.write(s, &(key.len() as u16 | VALID).to_le_bytes());
+        self.put_key(s + 2, key);
+        let s = s + 2 + self.f.key_max;
+        self.write(s, &value.word.to_le_bytes());
+        let n = self.f.inline;
+        self.write(s + 2, &value.bytes[..n]);
+    }
+
+    /// Clears leaf entry `i` (its bytes too).
+    pub fn clear_leaf(&mut self, i: usize) {
+        let s = self.f.entry_at(0, i);
+        let zero = [0u8; 2 + MAX_KEY + 2 + INLINE_MAX];
+        self.write(s, &zero[..self.f.leaf.bytes]);
+    }
+
+    /// Sets internal entry `i` to `key` → `child`.
+    fn set_internal(&mut self, i: usize, key: &[u8], child: GlobalAddr) {
+        let level = self.view().level();
+        let s = self.f.entry_at(level, i);
+        self.write(s, &(key.len() as u16 | VALID).to_le_bytes());
+        self.put_key(s + 2, key);
+        self.write(s + 2 + self.f.key_max, &child.raw().to_le_bytes());
     }
 
     /// Replaces an internal page's entries by `entries` (sorted).
-    pub fn set_sorted(&mut self, entries: &[(u64, u64)]) {
-        for i in 0..ENTRIES {
-            let e = entries.get(i).map_or(Entry::default(), |&(key, value)| Entry { key, value, valid: true });
-            self.set_entry(i, e);
+    pub fn set_sorted(&mut self, entries: &[(Key, GlobalAddr)]) {
+        let level = self.view().level();
+        let s = self.f.entry_at(level, 0);
+        let end = self.f.entry_at(level, self.f.internal.count - 1) + self.f.internal.bytes;
+        let mut zero = [0u8; PAYLOAD];
+        let mut at_ = s;
+        while at_ < end {
+            let n = (end - at_).min(PAYLOAD);
+            zero[..n].fill(0);
+            self.write(at_, &zero[..n]);
+            at_ += n;
+        }
+        for (i, (k, c)) in entries.iter().enumerate() {
+            self.set_internal(i, k.as_slice(), *c);
         }
         self.set_count(entries.len());
     }
@@ -387,9 +894,8 @@ impl PageBuf {
     /// Writes sequence number `seq` (the leaf bit is set from the level)
     /// and every line's check: the page is ready to be written.
     pub fn seal(&mut self, seq: u32) {
-        let seq = (seq & !1) | u32::from(self.0[OFF_LEVEL] == 0);
-        for i in 0..LINES {
-            let line = &mut self.0[i * LINE..(i + 1) * LINE];
+        let seq = (seq & !1) | u32::from(self.b[at(P_LEVEL)] == 0);
+        for (i, line) in self.b.chunks_exact_mut(LINE).enumerate() {
             line[..4].copy_from_slice(&seq.to_le_bytes());
             let c = line_check(line, i, seq);
             line[4..8].copy_from_slice(&c.to_le_bytes());
@@ -403,7 +909,7 @@ impl PageBuf {
 
     /// Seals with the sequence number after the current one.
     pub fn seal_next(&mut self) {
-        self.seal_after(u32_at(&self.0[..], 0));
+        self.seal_after(u32_at(&self.b[..], 0));
     }
 }
 
@@ -424,9 +930,9 @@ pub fn unpack_root(w: u64) -> (u8, GlobalAddr) {
 /// The lock word index of page `p` on its blade.
 #[inline]
 pub fn lock_slot(p: GlobalAddr) -> u64 {
-    // Pages are 1 KiB aligned: hash the page number (Fibonacci hashing:
-    // the product's top bits).
-    (p.offset() / PAGE as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - LOCK_SLOTS.trailing_zeros())
+    // Pages are at least 1 KiB and aligned to their size: hash the offset
+    // in KiB (Fibonacci hashing: the product's top bits).
+    (p.offset() / MIN_PAGE as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - LOCK_SLOTS.trailing_zeros())
 }
 
 /// The tree meta as read from the blade.
@@ -436,6 +942,8 @@ pub struct Meta {
     pub root: u64,
     /// Lock table per blade.
     pub locks: Vec<GlobalAddr>,
+    /// Longest key and value.
+    pub sizes: (usize, usize),
     /// The tree's name (`Ctx::write_name`), null if not stored.
     pub name: GlobalAddr,
 }
@@ -450,6 +958,8 @@ impl Meta {
         for (i, l) in self.locks.iter().enumerate() {
             b[24 + 8 * i..32 + 8 * i].copy_from_slice(&l.raw().to_le_bytes());
         }
+        b[FORMAT_WORD..FORMAT_WORD + 2].copy_from_slice(&(self.sizes.0 as u16).to_le_bytes());
+        b[FORMAT_WORD + 2..FORMAT_WORD + 4].copy_from_slice(&(self.sizes.1 as u16).to_le_bytes());
         b[NAME_WORD..NAME_WORD + 8].copy_from_slice(&self.name.raw().to_le_bytes());
         b
     }
@@ -463,86 +973,19 @@ impl Meta {
         Some(Meta {
             root: u64_at(b, 8),
             locks: (0..n).map(|i| GlobalAddr::from_raw(u64_at(b, 24 + 8 * i))).collect(),
+            sizes: (usize::from(u16_at(b, FORMAT_WORD)), usize::from(u16_at(b, FORMAT_WORD + 2))),
             name: GlobalAddr::from_raw(u64_at(b, NAME_WORD)),
         })
+    }
+
+    /// The tree's format.
+    ///
+    /// # Errors
+    /// Sizes no tree is made with (a damaged meta).
+    pub fn format(&self) -> Result<Format, String> {
+        Format::new(self.sizes.0, self.sizes.1)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_layout_is_pinned() {
-        assert_eq!((PAGE, LINE, LINES, ENTRIES), (1024, 64, 16, 45));
-        assert_eq!(entry_offset(0), 72);
-        assert_eq!(entry_offset(1), 90);
-        assert_eq!(entry_offset(2), 108);
-        assert_eq!(entry_offset(3), 136);
-        assert_eq!(entry_offset(44), 15 * 64 + 8 + 36);
-        assert!(entry_offset(44) + ENTRY <= PAGE);
-        assert_eq!(entry_line(44), 15);
-        assert_eq!((MAX_BLADES, NAME_WORD), (27, 240));
-        assert_eq!(&PAGE_MAGIC.to_le_bytes(), b"SBTP");
-    }
-
-    #[test]
-    fn a_sealed_page_validates_and_any_changed_word_does_not() {
-        let mut p = PageBuf::new(0, 10, Some(99), Some(GlobalAddr::new(1, 4096)));
-        p.set_entry(7, Entry { key: 42, value: 4242, valid: true });
-        p.seal(6);
-        let v = PageRef::check(&p.0[..]).expect("valid");
-        assert_eq!(v.seq(), 7, "a leaf's sequence number has bit 0 set");
-        assert!(seq_is_leaf(v.seq()));
-        assert_eq!((v.lowest(), v.highest(), v.sibling()), (10, Some(99), Some(GlobalAddr::new(1, 4096))));
-        assert_eq!(v.find(42), Some((7, 4242)));
-        assert!(v.covers(10) && v.covers(98) && !v.covers(99) && !v.covers(9));
-        // A torn line: one word of the new version inside an old line.
-        for word in 0..PAGE / 8 {
-            let mut t = p.clone();
-            t.0[word * 8] ^= 0x40;
-            assert!(PageRef::check(&t.0[..]).is_none(), "word {word} changed yet the page validated");
-        }
-        // Two consistent versions mixed line by line.
-        let mut q = p.clone();
-        q.set_entry(0, Entry { key: 1, value: 1, valid: true });
-        q.seal_next();
-        let mut mixed = p.clone();
-        mixed.0[LINE..2 * LINE].copy_from_slice(&q.0[LINE..2 * LINE]);
-        assert!(PageRef::check(&mixed.0[..]).is_none(), "lines of two versions were accepted");
-        assert!(PageRef::check(&[0u8; PAGE]).is_none(), "a zero page is not a page");
-    }
-
-    #[test]
-    fn internal_pages_route_keys_by_their_sorted_entries() {
-        let mut p = PageBuf::new(1, 0, None, None);
-        p.set_leftmost(GlobalAddr::new(0, 1024));
-        p.set_sorted(&[(10, GlobalAddr::new(0, 2048).raw()), (20, GlobalAddr::new(0, 3072).raw())]);
-        p.seal(2);
-        let v = PageRef::check(&p.0[..]).unwrap();
-        assert!(!seq_is_leaf(v.seq()));
-        assert_eq!(v.child_for(0).offset(), 1024);
-        assert_eq!(v.child_for(9).offset(), 1024);
-        assert_eq!(v.child_for(10).offset(), 2048);
-        assert_eq!(v.child_for(19).offset(), 2048);
-        assert_eq!(v.child_for(u64::MAX).offset(), 3072);
-        assert_eq!(v.live().count(), 2);
-    }
-
-    #[test]
-    fn meta_and_root_word_round_trip() {
-        let m = Meta {
-            root: root_word(3, GlobalAddr::new(2, 8192)),
-            locks: vec![GlobalAddr::new(0, 4096); 3],
-            name: GlobalAddr::new(0, 640),
-        };
-        assert_eq!(Meta::decode(&m.encode()), Some(m.clone()));
-        assert_eq!(unpack_root(m.root), (3, GlobalAddr::new(2, 8192)));
-        assert!(Meta::decode(&[0u8; META]).is_none());
-        assert!(lock_slot(GlobalAddr::new(0, 1 << 30)) < LOCK_SLOTS);
-        // Consecutive pages spread over the lock table.
-        let slots: std::collections::HashSet<u64> =
-            (0..LOCK_SLOTS).map(|i| lock_slot(GlobalAddr::new(0, 4096 + i * PAGE as u64))).collect();
-        assert!(slots.len() as u64 > LOCK_SLOTS / 2, "{} distinct slots", slots.len());
-    }
-}
+mod tests;

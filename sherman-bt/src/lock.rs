@@ -32,7 +32,7 @@ use rustc_hash::FxHashMap;
 use smart_core::runtime::OpGuard;
 use smart_core::GlobalAddr;
 
-use crate::layout::{self, PageRef, PAGE};
+use crate::layout::{self, PageRef};
 use crate::{Local, Result, ShermanBt, ShermanError};
 
 /// Failed CASes on one lock before a waiter starts pausing between them
@@ -200,7 +200,7 @@ pub(crate) struct Held {
 
 impl ShermanBt {
     /// The lock word of page `p`.
-    fn lock_word(&self, p: GlobalAddr) -> Result<GlobalAddr> {
+    pub(crate) fn lock_word(&self, p: GlobalAddr) -> Result<GlobalAddr> {
         let table = self
             .locks
             .get(usize::from(p.blade()))
@@ -257,7 +257,7 @@ impl ShermanBt {
     /// Takes the global word of page `at` (CAS to `tag`) and reads the page;
     /// returns when the tag was written (before the CAS was posted).
     async fn acquire(&mut self, at: GlobalAddr, word: GlobalAddr, tag: u64, op: &mut OpGuard<'_>) -> Result<u64> {
-        crate::read::check_link(&self.ctx, at)?;
+        crate::read::check_link(&self.ctx, at, self.f.page)?;
         let mut expect = 0;
         let mut seen = (0u64, 0u64);
         let mut first = true;
@@ -268,12 +268,12 @@ impl ShermanBt {
             let c = b.cas(word, expect, tag);
             let since = ctx.now_ns();
             if first {
-                let r = b.read(at, PAGE);
+                let r = b.read(at, self.f.page);
                 let done = b.post().await?;
                 if done.old(c) == expect {
-                    if let Some(p) = PageRef::check(done.bytes(r)) {
+                    if let Some(p) = PageRef::check(done.bytes(r), self.f) {
                         self.page.copy_from(p);
-                        self.count_read(PAGE);
+                        self.count_read(self.f.page);
                         return Ok(since);
                     }
                     drop(done);
@@ -319,7 +319,7 @@ impl ShermanBt {
     /// a torn copy a bounded number of times.
     pub(crate) async fn read_locked(&mut self, at: GlobalAddr) -> Result<()> {
         let page = &mut self.page;
-        crate::read::with_page(&self.ctx, &self.local, &self.read, at, |p| page.copy_from(p)).await
+        crate::read::with_page(&self.ctx, &self.local, &self.read, (at, self.f), |p| page.copy_from(p)).await
     }
 
     /// Releases a lock, first writing `self.page` back (sealed with the
@@ -343,7 +343,7 @@ impl ShermanBt {
     /// [`ShermanError::LeaseLost`] (nothing written, the local turn passed
     /// on) if a waiter took the lock over meanwhile (this client stalled
     /// for a lease, and was taken for dead).
-    async fn still_held(&mut self, mut h: Held) -> Result<Held> {
+    pub(crate) async fn still_held(&mut self, mut h: Held) -> Result<Held> {
         let half = LOCK_LEASE.as_nanos() as u64 / 2;
         while self.ctx.now_ns().saturating_sub(h.since) >= half {
             let (new, since) = (self.next_tag(), self.ctx.now_ns());
@@ -363,14 +363,14 @@ impl ShermanBt {
         Ok(h)
     }
 
-    async fn release(&mut self, h: Held, write: bool) -> Result<()> {
+    pub(crate) async fn release(&mut self, h: Held, write: bool) -> Result<()> {
         let h = if write { self.still_held(h).await? } else { h };
         let id = h.word.raw();
         let remote = self.local.borrow_mut().locks.plan_release(id, h.tag, h.since);
         let result = async {
             let mut b = self.ctx.batch();
             if write {
-                b.write(h.page, &self.page.0[..]);
+                b.write(h.page, &self.page.b[..]);
             }
             if remote {
                 // After the page WRITE on the same QP: the next holder
@@ -422,7 +422,7 @@ mod tests {
     /// only old renews it, writes, and releases it.
     #[test]
     fn a_holder_that_lost_its_lock_to_a_waiter_writes_nothing() {
-        use crate::layout::Entry;
+        use crate::layout::Field;
         use smart_core::{Runtime, RuntimeConfig};
         let b = smart_testkit::backends::embedded(1);
         let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
@@ -430,7 +430,7 @@ mod tests {
         rt.block_on(async move {
             let (mut t, _) = ShermanBt::open_or_create(&ctx, "lease").await.unwrap();
             let (_, leaf) = t.root().await.unwrap();
-            let mut before = vec![0u8; PAGE];
+            let mut before = vec![0u8; t.f.page];
             ctx.read(leaf, &mut before).await.unwrap();
             for taken_over in [true, false] {
                 let mut op = ctx.op().await;
@@ -441,9 +441,9 @@ mod tests {
                     // A waiter's takeover: a CAS from the holder's word.
                     assert_eq!(ctx.cas(held.word, held.tag, 0xdead_beef).await.unwrap(), held.tag);
                 }
-                t.page.set_entry(0, Entry { key: 7, value: 7, valid: true });
+                t.page.set_leaf(0, &7u64.to_be_bytes(), &Field::inline(&7u64.to_le_bytes()));
                 let r = t.unlock(held, true).await;
-                let mut after = vec![0u8; PAGE];
+                let mut after = vec![0u8; t.f.page];
                 ctx.read(leaf, &mut after).await.unwrap();
                 let word = ctx.read_u64(held.word).await.unwrap();
                 if taken_over {

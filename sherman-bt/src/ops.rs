@@ -1,10 +1,13 @@
 //! The operations: lookup (speculative or not), range scan, and the writes
 //! with their splits.
 
+use smart_core::index::Pairs;
+use smart_core::kvblock;
+use smart_core::reclaim::{Pin, Reclaimer};
 use smart_core::runtime::OpGuard;
 use smart_core::GlobalAddr;
 
-use crate::layout::{self, Entry, PageBuf, PageRef, ENTRIES, LINE, PER_LINE};
+use crate::layout::{self, show_key, Field, Key, PageBuf, PageRef, Value, INLINE_MAX, LINE};
 use crate::lock::Held;
 use crate::read::with_page;
 use crate::{Result, ShermanBt, ShermanError};
@@ -21,21 +24,28 @@ pub(crate) enum Kind {
     Delete,
 }
 
-/// What a reader does at a leaf.
+/// What a reader does at a leaf (on the stack: a key inline, no
+/// allocation).
+#[allow(clippy::large_enum_variant)]
 enum AtLeaf<T> {
     Here(T),
     /// To the sibling, which starts at the key given (this page's end).
-    Right(GlobalAddr, u64),
+    Right(GlobalAddr, Key),
+    /// A page merged away: to the page that took its range.
+    Left(GlobalAddr),
     Restart,
 }
 
 /// Classifies a page reached while looking for `key`'s leaf, moving right
-/// from a page that ended at `min_low` (0: reached from above). A page
-/// that starts below `min_low` is no right sibling: a link that leads
-/// back (damaged, or written by a hostile client) restarts the reader
-/// instead of sending it round a cycle.
-fn at_leaf<T>(p: PageRef<'_>, key: u64, min_low: u64, here: impl FnOnce(PageRef<'_>) -> T) -> AtLeaf<T> {
-    if !p.is_leaf() || p.lowest() > key || p.lowest() < min_low {
+/// from a page that ended at `min_low` (the empty key: reached from
+/// above). A page that starts below `min_low` is no right sibling: a link
+/// that leads back (damaged, or written by a hostile client) restarts the
+/// reader instead of sending it round a cycle.
+fn at_leaf<T>(p: PageRef<'_>, key: &[u8], min_low: &Key, here: impl FnOnce(PageRef<'_>) -> T) -> AtLeaf<T> {
+    let low = p.lowest();
+    if p.is_leaf() && p.is_dead() {
+        AtLeaf::Left(p.link())
+    } else if !p.is_leaf() || low.as_slice() > key || low < *min_low {
         AtLeaf::Restart
     } else if p.is_right_of(key) {
         match (p.sibling(), p.highest()) {
@@ -47,46 +57,189 @@ fn at_leaf<T>(p: PageRef<'_>, key: u64, min_low: u64, here: impl FnOnce(PageRef<
     }
 }
 
+/// Where a lookup found its key's value.
+enum Found {
+    /// Copied into the caller's buffer.
+    Inline,
+    /// In a KV block of `.1` value bytes.
+    Block(GlobalAddr, usize),
+}
+
+/// The value at leaf entry `i`, inline ones copied into `out`.
+fn take_value(p: PageRef<'_>, i: usize, out: &mut Vec<u8>) -> Found {
+    let mut buf = [0u8; INLINE_MAX];
+    match p.value(i, &mut buf) {
+        Value::Inline(v) => {
+            out.clear();
+            out.extend_from_slice(v);
+            Found::Inline
+        }
+        Value::Block(at, len) => Found::Block(at, len),
+    }
+}
+
+/// The hash a key is remembered under by the speculative cache.
+fn spec_hash(key: &[u8]) -> u64 {
+    smart_core::hash::bytes(key)
+}
+
 impl ShermanBt {
-    /// Looks `key` up.
+    /// Pins the reclamation epoch for an operation (freed pages and value
+    /// blocks are reused only when no operation can still read them). When
+    /// the epoch moved since the last check, reads the tree meta (one
+    /// READ): a tree dropped is an error; pages freed since (or a lapse of
+    /// this thread) drop the index cache, whose page addresses are
+    /// references kept between operations.
+    pub(crate) async fn pin(&self) -> Result<Pin> {
+        let pin = Reclaimer::pin(&self.reclaim, &self.ctx).await?;
+        let (epoch, lapses) = (pin.epoch(), self.reclaim.lapses());
+        if self.local.borrow().checked_epoch == epoch && self.local.borrow().lapses == lapses {
+            return Ok(pin);
+        }
+        let mut meta = [0u8; layout::META];
+        self.ctx.read(self.meta, &mut meta).await?;
+        let word = |o: usize| u64::from_le_bytes(meta[o..o + 8].try_into().expect("8 bytes"));
+        if word(0) == layout::DROPPED_MAGIC {
+            return Err(ShermanError::Dropped);
+        }
+        let frees = word(layout::FREES_WORD as usize);
+        let mut l = self.local.borrow_mut();
+        if frees != l.frees || lapses != l.lapses {
+            // (The speculative cache needs no dropping: what it names is
+            // read as lines that must hold the key in a valid leaf entry,
+            // which a page reused for anything else does not.)
+            l.cache.clear();
+            l.frees = frees;
+            l.stats.cache_drops += 1;
+        }
+        (l.checked_epoch, l.lapses) = (epoch, lapses);
+        Ok(pin)
+    }
+
+    /// Looks `key` up; its value goes to `out`. Returns whether it exists.
     ///
     /// # Errors
-    /// Verb errors; a page torn on every re-read; a tree that contradicts
-    /// itself.
-    pub async fn get_u64(&mut self, key: u64) -> Result<Option<u64>> {
+    /// A key longer than the tree's; verb errors; a page torn on every
+    /// re-read; a tree that contradicts itself.
+    pub async fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        self.check_sizes(key, None)?;
         let before = self.read.get();
-        let r = self.lookup(key).await;
+        let r = self.lookup(key, out).await;
         let mut l = self.local.borrow_mut();
         l.stats.lookups += 1;
         l.stats.lookup_bytes += self.read.get() - before;
         r
     }
 
-    async fn lookup(&mut self, key: u64) -> Result<Option<u64>> {
-        if let Some(v) = self.speculate(key).await? {
-            return Ok(Some(v));
+    async fn lookup(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        let _pin = self.pin().await?;
+        for _ in 0..MAX_RESTARTS {
+            let found = match self.speculate(key, out).await? {
+                Some(f) => Some(f),
+                None => self.lookup_leaf(key, out).await?,
+            };
+            match found {
+                None => return Ok(false),
+                Some(Found::Inline) => return Ok(true),
+                Some(Found::Block(at, len)) => {
+                    if self.read_block(at, key, len, out).await? {
+                        return Ok(true);
+                    }
+                    // The entry changed since it was read (its block is no
+                    // longer this key's): look again.
+                    self.forget(key);
+                }
+            }
         }
+        Err(ShermanError::Corrupt(format!(
+            "key {}: every one of {MAX_RESTARTS} entries read named a block of another key",
+            show_key(key)
+        )))
+    }
+
+    /// The leaf path of a lookup: the leaf holding `key`'s range, read
+    /// whole.
+    async fn lookup_leaf(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Found>> {
         let mut at = self.leaf_for(key).await?;
-        let (mut restarts, mut min_low) = (0, 0);
+        let (mut restarts, mut min_low) = (0, Key::EMPTY);
         loop {
-            let step = with_page(&self.ctx, &self.local, &self.read, at, |p| at_leaf(p, key, min_low, |p| p.find(key)))
-                .await?;
+            let step = with_page(&self.ctx, &self.local, &self.read, (at, self.f), |p| {
+                at_leaf(p, key, &min_low, |p| p.find(key).map(|i| (i, take_value(p, i, out))))
+            })
+            .await?;
             match step {
                 AtLeaf::Here(found) => {
-                    self.remember(key, found.map(|(i, _)| (at, i)));
-                    return Ok(found.map(|(_, v)| v));
+                    self.remember(key, found.as_ref().map(|(i, _)| (at, *i)));
+                    return Ok(found.map(|(_, f)| f));
                 }
                 AtLeaf::Right(s, high) => {
                     self.moved_right(key);
                     (at, min_low) = (s, high);
                 }
-                AtLeaf::Restart => (at, min_low) = (self.restart(key, &mut restarts).await?, 0),
+                AtLeaf::Left(l) => (at, min_low) = (self.moved_left(key, l, &mut restarts).await?, Key::EMPTY),
+                AtLeaf::Restart => (at, min_low) = (self.restart(key, &mut restarts).await?, Key::EMPTY),
             }
         }
     }
 
+    /// A page merged away: on to `l`, which took its range (counted like a
+    /// restart, so links cannot send an operation round for ever; past the
+    /// bound, from the root).
+    async fn moved_left(&mut self, key: &[u8], l: GlobalAddr, restarts: &mut u32) -> Result<GlobalAddr> {
+        {
+            let mut s = self.local.borrow_mut();
+            s.stats.left_hops += 1;
+            s.cache.invalidate(key);
+        }
+        if *restarts >= MAX_RESTARTS / 2 {
+            return self.restart(key, restarts).await;
+        }
+        *restarts += 1;
+        Ok(l)
+    }
+
+    /// READs the KV block at `at` of `key` and a value of `len` bytes into
+    /// `out`; `false` if it holds another key (reused since the entry that
+    /// named it was read).
+    ///
+    /// # Errors
+    /// A block address outside the heap; a block that fails its CRC (blocks
+    /// are written whole before they are linked and never changed); verb
+    /// errors.
+    async fn read_block(&mut self, at: GlobalAddr, key: &[u8], len: usize, out: &mut Vec<u8>) -> Result<bool> {
+        let n = kvblock::block_len(key.len(), len);
+        smart_core::layout::check_heap_place(self.ctx.blades(), at, n as u64).map_err(|why| {
+            ShermanError::Corrupt(format!(
+                "the entry of key {} names a value block at {at}, which {why}",
+                show_key(key)
+            ))
+        })?;
+        let mut b = self.ctx.batch();
+        let r = b.read(at, n);
+        let done = b.post().await?;
+        self.count_read(n);
+        let ok = match kvblock::decode_block(done.bytes(r)) {
+            Some((k, v)) if k == key && v.len() == len => {
+                out.clear();
+                out.extend_from_slice(v);
+                true
+            }
+            Some(_) => false,
+            None => {
+                return Err(ShermanError::Corrupt(format!(
+                    "the value block of key {} at {at} fails its CRC",
+                    show_key(key)
+                )))
+            }
+        };
+        if !ok {
+            self.local.borrow_mut().stats.stale_blocks += 1;
+        }
+        Ok(ok)
+    }
+
     /// The leaf a stale path led to was not the key's: start from the root.
-    async fn restart(&mut self, key: u64, restarts: &mut u32) -> Result<GlobalAddr> {
+    async fn restart(&mut self, key: &[u8], restarts: &mut u32) -> Result<GlobalAddr> {
         *restarts += 1;
         {
             let mut l = self.local.borrow_mut();
@@ -94,35 +247,43 @@ impl ShermanBt {
             l.cache.invalidate(key);
         }
         if *restarts > MAX_RESTARTS {
-            return Err(ShermanError::Corrupt(format!("no leaf holds key {key} after {MAX_RESTARTS} descents")));
+            return Err(ShermanError::Corrupt(format!(
+                "no leaf holds key {} after {MAX_RESTARTS} descents",
+                show_key(key)
+            )));
         }
         self.descend(key, 0).await
     }
 
     /// A leaf split since the path to it was cached: the next lookup
     /// fetches a fresh level-1 page.
-    fn moved_right(&self, key: u64) {
+    fn moved_right(&self, key: &[u8]) {
         let mut l = self.local.borrow_mut();
         l.stats.sibling_hops += 1;
         l.cache.invalidate(key);
     }
 
     /// Records where `key` is (or that it is nowhere) for speculation.
-    fn remember(&self, key: u64, at: Option<(GlobalAddr, usize)>) {
+    fn remember(&self, key: &[u8], at: Option<(GlobalAddr, usize)>) {
         if let Some(spec) = self.local.borrow_mut().spec.as_mut() {
             match at {
-                Some((leaf, i)) => spec.put(key, leaf, i),
-                None => spec.forget(key),
+                Some((leaf, i)) => spec.put(spec_hash(key), leaf, i),
+                None => spec.forget(spec_hash(key)),
             }
         }
     }
 
-    /// Smart-BT's speculative lookup: READ the one line where `key` was
-    /// last seen; accept it if it passes its check, marks a leaf, and holds
-    /// `key` in a valid entry.
-    async fn speculate(&mut self, key: u64) -> Result<Option<u64>> {
+    fn forget(&self, key: &[u8]) {
+        self.remember(key, None);
+    }
+
+    /// Smart-BT's speculative lookup: READ the line(s) of the entry where
+    /// `key` was last seen; accept them if they pass their checks, carry
+    /// one sequence number that marks a leaf, and hold `key` in a valid
+    /// entry.
+    async fn speculate(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Found>> {
         let guess = match self.local.borrow_mut().spec.as_mut() {
-            Some(s) => s.get(key),
+            Some(s) => s.get(spec_hash(key)),
             None => return Ok(None),
         };
         let Some((leaf, i)) = guess else {
@@ -131,54 +292,72 @@ impl ShermanBt {
             self.local.borrow_mut().stats.spec_misses += 1;
             return Ok(None);
         };
-        let line = layout::entry_line(i);
+        if i >= self.f.leaf.count {
+            self.forget(key);
+            return Ok(None);
+        }
+        let (line, n) = self.f.leaf_entry_lines(i);
         let mut b = self.ctx.batch();
-        let r = b.read(leaf.add((line * LINE) as u64), LINE);
+        let r = b.read(leaf.add((line * LINE) as u64), n * LINE);
         let done = b.post().await?;
-        let bytes = done.bytes(r);
-        let hit = match layout::line_seq(bytes, line) {
-            Some(seq) if layout::seq_is_leaf(seq) => {
-                let e = layout::line_entry(bytes, i % PER_LINE);
-                (e.valid && e.key == key).then_some(e.value)
-            }
+        let hit = match PageRef::check_lines(done.bytes(r), line, self.f) {
+            Some(p) if p.entry_is(i, key) => Some(take_value(p, i, out)),
             _ => None,
         };
         drop(done);
+        self.count_read(n * LINE);
         let mut l = self.local.borrow_mut();
-        self.count_read(LINE);
         if hit.is_some() {
             l.stats.spec_hits += 1;
         } else {
             l.stats.spec_misses += 1;
             l.stats.spec_stale += 1;
             if let Some(s) = l.spec.as_mut() {
-                s.forget(key);
+                s.forget(spec_hash(key));
             }
         }
         Ok(hit)
     }
 
-    /// Up to `count` pairs with keys ≥ `start`, in key order, into `out`
-    /// (cleared first). See the crate docs for the guarantees.
+    /// Up to `count` pairs with keys ≥ `start`, in byte order, into `out`
+    /// (cleared first); returns how many. See the crate docs for the
+    /// guarantees.
     ///
     /// # Errors
-    /// As [`ShermanBt::get_u64`].
-    pub async fn scan_u64(&mut self, start: u64, count: usize, out: &mut Vec<(u64, u64)>) -> Result<()> {
+    /// As [`ShermanBt::get`].
+    pub async fn scan(&mut self, start: &[u8], count: usize, out: &mut Pairs) -> Result<usize> {
         out.clear();
+        self.check_sizes(start, None)?;
         if count == 0 {
-            return Ok(());
+            return Ok(0);
         }
+        let _pin = self.pin().await?;
+        let mut es = std::mem::take(&mut self.scratch);
+        let r = self.scan_leaves(start, count, out, &mut es).await;
+        self.scratch = es;
+        r.map(|()| out.len())
+    }
+
+    async fn scan_leaves(
+        &mut self,
+        start: &[u8],
+        count: usize,
+        out: &mut Pairs,
+        es: &mut Vec<(Key, Field)>,
+    ) -> Result<()> {
         let mut at = self.leaf_for(start).await?;
-        let (mut from, mut first, mut restarts, mut min_low) = (start, true, 0, 0);
+        let (mut from, mut first, mut restarts, mut min_low) = (Key::new(start), true, 0, Key::EMPTY);
+        let mut stale = 0;
         loop {
-            let mut buf = [(0u64, 0u64); ENTRIES];
-            let mut n = 0;
-            let step = with_page(&self.ctx, &self.local, &self.read, at, |p| {
-                at_leaf(p, from, min_low, |p| {
-                    for (_, e) in p.live() {
-                        if e.key >= from {
-                            buf[n] = (e.key, e.value);
-                            n += 1;
+            es.clear();
+            let step = with_page(&self.ctx, &self.local, &self.read, (at, self.f), |p| {
+                at_leaf(p, from.as_slice(), &min_low, |p| {
+                    let mut field = [0u8; 2 + INLINE_MAX];
+                    for i in p.live() {
+                        let k = p.key(i);
+                        if k >= from {
+                            p.value_field(i, &mut field);
+                            es.push((k, Field::raw(&field[..2 + p.format().inline])));
                         }
                     }
                     (p.highest(), p.sibling())
@@ -187,56 +366,225 @@ impl ShermanBt {
             .await?;
             match step {
                 AtLeaf::Here((high, sibling)) => {
-                    buf[..n].sort_unstable_by_key(|e| e.0);
-                    out.extend(buf[..n].iter().take(count - out.len()));
+                    es.sort_unstable_by_key(|e| e.0);
+                    es.truncate(count - out.len());
+                    if !self.emit(es, out).await? {
+                        // A block reused since the leaf was read: read the
+                        // leaf again.
+                        stale += 1;
+                        if stale > MAX_RESTARTS {
+                            return Err(ShermanError::Corrupt(format!("leaf {at}: its value blocks keep changing")));
+                        }
+                        continue;
+                    }
                     let Some(high) = high else { return Ok(()) };
                     if out.len() >= count {
                         return Ok(());
                     }
-                    at = sibling
-                        .ok_or_else(|| ShermanError::Corrupt(format!("leaf {at} ends at {high} but has no sibling")))?;
+                    at = sibling.ok_or_else(|| {
+                        ShermanError::Corrupt(format!("leaf {at} ends at {high:?} but has no sibling"))
+                    })?;
                     (from, min_low) = (high, high);
                     first = false;
                 }
                 AtLeaf::Right(s, high) => {
-                    self.moved_right(from);
+                    self.moved_right(from.as_slice());
                     (at, min_low) = (s, high);
                 }
-                AtLeaf::Restart if first => (at, min_low) = (self.restart(from, &mut restarts).await?, 0),
+                AtLeaf::Left(l) => {
+                    (at, min_low) = (self.moved_left(from.as_slice(), l, &mut restarts).await?, Key::EMPTY)
+                }
+                AtLeaf::Restart if first => {
+                    (at, min_low) = (self.restart(from.as_slice(), &mut restarts).await?, Key::EMPTY)
+                }
                 AtLeaf::Restart => {
                     return Err(ShermanError::Corrupt(format!(
-                        "the sibling {at} of a leaf ending at {from} does not start there"
+                        "the sibling {at} of a leaf ending at {from:?} does not start there"
                     )))
                 }
             }
         }
     }
 
+    /// Appends the pairs `es` (sorted) to `out`, reading the out-of-line
+    /// values' blocks (one doorbell per blade and batch's worth); `false`
+    /// (nothing appended) if a block holds another key.
+    async fn emit(&mut self, es: &[(Key, Field)], out: &mut Pairs) -> Result<bool> {
+        if es.iter().all(|(_, f)| f.block_of().is_none()) {
+            for (k, f) in es {
+                out.push(k.as_slice(), f.inline_bytes());
+            }
+            return Ok(true);
+        }
+        // The values read, end to end, and where each entry's is.
+        let mut arena = std::mem::take(&mut self.block);
+        arena.clear();
+        let mut spans = vec![(0usize, 0usize); es.len()];
+        let r = self.read_values(es, &mut arena, &mut spans).await;
+        if let Ok(true) = r {
+            for (j, (k, f)) in es.iter().enumerate() {
+                match f.block_of() {
+                    Some(_) => out.push(k.as_slice(), &arena[spans[j].0..spans[j].0 + spans[j].1]),
+                    None => out.push(k.as_slice(), f.inline_bytes()),
+                }
+            }
+        }
+        self.block = arena;
+        r
+    }
+
+    /// Reads the blocks the entries `es` name, the values into `arena` at
+    /// `spans`; `false` if one holds another key.
+    async fn read_values(
+        &mut self,
+        es: &[(Key, Field)],
+        arena: &mut Vec<u8>,
+        spans: &mut [(usize, usize)],
+    ) -> Result<bool> {
+        let room = self.ctx.config().slot_bytes;
+        let mut todo: Vec<(usize, GlobalAddr, usize)> = Vec::new();
+        for (j, (k, f)) in es.iter().enumerate() {
+            if let Some((at, len)) = f.block_of() {
+                let n = kvblock::block_len(k.as_slice().len(), len);
+                smart_core::layout::check_heap_place(self.ctx.blades(), at, n as u64).map_err(|why| {
+                    ShermanError::Corrupt(format!("the entry of key {k:?} names a value block at {at}, which {why}"))
+                })?;
+                todo.push((j, at, n));
+            }
+        }
+        todo.sort_unstable_by_key(|&(_, at, _)| at.blade());
+        let mut i = 0;
+        while i < todo.len() {
+            let blade = todo[i].1.blade();
+            let mut b = self.ctx.batch();
+            let (mut refs, mut bytes) = (Vec::new(), 0);
+            while i < todo.len()
+                && todo[i].1.blade() == blade
+                && refs.len() < smart_core::runtime::MAX_BATCH
+                && (refs.is_empty() || bytes + todo[i].2 <= room)
+            {
+                refs.push((todo[i], b.read(todo[i].1, todo[i].2)));
+                bytes += todo[i].2;
+                i += 1;
+            }
+            let done = b.post().await?;
+            self.count_read(bytes);
+            for ((j, at, _), r) in refs {
+                match kvblock::decode_block(done.bytes(r)) {
+                    Some((k, v)) if k == es[j].0.as_slice() => {
+                        spans[j] = (arena.len(), v.len());
+                        arena.extend_from_slice(v);
+                    }
+                    Some(_) => {
+                        self.local.borrow_mut().stats.stale_blocks += 1;
+                        return Ok(false);
+                    }
+                    None => {
+                        return Err(ShermanError::Corrupt(format!(
+                            "the value block of key {:?} at {at} fails its CRC",
+                            es[j].0
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// Inserts, updates, upserts or deletes `key` (see [`Kind`]); returns
     /// whether it changed the tree.
-    pub(crate) async fn modify(&mut self, key: u64, value: u64, kind: Kind) -> Result<bool> {
+    pub(crate) async fn modify(&mut self, key: &[u8], value: &[u8], kind: Kind) -> Result<bool> {
+        self.check_sizes(key, (kind != Kind::Delete).then_some(value))?;
+        let _pin = self.pin().await?;
+        let field = match kind {
+            Kind::Delete => Field::inline(&[]),
+            _ => self.value_field(key, value).await?,
+        };
         // A lock lost to a waiter while this client stalled (nothing was
         // written under it): the operation starts over.
         let mut lost = 0;
-        loop {
-            match self.modify_once(key, value, kind).await {
+        let r = loop {
+            match self.modify_once(key, &field, kind).await {
                 Err(ShermanError::LeaseLost(_)) if lost < MAX_RESTARTS => lost += 1,
-                r => return r,
+                r => break r,
+            }
+        };
+        match r {
+            Ok((changed, old)) => {
+                if let Some((at, len)) = old {
+                    self.retire(at, key.len(), len);
+                }
+                if !changed || kind == Kind::Delete {
+                    // Not linked: nobody can have read it.
+                    if let Some((at, len)) = field.block_of() {
+                        self.retire(at, key.len(), len);
+                    }
+                }
+                Ok(changed)
+            }
+            Err(e) => {
+                // Whether a page write under a failed operation landed is
+                // unknown: the block stays (a leak at worst, never a block
+                // reused under a live entry).
+                Err(e)
             }
         }
     }
 
-    async fn modify_once(&mut self, key: u64, value: u64, kind: Kind) -> Result<bool> {
+    /// The value field for `value`: inline, or a KV block written now
+    /// (before any entry can name it).
+    async fn value_field(&mut self, key: &[u8], value: &[u8]) -> Result<Field> {
+        if !self.f.out_of_line(value.len()) {
+            return Ok(Field::inline(value));
+        }
+        let blade = self.next_blade();
+        kvblock::encode_block(key, value, &mut self.block);
+        let at = self.reclaim.alloc(&self.ctx, blade, self.block.len() as u64).await?;
+        self.ctx.write(at, &self.block).await?;
+        let mut l = self.local.borrow_mut();
+        l.stats.blocks_written += 1;
+        Ok(Field::block(at, value.len()))
+    }
+
+    /// Retires the block of a `key_len`-byte key and `len`-byte value at
+    /// `at`: reused once no operation can still read it.
+    fn retire(&self, at: GlobalAddr, key_len: usize, len: usize) {
+        self.reclaim.retire(at, kvblock::block_len(key_len, len) as u64);
+        self.local.borrow_mut().stats.blocks_retired += 1;
+    }
+
+    /// One try of [`ShermanBt::modify`]: returns whether it changed the
+    /// tree and the block of the value it replaced or deleted, if any.
+    async fn modify_once(
+        &mut self,
+        key: &[u8],
+        field: &Field,
+        kind: Kind,
+    ) -> Result<(bool, Option<(GlobalAddr, usize)>)> {
         let ctx = self.ctx.clone();
         let mut op = ctx.op().await;
         let mut at = self.leaf_for(key).await?;
-        let (mut restarts, mut min_low) = (0, 0);
+        let (mut restarts, mut min_low) = (0, Key::EMPTY);
         loop {
             let held = self.lock_read(at, &mut op).await?;
-            let step = at_leaf(self.page.view(), key, min_low, |p| {
-                let found = p.find(key);
-                let free = (0..ENTRIES).find(|&i| !p.entry(i).valid);
-                (found, free)
+            if self.page.view().merge_flags() & (layout::FLAG_MERGING | layout::FLAG_ABSORBING) != 0 {
+                // A merge a client left unfinished: finished first.
+                let p = self.page.clone();
+                self.unlock(held, false).await?;
+                self.help_merge(at, &p, &mut op).await?;
+                restarts += 1;
+                if restarts > MAX_RESTARTS {
+                    return Err(ShermanError::Corrupt(format!("page {at} stays in a merge")));
+                }
+                continue;
+            }
+            let step = at_leaf(self.page.view(), key, &min_low, |p| {
+                let found = p.find(key).map(|i| {
+                    let mut raw = [0u8; 2 + INLINE_MAX];
+                    p.value_field(i, &mut raw);
+                    (i, Field::raw(&raw[..2 + p.format().inline]).block_of())
+                });
+                (found, p.free_slot())
             });
             let (found, free) = match step {
                 AtLeaf::Here(x) => x,
@@ -246,45 +594,54 @@ impl ShermanBt {
                     (at, min_low) = (s, high);
                     continue;
                 }
+                AtLeaf::Left(l) => {
+                    self.unlock(held, false).await?;
+                    (at, min_low) = (self.moved_left(key, l, &mut restarts).await?, Key::EMPTY);
+                    continue;
+                }
                 AtLeaf::Restart => {
                     self.unlock(held, false).await?;
-                    (at, min_low) = (self.restart(key, &mut restarts).await?, 0);
+                    (at, min_low) = (self.restart(key, &mut restarts).await?, Key::EMPTY);
                     continue;
                 }
             };
-            let live = Entry { key, value, valid: true };
             return match (found, kind) {
                 (Some((i, _)), Kind::Insert) => {
                     self.unlock(held, false).await?;
                     self.remember(key, Some((at, i)));
-                    Ok(false)
+                    Ok((false, None))
                 }
                 (None, Kind::Update | Kind::Delete) => {
                     self.unlock(held, false).await?;
-                    Ok(false)
+                    Ok((false, None))
                 }
-                (Some((i, _)), Kind::Update | Kind::Upsert) => {
-                    self.page.set_entry(i, live);
+                (Some((i, old)), Kind::Update | Kind::Upsert) => {
+                    self.page.set_leaf(i, key, field);
                     self.unlock(held, true).await?;
                     self.remember(key, Some((at, i)));
-                    Ok(true)
+                    Ok((true, old))
                 }
-                (Some((i, _)), Kind::Delete) => {
-                    self.page.set_entry(i, Entry::default());
+                (Some((i, old)), Kind::Delete) => {
+                    self.page.clear_leaf(i);
                     self.unlock(held, true).await?;
-                    self.remember(key, None);
-                    Ok(true)
+                    self.forget(key);
+                    let p = self.page.view();
+                    if self.underfull(0, p.live().count()) {
+                        let low = p.lowest();
+                        self.try_merge(at, low, 0, &mut op).await?;
+                    }
+                    Ok((true, old))
                 }
                 (None, Kind::Insert | Kind::Upsert) => match free {
                     Some(i) => {
-                        self.page.set_entry(i, live);
+                        self.page.set_leaf(i, key, field);
                         self.unlock(held, true).await?;
                         self.remember(key, Some((at, i)));
-                        Ok(true)
+                        Ok((true, None))
                     }
                     None => {
-                        self.split_leaf(held, key, value, &mut op).await?;
-                        Ok(true)
+                        self.split_leaf(held, key, field, &mut op).await?;
+                        Ok((true, None))
                     }
                 },
             };
@@ -307,47 +664,61 @@ impl ShermanBt {
         let at = self.alloc_page().await?;
         let p = self.split.as_mut().expect("a split page is built");
         p.seal(0);
-        self.ctx.write(at, &p.0[..]).await?;
+        self.ctx.write(at, &p.b[..]).await?;
         Ok(at)
+    }
+
+    /// The split buffer, reset to an empty page of `level`.
+    fn split_buf(&mut self, level: u8, lowest: &[u8], high: Option<&[u8]>, sibling: Option<GlobalAddr>) -> PageBuf {
+        let mut r = self.split.take().unwrap_or_else(|| PageBuf::empty(self.f));
+        r.reset(level, lowest, high, sibling);
+        r
     }
 
     /// Splits the full leaf in `self.page` (locked) while inserting `key`:
     /// sorted, the upper half moves to a new right sibling, written before
     /// the leaf that links it; then the separator goes up.
-    async fn split_leaf(&mut self, held: Held, key: u64, value: u64, op: &mut OpGuard<'_>) -> Result<()> {
+    async fn split_leaf(&mut self, held: Held, key: &[u8], field: &Field, op: &mut OpGuard<'_>) -> Result<()> {
+        let mut es = std::mem::take(&mut self.scratch);
+        es.clear();
         let p = self.page.view();
-        let mut es = [(0u64, 0u64); ENTRIES + 1];
-        let mut n = 0;
-        for (_, e) in p.live() {
-            es[n] = (e.key, e.value);
-            n += 1;
+        let mut raw = [0u8; 2 + INLINE_MAX];
+        for i in p.live() {
+            p.value_field(i, &mut raw);
+            es.push((p.key(i), Field::raw(&raw[..2 + self.f.inline])));
         }
-        es[n] = (key, value);
-        n += 1;
-        es[..n].sort_unstable_by_key(|e| e.0);
+        es.push((Key::new(key), *field));
+        es.sort_unstable_by_key(|e| e.0);
+        let n = es.len();
         let mid = n / 2;
         let sep = es[mid].0;
         let (lowest, high, sibling) = (p.lowest(), p.highest(), p.sibling());
-        let mut r = self.split.take().unwrap_or_else(|| PageBuf::new(0, 0, None, None));
-        r.reset(0, sep, high, sibling);
-        for (j, &(k, v)) in es[mid..n].iter().enumerate() {
-            r.set_entry(j, Entry { key: k, value: v, valid: true });
+        let mut r = self.split_buf(0, sep.as_slice(), high.as_ref().map(Key::as_slice), sibling);
+        for (j, (k, f)) in es[mid..].iter().enumerate() {
+            r.set_leaf(j, k.as_slice(), f);
         }
         self.split = Some(r);
         let right = self.write_new_page().await;
-        let right = self.or_unlock(held, right).await?;
-        self.page.reset(0, lowest, Some(sep), Some(right));
-        for (j, &(k, v)) in es[..mid].iter().enumerate() {
-            self.page.set_entry(j, Entry { key: k, value: v, valid: true });
+        let right = match self.or_unlock(held, right).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.scratch = es;
+                return Err(e);
+            }
+        };
+        self.page.reset(0, lowest.as_slice(), Some(sep.as_slice()), Some(right));
+        for (j, (k, f)) in es[..mid].iter().enumerate() {
+            self.page.set_leaf(j, k.as_slice(), f);
         }
         self.page.seal_after(held.seq);
+        let at = if key >= sep.as_slice() {
+            (right, es[mid..].iter().position(|e| e.0.as_slice() == key))
+        } else {
+            (held.page, es[..mid].iter().position(|e| e.0.as_slice() == key))
+        };
+        self.scratch = es;
         self.unlock_sealed(held).await?;
         self.local.borrow_mut().stats.leaf_splits += 1;
-        let at = if key >= sep {
-            (right, es[mid..n].iter().position(|e| e.0 == key))
-        } else {
-            (held.page, es[..mid].iter().position(|e| e.0 == key))
-        };
         self.remember(key, at.1.map(|i| (at.0, i)));
         self.insert_parent(1, sep, right, held.page, op).await
     }
@@ -358,12 +729,13 @@ impl ShermanBt {
     async fn insert_parent(
         &mut self,
         mut level: u8,
-        mut sep: u64,
+        mut sep: Key,
         mut child: GlobalAddr,
         mut left: GlobalAddr,
         op: &mut OpGuard<'_>,
     ) -> Result<()> {
         let mut restarts = 0;
+        let mut es: Vec<(Key, GlobalAddr)> = Vec::new();
         loop {
             if level > layout::MAX_LEVEL {
                 return Err(ShermanError::Corrupt(format!("the tree grew past level {}", layout::MAX_LEVEL)));
@@ -372,20 +744,37 @@ impl ShermanBt {
             if rl < level {
                 let (rl, root) = self.refresh_root().await?;
                 if rl < level {
-                    let entry = (root == left).then_some((sep, child.raw()));
+                    let entry = (root == left).then_some((sep, child));
                     if self.grow(rl, root, entry).await? {
                         return Ok(());
                     }
                     continue;
                 }
             }
-            let mut at = self.descend(sep, level).await?;
-            let mut min_low = 0;
+            let mut at = self.descend(sep.as_slice(), level).await?;
+            let mut min_low = Key::EMPTY;
             let held = loop {
                 let held = self.lock_read(at, op).await?;
                 let p = self.page.view();
-                if p.level() == level && p.lowest() <= sep && p.lowest() >= min_low {
-                    if !p.is_right_of(sep) {
+                if p.merge_flags() & (layout::FLAG_MERGING | layout::FLAG_ABSORBING) != 0 {
+                    let p = self.page.clone();
+                    self.unlock(held, false).await?;
+                    self.help_merge(at, &p, op).await?;
+                    break None;
+                }
+                if p.is_dead() && p.level() == level {
+                    let l = p.link();
+                    self.unlock(held, false).await?;
+                    (at, min_low) = (l, Key::EMPTY);
+                    restarts += 1;
+                    if restarts > MAX_RESTARTS {
+                        break None;
+                    }
+                    continue;
+                }
+                let low = p.lowest();
+                if p.level() == level && low <= sep && low >= min_low {
+                    if !p.is_right_of(sep.as_slice()) {
                         break Some(held);
                     }
                     if let (Some(s), Some(h)) = (p.sibling(), p.highest()) {
@@ -401,26 +790,23 @@ impl ShermanBt {
                 restarts += 1;
                 self.local.borrow_mut().root = None;
                 if restarts > MAX_RESTARTS {
-                    return Err(ShermanError::Corrupt(format!("no page of level {level} takes separator {sep}")));
+                    return Err(ShermanError::Corrupt(format!("no page of level {level} takes separator {sep:?}")));
                 }
                 continue;
             };
             let p = self.page.view();
-            let n = p.count();
-            let mut es = [(0u64, 0u64); ENTRIES + 1];
-            for (i, e) in p.live() {
-                es[i] = (e.key, e.value);
-            }
-            let pos = es[..n].partition_point(|e| e.0 < sep);
+            es.clear();
+            es.extend(p.live().map(|i| (p.key(i), p.child(i))));
+            let n = es.len();
+            let pos = es.partition_point(|e| e.0 < sep);
             if pos < n && es[pos].0 == sep {
                 // Already there (a split is published once; be idempotent).
                 return self.unlock(held, false).await;
             }
-            es.copy_within(pos..n, pos + 1);
-            es[pos] = (sep, child.raw());
+            es.insert(pos, (sep, child));
             let n = n + 1;
-            if n <= ENTRIES {
-                self.page.set_sorted(&es[..n]);
+            if n <= self.f.internal.count {
+                self.page.set_sorted(&es);
                 self.page.seal_next();
                 self.cache_level1();
                 match self.unlock_sealed(held).await {
@@ -438,14 +824,13 @@ impl ShermanBt {
             let mid = n / 2;
             let (sep2, c2) = es[mid];
             let (lowest, high, sibling, leftmost) = (p.lowest(), p.highest(), p.sibling(), p.leftmost());
-            let mut r = self.split.take().unwrap_or_else(|| PageBuf::new(0, 0, None, None));
-            r.reset(level, sep2, high, sibling);
-            r.set_leftmost(GlobalAddr::from_raw(c2));
+            let mut r = self.split_buf(level, sep2.as_slice(), high.as_ref().map(Key::as_slice), sibling);
+            r.set_leftmost(c2);
             r.set_sorted(&es[mid + 1..n]);
             self.split = Some(r);
             let right = self.write_new_page().await;
             let right = self.or_unlock(held, right).await?;
-            self.page.reset(level, lowest, Some(sep2), Some(right));
+            self.page.reset(level, lowest.as_slice(), Some(sep2.as_slice()), Some(right));
             self.page.set_leftmost(leftmost);
             self.page.set_sorted(&es[..mid]);
             self.page.seal_after(held.seq);
@@ -467,9 +852,8 @@ impl ShermanBt {
     /// (with `entry` when the current root is the page that split) and
     /// CASes the root word to it. Returns whether it won and `entry` was in
     /// it.
-    async fn grow(&mut self, rl: u8, root: GlobalAddr, entry: Option<(u64, u64)>) -> Result<bool> {
-        let mut r = self.split.take().unwrap_or_else(|| PageBuf::new(0, 0, None, None));
-        r.reset(rl + 1, 0, None, None);
+    async fn grow(&mut self, rl: u8, root: GlobalAddr, entry: Option<(Key, GlobalAddr)>) -> Result<bool> {
+        let mut r = self.split_buf(rl + 1, &[], None, None);
         r.set_leftmost(root);
         r.set_sorted(entry.as_slice());
         self.split = Some(r);
@@ -500,71 +884,4 @@ impl ShermanBt {
 }
 
 #[cfg(test)]
-mod tests {
-    use smart_core::{EmbeddedTransport, Runtime, RuntimeConfig};
-
-    use crate::layout::root_word;
-    use crate::ShermanBt;
-
-    #[test]
-    fn a_grow_that_loses_its_cas_adopts_the_winners_root_and_changes_nothing() {
-        let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
-        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
-        let ctx = rt.ctx();
-        rt.block_on(async move {
-            let (mut a, _) = ShermanBt::open_or_create(&ctx, "g").await.unwrap();
-            let (_, leaf) = a.refresh_root().await.unwrap();
-            for k in 0..100 {
-                a.insert_u64(k, k).await.unwrap();
-            }
-            let (level, root) = a.refresh_root().await.unwrap();
-            assert_eq!(level, 1, "100 keys need two levels");
-            // A client that still sees the first leaf as the root splits it
-            // and tries to put a new root above it: the CAS fails.
-            assert!(!a.grow(0, leaf, Some((50, leaf.raw()))).await.unwrap());
-            assert_eq!(a.local.borrow().root, Some(root_word(1, root)), "the winner's root is adopted");
-            assert_eq!(a.counters().root_races, 1);
-            let (shape, keys) = a.walk().await.unwrap();
-            assert_eq!((shape.depth, keys.len()), (2, 100));
-            for k in 0..100 {
-                assert_eq!(a.get_u64(k).await.unwrap(), Some(k));
-            }
-        });
-    }
-
-    /// Page links are remote memory any client can write: a leaf whose
-    /// sibling link leads back to itself, or into the superblock, ends a
-    /// scan with an error naming it, never a cycle or a read of the
-    /// superblock as a page.
-    #[test]
-    fn a_sibling_link_that_leads_back_or_out_of_the_heap_is_an_error() {
-        use crate::layout::{PageBuf, PageRef, PAGE};
-        use crate::ShermanError;
-        use smart_core::GlobalAddr;
-
-        let t = EmbeddedTransport::new(1, 16 << 20).unwrap();
-        let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
-        let ctx = rt.ctx();
-        rt.block_on(async move {
-            let (mut a, _) = ShermanBt::open_or_create(&ctx, "links").await.unwrap();
-            for k in 0..200 {
-                a.insert_u64(k, k).await.unwrap();
-            }
-            let first = a.descend(0, 0).await.unwrap();
-            let mut out = Vec::new();
-            a.scan_u64(0, 200, &mut out).await.unwrap();
-            assert_eq!(out.len(), 200);
-            for (link, says) in [(first, "does not start there"), (GlobalAddr::new(0, 16), "below the heap")] {
-                let mut bytes = vec![0u8; PAGE];
-                ctx.read(first, &mut bytes).await.unwrap();
-                let mut page = PageBuf::from_page(PageRef::check(&bytes).unwrap());
-                assert!(page.view().highest().is_some(), "the first leaf has a right sibling");
-                page.set_sibling(Some(link));
-                page.seal_next();
-                ctx.write(first, &page.0[..]).await.unwrap();
-                let err = a.scan_u64(0, 200, &mut out).await.unwrap_err();
-                assert!(matches!(err, ShermanError::Corrupt(_)) && err.to_string().contains(says), "{err}");
-            }
-        });
-    }
-}
+mod tests;

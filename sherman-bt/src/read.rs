@@ -4,7 +4,7 @@ use std::cell::{Cell, RefCell};
 
 use smart_core::{Ctx, GlobalAddr};
 
-use crate::layout::{PageRef, PAGE};
+use crate::layout::{show_key, Format, Key, PageRef};
 use crate::{Local, Result, ShermanBt, ShermanError, TORN_RETRIES};
 
 /// First pause after a torn read (doubling to [`TORN_PAUSE_MAX_NS`]).
@@ -21,17 +21,17 @@ pub(crate) async fn with_page<T>(
     ctx: &Ctx,
     local: &RefCell<Local>,
     read: &Cell<u64>,
-    at: GlobalAddr,
+    (at, fmt): (GlobalAddr, Format),
     f: impl FnOnce(PageRef<'_>) -> T,
 ) -> Result<T> {
-    check_link(ctx, at)?;
+    check_link(ctx, at, fmt.page)?;
     let mut pause = TORN_PAUSE_NS;
     for _ in 0..TORN_RETRIES {
         let mut b = ctx.batch();
-        let r = b.read(at, PAGE);
+        let r = b.read(at, fmt.page);
         let done = b.post().await?;
-        read.set(read.get() + PAGE as u64);
-        if let Some(p) = PageRef::check(done.bytes(r)) {
+        read.set(read.get() + fmt.page as u64);
+        if let Some(p) = PageRef::check(done.bytes(r), fmt) {
             return Ok(f(p));
         }
         drop(done);
@@ -47,15 +47,19 @@ pub(crate) async fn with_page<T>(
 ///
 /// # Errors
 /// [`ShermanError::Corrupt`] naming the address and what is wrong with it.
-pub(crate) fn check_link(ctx: &Ctx, at: GlobalAddr) -> Result<()> {
-    smart_core::layout::check_heap_place(ctx.blades(), at, PAGE as u64)
+pub(crate) fn check_link(ctx: &Ctx, at: GlobalAddr, page: usize) -> Result<()> {
+    smart_core::layout::check_heap_place(ctx.blades(), at, page as u64)
         .map_err(|why| ShermanError::Corrupt(format!("a page link holds {at}, which {why}")))
 }
 
-/// What a descent does at a page.
+/// What a descent does at a page (on the stack: a key inline, no
+/// allocation).
+#[allow(clippy::large_enum_variant)]
 enum Step {
     /// To the sibling, which starts at the key given (this page's end).
-    Right(GlobalAddr, u64),
+    Right(GlobalAddr, Key),
+    /// A page merged away: to the page that took its range.
+    Left(GlobalAddr),
     Down(GlobalAddr),
     Here,
     Restart,
@@ -72,7 +76,7 @@ impl ShermanBt {
     /// # Errors
     /// [`ShermanError::Corrupt`] if the tree is lower than `level` or keeps
     /// contradicting itself; verb errors.
-    pub(crate) async fn descend(&mut self, key: u64, level: u8) -> Result<GlobalAddr> {
+    pub(crate) async fn descend(&mut self, key: &[u8], level: u8) -> Result<GlobalAddr> {
         let mut restarts = 0;
         'root: loop {
             let (mut lvl, mut at) = self.root().await?;
@@ -82,11 +86,14 @@ impl ShermanBt {
             let top = lvl;
             // Where the page moved right from ended: a right sibling starts
             // there (a link leading back restarts, never cycles).
-            let mut min_low = 0;
+            let mut min_low = Key::EMPTY;
             loop {
                 let local = &self.local;
-                let step = with_page(&self.ctx, local, &self.read, at, |p| {
-                    if p.level() != lvl || p.lowest() > key || p.lowest() < min_low {
+                let step = with_page(&self.ctx, local, &self.read, (at, self.f), |p| {
+                    let low = p.lowest();
+                    if p.is_dead() && p.level() == lvl {
+                        Step::Left(p.link())
+                    } else if p.level() != lvl || low.as_slice() > key || low < min_low {
                         Step::Restart
                     } else if p.is_right_of(key) {
                         match (p.sibling(), p.highest()) {
@@ -106,8 +113,19 @@ impl ShermanBt {
                 match step {
                     Step::Here => return Ok(at),
                     Step::Down(c) => {
-                        (at, min_low) = (c, 0);
+                        (at, min_low) = (c, Key::EMPTY);
                         lvl -= 1;
+                    }
+                    Step::Left(l) => {
+                        // Bounded like restarts: a link cannot send a
+                        // descent round for ever.
+                        restarts += 1;
+                        self.local.borrow_mut().stats.left_hops += 1;
+                        if restarts > MAX_RESTARTS {
+                            self.local.borrow_mut().root = None;
+                            continue 'root;
+                        }
+                        (at, min_low) = (l, Key::EMPTY);
                     }
                     Step::Right(s, high) => {
                         min_low = high;
@@ -124,7 +142,8 @@ impl ShermanBt {
                         self.local.borrow_mut().root = None;
                         if restarts > MAX_RESTARTS {
                             return Err(ShermanError::Corrupt(format!(
-                                "no page of level {level} holds key {key} after {MAX_RESTARTS} descents"
+                                "no page of level {level} holds key {} after {MAX_RESTARTS} descents",
+                                show_key(key)
                             )));
                         }
                         continue 'root;
@@ -164,7 +183,7 @@ impl ShermanBt {
     /// The leaf to start from for `key`: the index cache's child for it
     /// (one READ away), else a descent from the root. The leaf may have
     /// split since: callers move right.
-    pub(crate) async fn leaf_for(&mut self, key: u64) -> Result<GlobalAddr> {
+    pub(crate) async fn leaf_for(&mut self, key: &[u8]) -> Result<GlobalAddr> {
         let hit = {
             let mut l = self.local.borrow_mut();
             let hit = l.cache.child(key);

@@ -139,6 +139,24 @@ pub trait KvIndex: Clone + 'static {
     /// Verb and allocation errors; an object of another kind under `name`.
     async fn open_or_create(ctx: &Ctx, name: &str, capacity: u64) -> Result<(Self, bool), Self::Error>;
 
+    /// As [`KvIndex::open_or_create`], for keys of up to `key_size` and
+    /// values of up to `value_size` bytes: an index that fixes its sizes
+    /// when it is created (sherman-bt) is made for these; an existing one
+    /// keeps its own. The default ignores the sizes.
+    ///
+    /// # Errors
+    /// As [`KvIndex::open_or_create`]; sizes the index cannot store.
+    async fn open_or_create_sized(
+        ctx: &Ctx,
+        name: &str,
+        capacity: u64,
+        key_size: usize,
+        value_size: usize,
+    ) -> Result<(Self, bool), Self::Error> {
+        let _ = (key_size, value_size);
+        Self::open_or_create(ctx, name, capacity).await
+    }
+
     /// Whether index `name` exists on the blades.
     ///
     /// # Errors

@@ -51,6 +51,7 @@ mod error;
 pub mod fence;
 pub mod hash;
 pub mod index;
+pub mod kvblock;
 pub mod layout;
 mod primitive;
 pub mod reclaim;

@@ -591,9 +591,23 @@ fn ycsb_over_the_b_tree_verifies_scans_and_records_its_hit_rates() {
             std::fs::remove_file(json).unwrap();
         }
     }
+    // YCSB's standard record (24-byte string keys, 1000-byte values out of
+    // the leaves) over TCP, scans verified.
+    let json = tmp("ycsb-bt-record.json");
+    let mut a = vec!["ycsb", "--app", "sherman", "--record", "ycsb", "--workload", "e", "--keys", "3000", "--verify"];
+    a.extend(["--threads", "2", "--coroutines", "4", "--duration", "0.5", "--warmup", "0.1", "--quiet"]);
+    a.extend(["--table", "record", "--json", json.to_str().unwrap(), "--blades", blade.addr.as_str()]);
+    let out = compute(&a);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = record(&json);
+    assert_eq!((&r["violations"], &r["duplicates"]), (&json!(0), &json!(0)));
+    assert_eq!((&r["key_format"], &r["key_size"], &r["value_size"]), (&json!("ycsb"), &json!(24), &json!(1000)));
+    assert!(r["sherman"]["blocks_written"].as_u64().unwrap() >= 3000, "{}", r["sherman"]);
+    std::fs::remove_file(json).unwrap();
     for (args, says) in [
-        (vec!["--value-size", "16"], "8-byte keys and 8-byte values"),
-        (vec!["--key-size", "16"], "8-byte keys and 8-byte values"),
+        (vec!["--value-size", "5000"], "keys of up to 256 bytes and values of up to 4096"),
+        (vec!["--key-size", "300"], "keys of up to 256 bytes and values of up to 4096"),
+        (vec!["--record", "ycsb", "--key-size", "16"], "--key-size must be ≥ 24 with --record ycsb"),
     ] {
         let mut a = vec!["ycsb", "--app", "sherman", "--keys", "10", "--duration", "0.1"];
         a.extend(args);

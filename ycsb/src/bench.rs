@@ -1,6 +1,8 @@
 //! Running YCSB against any [`KvIndex`]: load, timed run, verification.
 //!
-//! Keys are `0..N` as little-endian `u64`s padded to the key size. A value
+//! Keys are `0..N`, written as [`KeyFormat`] says (8 big-endian bytes, or
+//! YCSB's `user` and 20 decimal digits) and padded with zeros to the key
+//! size, so that byte order is number order. A value
 //! carries its key and a version (`[key u64][version u64]`, padded; in
 //! values of 8 to 15 bytes, the key's low 40 bits and the version's low 24
 //! bits share the first word), so `verify` can check every value read: a
@@ -48,8 +50,10 @@ pub struct YcsbConfig {
     pub workload: Workload,
     /// How request keys are drawn.
     pub chooser: KeyChooser,
-    /// Key bytes (≥ 8).
+    /// Key bytes (≥ 8; ≥ [`YCSB_KEY`] for YCSB's keys).
     pub key_size: usize,
+    /// How keys are written.
+    pub key_format: KeyFormat,
     /// Value bytes (≥ 16).
     pub value_size: usize,
     /// Check every value read, and read every key back afterwards.
@@ -164,6 +168,11 @@ pub struct YcsbReport<I: KvIndex> {
     pub lost_keys: Vec<u64>,
     /// How many keys the verification found missing or wrong.
     pub lost: u64,
+    /// Keys deleted by the run (workload churn) that the verification still
+    /// found (counted in `violations`).
+    pub resurrected: u64,
+    /// Keys the verification read back (0 without one).
+    pub read_back: u64,
     /// Values of the wrong key, missing keys, failed updates of loaded
     /// keys, keys stored twice.
     pub violations: u64,
@@ -176,10 +185,62 @@ pub struct YcsbReport<I: KvIndex> {
     pub shape: I::Shape,
 }
 
-pub(crate) fn key_bytes(k: u64, size: usize, out: &mut Vec<u8>) {
+/// How YCSB's keys are written: both keep number order as byte order
+/// (ordered inserts, where YCSB's default hashes the number first, so that
+/// scans can be checked against the keys known present).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeyFormat {
+    /// The key number as 8 big-endian bytes.
+    #[default]
+    Binary,
+    /// YCSB's own form: `user` and the key number in 20 decimal digits
+    /// (zero-padded, as YCSB's `zeropadding` makes them): [`YCSB_KEY`]
+    /// bytes.
+    Ycsb,
+}
+
+/// Bytes of a key in YCSB's form.
+pub const YCSB_KEY: usize = 24;
+
+impl KeyFormat {
+    /// Its name in the result record and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyFormat::Binary => "binary",
+            KeyFormat::Ycsb => "ycsb",
+        }
+    }
+
+    /// The least key size of this form.
+    pub fn min_size(self) -> usize {
+        match self {
+            KeyFormat::Binary => 8,
+            KeyFormat::Ycsb => YCSB_KEY,
+        }
+    }
+}
+
+/// Writes key number `k` in format `f`, padded with zeros to `size` bytes,
+/// into `out`.
+pub fn key_bytes(k: u64, size: usize, f: KeyFormat, out: &mut Vec<u8>) {
+    use std::io::Write;
     out.clear();
-    out.extend_from_slice(&k.to_le_bytes());
-    out.resize(size, 0);
+    match f {
+        KeyFormat::Binary => out.extend_from_slice(&k.to_be_bytes()),
+        KeyFormat::Ycsb => write!(out, "user{k:020}").expect("writing to a Vec"),
+    }
+    out.resize(size.max(out.len()), 0);
+}
+
+/// The key number of a key written by [`key_bytes`], if it is one.
+pub fn key_number(key: &[u8], f: KeyFormat) -> Option<u64> {
+    match f {
+        KeyFormat::Binary => Some(u64::from_be_bytes(key.get(..8)?.try_into().ok()?)),
+        KeyFormat::Ycsb => {
+            let digits = key.get(4..YCSB_KEY).filter(|_| key.starts_with(b"user"))?;
+            std::str::from_utf8(digits).ok()?.parse().ok()
+        }
+    }
 }
 
 /// Low bits of the key an 8-to-15-byte value carries.
@@ -215,11 +276,34 @@ pub(crate) fn holds_key(v: &[u8], k: u64) -> bool {
 struct Frontier {
     loaded: u64,
     done: Vec<AtomicU64>,
+    /// Per coroutine, how many of its keys it deleted (workload churn).
+    deleted: Vec<AtomicU64>,
 }
 
 impl Frontier {
     fn new(loaded: u64, coroutines: usize) -> Frontier {
-        Frontier { loaded, done: (0..coroutines).map(|_| AtomicU64::new(0)).collect() }
+        let zeros = || (0..coroutines).map(|_| AtomicU64::new(0)).collect();
+        Frontier { loaded, done: zeros(), deleted: zeros() }
+    }
+
+    /// The `j`-th key coroutine `c` owns (workload churn): the loaded keys
+    /// `c, c + n, …` below `loaded`, then the keys it inserts.
+    fn owned(&self, c: u64, j: u64) -> u64 {
+        let n = self.done.len() as u64;
+        let loaded = self.loaded.saturating_sub(c).div_ceil(n);
+        if j < loaded {
+            c + j * n
+        } else {
+            self.loaded + c + (j - loaded) * n
+        }
+    }
+
+    /// Coroutine `c`'s keys deleted, and its keys in all (loaded or
+    /// inserted).
+    fn owned_counts(&self, c: usize) -> (u64, u64) {
+        let n = self.done.len() as u64;
+        let loaded = self.loaded.saturating_sub(c as u64).div_ceil(n);
+        (self.deleted[c].load(Ordering::Acquire), loaded + self.done[c].load(Ordering::Acquire))
     }
 
     /// Every key below the result is inserted.
@@ -242,8 +326,7 @@ const FRONTIER_EVERY: u32 = 64;
 /// Checks a scan from `start` for `count` pairs that returned `pairs`,
 /// with every key below `frontier` present throughout: order, bounds, the
 /// values' keys, and no known-present key missed. Returns the violations.
-pub(crate) fn check_scan(pairs: &Pairs, start: u64, count: usize, frontier: u64) -> u64 {
-    let key = |k: &[u8]| u64::from_le_bytes(k[..8].try_into().expect("keys are ≥ 8 bytes"));
+pub(crate) fn check_scan(pairs: &Pairs, start: u64, count: usize, frontier: u64, f: KeyFormat) -> u64 {
     let mut bad = 0;
     if pairs.len() > count {
         bad += 1;
@@ -251,7 +334,10 @@ pub(crate) fn check_scan(pairs: &Pairs, start: u64, count: usize, frontier: u64)
     let mut expect = start;
     let mut prev: Option<u64> = None;
     for (pk, pv) in pairs.iter() {
-        let k = key(pk);
+        let Some(k) = key_number(pk, f) else {
+            bad += 1;
+            continue;
+        };
         if k < start || prev.is_some_and(|q| q >= k) || !holds_key(pv, k) {
             bad += 1;
         }
@@ -292,7 +378,8 @@ impl<I: KvIndex> Bench for Phase<'_, I> {
     fn open_thread(&self, ctx: Ctx) -> impl Future<Output = Result<I, I::Error>> + 'static {
         let name = self.y.table.clone();
         let capacity = self.y.capacity;
-        async move { I::open_or_create(&ctx, &name, capacity).await.map(|(ix, _)| ix) }
+        let (ksz, vsz) = (self.y.key_size, self.y.value_size);
+        async move { I::open_or_create_sized(&ctx, &name, capacity, ksz, vsz).await.map(|(ix, _)| ix) }
     }
 
     fn coroutine(&self, w: Worker, ix: I) -> impl Future<Output = Result<(), I::Error>> + 'static {
@@ -324,7 +411,7 @@ async fn load_keys<I: KvIndex>(w: &Worker, mut ix: I, y: &YcsbConfig, total: u64
     // An interrupted load stops between inserts (never inside one).
     while k < y.keys && w.running() {
         let t = w.now();
-        key_bytes(k, y.key_size, &mut kb);
+        key_bytes(k, y.key_size, y.key_format, &mut kb);
         value_bytes(k, 0, y.value_size, &mut vb);
         ix.insert(&kb, &vb).await?;
         w.record(t, 1);
@@ -354,23 +441,29 @@ async fn run_ops<I: KvIndex>(
     // Each operation starts where the last one was recorded, unless the
     // coroutine idled in between (one clock read per operation).
     let mut t = w.now();
+    let (mut inserted, mut deleted) = (0u64, 0u64);
     while w.running() {
         if w.idles() {
             w.idle().await;
             t = w.now();
         }
-        let op = y.workload.next_op(&mut rng);
+        let op = match y.workload.alternates() {
+            true if inserted > deleted => Op::Delete,
+            true => Op::Insert,
+            false => y.workload.next_op(&mut rng),
+        };
         since += 1;
         if since >= FRONTIER_EVERY {
             (known, since) = (frontier.get(), 0);
         }
         let k = match (op, &mut latest) {
             (Op::Insert, _) => next_insert,
+            (Op::Delete, _) => frontier.owned(me, deleted),
             (Op::Read, Some(Some(l))) => l.next(known, &mut rng),
             (Op::Read, Some(None)) => rng.random_range(0..known),
             _ => y.chooser.next(&mut rng),
         };
-        key_bytes(k, y.key_size, &mut kb);
+        key_bytes(k, y.key_size, y.key_format, &mut kb);
         match op {
             Op::Read => {
                 let found = ix.get(&kb, &mut out).await?;
@@ -391,13 +484,22 @@ async fn run_ops<I: KvIndex>(
                 ix.insert(&kb, &vb).await?;
                 frontier.inserted(me as usize);
                 next_insert += total;
+                inserted += 1;
+            }
+            Op::Delete => {
+                // Its own oldest key: present since it was loaded or
+                // inserted, and nobody else deletes it.
+                let was = ix.delete(&kb).await?;
+                bad.n += u64::from(y.verify && !was);
+                frontier.deleted[me as usize].fetch_add(1, Ordering::Release);
+                deleted += 1;
             }
             Op::Scan => {
                 let n = rng.random_range(1..=MAX_SCAN);
                 let present = frontier.get();
                 ix.scan(&kb, n, &mut pairs).await?;
                 if y.verify {
-                    bad.n += check_scan(&pairs, k, n, present);
+                    bad.n += check_scan(&pairs, k, n, present, y.key_format);
                 }
             }
         }
@@ -419,10 +521,13 @@ pub fn run<I: KvIndex>(
     cfg: &RunConfig,
     y: &YcsbConfig,
 ) -> Result<YcsbReport<I>, YcsbError<I::Error>> {
-    if y.key_size < 8 || y.value_size < 8 {
+    if y.key_size < y.key_format.min_size() || y.value_size < 8 {
         return Err(YcsbError::Config(format!(
-            "keys and values need at least 8 bytes (asked {} and {})",
-            y.key_size, y.value_size
+            "{} keys need at least {} bytes and values at least 8 (asked {} and {})",
+            y.key_format.as_str(),
+            y.key_format.min_size(),
+            y.key_size,
+            y.value_size
         )));
     }
     if y.workload.mix[3] > 0.0 && !I::SCANS {
@@ -442,11 +547,12 @@ pub fn run<I: KvIndex>(
     }
     let ctx = setup.ctx();
     let (name, capacity, attach) = (y.table.clone(), y.capacity, y.load == LoadMode::NoLoad);
+    let (ksz, vsz) = (y.key_size, y.value_size);
     let existed = setup.block_on(async move {
         if attach && !I::exists(&ctx, &name).await? {
             return Ok(None);
         }
-        I::open_or_create(&ctx, &name, capacity).await.map(|(_, e)| Some(e))
+        I::open_or_create_sized(&ctx, &name, capacity, ksz, vsz).await.map(|(_, e)| Some(e))
     });
     let existed = YcsbError::during(setting_up, existed.map_err(YcsbError::Index))?.ok_or_else(|| {
         YcsbError::Config(format!(
@@ -522,18 +628,42 @@ pub fn run<I: KvIndex>(
     if y.verify && interrupted && cfg.progress {
         eprintln!("interrupted: skipping the read-back of every key");
     }
-    let (keys, ksz, verify, name) = (y.keys, y.key_size, verify_after, y.table.clone());
+    let (keys, ksz, kf, verify, name) = (y.keys, y.key_size, y.key_format, verify_after, y.table.clone());
+    let churned = (y.workload.alternates() && run.is_some()).then(|| frontier.clone());
     let read_back = setup
         .block_on(async move {
             let (mut ix, _) = I::open_or_create(&ctx, &name, 1).await?;
-            let (mut duplicates, mut lost, mut lost_keys) = (0, 0, Vec::new());
-            if verify {
+            let (mut duplicates, mut lost, mut lost_keys, mut resurrected, mut read) = (0, 0, Vec::new(), 0, 0);
+            if let (true, Some(f)) = (verify, churned) {
+                // Every coroutine's keys: the ones it deleted are gone, the
+                // rest hold their own values.
+                let (mut kb, mut out) = (Vec::new(), Vec::new());
+                for c in 0..f.done.len() {
+                    let (deleted, owned) = f.owned_counts(c);
+                    read += owned;
+                    for j in 0..owned {
+                        let k = f.owned(c as u64, j);
+                        key_bytes(k, ksz, kf, &mut kb);
+                        let found = ix.get(&kb, &mut out).await?;
+                        if j < deleted && found {
+                            resurrected += 1;
+                        } else if j >= deleted && (!found || !holds_key(&out, k)) {
+                            lost += 1;
+                            if lost_keys.len() < LOST_KEYS_SHOWN {
+                                lost_keys.push(k);
+                            }
+                        }
+                    }
+                }
+                duplicates = ix.audit().await?.duplicates();
+            } else if verify {
+                read = keys;
                 // Every key of the key range is there and holds its own key
                 // (after a load, or as the attached index had it); no key is
                 // stored twice (the audit also fails on a structural fault).
                 let (mut kb, mut out) = (Vec::new(), Vec::new());
                 for k in 0..keys {
-                    key_bytes(k, ksz, &mut kb);
+                    key_bytes(k, ksz, kf, &mut kb);
                     if !ix.get(&kb, &mut out).await? || !holds_key(&out, k) {
                         lost += 1;
                         if lost_keys.len() < LOST_KEYS_SHOWN {
@@ -545,18 +675,18 @@ pub fn run<I: KvIndex>(
             }
             let shape = ix.shape().await?;
             ix.close().await?;
-            Ok((shape, duplicates, lost, lost_keys))
+            Ok((shape, duplicates, lost, lost_keys, resurrected, read))
         })
         .map_err(YcsbError::Index);
     let what = if verify_after { "reading back every key" } else { "reading the index's shape" };
-    let (shape, duplicates, lost, lost_keys) = YcsbError::during(
+    let (shape, duplicates, lost, lost_keys, resurrected, read_back) = YcsbError::during(
         || match &run {
             Some(r) => harness::after_run(what, r),
             None => format!("{what} after the load"),
         },
         read_back,
     )?;
-    violations.fetch_add(lost + duplicates, Ordering::Relaxed);
+    violations.fetch_add(lost + duplicates + resurrected, Ordering::Relaxed);
     let stats = stats.into_inner().expect("not poisoned");
     Ok(YcsbReport {
         run,
@@ -565,6 +695,8 @@ pub fn run<I: KvIndex>(
         state,
         lost_keys,
         lost,
+        resurrected,
+        read_back,
         violations: violations.load(Ordering::Relaxed),
         duplicates,
         stats,
@@ -631,9 +763,26 @@ mod tests {
         let (mut v, mut p) = (Vec::new(), Pairs::default());
         for &k in keys {
             value_bytes(k, 3, 8, &mut v);
-            p.push(&k.to_le_bytes(), &v);
+            p.push(&k.to_be_bytes(), &v);
         }
         p
+    }
+
+    #[test]
+    fn keys_keep_number_order_as_byte_order_in_both_forms() {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for f in [KeyFormat::Binary, KeyFormat::Ycsb] {
+            for (x, y) in [(0u64, 1u64), (9, 10), (255, 256), (99_999, 100_000), (u64::MAX - 1, u64::MAX)] {
+                key_bytes(x, 32, f, &mut a);
+                key_bytes(y, 32, f, &mut b);
+                assert!(a < b, "{f:?}: {x} and {y}");
+                assert_eq!(a.len(), 32);
+                assert_eq!((key_number(&a, f), key_number(&b, f)), (Some(x), Some(y)));
+            }
+        }
+        key_bytes(42, 24, KeyFormat::Ycsb, &mut a);
+        assert_eq!(a, b"user00000000000000000042");
+        assert_eq!(key_number(b"usex00000000000000000042", KeyFormat::Ycsb), None);
     }
 
     #[test]
@@ -650,17 +799,21 @@ mod tests {
     #[test]
     fn a_scan_that_misses_a_known_key_or_leaves_order_is_caught() {
         // Keys below 100 are present throughout.
-        assert_eq!(check_scan(&pairs(&[10, 11, 12]), 10, 3, 100), 0);
-        assert_eq!(check_scan(&pairs(&[98, 99, 105, 130]), 98, 4, 100), 0, "new keys past the frontier");
-        assert_eq!(check_scan(&pairs(&[98, 99]), 98, 10, 100), 0, "the end of the index");
-        assert_eq!(check_scan(&pairs(&[10, 12, 13]), 10, 3, 100), 1, "11 missed");
-        assert_eq!(check_scan(&pairs(&[11, 12]), 10, 2, 100), 1, "10 missed");
-        assert_eq!(check_scan(&pairs(&[10, 11]), 10, 5, 100), 1, "stopped early");
-        assert!(check_scan(&pairs(&[10, 10]), 10, 2, 100) > 0, "a key twice");
-        assert!(check_scan(&pairs(&[9]), 10, 1, 100) > 0, "below the start");
+        assert_eq!(check_scan(&pairs(&[10, 11, 12]), 10, 3, 100, KeyFormat::Binary), 0);
+        assert_eq!(
+            check_scan(&pairs(&[98, 99, 105, 130]), 98, 4, 100, KeyFormat::Binary),
+            0,
+            "new keys past the frontier"
+        );
+        assert_eq!(check_scan(&pairs(&[98, 99]), 98, 10, 100, KeyFormat::Binary), 0, "the end of the index");
+        assert_eq!(check_scan(&pairs(&[10, 12, 13]), 10, 3, 100, KeyFormat::Binary), 1, "11 missed");
+        assert_eq!(check_scan(&pairs(&[11, 12]), 10, 2, 100, KeyFormat::Binary), 1, "10 missed");
+        assert_eq!(check_scan(&pairs(&[10, 11]), 10, 5, 100, KeyFormat::Binary), 1, "stopped early");
+        assert!(check_scan(&pairs(&[10, 10]), 10, 2, 100, KeyFormat::Binary) > 0, "a key twice");
+        assert!(check_scan(&pairs(&[9]), 10, 1, 100, KeyFormat::Binary) > 0, "below the start");
         let mut wrong = Pairs::default();
-        wrong.push(&10u64.to_le_bytes(), pairs(&[11]).get(0).1);
-        assert_eq!(check_scan(&wrong, 10, 1, 100), 1, "a value of another key");
+        wrong.push(&10u64.to_be_bytes(), pairs(&[11]).get(0).1);
+        assert_eq!(check_scan(&wrong, 10, 1, 100, KeyFormat::Binary), 1, "a value of another key");
     }
 
     #[test]

@@ -192,6 +192,8 @@ pub enum Op {
     Scan,
     /// Read, then write back a modified value.
     ReadModifyWrite,
+    /// Delete the oldest key the coroutine still has (workload `churn`).
+    Delete,
 }
 
 /// An operation mix (fractions sum to 1).
@@ -199,31 +201,36 @@ pub enum Op {
 pub struct Workload {
     /// Its name (`a` … `f`, `update-only`).
     pub name: &'static str,
-    /// Fractions of read, update, insert, scan, read-modify-write.
-    pub mix: [f64; 5],
+    /// Fractions of read, update, insert, scan, read-modify-write, delete.
+    pub mix: [f64; 6],
 }
 
 impl Workload {
     /// `a` (50/50 read/update; alias write-heavy), `b` (95/5; read-heavy),
     /// `c` (100 read; read-only), `d` (95/5 read/insert, reads from the
     /// latest distribution), `e` (95/5 scan/insert), `f` (50/50
-    /// read/read-modify-write), `update-only`.
+    /// read/read-modify-write), `update-only`, and `churn` (not YCSB's:
+    /// 50/50 insert/delete, each coroutine deleting its oldest key after
+    /// each insert, so that the key count stays and every key is replaced
+    /// as the run goes: the memory a structure gives back).
     ///
     /// # Errors
     /// Names the known workloads.
     pub fn parse(s: &str) -> Result<Workload, String> {
         let (name, mix) = match s {
-            "a" | "write-heavy" => ("a", [0.5, 0.5, 0.0, 0.0, 0.0]),
-            "b" | "read-heavy" => ("b", [0.95, 0.05, 0.0, 0.0, 0.0]),
-            "c" | "read-only" => ("c", [1.0, 0.0, 0.0, 0.0, 0.0]),
-            "d" => ("d", [0.95, 0.0, 0.05, 0.0, 0.0]),
-            "e" => ("e", [0.0, 0.0, 0.05, 0.95, 0.0]),
-            "f" => ("f", [0.5, 0.0, 0.0, 0.0, 0.5]),
-            "update-only" => ("update-only", [0.0, 1.0, 0.0, 0.0, 0.0]),
+            "a" | "write-heavy" => ("a", [0.5, 0.5, 0.0, 0.0, 0.0, 0.0]),
+            "b" | "read-heavy" => ("b", [0.95, 0.05, 0.0, 0.0, 0.0, 0.0]),
+            "c" | "read-only" => ("c", [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+            "d" => ("d", [0.95, 0.0, 0.05, 0.0, 0.0, 0.0]),
+            "e" => ("e", [0.0, 0.0, 0.05, 0.95, 0.0, 0.0]),
+            "f" => ("f", [0.5, 0.0, 0.0, 0.0, 0.5, 0.0]),
+            "update-only" => ("update-only", [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]),
+            "churn" => ("churn", [0.0, 0.0, 0.5, 0.0, 0.0, 0.5]),
             other => {
                 return Err(format!(
-                "unknown workload {other:?}: use a, b, c, d, e, f, update-only (or write-heavy, read-heavy, read-only)"
-            ))
+                    "unknown workload {other:?}: use a, b, c, d, e, f, update-only, churn (or write-heavy, \
+                     read-heavy, read-only)"
+                ))
             }
         };
         Ok(Workload { name, mix })
@@ -235,10 +242,17 @@ impl Workload {
         self.name == "d"
     }
 
+    /// Whether each coroutine alternates inserting a new key and deleting
+    /// its oldest (workload `churn`) rather than drawing from the mix.
+    pub fn alternates(&self) -> bool {
+        self.name == "churn"
+    }
+
     /// Draws the next operation.
     pub fn next_op(&self, rng: &mut impl Rng) -> Op {
         let mut u: f64 = rng.random();
-        for (op, p) in [Op::Read, Op::Update, Op::Insert, Op::Scan, Op::ReadModifyWrite].into_iter().zip(self.mix) {
+        let ops = [Op::Read, Op::Update, Op::Insert, Op::Scan, Op::ReadModifyWrite, Op::Delete];
+        for (op, p) in ops.into_iter().zip(self.mix) {
             if u < p {
                 return op;
             }

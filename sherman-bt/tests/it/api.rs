@@ -76,18 +76,31 @@ fn update_upsert_delete_and_reinsert() {
 }
 
 #[test]
-fn sizes_other_than_8_bytes_are_refused_clearly() {
+fn keys_and_values_beyond_the_trees_sizes_are_refused_clearly() {
     let t = EmbeddedTransport::new(1, 8 << 20).unwrap();
     on_tree(&t, 0, "none", "sizes", |mut tree| async move {
-        let e = KvIndex::insert(&mut tree, b"short", &[0; 8]).await.unwrap_err();
-        assert!(matches!(e, ShermanError::Size { key: 5, value: 8 }), "{e}");
+        // A tree made for the paper's sizes: up to 8-byte keys and values.
+        let e = KvIndex::insert(&mut tree, &[0; 9], &[0; 8]).await.unwrap_err();
+        assert!(matches!(e, ShermanError::Size { key: 9, value: 8, key_max: 8, value_max: 8 }), "{e}");
         let e = KvIndex::insert(&mut tree, &[0; 8], &[0; 16]).await.unwrap_err();
-        assert!(e.to_string().contains("8-byte keys and 8-byte values"), "{e}");
+        assert!(e.to_string().contains("keys of up to 8 bytes and values of up to 8"), "{e}");
         let mut out = Vec::new();
         assert!(KvIndex::get(&mut tree, &[1; 9], &mut out).await.is_err());
         assert!(KvIndex::insert(&mut tree, &[1; 8], &[2; 8]).await.unwrap());
         assert!(KvIndex::get(&mut tree, &[1; 8], &mut out).await.unwrap());
         assert_eq!(out, [2; 8]);
+        // Shorter keys and values are byte strings like any other, in byte
+        // order: "ab" sorts between "a" and "b" (a prefix before its
+        // extensions), and bytes 0x01 before "a" (0x61).
+        for k in [&b"b"[..], b"a", b"ab", b""] {
+            assert!(KvIndex::insert(&mut tree, k, k).await.unwrap());
+        }
+        let mut pairs = smart_core::index::Pairs::default();
+        assert_eq!(KvIndex::scan(&mut tree, b"", 10, &mut pairs).await.unwrap(), 5);
+        let keys: Vec<&[u8]> = pairs.iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, [&b""[..], &[1; 8], b"a", b"ab", b"b"]);
+        assert!(KvIndex::get(&mut tree, b"ab", &mut out).await.unwrap());
+        assert_eq!(out, b"ab");
     });
 }
 

@@ -3,7 +3,9 @@
 
 mod api;
 mod concurrency;
+mod merge;
 mod oracle;
+mod sizes;
 mod spec;
 
 use std::future::Future;
@@ -94,7 +96,9 @@ where
 /// checking that none is stored twice.
 fn checked_keys(t: &dyn Transport, name: &'static str) -> (sherman_bt::TreeShape, Vec<u64>) {
     on_tree(t, 0, "none", name, |mut tree| async move {
-        let (shape, mut keys) = tree.walk().await.unwrap();
+        let (shape, keys) = tree.walk().await.unwrap();
+        let mut keys: Vec<u64> =
+            keys.iter().map(|k| u64::from_be_bytes(k.as_slice().try_into().expect("8-byte keys"))).collect();
         let n = keys.len();
         keys.sort_unstable();
         keys.dedup();

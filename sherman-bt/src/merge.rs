@@ -1,0 +1,339 @@
+//! Merging pages that deletes left nearly empty, and freeing the pages
+//! merged away (see the crate docs for the protocol and why it is safe).
+
+use smart_core::runtime::OpGuard;
+use smart_core::GlobalAddr;
+
+use crate::layout::{self, Field, Key, PageBuf, PageRef, FLAG_ABSORBING, FLAG_DEAD, FLAG_MERGING, INLINE_MAX};
+use crate::lock::Held;
+use crate::read::with_page;
+use crate::{Result, ShermanBt, ShermanError};
+
+/// A page merges when fewer than this share of its slots are live.
+pub const MERGE_BELOW: f64 = 0.25;
+/// Two pages merge only if their entries fill at most this share of one.
+pub const MERGE_FILL: f64 = 0.75;
+/// Pages walked right from a merge's link to find the left neighbour.
+const MAX_HOPS: usize = 64;
+
+/// Two pages locked together (one lock word when both hash to it).
+pub(crate) struct Pair {
+    left: (GlobalAddr, Held, PageBuf),
+    /// The right page; `None` for its lock when it shares the left's.
+    right: (GlobalAddr, Option<Held>, PageBuf),
+}
+
+impl ShermanBt {
+    /// Whether a page of `level` with `live` entries should merge.
+    pub(crate) fn underfull(&self, level: u8, live: usize) -> bool {
+        (live as f64) < MERGE_BELOW * self.f.slots(level).count as f64
+    }
+
+    /// Locks pages `l` and `r` (in lock-word order, so that two mergers
+    /// never wait for each other) and reads both.
+    async fn lock_pair(&mut self, l: GlobalAddr, r: GlobalAddr, op: &mut OpGuard<'_>) -> Result<Pair> {
+        let (wl, wr) = (self.lock_word(l)?, self.lock_word(r)?);
+        if wl == wr {
+            let h = self.lock_read(l, op).await?;
+            let lp = self.page.clone();
+            if let Err(e) = self.read_locked(r).await {
+                let _ = self.release(h, false).await;
+                return Err(e);
+            }
+            return Ok(Pair { left: (l, h, lp), right: (r, None, self.page.clone()) });
+        }
+        let (first, second) = if wl.raw() < wr.raw() { (l, r) } else { (r, l) };
+        let h1 = self.lock_read(first, op).await?;
+        let p1 = self.page.clone();
+        let h2 = match self.lock_read(second, op).await {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = self.release(h1, false).await;
+                return Err(e);
+            }
+        };
+        let p2 = self.page.clone();
+        Ok(if first == l {
+            Pair { left: (l, h1, p1), right: (r, Some(h2), p2) }
+        } else {
+            Pair { left: (l, h2, p2), right: (r, Some(h1), p1) }
+        })
+    }
+
+    async fn release_pair(&mut self, p: Pair) -> Result<()> {
+        let a = self.release(p.left.1, false).await;
+        if let Some(h) = p.right.1 {
+            self.release(h, false).await?;
+        }
+        a
+    }
+
+    /// Writes `buf` to the left (`left`) or right page of `pair` under its
+    /// lock, renewing the lock first if half a lease passed.
+    async fn write_locked(&mut self, pair: &mut Pair, left: bool) -> Result<()> {
+        let shared = pair.right.1.is_none();
+        let held = if left || shared { pair.left.1 } else { pair.right.1.expect("its own lock") };
+        let held = self.still_held(held).await?;
+        if left || shared {
+            pair.left.1 = held;
+        } else {
+            pair.right.1 = Some(held);
+        }
+        let (at, buf) = if left { (pair.left.0, &pair.left.2) } else { (pair.right.0, &pair.right.2) };
+        self.ctx.write(at, &buf.b[..]).await?;
+        Ok(())
+    }
+
+    /// Whether the entries of `l` and `r` (pages of one level, `r` right
+    /// of `l`) fit one page filled to [`MERGE_FILL`].
+    fn fits(&self, l: PageRef<'_>, r: PageRef<'_>) -> bool {
+        let n = if l.is_leaf() { l.live().count() + r.live().count() } else { l.count() + 1 + r.count() };
+        (n as f64) <= MERGE_FILL * self.f.slots(l.level()).count as f64
+    }
+
+    /// `l` with the entries and range of `r` (its right sibling) added.
+    fn absorbed(&self, l: PageRef<'_>, r: PageRef<'_>) -> PageBuf {
+        let mut out = PageBuf::from_page(l);
+        if l.is_leaf() {
+            let mut raw = [0u8; 2 + INLINE_MAX];
+            for i in r.live() {
+                let slot = out.view().free_slot().expect("checked: the entries fit");
+                r.value_field(i, &mut raw);
+                out.set_leaf(slot, r.key(i).as_slice(), &Field::raw(&raw[..2 + self.f.inline]));
+            }
+        } else {
+            let mut es: Vec<(Key, GlobalAddr)> = l.live().map(|i| (l.key(i), l.child(i))).collect();
+            es.push((r.lowest(), r.leftmost()));
+            es.extend(r.live().map(|i| (r.key(i), r.child(i))));
+            out.set_sorted(&es);
+        }
+        out.set_highest(r.highest().as_ref().map(Key::as_slice));
+        out.set_sibling(r.sibling());
+        out
+    }
+
+    /// Takes the merge of the right page of `pair` into its left page as
+    /// far as it goes, from whatever state it is in (fresh, or left by a
+    /// client that died): R marked merging, L absorbing R's entries, R dead
+    /// (empty, linked to L), L plain again. Each step is one page WRITE,
+    /// completed before the next. Returns whether R is dead at the end.
+    async fn merge_locked(&mut self, pair: &mut Pair, fresh: bool) -> Result<bool> {
+        let (l, r) = (pair.left.0, pair.right.0);
+        let (lf, rf) = (pair.left.2.view().merge_flags(), pair.right.2.view().merge_flags());
+        let (l_seq, r_seq) = (pair.left.2.view().seq(), pair.right.2.view().seq());
+        let absorbing = lf == FLAG_ABSORBING && pair.left.2.view().link() == r;
+        if rf == FLAG_DEAD {
+            if absorbing {
+                pair.left.2.set_merge(0, GlobalAddr::NULL);
+                pair.left.2.seal_after(l_seq);
+                self.write_locked(pair, true).await?;
+            }
+            return Ok(pair.right.2.view().link() == l);
+        }
+        let (lv, rv) = (pair.left.2.view(), pair.right.2.view());
+        let linked = lv.sibling() == Some(r) && lv.highest() == Some(rv.lowest()) && lv.level() == rv.level();
+        if (!absorbing && (lf != 0 || !linked)) || (fresh && (rf != 0 || !self.fits(lv, rv))) {
+            return Ok(false);
+        }
+        if !absorbing && !self.fits(lv, rv) {
+            // A merge a dead client began, and L took inserts since: undone.
+            pair.right.2.set_merge(0, GlobalAddr::NULL);
+            pair.right.2.seal_after(r_seq);
+            self.write_locked(pair, false).await?;
+            return Ok(false);
+        }
+        let mut r_seq = r_seq;
+        if rf != FLAG_MERGING {
+            pair.right.2.set_merge(FLAG_MERGING, l);
+            pair.right.2.seal_after(r_seq);
+            self.write_locked(pair, false).await?;
+            r_seq = pair.right.2.view().seq();
+        }
+        if !absorbing {
+            let mut a = self.absorbed(pair.left.2.view(), pair.right.2.view());
+            a.set_merge(FLAG_ABSORBING, r);
+            a.seal_after(l_seq);
+            pair.left.2 = a;
+            self.write_locked(pair, true).await?;
+        }
+        let rv = pair.right.2.view();
+        let (level, low, high, sib) = (rv.level(), rv.lowest(), rv.highest(), rv.sibling());
+        let mut dead = PageBuf::new(self.f, level, low.as_slice(), high.as_ref().map(Key::as_slice), sib);
+        dead.set_merge(FLAG_DEAD, l);
+        dead.seal_after(r_seq);
+        pair.right.2 = dead;
+        self.write_locked(pair, false).await?;
+        let l_seq = pair.left.2.view().seq();
+        pair.left.2.set_merge(0, GlobalAddr::NULL);
+        pair.left.2.seal_after(l_seq);
+        self.write_locked(pair, true).await?;
+        Ok(true)
+    }
+
+    /// After a delete left page `u` of `level` (covering keys from `low`)
+    /// underfull: merges it with its neighbour under the same parent (the
+    /// right one into the left one), frees the page merged away, and goes
+    /// on with the parent if that left it underfull.
+    pub(crate) async fn try_merge(
+        &mut self,
+        mut u: GlobalAddr,
+        mut low: Key,
+        mut level: u8,
+        op: &mut OpGuard<'_>,
+    ) -> Result<()> {
+        loop {
+            let (rl, _) = self.root().await?;
+            if rl <= level {
+                return Ok(());
+            }
+            let parent = self.descend(low.as_slice(), level + 1).await?;
+            let pick = with_page(&self.ctx, &self.local, &self.read, (parent, self.f), |p| {
+                if p.merge_flags() != 0 || !p.covers(low.as_slice()) {
+                    return None;
+                }
+                if p.leftmost() == u {
+                    return (p.count() >= 1).then(|| (u, p.child(0), p.key(0)));
+                }
+                (0..p.count())
+                    .find(|&i| p.child(i) == u)
+                    .map(|i| (if i == 0 { p.leftmost() } else { p.child(i - 1) }, u, p.key(i)))
+            })
+            .await?;
+            let Some((l, r, sep)) = pick else { return Ok(()) };
+            let mut pair = self.lock_pair(l, r, op).await?;
+            let dead = match self.merge_locked(&mut pair, true).await {
+                Ok(d) => d,
+                Err(ShermanError::LeaseLost(_)) => {
+                    // This client stalled and lost a lock: a helper finishes.
+                    let _ = self.release_pair(pair).await;
+                    return Ok(());
+                }
+                Err(e) => {
+                    let _ = self.release_pair(pair).await;
+                    return Err(e);
+                }
+            };
+            self.release_pair(pair).await?;
+            if !dead {
+                return Ok(());
+            }
+            self.local.borrow_mut().stats.merges += 1;
+            match self.unlink(level, sep, r, op).await? {
+                Some((p, plow, live)) if self.underfull(level + 1, live) => (u, low, level) = (p, plow, level + 1),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Removes dead page `r` (named by separator `sep`) from its parent of
+    /// `level + 1`, then frees it. Returns the parent (address, lowest,
+    /// entries left), or `None` if the entry was not found (the parent
+    /// changed, or is in a merge itself): the dead page then stays where it
+    /// is, its link leading readers on (counted by [`ShermanBt::walk`]).
+    async fn unlink(
+        &mut self,
+        level: u8,
+        sep: Key,
+        r: GlobalAddr,
+        op: &mut OpGuard<'_>,
+    ) -> Result<Option<(GlobalAddr, Key, usize)>> {
+        let mut at = self.descend(sep.as_slice(), level + 1).await?;
+        let mut min_low = Key::EMPTY;
+        for _ in 0..MAX_HOPS {
+            let held = self.lock_read(at, op).await?;
+            let p = self.page.view();
+            let plow = p.lowest();
+            if p.merge_flags() != 0 || p.level() != level + 1 || plow > sep || plow < min_low {
+                self.unlock(held, false).await?;
+                return Ok(None);
+            }
+            if p.is_right_of(sep.as_slice()) {
+                let next = (p.sibling(), p.highest());
+                self.unlock(held, false).await?;
+                match next {
+                    (Some(s), Some(h)) => (at, min_low) = (s, h),
+                    _ => return Ok(None),
+                }
+                continue;
+            }
+            let mut es: Vec<(Key, GlobalAddr)> = p.live().map(|i| (p.key(i), p.child(i))).collect();
+            let Some(i) = es.iter().position(|e| e.0 == sep && e.1 == r) else {
+                self.unlock(held, false).await?;
+                return Ok(None);
+            };
+            es.remove(i);
+            self.page.set_sorted(&es);
+            self.page.seal_next();
+            match self.unlock_sealed(held).await {
+                Err(ShermanError::LeaseLost(_)) => return Ok(None),
+                r => r?,
+            }
+            self.local.borrow_mut().cache.invalidate(sep.as_slice());
+            self.free_page(r).await?;
+            return Ok(Some((at, plow, es.len())));
+        }
+        Ok(None)
+    }
+
+    /// Frees a page no longer reachable from the tree: counted in the meta
+    /// first (clients that see the count move drop their caches, which may
+    /// name it), then retired (reused once no operation can reach it).
+    pub(crate) async fn free_page(&mut self, at: GlobalAddr) -> Result<()> {
+        self.ctx.faa(self.meta.add(layout::FREES_WORD), 1).await?;
+        self.reclaim.retire(at, self.f.page as u64);
+        self.local.borrow_mut().stats.pages_freed += 1;
+        Ok(())
+    }
+
+    /// A writer found page `at` (locked, now released) in a merge a client
+    /// left unfinished: finishes it (or undoes it), so that the writer can
+    /// go on.
+    pub(crate) async fn help_merge(&mut self, at: GlobalAddr, p: &PageBuf, op: &mut OpGuard<'_>) -> Result<()> {
+        let v = p.view();
+        let (l, r) = if v.merge_flags() == FLAG_ABSORBING {
+            (at, v.link())
+        } else {
+            // Merging: the left neighbour is the link, or right of it.
+            let mut l = v.link();
+            let mut found = false;
+            for _ in 0..MAX_HOPS {
+                let sib = with_page(&self.ctx, &self.local, &self.read, (l, self.f), |q| {
+                    (q.sibling(), q.merge_flags() == FLAG_ABSORBING && q.link() == at)
+                })
+                .await?;
+                if sib.0 == Some(at) || sib.1 {
+                    found = true;
+                    break;
+                }
+                match sib.0 {
+                    Some(s) => l = s,
+                    None => break,
+                }
+            }
+            if !found {
+                return Err(ShermanError::Corrupt(format!(
+                    "page {at} is being merged into {} but no page on its level leads to it",
+                    v.link()
+                )));
+            }
+            (l, at)
+        };
+        let sep = v.lowest();
+        let level = v.level();
+        let mut pair = self.lock_pair(l, r, op).await?;
+        let dead = match self.merge_locked(&mut pair, false).await {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = self.release_pair(pair).await;
+                return Err(e);
+            }
+        };
+        let sep = if v.merge_flags() == FLAG_ABSORBING { pair.right.2.view().lowest() } else { sep };
+        self.release_pair(pair).await?;
+        self.local.borrow_mut().stats.merges_helped += 1;
+        if dead {
+            self.unlink(level, sep, r, op).await?;
+        }
+        Ok(())
+    }
+}
