@@ -1238,7 +1238,13 @@ pub fn table(s: &Session, t: &dyn Transport, job: &TableJob) -> Result<Outcome> 
                     });
                     match r {
                         Ok(shape) => {
-                            println!("sherman {:?}: sound; {shape:?}; {heap_sum} bytes of blade heap in use", job.name,);
+                            println!(
+                                "sherman {:?}: sound; {shape:?}; blade heap: {heap_sum} bytes in use, {free_sum} of them \
+                                 free-listed for reuse, {} neither (other objects, memory held by running clients or \
+                                 lost by killed ones)",
+                                job.name,
+                                heap_sum.saturating_sub(free_sum + shape.live_bytes)
+                            );
                             (true, serde_json::to_value(&shape)?)
                         }
                         Err(e) => {

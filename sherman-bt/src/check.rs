@@ -29,6 +29,9 @@ pub struct TreeShape {
     /// Pages in a merge not finished (its client died, or it is in
     /// flight): the next writer to lock one finishes it.
     pub merging: u64,
+    /// Bytes of the tree's pages (dead ones still named included) and of
+    /// its out-of-line values' blocks.
+    pub live_bytes: u64,
 }
 
 /// What a walk collects besides the keys.
@@ -84,6 +87,7 @@ impl ShermanBt {
                 if let Some(c) = all.as_deref_mut() {
                     c.pages.push(a);
                 }
+                shape.live_bytes += self.f.page as u64;
                 if p.is_dead() {
                     return bad(format!("page {a} on the chain of level {level} was merged away"));
                 }
@@ -153,6 +157,7 @@ impl ShermanBt {
                     return bad(format!("page {a} named by level {} is not on level {level}'s chain", level + 1));
                 }
                 shape.dead_named += 1;
+                shape.live_bytes += self.f.page as u64;
                 if let Some(c) = all.as_deref_mut() {
                     c.pages.push(a);
                 }

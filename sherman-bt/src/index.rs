@@ -49,6 +49,9 @@ pub struct ShermanStats {
     pub restarts: u64,
     /// Moves from a page merged away to the page that took its range.
     pub left_hops: u64,
+    /// Pages merged away removed from a parent that still named them after
+    /// their link stopped leading to their keys.
+    pub dead_repairs: u64,
     /// Torn page copies read again.
     pub torn: u64,
     /// KV blocks written (values too long for the leaves).
@@ -91,6 +94,7 @@ struct StatsRecord {
     sibling_hops: u64,
     restarts: u64,
     left_hops: u64,
+    dead_repairs: u64,
     torn: u64,
     blocks_written: u64,
     blocks_retired: u64,
@@ -153,6 +157,7 @@ impl From<ShermanStats> for StatsRecord {
             sibling_hops: s.sibling_hops,
             restarts: s.restarts,
             left_hops: s.left_hops,
+            dead_repairs: s.dead_repairs,
             torn: s.torn,
             blocks_written: s.blocks_written,
             blocks_retired: s.blocks_retired,
@@ -185,6 +190,7 @@ impl IndexStats for ShermanStats {
         self.sibling_hops += o.sibling_hops;
         self.restarts += o.restarts;
         self.left_hops += o.left_hops;
+        self.dead_repairs += o.dead_repairs;
         self.torn += o.torn;
         self.blocks_written += o.blocks_written;
         self.blocks_retired += o.blocks_retired;

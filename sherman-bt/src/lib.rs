@@ -110,7 +110,10 @@
 //! installed (leaked); a merge cut after any step (its pages marked: the
 //! next writer to lock one finishes it; [`TreeShape::merging`]); a page
 //! merged away whose separator is still in its parent (readers pass
-//! through it; it is not freed: [`TreeShape::dead_named`]); retired
+//! through it; [`TreeShape::dead_named`]: once its link no longer leads
+//! to its keys, because the page it names was merged away and freed in
+//! turn, the first descent that meets it removes the separator and frees
+//! it, counted in `dead_repairs`); retired
 //! blocks and pages it held for reuse (its reclaimer's local bags). Page
 //! WRITEs are single WRs; a memory blade applies each request whole (TCP)
 //! or the RNIC completes it, so no torn page is left behind on those

@@ -186,7 +186,7 @@ impl ShermanBt {
             if rl <= level {
                 return Ok(());
             }
-            let parent = self.descend(low.as_slice(), level + 1).await?;
+            let parent = self.descend(low.as_slice(), level + 1, Some(&mut *op)).await?;
             let pick = with_page(&self.ctx, &self.local, &self.read, (parent, self.f), |p| {
                 if p.merge_flags() != 0 || !p.covers(low.as_slice()) {
                     return None;
@@ -201,6 +201,7 @@ impl ShermanBt {
             .await?;
             let Some((l, r, sep)) = pick else { return Ok(()) };
             let mut pair = self.lock_pair(l, r, op).await?;
+            let was_dead = pair.right.2.view().is_dead();
             let dead = match self.merge_locked(&mut pair, true).await {
                 Ok(d) => d,
                 Err(ShermanError::LeaseLost(_)) => {
@@ -217,7 +218,9 @@ impl ShermanBt {
             if !dead {
                 return Ok(());
             }
-            self.local.borrow_mut().stats.merges += 1;
+            if !was_dead {
+                self.local.borrow_mut().stats.merges += 1;
+            }
             match self.unlink(level, sep, r, op).await? {
                 Some((p, plow, live)) if self.underfull(level + 1, live) => (u, low, level) = (p, plow, level + 1),
                 _ => return Ok(()),
@@ -230,19 +233,26 @@ impl ShermanBt {
     /// entries left), or `None` if the entry was not found (the parent
     /// changed, or is in a merge itself): the dead page then stays where it
     /// is, its link leading readers on (counted by [`ShermanBt::walk`]).
-    async fn unlink(
+    pub(crate) async fn unlink(
         &mut self,
         level: u8,
         sep: Key,
         r: GlobalAddr,
         op: &mut OpGuard<'_>,
     ) -> Result<Option<(GlobalAddr, Key, usize)>> {
-        let mut at = self.descend(sep.as_slice(), level + 1).await?;
+        let mut at = self.descend(sep.as_slice(), level + 1, Some(&mut *op)).await?;
         let mut min_low = Key::EMPTY;
         for _ in 0..MAX_HOPS {
             let held = self.lock_read(at, op).await?;
             let p = self.page.view();
             let plow = p.lowest();
+            if p.is_dead() && p.level() == level + 1 {
+                // The parent was merged away: on to the page that took it.
+                let l = p.link();
+                self.unlock(held, false).await?;
+                (at, min_low) = (l, Key::EMPTY);
+                continue;
+            }
             if p.merge_flags() != 0 || p.level() != level + 1 || plow > sep || plow < min_low {
                 self.unlock(held, false).await?;
                 return Ok(None);

@@ -160,7 +160,7 @@ impl ShermanBt {
     /// The leaf path of a lookup: the leaf holding `key`'s range, read
     /// whole.
     async fn lookup_leaf(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Found>> {
-        let mut at = self.leaf_for(key).await?;
+        let mut at = self.leaf_for(key, None).await?;
         let (mut restarts, mut min_low) = (0, Key::EMPTY);
         loop {
             let step = with_page(&self.ctx, &self.local, &self.read, (at, self.f), |p| {
@@ -176,8 +176,8 @@ impl ShermanBt {
                     self.moved_right(key);
                     (at, min_low) = (s, high);
                 }
-                AtLeaf::Left(l) => (at, min_low) = (self.moved_left(key, l, &mut restarts).await?, Key::EMPTY),
-                AtLeaf::Restart => (at, min_low) = (self.restart(key, &mut restarts).await?, Key::EMPTY),
+                AtLeaf::Left(l) => (at, min_low) = (self.moved_left(key, l, &mut restarts, None).await?, Key::EMPTY),
+                AtLeaf::Restart => (at, min_low) = (self.restart(key, &mut restarts, None).await?, Key::EMPTY),
             }
         }
     }
@@ -185,14 +185,20 @@ impl ShermanBt {
     /// A page merged away: on to `l`, which took its range (counted like a
     /// restart, so links cannot send an operation round for ever; past the
     /// bound, from the root).
-    async fn moved_left(&mut self, key: &[u8], l: GlobalAddr, restarts: &mut u32) -> Result<GlobalAddr> {
+    async fn moved_left(
+        &mut self,
+        key: &[u8],
+        l: GlobalAddr,
+        restarts: &mut u32,
+        op: Option<&mut OpGuard<'_>>,
+    ) -> Result<GlobalAddr> {
         {
             let mut s = self.local.borrow_mut();
             s.stats.left_hops += 1;
             s.cache.invalidate(key);
         }
         if *restarts >= MAX_RESTARTS / 2 {
-            return self.restart(key, restarts).await;
+            return self.restart(key, restarts, op).await;
         }
         *restarts += 1;
         Ok(l)
@@ -239,7 +245,7 @@ impl ShermanBt {
     }
 
     /// The leaf a stale path led to was not the key's: start from the root.
-    async fn restart(&mut self, key: &[u8], restarts: &mut u32) -> Result<GlobalAddr> {
+    async fn restart(&mut self, key: &[u8], restarts: &mut u32, op: Option<&mut OpGuard<'_>>) -> Result<GlobalAddr> {
         *restarts += 1;
         {
             let mut l = self.local.borrow_mut();
@@ -252,7 +258,7 @@ impl ShermanBt {
                 show_key(key)
             )));
         }
-        self.descend(key, 0).await
+        self.descend(key, 0, op).await
     }
 
     /// A leaf split since the path to it was cached: the next lookup
@@ -345,7 +351,7 @@ impl ShermanBt {
         out: &mut Pairs,
         es: &mut Vec<(Key, Field)>,
     ) -> Result<()> {
-        let mut at = self.leaf_for(start).await?;
+        let mut at = self.leaf_for(start, None).await?;
         let (mut from, mut first, mut restarts, mut min_low) = (Key::new(start), true, 0, Key::EMPTY);
         let mut stale = 0;
         loop {
@@ -392,10 +398,10 @@ impl ShermanBt {
                     (at, min_low) = (s, high);
                 }
                 AtLeaf::Left(l) => {
-                    (at, min_low) = (self.moved_left(from.as_slice(), l, &mut restarts).await?, Key::EMPTY)
+                    (at, min_low) = (self.moved_left(from.as_slice(), l, &mut restarts, None).await?, Key::EMPTY)
                 }
                 AtLeaf::Restart if first => {
-                    (at, min_low) = (self.restart(from.as_slice(), &mut restarts).await?, Key::EMPTY)
+                    (at, min_low) = (self.restart(from.as_slice(), &mut restarts, None).await?, Key::EMPTY)
                 }
                 AtLeaf::Restart => {
                     return Err(ShermanError::Corrupt(format!(
@@ -563,7 +569,7 @@ impl ShermanBt {
     ) -> Result<(bool, Option<(GlobalAddr, usize)>)> {
         let ctx = self.ctx.clone();
         let mut op = ctx.op().await;
-        let mut at = self.leaf_for(key).await?;
+        let mut at = self.leaf_for(key, Some(&mut op)).await?;
         let (mut restarts, mut min_low) = (0, Key::EMPTY);
         loop {
             let held = self.lock_read(at, &mut op).await?;
@@ -596,12 +602,12 @@ impl ShermanBt {
                 }
                 AtLeaf::Left(l) => {
                     self.unlock(held, false).await?;
-                    (at, min_low) = (self.moved_left(key, l, &mut restarts).await?, Key::EMPTY);
+                    (at, min_low) = (self.moved_left(key, l, &mut restarts, Some(&mut op)).await?, Key::EMPTY);
                     continue;
                 }
                 AtLeaf::Restart => {
                     self.unlock(held, false).await?;
-                    (at, min_low) = (self.restart(key, &mut restarts).await?, Key::EMPTY);
+                    (at, min_low) = (self.restart(key, &mut restarts, Some(&mut op)).await?, Key::EMPTY);
                     continue;
                 }
             };
@@ -751,7 +757,7 @@ impl ShermanBt {
                     continue;
                 }
             }
-            let mut at = self.descend(sep.as_slice(), level).await?;
+            let mut at = self.descend(sep.as_slice(), level, Some(&mut *op)).await?;
             let mut min_low = Key::EMPTY;
             let held = loop {
                 let held = self.lock_read(at, op).await?;

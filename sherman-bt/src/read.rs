@@ -2,6 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 
+use smart_core::runtime::OpGuard;
 use smart_core::{Ctx, GlobalAddr};
 
 use crate::layout::{show_key, Format, Key, PageRef};
@@ -58,8 +59,9 @@ pub(crate) fn check_link(ctx: &Ctx, at: GlobalAddr, page: usize) -> Result<()> {
 enum Step {
     /// To the sibling, which starts at the key given (this page's end).
     Right(GlobalAddr, Key),
-    /// A page merged away: to the page that took its range.
-    Left(GlobalAddr),
+    /// A page merged away (starting at the key given): to the page that
+    /// took its range.
+    Left(GlobalAddr, Key),
     Down(GlobalAddr),
     Here,
     Restart,
@@ -73,10 +75,21 @@ impl ShermanBt {
     /// lock-free reads (moving right past pages that split meanwhile).
     /// Level-1 pages met on the way enter the index cache.
     ///
+    /// A page merged away that a parent still names (its merger died, or
+    /// could not remove the separator), whose link no longer leads to its
+    /// keys (the page it names was merged away and freed since), is
+    /// removed from the parent (with `op`, the caller's operation, or a new
+    /// one) and freed; then the descent starts again.
+    ///
     /// # Errors
     /// [`ShermanError::Corrupt`] if the tree is lower than `level` or keeps
     /// contradicting itself; verb errors.
-    pub(crate) async fn descend(&mut self, key: &[u8], level: u8) -> Result<GlobalAddr> {
+    pub(crate) async fn descend(
+        &mut self,
+        key: &[u8],
+        level: u8,
+        mut op: Option<&mut OpGuard<'_>>,
+    ) -> Result<GlobalAddr> {
         let mut restarts = 0;
         'root: loop {
             let (mut lvl, mut at) = self.root().await?;
@@ -87,12 +100,14 @@ impl ShermanBt {
             // Where the page moved right from ended: a right sibling starts
             // there (a link leading back restarts, never cycles).
             let mut min_low = Key::EMPTY;
+            // A dead page reached from its parent: its address and lowest.
+            let (mut came_down, mut via_dead) = (false, None);
             loop {
                 let local = &self.local;
                 let step = with_page(&self.ctx, local, &self.read, (at, self.f), |p| {
                     let low = p.lowest();
                     if p.is_dead() && p.level() == lvl {
-                        Step::Left(p.link())
+                        Step::Left(p.link(), low)
                     } else if p.level() != lvl || low.as_slice() > key || low < min_low {
                         Step::Restart
                     } else if p.is_right_of(key) {
@@ -115,19 +130,26 @@ impl ShermanBt {
                     Step::Down(c) => {
                         (at, min_low) = (c, Key::EMPTY);
                         lvl -= 1;
+                        (came_down, via_dead) = (true, None);
                     }
-                    Step::Left(l) => {
+                    Step::Left(l, dead_low) => {
                         // Bounded like restarts: a link cannot send a
                         // descent round for ever.
                         restarts += 1;
                         self.local.borrow_mut().stats.left_hops += 1;
                         if restarts > MAX_RESTARTS {
-                            self.local.borrow_mut().root = None;
-                            continue 'root;
+                            return Err(ShermanError::Corrupt(format!(
+                                "no page of level {level} holds key {} after {MAX_RESTARTS} moves and descents",
+                                show_key(key)
+                            )));
                         }
-                        (at, min_low) = (l, Key::EMPTY);
+                        if came_down {
+                            via_dead = Some((at, dead_low));
+                        }
+                        (at, min_low, came_down) = (l, Key::EMPTY, false);
                     }
                     Step::Right(s, high) => {
+                        came_down = false;
                         min_low = high;
                         self.local.borrow_mut().stats.sibling_hops += 1;
                         if lvl == top {
@@ -137,6 +159,21 @@ impl ShermanBt {
                         at = s;
                     }
                     Step::Restart => {
+                        if let Some((dead, dead_low)) = via_dead.take() {
+                            // Not a page that took the dead one's keys: the
+                            // parent's entry goes.
+                            self.local.borrow_mut().stats.dead_repairs += 1;
+                            match op.as_deref_mut() {
+                                Some(g) => {
+                                    Box::pin(self.unlink(lvl, dead_low, dead, g)).await?;
+                                }
+                                None => {
+                                    let ctx = self.ctx.clone();
+                                    let mut g = ctx.op().await;
+                                    Box::pin(self.unlink(lvl, dead_low, dead, &mut g)).await?;
+                                }
+                            }
+                        }
                         restarts += 1;
                         self.local.borrow_mut().stats.restarts += 1;
                         self.local.borrow_mut().root = None;
@@ -183,7 +220,7 @@ impl ShermanBt {
     /// The leaf to start from for `key`: the index cache's child for it
     /// (one READ away), else a descent from the root. The leaf may have
     /// split since: callers move right.
-    pub(crate) async fn leaf_for(&mut self, key: &[u8]) -> Result<GlobalAddr> {
+    pub(crate) async fn leaf_for(&mut self, key: &[u8], op: Option<&mut OpGuard<'_>>) -> Result<GlobalAddr> {
         let hit = {
             let mut l = self.local.borrow_mut();
             let hit = l.cache.child(key);
@@ -196,7 +233,7 @@ impl ShermanBt {
         };
         match hit {
             Some(a) => Ok(a),
-            None => self.descend(key, 0).await,
+            None => self.descend(key, 0, op).await,
         }
     }
 }

@@ -47,7 +47,7 @@ fn a_sibling_link_that_leads_back_or_out_of_the_heap_is_an_error() {
         for k in 0..200 {
             a.insert_u64(k, k).await.unwrap();
         }
-        let first = a.descend(&0u64.to_be_bytes(), 0).await.unwrap();
+        let first = a.descend(&0u64.to_be_bytes(), 0, None).await.unwrap();
         let mut out = Vec::new();
         a.scan_u64(0, 200, &mut out).await.unwrap();
         assert_eq!(out.len(), 200);

@@ -266,3 +266,67 @@ fn a_merge_left_half_done_is_finished_by_the_next_writer() {
         });
     }
 }
+
+/// A page merged away whose separator is still in its parent (its merger
+/// died before removing it), and whose link no longer leads to its keys
+/// (the page it names was merged away in turn and its memory reused): the
+/// first descent that meets it removes the separator (`dead_repairs`), and
+/// every key reads back.
+#[test]
+fn a_dead_page_still_named_whose_link_went_stale_is_removed_from_its_parent() {
+    let t = EmbeddedTransport::new(1, 32 << 20).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let (mut tree, _) = ShermanBt::open_or_create(&ctx, "stale").await.unwrap();
+        for k in 0..60u64 {
+            tree.insert_u64(k, value(k, 0)).await.unwrap();
+        }
+        let meta = ctx.root(0, "sherman:stale").await.unwrap().unwrap();
+        let mut mb = [0u8; layout::META];
+        ctx.read(meta, &mut mb).await.unwrap();
+        let m = Meta::decode(&mb).unwrap();
+        let f = m.format().unwrap();
+        let page = |at: GlobalAddr| {
+            let ctx = ctx.clone();
+            async move {
+                let mut b = vec![0u8; f.page];
+                ctx.read(at, &mut b).await.unwrap();
+                PageBuf::from_page(PageRef::check(&b, f).expect("a page"))
+            }
+        };
+        let (level, root) = layout::unpack_root(m.root);
+        assert_eq!(level, 1);
+        let rootp = page(root).await;
+        assert!(rootp.view().count() >= 2, "three leaves at least");
+        let (a, b, c) = (rootp.view().leftmost(), rootp.view().child(0), rootp.view().child(1));
+        let (ap, bp) = (page(a).await, page(b).await);
+        let (av, bv) = (ap.view(), bp.view());
+        assert!(av.live().count() + bv.live().count() <= f.leaf.count);
+        // A took B's entries and range; B is dead, linked to C (as if its
+        // link target had been freed and reused), still named by the root.
+        let mut a2 = ap.clone();
+        let mut buf = [0u8; layout::INLINE_MAX];
+        for i in bv.live() {
+            let slot = a2.view().free_slot().unwrap();
+            let layout::Value::Inline(v) = bv.value(i, &mut buf) else { unreachable!() };
+            a2.set_leaf(slot, bv.key(i).as_slice(), &layout::Field::inline(v));
+        }
+        a2.set_highest(bv.highest().as_ref().map(|h| h.as_slice()));
+        a2.set_sibling(bv.sibling());
+        a2.seal_next();
+        ctx.write(a, &a2.b).await.unwrap();
+        let hi = bv.highest();
+        let mut dead = PageBuf::new(f, 0, bv.lowest().as_slice(), hi.as_ref().map(|h| h.as_slice()), bv.sibling());
+        dead.set_merge(layout::FLAG_DEAD, c);
+        dead.seal_after(bv.seq());
+        ctx.write(b, &dead.b).await.unwrap();
+        let (mut fresh, _) = ShermanBt::open_or_create(&ctx, "stale").await.unwrap();
+        for k in 0..60u64 {
+            assert_eq!(fresh.get_u64(k).await.unwrap(), Some(value(k, 0)), "key {k}");
+        }
+        assert_eq!(fresh.counters().dead_repairs, 1, "{:?}", fresh.counters());
+        let (shape, keys) = fresh.walk().await.unwrap();
+        assert_eq!((keys.len(), shape.dead_named), (60, 0), "{shape:?}");
+    });
+}

@@ -194,10 +194,13 @@ fn replaced_value_blocks_are_reused() {
 }
 
 /// Torn reads at the largest keys: 256-byte keys (entries over five lines)
-/// and 1 KiB values (out of line) while writers update and insert and
-/// split leaves, under chaos (READs and WRITEs torn word by word). Every
-/// value read is whole and its key's, every coroutine's reads of a key
-/// never go back in version (one writer per key), scans come in order.
+/// and 1 KiB values (out of line) while writers update, delete and
+/// re-insert, and insert new keys (leaves split and merge), under chaos
+/// (READs and WRITEs torn word by word). Every value read is whole and its
+/// key's; every coroutine's reads of a key never go back in version (one
+/// writer per key: each key a register, read in real-time order); keys
+/// never deleted are found by every lookup and every scan that passes
+/// them; scans come in byte order.
 #[test]
 fn torn_reads_at_256_byte_keys_and_1_kib_values_never_return_a_wrong_value() {
     let f = Format::new(256, 1024).unwrap();
@@ -213,10 +216,15 @@ fn torn_reads_at_256_byte_keys_and_1_kib_values_never_return_a_wrong_value() {
     });
     drop(rt);
     let checked = Arc::new(AtomicU64::new(0));
+    // Keys with (n / 8) odd are deleted and put back; the others stay.
+    let churned = |n: u64| (n / 8) % 2 == 1;
+    let mut stable: Vec<Vec<u8>> = (0..keys).filter(|&n| !churned(n)).map(|n| key(n, 256)).collect();
+    stable.sort();
+    let stable = Arc::new(stable);
     // The tree exists: every handle opens it with its sizes.
     let (_, stats) = run_tree(t, 2, 4, "spec-lookup", "torn", |w, mut tree| {
         let me = (w.thread() * 4 + w.coroutine()) as u64;
-        let checked = checked.clone();
+        let (checked, stable) = (checked.clone(), stable.clone());
         async move {
             let mut rng = SmallRng::seed_from_u64(me);
             let (mut out, mut pairs) = (Vec::new(), Pairs::default());
@@ -231,7 +239,14 @@ fn torn_reads_at_256_byte_keys_and_1_kib_values_never_return_a_wrong_value() {
                         if n < keys {
                             version += 1;
                             let len = rng.random_range(16..=1024);
-                            assert!(tree.update(&key(n, 256), &value(n, version << 8 | me, len)).await?);
+                            let v = value(n, version << 8 | me, len);
+                            if churned(n) && rng.random_bool(0.5) {
+                                // Out and back in (absent meanwhile).
+                                assert!(tree.delete(&key(n, 256)).await?, "key {n} was not there to delete");
+                                assert!(tree.insert(&key(n, 256), &v).await?, "key {n} was back before its insert");
+                            } else {
+                                assert!(tree.upsert(&key(n, 256), &v).await.is_ok());
+                            }
                         }
                     }
                     3 => {
@@ -240,12 +255,24 @@ fn torn_reads_at_256_byte_keys_and_1_kib_values_never_return_a_wrong_value() {
                         tree.insert(&key(n, 256), &value(n, 0, 300)).await?;
                     }
                     4 => {
-                        tree.scan(&key(n, 256), 20, &mut pairs).await?;
+                        let start = key(n, 256);
+                        tree.scan(&start, 20, &mut pairs).await?;
                         let ks: Vec<&[u8]> = pairs.iter().map(|(k, _)| k).collect();
                         assert!(ks.windows(2).all(|w| w[0] < w[1]), "a scan out of order");
+                        if let Some(last) = ks.last() {
+                            // Every key never deleted in [start, last] came.
+                            let from = stable.partition_point(|k| k.as_slice() < start.as_slice());
+                            let to = stable.partition_point(|k| k.as_slice() <= *last);
+                            for k in &stable[from..to] {
+                                assert!(ks.contains(&k.as_slice()), "a scan passed a key present throughout");
+                            }
+                        }
                     }
                     _ => {
-                        assert!(tree.get(&key(n, 256), &mut out).await?, "key {n} was lost");
+                        if !tree.get(&key(n, 256), &mut out).await? {
+                            assert!(churned(n), "key {n} was lost");
+                            continue;
+                        }
                         let v = version_of(&out, n).unwrap_or_else(|| panic!("key {n}: a torn or foreign value"));
                         let (ver, writer) = (v >> 8, v & 0xff);
                         if v != 0 {
