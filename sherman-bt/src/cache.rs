@@ -21,50 +21,120 @@ pub const SPEC_WAYS: usize = 4;
 
 /// Level-1 pages keyed by their `lowest`, each with its range: the leaf for
 /// a key is one READ away. A page found stale (the leaf it names no longer
-/// holds the key) is dropped by the caller.
+/// holds the key) is dropped by the caller. In a tree of keys of at most 8
+/// bytes the map's keys are numbers (the key's bytes, zero-padded, big
+/// endian, then its length: the same order as the bytes'), so a lookup
+/// compares words, not byte strings.
 #[derive(Debug)]
 pub(crate) struct IndexCache {
     f: Format,
-    pages: BTreeMap<Vec<u8>, Box<[u8]>>,
+    pages: Pages,
     /// Pages it holds at most.
     most: usize,
 }
 
+#[derive(Debug)]
+enum Pages {
+    Short(BTreeMap<u128, Box<[u8]>>),
+    Long(BTreeMap<Vec<u8>, Box<[u8]>>),
+}
+
+/// A key of at most 8 bytes as a number in the same order (a longer one,
+/// which such a tree never holds, after every key with its first 8 bytes).
+#[inline]
+fn short(k: &[u8]) -> u128 {
+    let mut b = [0u8; 8];
+    let n = k.len().min(8);
+    b[..n].copy_from_slice(&k[..n]);
+    u128::from(u64::from_be_bytes(b)) << 8 | k.len().min(255) as u128
+}
+
+/// The map key of a cached page, to drop it.
+enum At<'a> {
+    Short(u128),
+    Long(&'a [u8]),
+}
+
+/// [`At`], owned.
+enum At2 {
+    Short(u128),
+    Long(Vec<u8>),
+}
+
 impl IndexCache {
     pub(crate) fn new(f: Format) -> IndexCache {
-        IndexCache { f, pages: BTreeMap::new(), most: (INDEX_CACHE_BYTES / f.page).max(1) }
+        let pages = if f.key_max <= 8 { Pages::Short(BTreeMap::new()) } else { Pages::Long(BTreeMap::new()) };
+        IndexCache { f, pages, most: (INDEX_CACHE_BYTES / f.page).max(1) }
     }
 
-    /// Caches a validated level-1 page.
-    pub(crate) fn insert(&mut self, p: PageRef<'_>) {
-        let low = p.lowest();
-        if let Some(old) = self.pages.get_mut(low.as_slice()) {
-            old.copy_from_slice(p.bytes());
-            return;
+    fn len_(&self) -> usize {
+        match &self.pages {
+            Pages::Short(m) => m.len(),
+            Pages::Long(m) => m.len(),
         }
-        if self.pages.len() >= self.most {
-            // The victim: the page after the newcomer in key order (the
-            // first after the last), one lookup, no bookkeeping per hit.
-            use std::ops::Bound;
-            let after = self.pages.range::<[u8], _>((Bound::Excluded(low.as_slice()), Bound::Unbounded)).next();
-            let k = after.or_else(|| self.pages.iter().next()).map(|(k, _)| k.clone());
-            if let Some(k) = k {
-                self.pages.remove(&k);
+    }
+
+    /// Caches a validated level-1 page. When full, the victim is the page
+    /// after the newcomer in key order (the first after the last): one
+    /// lookup, no bookkeeping per hit.
+    pub(crate) fn insert(&mut self, p: PageRef<'_>) {
+        use std::ops::Bound;
+        let low = p.lowest();
+        let full = self.len_() >= self.most;
+        match &mut self.pages {
+            Pages::Short(m) => {
+                let k = short(low.as_slice());
+                if let Some(old) = m.get_mut(&k) {
+                    old.copy_from_slice(p.bytes());
+                    return;
+                }
+                if full {
+                    let v = m.range((Bound::Excluded(k), Bound::Unbounded)).next().or_else(|| m.iter().next());
+                    if let Some(v) = v.map(|(v, _)| *v) {
+                        m.remove(&v);
+                    }
+                }
+                m.insert(k, p.bytes().into());
+            }
+            Pages::Long(m) => {
+                if let Some(old) = m.get_mut(low.as_slice()) {
+                    old.copy_from_slice(p.bytes());
+                    return;
+                }
+                if full {
+                    let after = m.range::<[u8], _>((Bound::Excluded(low.as_slice()), Bound::Unbounded)).next();
+                    if let Some(v) = after.or_else(|| m.iter().next()).map(|(v, _)| v.clone()) {
+                        m.remove(&v);
+                    }
+                }
+                m.insert(low.as_slice().to_vec(), p.bytes().into());
             }
         }
-        self.pages.insert(low.as_slice().to_vec(), p.bytes().into());
     }
 
-    fn covering(&self, key: &[u8]) -> Option<(&[u8], PageRef<'_>)> {
+    /// The cached page whose range holds `key`, and its map key.
+    fn covering(&self, key: &[u8]) -> Option<(At<'_>, PageRef<'_>)> {
         use std::ops::Bound;
-        let (lo, b) = self.pages.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
+        let (at, b) = match &self.pages {
+            Pages::Short(m) => {
+                let (k, b) = m.range(..=short(key)).next_back()?;
+                (At::Short(*k), b)
+            }
+            Pages::Long(m) => {
+                let (k, b) = m.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
+                (At::Long(k), b)
+            }
+        };
         let p = PageRef::trusted(&b[..], self.f);
-        p.covers(key).then_some((&lo[..], p))
+        p.covers(key).then_some((at, p))
     }
 
     /// Forgets every page.
     pub(crate) fn clear(&mut self) {
-        self.pages.clear();
+        match &mut self.pages {
+            Pages::Short(m) => m.clear(),
+            Pages::Long(m) => m.clear(),
+        }
     }
 
     /// The leaf a cached page names for `key`.
@@ -74,15 +144,25 @@ impl IndexCache {
 
     /// Drops the cached page covering `key`.
     pub(crate) fn invalidate(&mut self, key: &[u8]) {
-        if let Some((lo, _)) = self.covering(key) {
-            let lo = lo.to_vec();
-            self.pages.remove(&lo);
+        let at = match self.covering(key) {
+            Some((At::Short(k), _)) => At2::Short(k),
+            Some((At::Long(k), _)) => At2::Long(k.to_vec()),
+            None => return,
+        };
+        match (&mut self.pages, at) {
+            (Pages::Short(m), At2::Short(k)) => {
+                m.remove(&k);
+            }
+            (Pages::Long(m), At2::Long(k)) => {
+                m.remove(&k);
+            }
+            _ => {}
         }
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.pages.len()
+        self.len_()
     }
 }
 

@@ -429,6 +429,10 @@ impl<'a> PageRef<'a> {
     /// Copies payload bytes `[s, s + out.len())` into `out`.
     #[inline]
     fn read(&self, mut s: usize, out: &mut [u8]) {
+        if let Some(b) = self.slice(s, out.len()) {
+            out.copy_from_slice(b);
+            return;
+        }
         let mut done = 0;
         while done < out.len() {
             let room = PAYLOAD - s % PAYLOAD;
@@ -451,21 +455,48 @@ impl<'a> PageRef<'a> {
 
     #[inline]
     fn u16(&self, s: usize) -> u16 {
-        let mut w = [0; 2];
-        self.read(s, &mut w);
-        u16::from_le_bytes(w)
+        match self.slice(s, 2) {
+            Some(b) => u16::from_le_bytes([b[0], b[1]]),
+            None => {
+                let mut w = [0; 2];
+                self.read(s, &mut w);
+                u16::from_le_bytes(w)
+            }
+        }
     }
 
     #[inline]
     fn u64(&self, s: usize) -> u64 {
-        let mut w = [0; 8];
-        self.read(s, &mut w);
-        u64::from_le_bytes(w)
+        match self.slice(s, 8) {
+            Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+            None => {
+                let mut w = [0; 8];
+                self.read(s, &mut w);
+                u64::from_le_bytes(w)
+            }
+        }
+    }
+
+    /// Compares the fence key at payload offset `s` (its length word at
+    /// `lw`) with `key`, without copying when it lies in one line.
+    #[inline]
+    fn fence_cmp(&self, s: usize, lw: usize, key: &[u8]) -> Ordering {
+        let len = usize::from(u16_at(self.b, at(lw))).min(self.f.key_max);
+        match self.slice(s, len) {
+            Some(b) => b.cmp(key),
+            None => self.key_at(s, len).as_slice().cmp(key),
+        }
+    }
+
+    /// Compares the page's lowest key with `key`.
+    #[inline]
+    pub fn lowest_cmp(&self, key: &[u8]) -> Ordering {
+        self.fence_cmp(HEADER, P_LOW_LEN, key)
     }
 
     /// The key at payload offset `s` whose length word says `len`.
     fn key_at(&self, s: usize, len: usize) -> Key {
-        let mut k = Key::EMPTY;
+        let mut k = Key { len: 0, b: [0; MAX_KEY] };
         let len = len.min(self.f.key_max);
         self.read(s, &mut k.b[..len]);
         k.len = len as u16;
@@ -480,7 +511,7 @@ impl<'a> PageRef<'a> {
             return false;
         }
         match self.slice(s, len) {
-            Some(b) => b == key,
+            Some(b) => eq(b, key),
             None => self.key_at(s, len).as_slice() == key,
         }
     }
@@ -548,13 +579,16 @@ impl<'a> PageRef<'a> {
     }
 
     /// Whether `key` is in `[lowest, highest)`.
+    #[inline]
     pub fn covers(&self, key: &[u8]) -> bool {
-        self.lowest().as_slice() <= key && !self.is_right_of(key)
+        self.lowest_cmp(key) != Ordering::Greater && !self.is_right_of(key)
     }
 
     /// Whether `key` is at or beyond `highest` (then it is to the right).
+    #[inline]
     pub fn is_right_of(&self, key: &[u8]) -> bool {
-        self.highest().is_some_and(|h| key >= h.as_slice())
+        self.b[at(P_FLAGS)] & FLAG_HIGH_INF == 0
+            && self.fence_cmp(HEADER + self.f.key_max, P_HIGH_LEN, key) != Ordering::Greater
     }
 
     /// The length word of entry `i` (leaf or internal).
@@ -614,23 +648,68 @@ impl<'a> PageRef<'a> {
         (0..n).filter(move |&i| p.is_live(i))
     }
 
+    /// The first leaf slot for which `f(payload offset)` holds, walking
+    /// the slots line by line (no division per slot).
+    #[inline]
+    fn find_slot(&self, mut f: impl FnMut(usize) -> bool) -> Option<usize> {
+        let s = self.f.leaf;
+        if let Some(lines) = s.count.checked_div(s.per_line) {
+            let mut i = 0;
+            for line in 0..lines {
+                let base = (self.f.first + line) * PAYLOAD;
+                for k in 0..s.per_line {
+                    if f(base + k * s.bytes) {
+                        return Some(i);
+                    }
+                    i += 1;
+                }
+            }
+            None
+        } else {
+            (0..s.count).find(|&i| f((self.f.first + i * s.lines) * PAYLOAD))
+        }
+    }
+
     /// A leaf's entry holding `key`, if any.
     #[inline]
     pub fn find(&self, key: &[u8]) -> Option<usize> {
-        (0..self.f.leaf.count).find(|&i| self.entry_is(i, key))
+        let s = self.f.leaf;
+        let lines = match s.count.checked_div(s.per_line) {
+            Some(l) if self.base == 0 => l,
+            _ => return self.find_slot(|s| self.entry_is_at(s, key)),
+        };
+        // Entries within lines: straight over the page's bytes.
+        let (b, n) = (self.b, key.len());
+        let want = u16::try_from(n).ok()? | VALID;
+        let mut i = 0;
+        for line in 0..lines {
+            let mut o = (self.f.first + line) * LINE + LINE_HEADER;
+            for _ in 0..s.per_line {
+                if u16::from_le_bytes([b[o], b[o + 1]]) & (VALID | LEN_MASK) == want && eq(&b[o + 2..o + 2 + n], key) {
+                    return Some(i);
+                }
+                o += s.bytes;
+                i += 1;
+            }
+        }
+        None
     }
 
     /// Whether leaf entry `i` is live and holds `key`.
     #[inline]
     pub fn entry_is(&self, i: usize, key: &[u8]) -> bool {
-        let s = self.f.entry_at(0, i);
+        self.entry_is_at(self.f.entry_at(0, i), key)
+    }
+
+    #[inline]
+    fn entry_is_at(&self, s: usize, key: &[u8]) -> bool {
         let w = self.u16(s);
         w & VALID != 0 && self.key_is(s + 2, usize::from(w & LEN_MASK), key)
     }
 
     /// A leaf's first free slot.
     pub fn free_slot(&self) -> Option<usize> {
-        (0..self.f.leaf.count).find(|&i| self.entry_word(i) & VALID == 0)
+        self.find_slot(|s| self.u16(s) & VALID == 0)
     }
 
     /// Compares internal entry `i`'s key with `key`.
@@ -639,6 +718,10 @@ impl<'a> PageRef<'a> {
         let s = self.f.entry_at(self.level(), i);
         let len = usize::from(self.u16(s) & LEN_MASK).min(self.f.key_max);
         match self.slice(s + 2, len) {
+            // 8-byte keys compared as words (a call to memcmp costs more).
+            Some(b) if len == 8 && key.len() == 8 => {
+                u64::from_be_bytes(b.try_into().expect("8 bytes")).cmp(&u64::from_be_bytes(key.try_into().expect("8")))
+            }
             Some(b) => b.cmp(key),
             None => self.key_at(s + 2, len).as_slice().cmp(key),
         }
@@ -662,6 +745,16 @@ impl<'a> PageRef<'a> {
         } else {
             self.child(lo - 1)
         }
+    }
+}
+
+/// Whether two byte strings of equal length are equal; 8 bytes as one word
+/// (a call to memcmp costs more than the comparison).
+#[inline]
+fn eq(a: &[u8], b: &[u8]) -> bool {
+    match (<[u8; 8]>::try_from(a), <[u8; 8]>::try_from(b)) {
+        (Ok(x), Ok(y)) => u64::from_ne_bytes(x) == u64::from_ne_bytes(y),
+        _ => a == b,
     }
 }
 

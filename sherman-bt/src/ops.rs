@@ -42,10 +42,10 @@ enum AtLeaf<T> {
 /// that leads back (damaged, or written by a hostile client) restarts the
 /// reader instead of sending it round a cycle.
 fn at_leaf<T>(p: PageRef<'_>, key: &[u8], min_low: &Key, here: impl FnOnce(PageRef<'_>) -> T) -> AtLeaf<T> {
-    let low = p.lowest();
+    use std::cmp::Ordering::{Greater, Less};
     if p.is_leaf() && p.is_dead() {
         AtLeaf::Left(p.link())
-    } else if !p.is_leaf() || low.as_slice() > key || low < *min_low {
+    } else if !p.is_leaf() || p.lowest_cmp(key) == Greater || p.lowest_cmp(min_low.as_slice()) == Less {
         AtLeaf::Restart
     } else if p.is_right_of(key) {
         match (p.sibling(), p.highest()) {

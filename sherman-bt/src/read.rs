@@ -105,10 +105,13 @@ impl ShermanBt {
             loop {
                 let local = &self.local;
                 let step = with_page(&self.ctx, local, &self.read, (at, self.f), |p| {
-                    let low = p.lowest();
+                    use std::cmp::Ordering::{Greater, Less};
                     if p.is_dead() && p.level() == lvl {
-                        Step::Left(p.link(), low)
-                    } else if p.level() != lvl || low.as_slice() > key || low < min_low {
+                        Step::Left(p.link(), p.lowest())
+                    } else if p.level() != lvl
+                        || p.lowest_cmp(key) == Greater
+                        || p.lowest_cmp(min_low.as_slice()) == Less
+                    {
                         Step::Restart
                     } else if p.is_right_of(key) {
                         match (p.sibling(), p.highest()) {
