@@ -118,10 +118,12 @@ impl ShermanBt {
                         }
                         keys.push(k.as_slice().to_vec());
                         let mut vb = [0u8; crate::layout::INLINE_MAX];
-                        if let (Some(c), crate::layout::Value::Block(at, len)) =
-                            (all.as_deref_mut(), p.value(i, &mut vb))
-                        {
-                            c.blocks.push((at, smart_core::kvblock::block_len(k.as_slice().len(), len) as u64));
+                        if let crate::layout::Value::Block(at, len) = p.value(i, &mut vb) {
+                            let n = smart_core::kvblock::block_len(k.as_slice().len(), len) as u64;
+                            shape.live_bytes += n;
+                            if let Some(c) = all.as_deref_mut() {
+                                c.blocks.push((at, n));
+                            }
                         }
                     }
                 } else {

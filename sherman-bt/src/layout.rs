@@ -614,6 +614,44 @@ impl<'a> PageRef<'a> {
         self.key_at(s + 2, usize::from(self.u16(s) & LEN_MASK))
     }
 
+    /// The key of entry `i` where it lies in one line, without a copy.
+    #[inline]
+    pub fn key_slice(&self, i: usize) -> Option<&'a [u8]> {
+        let s = self.f.entry_at(self.level(), i);
+        let len = usize::from(self.u16(s) & LEN_MASK).min(self.f.key_max);
+        self.slice(s + 2, len)
+    }
+
+    /// The inline value of leaf entry `i` where it lies in one line;
+    /// `None` for a value out of line (or across lines).
+    #[inline]
+    pub fn inline_slice(&self, i: usize) -> Option<&'a [u8]> {
+        let s = self.f.entry_at(0, i) + 2 + self.f.key_max;
+        let w = self.u16(s);
+        if w & OUT_OF_LINE != 0 {
+            return None;
+        }
+        self.slice(s + 2, usize::from(w & LEN_MASK).min(self.f.inline))
+    }
+
+    /// Compares the key of entry `i` with `key`.
+    #[inline]
+    pub fn key_cmp(&self, i: usize, key: &[u8]) -> Ordering {
+        match self.key_slice(i) {
+            Some(k) => k.cmp(key),
+            None => self.key(i).as_slice().cmp(key),
+        }
+    }
+
+    /// Compares the keys of entries `i` and `j`.
+    #[inline]
+    pub fn entry_cmp(&self, i: usize, j: usize) -> Ordering {
+        match (self.key_slice(i), self.key_slice(j)) {
+            (Some(a), Some(b)) => a.cmp(b),
+            _ => self.key(i).cmp(&self.key(j)),
+        }
+    }
+
     /// The child of internal entry `i`.
     pub fn child(&self, i: usize) -> GlobalAddr {
         GlobalAddr::from_raw(self.u64(self.f.entry_at(self.level(), i) + 2 + self.f.key_max))

@@ -356,15 +356,54 @@ impl ShermanBt {
         let mut stale = 0;
         loop {
             es.clear();
+            let want = count - out.len();
             let step = with_page(&self.ctx, &self.local, &self.read, (at, self.f), |p| {
                 at_leaf(p, from.as_slice(), &min_low, |p| {
-                    let mut field = [0u8; 2 + INLINE_MAX];
+                    // The entries from `from`, sorted in place by index; when
+                    // their keys and values lie in the page, straight out
+                    // (no copy of a key or a value field).
+                    let mut ks: [(&[u8], u8); 256] = [(&[], 0); 256];
+                    let mut n = 0;
+                    let mut in_page = true;
                     for i in p.live() {
-                        let k = p.key(i);
-                        if k >= from {
-                            p.value_field(i, &mut field);
-                            es.push((k, Field::raw(&field[..2 + p.format().inline])));
+                        match p.key_slice(i) {
+                            Some(k) if in_page => {
+                                if k >= from.as_slice() {
+                                    ks[n] = (k, i as u8);
+                                    n += 1;
+                                }
+                            }
+                            _ => {
+                                in_page = false;
+                                break;
+                            }
                         }
+                    }
+                    if in_page {
+                        let ks = &mut ks[..n];
+                        ks.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                        let ks = &ks[..n.min(want)];
+                        in_page = ks.iter().all(|&(_, i)| p.inline_slice(usize::from(i)).is_some());
+                        if in_page {
+                            for &(k, i) in ks {
+                                out.push(k, p.inline_slice(usize::from(i)).expect("checked"));
+                            }
+                        }
+                    }
+                    if !in_page {
+                        // Keys across lines or values out of line: copied,
+                        // sorted, and the blocks read after.
+                        let mut field = [0u8; 2 + INLINE_MAX];
+                        for i in p.live() {
+                            let k = p.key(i);
+                            if k >= from {
+                                p.value_field(i, &mut field);
+                                es.push((k, Field::raw(&field[..2 + p.format().inline])));
+                            }
+                        }
+                        #[allow(clippy::unnecessary_sort_by)] // by reference: a key is 258 bytes to copy
+                        es.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                        es.truncate(want);
                     }
                     (p.highest(), p.sibling())
                 })
@@ -372,7 +411,6 @@ impl ShermanBt {
             .await?;
             match step {
                 AtLeaf::Here((high, sibling)) => {
-                    es.sort_unstable_by_key(|e| e.0);
                     es.truncate(count - out.len());
                     if !self.emit(es, out).await? {
                         // A block reused since the leaf was read: read the
@@ -694,7 +732,8 @@ impl ShermanBt {
             es.push((p.key(i), Field::raw(&raw[..2 + self.f.inline])));
         }
         es.push((Key::new(key), *field));
-        es.sort_unstable_by_key(|e| e.0);
+        #[allow(clippy::unnecessary_sort_by)] // by reference: a key is 258 bytes to copy
+        es.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let n = es.len();
         let mid = n / 2;
         let sep = es[mid].0;

@@ -133,6 +133,14 @@ fn every_operation_agrees_with_a_model_at_every_size() {
             let (shape, mut keys) = tree.walk().await.unwrap();
             keys.sort();
             assert_eq!(keys, model.keys().cloned().collect::<Vec<_>>(), "{k}/{v}: the walk's keys are the model's");
+            // What the tree holds: its pages and its values' blocks.
+            let pages: u64 = shape.pages_per_level.iter().sum();
+            let blocks: u64 = model
+                .iter()
+                .filter(|(_, vb)| f.out_of_line(vb.len()))
+                .map(|(kb, vb)| smart_core::kvblock::block_len(kb.len(), vb.len()) as u64)
+                .sum();
+            assert_eq!(shape.live_bytes, pages * f.page as u64 + blocks, "{k}/{v}");
             tree.close().await.unwrap();
             (shape, tree.counters())
         });
