@@ -7,8 +7,9 @@
 # throughput, bytes read per op and per lookup (the B+tree's), the
 # speculative hit rate, and the bytes of the entry a speculative hit
 # reads. Then the memory of a delete-heavy run (workload churn, 24/1000,
-# over TCP): the blade heap's high-water mark against what the index
-# holds at the end and what is free-listed for reuse (`table check`).
+# over TCP, each index on a fresh blade): the blade heap's high-water mark
+# against what the index holds at the end and what is free-listed for
+# reuse (`table check`).
 # Usage: scripts/bench-records.sh [SECONDS] [KEYS] [BACKENDS]
 #   defaults: 3, 100000, "embedded tcp"
 set -euo pipefail
@@ -47,15 +48,19 @@ for backend in $backends; do
     done
   done
 done
-# Churn: every key replaced about 3 times over (the run's inserts, printed).
+stop_blade
+# Churn, each index on a fresh blade (so the heap is its own): every key
+# replaced several times over (the run's inserts, printed).
 for app in sherman race; do
+  start_blade "$out" --size 2GiB
+  addr=$BLADE_ADDR
   echo "churn $app" >&2
   "$bin/compute-blade" ycsb --blades "$addr" --app "$app" --workload churn --keys "$keys" --record ycsb \
     --threads 2 --coroutines 8 --duration "$((secs * 4))" --table "churn-$app" --verify --quiet \
     --json "$out/churn-$app.json" >/dev/null
   "$bin/compute-blade" table check --blades "$addr" --app "$app" "churn-$app" > "$out/churn-$app-check.txt"
+  stop_blade
 done
-stop_blade
 python3 - "$out" "$backends" <<'PY'
 import json, os, re, sys
 d, backends = sys.argv[1], sys.argv[2].split()
