@@ -108,6 +108,13 @@ fn tables_made_by_other_processes_are_listed_checked_attached_and_dropped() {
     fails(&["table", "list", "extra", "--blades", b], "takes no NAME");
     fails(&["table", "check", "--blades", b], "need the index's NAME");
     fails(&["table", "repair", "t2", "--app", "sherman", "--blades", b], "table repair is for RACE tables");
+    // A B+tree dropped gives its pages back.
+    let dropped = ok_out(&["table", "drop", "t2", "--app", "sherman", "--blades", b]);
+    assert!(
+        dropped.contains("dropped sherman index \"t2\"") && dropped.contains(" pages and 0 value blocks"),
+        "{dropped}"
+    );
+    fails(&["table", "check", "t2", "--app", "sherman", "--blades", b], "no sherman index");
 }
 
 /// Whether a check of table "grow" shows a split left unfinished: a
