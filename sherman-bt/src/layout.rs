@@ -634,24 +634,6 @@ impl<'a> PageRef<'a> {
         self.slice(s + 2, usize::from(w & LEN_MASK).min(self.f.inline))
     }
 
-    /// Compares the key of entry `i` with `key`.
-    #[inline]
-    pub fn key_cmp(&self, i: usize, key: &[u8]) -> Ordering {
-        match self.key_slice(i) {
-            Some(k) => k.cmp(key),
-            None => self.key(i).as_slice().cmp(key),
-        }
-    }
-
-    /// Compares the keys of entries `i` and `j`.
-    #[inline]
-    pub fn entry_cmp(&self, i: usize, j: usize) -> Ordering {
-        match (self.key_slice(i), self.key_slice(j)) {
-            (Some(a), Some(b)) => a.cmp(b),
-            _ => self.key(i).cmp(&self.key(j)),
-        }
-    }
-
     /// The child of internal entry `i`.
     pub fn child(&self, i: usize) -> GlobalAddr {
         GlobalAddr::from_raw(self.u64(self.f.entry_at(self.level(), i) + 2 + self.f.key_max))

@@ -116,3 +116,33 @@ fn value(key: u64, version: u64) -> u64 {
 fn holds_key(v: u64, key: u64) -> bool {
     v & ((1 << 40) - 1) == key & ((1 << 40) - 1)
 }
+
+/// Heap in use on every blade (bytes below the heap pointer).
+async fn heap_used(ctx: &Ctx) -> u64 {
+    let mut sum = 0;
+    for b in 0..ctx.blades().len() as u16 {
+        let ptr = ctx.read_u64(smart_core::GlobalAddr::new(b, smart_core::layout::OFF_HEAP)).await.unwrap();
+        sum += ptr - smart_core::layout::HEAP_START;
+    }
+    sum
+}
+
+/// Tree `name`'s meta and format, read raw (for tests that write pages by
+/// hand).
+async fn tree_meta(ctx: &Ctx, name: &str) -> (sherman_bt::layout::Meta, sherman_bt::Format) {
+    use sherman_bt::layout::{Meta, META};
+    let meta = ctx.root(0, &format!("sherman:{name}")).await.unwrap().unwrap();
+    let mut mb = [0u8; META];
+    ctx.read(meta, &mut mb).await.unwrap();
+    let m = Meta::decode(&mb).unwrap();
+    let f = m.format().unwrap();
+    (m, f)
+}
+
+/// A copy of page `at` of a tree of format `f`, validated.
+async fn read_page(ctx: &Ctx, f: sherman_bt::Format, at: smart_core::GlobalAddr) -> sherman_bt::layout::PageBuf {
+    use sherman_bt::layout::{PageBuf, PageRef};
+    let mut b = vec![0u8; f.page];
+    ctx.read(at, &mut b).await.unwrap();
+    PageBuf::from_page(PageRef::check(&b, f).expect("a page"))
+}

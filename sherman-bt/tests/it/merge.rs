@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sherman_bt::layout::{self, Meta, PageBuf, PageRef};
+use sherman_bt::layout::{self, PageBuf};
 use sherman_bt::{Format, ShermanBt};
 use smart_core::{EmbeddedTransport, GlobalAddr, Runtime, RuntimeConfig};
 use smart_testkit::backends;
 
-use crate::{checked_keys, holds_key, on_tree, run_tree, value};
+use crate::{checked_keys, heap_used, holds_key, on_tree, read_page, run_tree, tree_meta, value};
 
 #[test]
 fn deletes_merge_leaves_and_inner_pages_and_free_them() {
@@ -43,19 +43,6 @@ fn deletes_merge_leaves_and_inner_pages_and_free_them() {
     assert!(after.pages_per_level[0] * 5 < before.pages_per_level[0], "leaves {before:?} → {after:?}");
     assert!(after.pages_per_level[1] * 3 < before.pages_per_level[1], "inner pages merged too: {after:?}");
     assert!(after.leaf_fill > 0.25, "{after:?}");
-}
-
-/// Heap in use on every blade (bytes below the heap pointer).
-fn heap_used(rt: &mut Runtime) -> u64 {
-    let ctx = rt.ctx();
-    rt.block_on(async move {
-        let mut sum = 0;
-        for b in 0..ctx.blades().len() as u16 {
-            let ptr = ctx.read_u64(GlobalAddr::new(b, smart_core::layout::OFF_HEAP)).await.unwrap();
-            sum += ptr - smart_core::layout::HEAP_START;
-        }
-        sum
-    })
 }
 
 /// A window of `W` keys slides over 10 × `W` keys (insert the newest,
@@ -102,7 +89,8 @@ fn a_sliding_window_of_deletes_runs_in_bounded_memory() {
             });
             tree = t2;
             assert!(got);
-            let used = heap_used(&mut rt);
+            let ctx = rt.ctx();
+            let used = rt.block_on(async move { heap_used(&ctx).await });
             if round == 0 {
                 first = used;
             }
@@ -197,19 +185,8 @@ fn a_merge_left_half_done_is_finished_by_the_next_writer() {
             }
             assert_eq!(tree.counters().merges, 0);
             let present: Vec<u64> = (8..15).chain(23..31).collect();
-            let meta = ctx.root(0, "sherman:half").await.unwrap().unwrap();
-            let mut mb = [0u8; layout::META];
-            ctx.read(meta, &mut mb).await.unwrap();
-            let m = Meta::decode(&mb).unwrap();
-            let f = m.format().unwrap();
-            let page = |at: GlobalAddr| {
-                let ctx = ctx.clone();
-                async move {
-                    let mut b = vec![0u8; f.page];
-                    ctx.read(at, &mut b).await.unwrap();
-                    PageBuf::from_page(PageRef::check(&b, f).expect("a page"))
-                }
-            };
+            let (m, f) = tree_meta(&ctx, "half").await;
+            let page = |at: GlobalAddr| read_page(&ctx, f, at);
             let (level, root) = layout::unpack_root(m.root);
             assert_eq!(level, 1);
             let rootp = page(root).await;
@@ -282,19 +259,8 @@ fn a_dead_page_still_named_whose_link_went_stale_is_removed_from_its_parent() {
         for k in 0..60u64 {
             tree.insert_u64(k, value(k, 0)).await.unwrap();
         }
-        let meta = ctx.root(0, "sherman:stale").await.unwrap().unwrap();
-        let mut mb = [0u8; layout::META];
-        ctx.read(meta, &mut mb).await.unwrap();
-        let m = Meta::decode(&mb).unwrap();
-        let f = m.format().unwrap();
-        let page = |at: GlobalAddr| {
-            let ctx = ctx.clone();
-            async move {
-                let mut b = vec![0u8; f.page];
-                ctx.read(at, &mut b).await.unwrap();
-                PageBuf::from_page(PageRef::check(&b, f).expect("a page"))
-            }
-        };
+        let (m, f) = tree_meta(&ctx, "stale").await;
+        let page = |at: GlobalAddr| read_page(&ctx, f, at);
         let (level, root) = layout::unpack_root(m.root);
         assert_eq!(level, 1);
         let rootp = page(root).await;

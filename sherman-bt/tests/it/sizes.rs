@@ -12,10 +12,10 @@ use rand::{Rng, SeedableRng};
 use sherman_bt::{Format, ShermanBt};
 use smart_core::index::Pairs;
 use smart_core::smart::SmartConfig;
-use smart_core::{EmbeddedTransport, GlobalAddr, Runtime, RuntimeConfig, Transport};
+use smart_core::{EmbeddedTransport, Runtime, RuntimeConfig, Transport};
 use smart_testkit::backends;
 
-use crate::run_tree;
+use crate::{heap_used, run_tree};
 
 /// Sizes covered: the paper's, YCSB's key with one field and with a whole
 /// record, and the largest keys with values out of line.
@@ -154,16 +154,6 @@ fn every_operation_agrees_with_a_model_at_every_size() {
             assert!(stats.spec_hits > 0, "{k}/{v}: {stats:?}");
         }
     }
-}
-
-/// Heap in use on every blade (bytes below the heap pointer).
-async fn heap_used(ctx: &smart_core::Ctx) -> u64 {
-    let mut sum = 0;
-    for b in 0..ctx.blades().len() as u16 {
-        let ptr = ctx.read_u64(GlobalAddr::new(b, smart_core::layout::OFF_HEAP)).await.unwrap();
-        sum += ptr - smart_core::layout::HEAP_START;
-    }
-    sum
 }
 
 /// Values out of line are written anew at every update: the blocks they
