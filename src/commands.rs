@@ -715,17 +715,17 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     let mut records = Vec::new();
     for (name, (r, rec, orphans)) in names.iter().zip(out) {
         println!(
-            "{name}: rebuilt on memory blade{plural} {list}: {} bucket arrays, {} overflow buckets, {} bytes; {} undo \
-             log areas were there",
-            r.arrays, r.overflow, r.bytes, r.log_areas
+            "{name}: rebuilt on memory blade{plural} {list}: {} bucket arrays, {} overflow buckets, {} bytes; {} copies \
+             of undo logs were there ({} written from another copy)",
+            r.arrays, r.overflow, r.bytes, r.log_areas, r.log_copies
         );
         print_recovered(name, &rec);
         for x in &rec {
             if x.log_lost {
                 settled = false;
                 println!(
-                    "{name}: compute blade {} (pid {}): its undo log was on a lost memory blade: a transaction of it \
-                     that had begun writing when it died cannot be rolled back (audit the database)",
+                    "{name}: compute blade {} (pid {}): every copy of its undo log was on the lost memory blades: a \
+                     transaction of it that had begun writing when it died cannot be rolled back (audit the database)",
                     x.slot, x.pid
                 );
             }
@@ -739,7 +739,7 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     }
     println!("rebuilt in {secs:.1} s");
     if !settled {
-        eprintln!("compute-blade: transactions in flight whose undo log was on a lost blade were not settled");
+        eprintln!("compute-blade: transactions in flight every copy of whose undo log was on the lost blades were not settled");
     }
     Ok(Outcome::of(settled, false))
 }

@@ -261,6 +261,12 @@ impl Db {
                  restart its memory blades without their backing files to make it anew"
             )));
         }
+        if word(c, 0) == catalog::MAGIC_V2 {
+            return Err(DtxError::Config(format!(
+                "database {name} was made by an older version (one copy of each undo log, now one per \
+                 replica): restart its memory blades without their backing files to make it anew"
+            )));
+        }
         if word(c, 0) != catalog::MAGIC {
             return Err(DtxError::Corrupt(format!("{where_} holds no catalog")));
         }

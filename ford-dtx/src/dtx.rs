@@ -55,7 +55,7 @@ pub(crate) struct Shared {
     pub(crate) db: Arc<Db>,
     pub(crate) owner: u16,
     pub(crate) nonce: u64,
-    pub(crate) log: GlobalAddr,
+    pub(crate) logs: [GlobalAddr; crate::layout::MAX_REPLICAS],
     pub(crate) log_coroutines: u64,
     pub(crate) cache: RefCell<AddrCache>,
     pub(crate) stats: RefCell<DtxStats>,
@@ -88,7 +88,7 @@ impl Registration {
             db: self.db.clone(),
             owner: self.info.slot,
             nonce: self.info.claim,
-            log: self.info.log,
+            logs: self.info.logs,
             log_coroutines: self.info.coroutines,
             cache: RefCell::new(AddrCache::new(self.prints.clone())),
             stats: RefCell::new(DtxStats::default()),
@@ -121,8 +121,7 @@ impl Dtx {
     pub fn txn(&self, coroutine: usize) -> Txn {
         assert!((coroutine as u64) < self.0.log_coroutines, "coroutine {coroutine} was not registered");
         let s = &self.0;
-        let ring = (s.ctx.thread() as u64) * s.log_coroutines + coroutine as u64;
-        let ring = s.log.add(ring * crate::registry::ring_bytes(&s.db));
+        let ring = crate::registry::rings(&s.logs, s.log_coroutines, &s.db, s.ctx.thread(), coroutine);
         let owner = Owner { blade: s.owner, thread: s.ctx.thread() as u16, coroutine: coroutine as u16 };
         Txn::new(self.clone(), owner, ring)
     }

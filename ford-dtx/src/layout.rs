@@ -359,15 +359,19 @@ pub mod log {
 /// The catalog: a named root per database on blade 0.
 ///
 /// ```text
-/// @0 magic "FORDCAT2"  @8 tables u64  @16 replicas u64  @24 blades u64
+/// @0 magic "FORDCAT3"  @8 tables u64  @16 replicas u64  @24 blades u64
 /// @32 registry GlobalAddr u64  @40 registry slots u64  @48 log bytes per coroutine u64
 /// @56 largest value u64
 /// @64 per table, 64 B: id u64 | value size u64 | buckets u64 | 0 u64
 ///                      | base GlobalAddr u64 × 4 (per replica)
 /// ```
 pub mod catalog {
-    /// "FORDCAT2": records and log entries with CRC-32C.
-    pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDCAT2");
+    /// "FORDCAT3": records and log entries with CRC-32C, registry slots of
+    /// 128 bytes naming the undo log's copies.
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDCAT3");
+    /// "FORDCAT2": a database whose registry slots name one undo log copy
+    /// (64-byte slots), which this version refuses to open.
+    pub const MAGIC_V2: u64 = u64::from_le_bytes(*b"FORDCAT2");
     /// "FORDCAT1": a database of records with CRC-32 (before CRC-32C),
     /// which this version refuses to open.
     pub const MAGIC_V1: u64 = u64::from_le_bytes(*b"FORDCAT1");
@@ -381,16 +385,22 @@ pub mod catalog {
     pub const BYTES: usize = HEADER + MAX_TABLES * TABLE;
 }
 
-/// The registry of compute blades: one 64-byte slot each, slot 0 unused
+/// The registry of compute blades: one 128-byte slot each, slot 0 unused
 /// (owner 0 would make a lock word indistinguishable from a bare bit).
 ///
 /// ```text
 /// slot  @0 claim u64 (0 free, else the holder's nonce; bit 63: recovering)
-///       @8 lease expiry, Unix ms u64   @16 log area GlobalAddr u64
+///       @8 lease expiry, Unix ms u64   @16 undo log area, copy 0, GlobalAddr u64
 ///       @24 threads u64   @32 coroutines u64   @40 pid u64
 ///       @48 host u8 × 16 (the holder's host name, its first 16 bytes, zero-padded;
-///           zero from builds before it was kept; not mirrored)
+///           not mirrored)
+///       @64 undo log area, copies 1..3, GlobalAddr u64 × 3 (0 past the k-th)
+///       @88..@128 0
 /// ```
+/// The undo log area has one copy per replica (k), copy `j` on blade
+/// `(slot + j) mod n`: a transaction writes its log entry to every copy in
+/// its validation round, so any k − 1 lost memory blades leave every
+/// compute blade's log readable.
 /// A compute blade claims a free slot by CAS, renews its lease with a
 /// WRITE every third of the lease, and frees the slot at a clean exit. A
 /// slot whose lease expired belongs to a dead compute blade: recovery
@@ -399,7 +409,14 @@ pub mod catalog {
 /// clocks (NTP) to within a small part of the lease.
 pub mod registry {
     /// Bytes per slot.
-    pub const SLOT: u64 = 64;
+    pub const SLOT: u64 = 128;
+    /// Offset of the host name.
+    pub const HOST: usize = 48;
+    /// Offset of the undo log's copies 1..[`MAX_REPLICAS`](super::MAX_REPLICAS).
+    pub const LOG_COPIES: usize = 64;
+    /// Bytes of a slot's words that a registration writes and a mirror
+    /// keeps (the host name in them zero).
+    pub const WORDS: usize = LOG_COPIES + 8 * (super::MAX_REPLICAS - 1);
     /// Slots (owners 1..SLOTS).
     pub const SLOTS: u64 = 256;
     /// Claim word bit: a recovery holds the slot.
@@ -410,18 +427,18 @@ pub mod registry {
 /// rebuild of blade 0 needs that only blade 0 holds.
 ///
 /// ```text
-/// @0 magic "FORDMIR1"   @8 the catalog's address (on blade 0)
+/// @0 magic "FORDMIR2"   @8 the catalog's address (on blade 0)
 /// @16 1 once the load completed (the root ford:NAME:loaded), else 0
 /// @24 the database's name (a block written by Ctx::write_name, on the mirror's blade)
 /// @32..@64 0
 /// @64 the catalog's bytes (catalog::BYTES)
 /// @64 + catalog::BYTES  the registry's slots as registered (registry::SLOTS
-///     × registry::SLOT): claim, lease (ms, not an expiry), log area,
-///     threads, coroutines, pid
+///     × registry::SLOT): claim, lease (ms, not an expiry), log area copy 0,
+///     threads, coroutines, pid, 0 × 16, log area copies 1..3
 /// ```
 pub mod mirror {
-    /// "FORDMIR1".
-    pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDMIR1");
+    /// "FORDMIR2" (version 2: 128-byte registry slots).
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDMIR2");
     /// Bytes of the header.
     pub const HEADER: usize = 64;
     /// Offset of the catalog's copy.
@@ -517,7 +534,16 @@ mod tests {
 
     #[test]
     fn the_mirror_layout_is_pinned() {
-        assert_eq!(mirror::MAGIC.to_le_bytes(), *b"FORDMIR1");
-        assert_eq!((mirror::HEADER, mirror::CATALOG, mirror::REGISTRY, mirror::BYTES), (64, 64, 1152, 1152 + 256 * 64));
+        assert_eq!(mirror::MAGIC.to_le_bytes(), *b"FORDMIR2");
+        assert_eq!(
+            (mirror::HEADER, mirror::CATALOG, mirror::REGISTRY, mirror::BYTES),
+            (64, 64, 1152, 1152 + 256 * 128)
+        );
+    }
+
+    #[test]
+    fn the_registry_layout_is_pinned() {
+        assert_eq!(catalog::MAGIC.to_le_bytes(), *b"FORDCAT3");
+        assert_eq!((registry::SLOT, registry::HOST, registry::LOG_COPIES, registry::WORDS), (128, 48, 64, 88));
     }
 }

@@ -280,9 +280,9 @@ impl Mirror {
     /// registry cannot say where they are).
     pub fn logs_end_on(&self, blade: u16) -> u64 {
         let mut end = 0;
-        for s in &self.slots {
-            if s.claim != 0 && s.log.blade() == blade && !s.log.is_null() {
-                end = end.max(s.log.offset() + s.threads * s.coroutines * crate::registry::ring_bytes(&self.db));
+        for s in self.slots.iter().filter(|s| s.claim != 0) {
+            for l in s.logs.iter().filter(|l| !l.is_null() && l.blade() == blade) {
+                end = end.max(l.offset() + s.threads * s.coroutines * crate::registry::ring_bytes(&self.db));
             }
         }
         end
@@ -346,7 +346,7 @@ pub async fn restore(ctx: &Ctx, m: &Mirror) -> Result<()> {
     ctx.write_all(m.catalog_at, &c).await?;
     let mut r = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
     for s in m.slots.iter().filter(|s| s.claim != 0) {
-        r[usize::from(s.slot) * registry::SLOT as usize..][..48].copy_from_slice(&s.bytes(s.claim, 0));
+        r[usize::from(s.slot) * registry::SLOT as usize..][..registry::WORDS].copy_from_slice(&s.bytes(s.claim, 0));
     }
     ctx.write_all(m.db.registry, &r).await?;
     ctx.set_root(0, &root_name(&m.db.name), m.catalog_at).await?;

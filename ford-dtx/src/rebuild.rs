@@ -50,9 +50,13 @@ pub struct Rebuilt {
     pub overflow: u64,
     /// Bytes written.
     pub bytes: u64,
-    /// Registry slots whose undo log area was on a lost blade (written again
-    /// empty: a dead compute blade's entries there are lost).
+    /// Copies of registry slots' undo log areas that were on a lost blade,
+    /// written again.
     pub log_areas: u64,
+    /// Of those, the ones copied from a surviving copy (the others were
+    /// written empty: every copy was lost, and a dead compute blade's
+    /// entries with them).
+    pub log_copies: u64,
 }
 
 /// The replicas of table `t` on the `lost` blades, and the one to copy
@@ -83,13 +87,15 @@ pub fn blade_list(blades: &[u16]) -> String {
     blades.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
 }
 
-/// The undo log areas of registry slots that are on the `lost` blades.
-async fn logs_on(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Vec<(GlobalAddr, u64)>> {
+/// The copies of registry slots' undo log areas that are on the `lost`
+/// blades, each with a copy on a blade not lost to write it from (`None`
+/// if every copy was lost).
+async fn logs_on(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Vec<(GlobalAddr, u64, Option<GlobalAddr>)>> {
     let mut out = Vec::new();
     for s in slots(ctx, db).await? {
-        if lost.contains(&s.log.blade()) && !s.log.is_null() {
-            out.extend(s.log_area(ctx, db)?);
-        }
+        let areas = s.log_areas(ctx, db)?;
+        let source = areas.iter().find(|(a, _)| !lost.contains(&a.blade())).map(|(a, _)| *a);
+        out.extend(areas.iter().filter(|(a, _)| lost.contains(&a.blade())).map(|(a, b)| (*a, *b, source)));
     }
     Ok(out)
 }
@@ -156,7 +162,7 @@ pub async fn extents_on(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Vec<u64>> {
         })
         .await?;
     }
-    for (at, bytes) in logs_on(ctx, db, lost).await? {
+    for (at, bytes, _) in logs_on(ctx, db, lost).await? {
         grow(at, bytes);
     }
     Ok(end)
@@ -230,8 +236,16 @@ pub async fn rebuild(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Rebuilt> {
             }
         }
     }
-    for (at, bytes) in logs_on(ctx, db, lost).await? {
-        ctx.write_all(at, &vec![0u8; bytes as usize]).await?;
+    // Each lost copy of an undo log from a surviving one (so that a compute
+    // blade that dies later is recovered from any copy), or zeros where
+    // every copy was lost (its entries are lost: recovery says so).
+    for (at, bytes, source) in logs_on(ctx, db, lost).await? {
+        let mut area = vec![0u8; bytes as usize];
+        if let Some(src) = source {
+            ctx.read_all(src, &mut area).await?;
+            out.log_copies += 1;
+        }
+        ctx.write_all(at, &area).await?;
         out.log_areas += 1;
     }
     Ok(out)

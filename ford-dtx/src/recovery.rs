@@ -203,9 +203,14 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: &[u16], fenced: Fe
     };
     let entry_bytes = log::entry_bytes(db.max_value);
     let on_lost = |a: GlobalAddr| lost.contains(&a.blade());
-    let area = s.log_area(ctx, db)?;
-    rep.log_lost = area.is_some_and(|(at, _)| on_lost(at));
-    if let Some((at, bytes)) = area.filter(|_| !rep.log_lost) {
+    // The first copy of the log on a blade not lost: every entry that
+    // matters is on each copy (a transaction writes its records only once
+    // its entry landed on all of them); a copy may lack the entry of a
+    // transaction that died while logging, which wrote nothing.
+    let areas = s.log_areas(ctx, db)?;
+    let area = areas.iter().copied().find(|(at, _)| !on_lost(*at));
+    rep.log_lost = !areas.is_empty() && area.is_none();
+    if let Some((at, bytes)) = area {
         let mut area = vec![0u8; bytes as usize];
         ctx.read_all(at, &mut area).await?;
         for e in area.chunks(entry_bytes) {

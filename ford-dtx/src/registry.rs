@@ -13,7 +13,7 @@ use smart_core::{Ctx, GlobalAddr, Runtime, Transport};
 
 use crate::db::Db;
 use crate::error::{DtxError, Result};
-use crate::layout::{self, log, registry};
+use crate::layout::{self, log, registry, MAX_REPLICAS};
 
 /// Wall-clock milliseconds since the Unix epoch, as `ctx`'s clock tells
 /// them (a simulation's virtual time under a simulated transport: see
@@ -31,8 +31,9 @@ pub struct SlotInfo {
     pub claim: u64,
     /// Lease expiry, Unix ms.
     pub expiry_ms: u64,
-    /// The holder's log area.
-    pub log: GlobalAddr,
+    /// The holder's undo log area, one copy per replica (copy `j` on
+    /// blade `(slot + j) mod n`; [`GlobalAddr::NULL`] past the last).
+    pub logs: [GlobalAddr; MAX_REPLICAS],
     /// Its worker threads.
     pub threads: u64,
     /// Its coroutines per thread.
@@ -48,7 +49,10 @@ impl SlotInfo {
             slot,
             claim: w(0),
             expiry_ms: w(8),
-            log: GlobalAddr::from_raw(w(16)),
+            logs: std::array::from_fn(|j| match j {
+                0 => GlobalAddr::from_raw(w(16)),
+                j => GlobalAddr::from_raw(w(registry::LOG_COPIES + 8 * (j - 1))),
+            }),
             threads: w(24),
             coroutines: w(32),
             pid: w(40),
@@ -58,10 +62,15 @@ impl SlotInfo {
     /// The slot's words as [`SlotInfo::parse`] reads them, with `claim` and
     /// `second` in place of the claim and the expiry (the mirror keeps a
     /// lease length there, see [`crate::mirror`]).
-    pub(crate) fn bytes(&self, claim: u64, second: u64) -> [u8; 48] {
-        let mut b = [0u8; 48];
-        for (i, v) in [claim, second, self.log.raw(), self.threads, self.coroutines, self.pid].into_iter().enumerate() {
+    pub(crate) fn bytes(&self, claim: u64, second: u64) -> [u8; registry::WORDS] {
+        let mut b = [0u8; registry::WORDS];
+        for (i, v) in
+            [claim, second, self.logs[0].raw(), self.threads, self.coroutines, self.pid].into_iter().enumerate()
+        {
             b[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        for (j, a) in self.logs[1..].iter().enumerate() {
+            b[registry::LOG_COPIES + 8 * j..][..8].copy_from_slice(&a.raw().to_le_bytes());
         }
         b
     }
@@ -81,15 +90,17 @@ impl SlotInfo {
         self.claim & !registry::RECOVERING
     }
 
-    /// The slot's log area and its bytes, `None` if it has none; checked
-    /// against what a registration writes: 1 to [`layout::MAX_THREADS`] threads
-    /// and coroutines, and an area whole on one of the database's blades.
+    /// The copies of the slot's undo log area (one per replica, copy 0
+    /// first) and their bytes; empty if it has none. Checked against what a
+    /// registration writes: 1 to [`layout::MAX_THREADS`] threads and
+    /// coroutines, every copy whole on one of the database's blades, no two
+    /// on one blade.
     ///
     /// # Errors
     /// [`DtxError::Corrupt`] if the slot says otherwise.
-    pub fn log_area(&self, ctx: &Ctx, db: &Db) -> Result<Option<(GlobalAddr, u64)>> {
-        if self.log.is_null() {
-            return Ok(None);
+    pub fn log_areas(&self, ctx: &Ctx, db: &Db) -> Result<Vec<(GlobalAddr, u64)>> {
+        if self.logs[0].is_null() {
+            return Ok(Vec::new());
         }
         let max = layout::MAX_THREADS as u64;
         if !(1..=max).contains(&self.threads) || !(1..=max).contains(&self.coroutines) {
@@ -99,10 +110,21 @@ impl SlotInfo {
             )));
         }
         let bytes = self.threads * self.coroutines * ring_bytes(db);
-        let at = crate::db::stored_addr(ctx.blades(), self.log.raw(), bytes, || {
-            format!("registry slot {}: the log area", self.slot)
-        })?;
-        Ok(Some((at, bytes)))
+        let mut out: Vec<(GlobalAddr, u64)> = Vec::new();
+        for (j, a) in self.logs.iter().enumerate().take_while(|(_, a)| !a.is_null()) {
+            let at = crate::db::stored_addr(ctx.blades(), a.raw(), bytes, || {
+                format!("registry slot {}: copy {j} of the log area", self.slot)
+            })?;
+            if out.iter().any(|(o, _)| o.blade() == at.blade()) {
+                return Err(DtxError::Corrupt(format!(
+                    "registry slot {}: two copies of the log area on memory blade {}",
+                    self.slot,
+                    at.blade()
+                )));
+            }
+            out.push((at, bytes));
+        }
+        Ok(out)
     }
 }
 
@@ -134,7 +156,7 @@ pub async fn slots_and_hosts(ctx: &Ctx, db: &Db) -> Result<Vec<(SlotInfo, Option
 }
 
 /// Offset in a registry slot of its holder's host name (16 bytes).
-const HOST: usize = 48;
+const HOST: usize = registry::HOST;
 
 /// This compute blade's host name as a registry slot keeps it: its first
 /// 16 bytes, zero-padded (`simulated` under a simulation).
@@ -153,6 +175,20 @@ fn host_bytes(ctx: &Ctx) -> [u8; 16] {
 /// Bytes of one coroutine's log ring in a database.
 pub fn ring_bytes(db: &Db) -> u64 {
     log::ENTRIES * log::entry_bytes(db.max_value) as u64
+}
+
+/// Where coroutine `coroutine` of thread `thread` of a registration of
+/// `coroutines` per thread keeps its log ring in each copy `logs` of its log
+/// area.
+pub(crate) fn rings(
+    logs: &[GlobalAddr; MAX_REPLICAS],
+    coroutines: u64,
+    db: &Db,
+    thread: usize,
+    coroutine: usize,
+) -> [GlobalAddr; MAX_REPLICAS] {
+    let i = (thread as u64) * coroutines + coroutine as u64;
+    logs.map(|l| if l.is_null() { l } else { l.add(i * ring_bytes(db)) })
 }
 
 /// A fresh nonce: non-zero, bit 63 clear.
@@ -178,22 +214,37 @@ pub(crate) async fn claim(
             continue;
         }
         let bytes = (threads * coroutines) as u64 * ring_bytes(db);
-        let blade = (s.slot as usize % ctx.blades().len()) as u16;
-        // A slot's earlier log area is reused when it is large enough:
-        // recovery left no live entry in it, and entries carry the nonce of
-        // their registration, so old ones are ignored.
-        // A damaged slot's area is not reused (a new one is allocated).
-        let log = match s.log_area(ctx, db) {
-            Ok(Some((area, old))) if old >= bytes => area,
-            _ => ctx.alloc(blade, bytes, 64).await?,
-        };
+        let n = ctx.blades().len();
+        let copies = db.replicas.min(n);
+        // A slot's earlier log areas are reused when there are as many, on
+        // the blades this slot's copies go to, each large enough: recovery
+        // left no live entry in them, and entries carry the nonce of their
+        // registration, so old ones are ignored. A damaged slot's areas are
+        // not reused (new ones are allocated).
+        let mut logs = [GlobalAddr::NULL; MAX_REPLICAS];
+        let home = |j: usize| ((s.slot as usize + j) % n) as u16;
+        match s.log_areas(ctx, db) {
+            Ok(old)
+                if old.len() == copies
+                    && old.iter().enumerate().all(|(j, (at, b))| *b >= bytes && at.blade() == home(j)) =>
+            {
+                for (j, (at, _)) in old.into_iter().enumerate() {
+                    logs[j] = at;
+                }
+            }
+            _ => {
+                for (j, l) in logs.iter_mut().enumerate().take(copies) {
+                    *l = ctx.alloc(home(j), bytes, 64).await?;
+                }
+            }
+        }
         // The slot records this registration's shape (the area may be
         // larger; a later registration then sees only this much).
         let info = SlotInfo {
             slot: s.slot,
             claim: me,
             expiry_ms: now_ms(ctx) + lease.as_millis() as u64,
-            log,
+            logs,
             threads: threads as u64,
             coroutines: coroutines as u64,
             pid: u64::from(ctx.clock().pid()),
@@ -422,10 +473,10 @@ impl Registration {
         self.info.pid
     }
 
-    /// Where coroutine `c` of thread `t` keeps its log ring.
-    pub fn ring(&self, thread: usize, coroutine: usize) -> GlobalAddr {
-        let i = (thread as u64) * self.info.coroutines + coroutine as u64;
-        self.info.log.add(i * ring_bytes(&self.db))
+    /// Where coroutine `c` of thread `t` keeps its log ring: one address
+    /// per copy of the log ([`GlobalAddr::NULL`] past the last).
+    pub fn ring(&self, thread: usize, coroutine: usize) -> [GlobalAddr; MAX_REPLICAS] {
+        rings(&self.info.logs, self.info.coroutines, &self.db, thread, coroutine)
     }
 
     fn stop_heartbeat(&mut self) -> std::result::Result<(), String> {

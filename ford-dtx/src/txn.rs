@@ -213,7 +213,7 @@ pub struct Footprint {
 pub struct Txn {
     d: Dtx,
     owner: Owner,
-    ring: GlobalAddr,
+    ring: [GlobalAddr; MAX_REPLICAS],
     seq: u64,
     items: Vec<Item>,
     n: usize,
@@ -279,7 +279,7 @@ fn slot_loc(at: GlobalAddr, bucket_off: u64, mirrors: &Loc, replicas: usize) -> 
 
 impl Txn {
     /// Coroutine `owner.coroutine`'s transaction object, logging to `ring`.
-    pub(crate) fn new(d: Dtx, owner: Owner, ring: GlobalAddr) -> Txn {
+    pub(crate) fn new(d: Dtx, owner: Owner, ring: [GlobalAddr; MAX_REPLICAS]) -> Txn {
         let entry = vec![0; log::entry_bytes(d.0.db.max_value)];
         Txn { d, owner, ring, seq: 0, items: Vec::new(), n: 0, executed: 0, entry, images: Vec::new() }
     }
@@ -855,8 +855,11 @@ impl Txn {
         }
         let slot = self.seq % log::ENTRIES;
         if entry_len > 0 {
-            let at = self.ring.add(slot * log::entry_bytes(self.d.0.db.max_value) as u64);
-            round.batch(at.blade(), 1, entry_len.next_multiple_of(8))?.1.write(at, &self.entry[..entry_len]);
+            // One WRITE per copy of the log, each in its blade's doorbell.
+            for ring in self.ring.iter().take_while(|r| !r.is_null()) {
+                let at = ring.add(slot * log::entry_bytes(self.d.0.db.max_value) as u64);
+                round.batch(at.blade(), 1, entry_len.next_multiple_of(8))?.1.write(at, &self.entry[..entry_len]);
+            }
         }
         if round.is_empty() {
             return Ok(());

@@ -29,6 +29,7 @@
 
 pub mod backends;
 pub mod die;
+pub mod etcd;
 pub mod lin;
 pub mod oracle;
 

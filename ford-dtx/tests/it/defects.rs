@@ -341,8 +341,9 @@ fn every_qp_that_carried_a_commit_write_is_flushed() {
         tx.commit().await.unwrap();
         let after = ctx.stats();
         assert_eq!(after.reads - before.reads, 3, "one flush READ per blade written");
-        // Log (1) + 2 items × 2 replicas; the unlocks are CASes (2).
-        assert_eq!(after.writes - before.writes, 1 + 4);
+        // The log (a copy per replica: 2) + 2 items × 2 replicas; the
+        // unlocks are CASes (2).
+        assert_eq!(after.writes - before.writes, 2 + 4);
         assert_eq!(after.cas - before.cas, 2, "one unlock CAS per written item");
     });
     reg.close(&*t).unwrap();

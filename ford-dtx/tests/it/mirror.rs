@@ -34,9 +34,9 @@ fn the_mirror(rt: &mut Runtime) -> Mirror {
     each.remove(0).remove(0)
 }
 
-/// The claimed slots of a mirror: (slot, claim, lease ms, log area).
-fn claimed(m: &Mirror) -> Vec<(u16, u64, u64, smart_core::GlobalAddr)> {
-    m.slots.iter().filter(|s| s.claim != 0).map(|s| (s.slot, s.claim, s.expiry_ms, s.log)).collect()
+/// The claimed slots of a mirror: (slot, claim, lease ms, log area copies).
+fn claimed(m: &Mirror) -> Vec<(u16, u64, u64, [smart_core::GlobalAddr; 4])> {
+    m.slots.iter().filter(|s| s.claim != 0).map(|s| (s.slot, s.claim, s.expiry_ms, s.logs)).collect()
 }
 
 #[test]
@@ -47,7 +47,7 @@ fn the_mirror_follows_the_catalog_the_load_and_every_registration() {
     let m = the_mirror(&mut rt);
     assert_eq!(m.db, *db, "the catalog's copy is the catalog");
     assert!(!m.loaded);
-    assert_eq!(claimed(&m), vec![(live.slot(), live.info.claim, 30_000, live.info.log)], "the live registration");
+    assert_eq!(claimed(&m), vec![(live.slot(), live.info.claim, 30_000, live.info.logs)], "the live registration");
     let ctx = rt.ctx();
     let d = db.clone();
     rt.block_on(async move { d.mark_loaded(&ctx).await }).unwrap();
@@ -88,7 +88,7 @@ fn a_database_without_a_mirror_gets_one_with_its_live_registrations() {
     assert_eq!(written, (true, false), "written once");
     let m = the_mirror(&mut rt);
     let c = claimed(&m);
-    assert_eq!((c.len(), c[0].0, c[0].1, c[0].3), (1, live.slot(), live.info.claim, live.info.log));
+    assert_eq!((c.len(), c[0].0, c[0].1, c[0].3), (1, live.slot(), live.info.claim, live.info.logs));
     assert!((1..=30_000).contains(&c[0].2), "the time its lease has left: {}", c[0].2);
     live.close(&*t).unwrap();
 }
@@ -125,7 +125,7 @@ fn the_audit_finds_a_wrong_mirror_and_a_rewrite_mends_it() {
         let clean = audit(ctx.clone(), d.clone()).await;
         assert_eq!((clean.mirror.present, clean.violations()), (Some(true), 0), "{clean:?}");
         let at = mirror::find(&ctx, 1, &d.name).await.unwrap().unwrap();
-        let reg = at.add(ford_dtx::layout::mirror::REGISTRY as u64 + slot * 64);
+        let reg = at.add(ford_dtx::layout::mirror::REGISTRY as u64 + slot * ford_dtx::layout::registry::SLOT);
         // A word of the catalog's copy, and the live registration's copy.
         ctx.write(at.add(ford_dtx::layout::mirror::CATALOG as u64 + 8), &7u64.to_le_bytes()).await.unwrap();
         ctx.write(reg, &0u64.to_le_bytes()).await.unwrap();
@@ -135,7 +135,12 @@ fn the_audit_finds_a_wrong_mirror_and_a_rewrite_mends_it() {
         assert!(mirror::rewrite(&ctx, &d).await.unwrap());
         let at2 = mirror::find(&ctx, 1, &d.name).await.unwrap().unwrap();
         assert_ne!(at2, at, "a new mirror");
-        assert_eq!(ctx.read_u64(at2.add(ford_dtx::layout::mirror::REGISTRY as u64 + slot * 64)).await.unwrap(), nonce);
+        assert_eq!(
+            ctx.read_u64(at2.add(ford_dtx::layout::mirror::REGISTRY as u64 + slot * ford_dtx::layout::registry::SLOT))
+                .await
+                .unwrap(),
+            nonce
+        );
         assert_eq!(audit(ctx.clone(), d.clone()).await.violations(), 0);
         // A mirror whose root names no mirror is damaged: replaced.
         ctx.write(at2, &0u64.to_le_bytes()).await.unwrap();

@@ -428,22 +428,40 @@ fn a_transaction_cut_short_when_two_blades_are_lost_is_settled_by_what_survives(
 /// Each case on `blades` embedded blades, a database of a table per entry
 /// of `placed` with `replicas` copies (on the blades it names), of which
 /// blades `lost` are lost after the transaction died: rebuilt, recovered,
-/// audited.
+/// audited. Twice: with the dead compute blade's first undo log copy on a
+/// blade that survives, and on a lost one (the log is then recovered from
+/// another copy: one per replica).
 fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Vec<u16>], cases: &[LossCase<'_>]) {
+    for &case in cases {
+        for log_on_lost in [false, true] {
+            settled_after_loss_one(blades, replicas, lost, placed, case, log_on_lost);
+        }
+    }
+}
+
+fn settled_after_loss_one(
+    blades: usize,
+    replicas: usize,
+    lost: &[u16],
+    placed: &[Vec<u16>],
+    (what, items, written, stands): LossCase<'_>,
+    log_on_lost: bool,
+) {
     use ford_dtx::layout::{self, LOCK};
     use ford_dtx::recovery::{recover_after_loss, scan};
-
-    for &(what, items, written, stands) in cases {
+    let what = format!("{what} (first log copy on a {} blade)", if log_on_lost { "lost" } else { "surviving" });
+    {
         let b = backends::embedded(blades);
         let t: Arc<dyn Transport> = b.transport.clone();
         let tables = placed.len() as u32;
         let (mut rt, db, first) = open(&t, &spec("loss", &vec![8; placed.len()], 16, replicas), 1, 1);
-        // The transaction's compute blade: the first registration whose undo
-        // log is on a blade that is not lost (slot i's is on blade i mod n).
+        // The transaction's compute blade: the first registration whose first
+        // undo log copy is (or is not) on a lost blade (slot i's copy j is on
+        // blade (i + j) mod n).
         let mut others = Vec::new();
         let reg = loop {
             let r = join(&t, &db);
-            if !lost.contains(&(r.slot() % blades as u16)) {
+            if lost.contains(&(r.slot() % blades as u16)) == log_on_lost {
                 break r;
             }
             others.push(r);
@@ -454,11 +472,14 @@ fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Ve
         let dtx = reg.open_thread(rt.ctx());
         let slot = reg.slot();
         let (ctx, d) = (rt.ctx(), db.clone());
-        let (what, written, lost) = (what.to_string(), written.to_vec(), lost.to_vec());
+        let (what, written, lost) = (what.clone(), written.to_vec(), lost.to_vec());
         let ok = rt.block_on(async move {
             let lost = &lost[..];
-            let log = ford_dtx::registry::slots(&ctx, &d).await.unwrap().into_iter().find(|s| s.slot == slot);
-            assert!(!lost.contains(&log.unwrap().log.blade()), "{what}: the undo log survives");
+            let log = ford_dtx::registry::slots(&ctx, &d).await.unwrap().into_iter().find(|s| s.slot == slot).unwrap();
+            let copies = log.log_areas(&ctx, &d).unwrap();
+            assert_eq!(copies.len(), replicas, "{what}: a copy of the log per replica");
+            assert_eq!(lost.contains(&copies[0].0.blade()), log_on_lost, "{what}");
+            assert!(copies.iter().any(|(a, _)| !lost.contains(&a.blade())), "{what}: a copy survives");
             for table in 0..tables {
                 for key in 0..2 {
                     insert_one(&dtx, table, key, START).await.unwrap();
@@ -496,7 +517,10 @@ fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Ve
                 }
                 ctx.write(at[0].add(LOCK), &lw.to_le_bytes()).await.unwrap();
             }
-            // The lost blades' copies are gone.
+            // The lost blades' copies are gone, those of the log too.
+            for (a, bytes) in copies.iter().filter(|(a, _)| lost.contains(&a.blade())) {
+                ctx.write_all(*a, &vec![0u8; *bytes as usize]).await.unwrap();
+            }
             let mut arrays = 0;
             for table in 0..tables {
                 let tb = d.table(table);
@@ -507,6 +531,7 @@ fn settled_after_loss(blades: usize, replicas: usize, lost: &[u16], placed: &[Ve
             }
             let rebuilt = ford_dtx::rebuild::rebuild(&ctx, &d, lost).await.unwrap();
             assert_eq!(rebuilt.arrays, arrays, "{what}");
+            assert!(rebuilt.log_copies >= u64::from(log_on_lost), "{what}: {rebuilt:?}");
             let rec = recover_after_loss(&ctx, &d, lost, Which::Slot(slot)).await.unwrap();
             assert_eq!((rec[0].rolled_back, rec[0].log_lost), (u64::from(!stands), false), "{what}: {rec:?}");
             let mut rows = std::collections::HashMap::new();

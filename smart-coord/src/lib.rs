@@ -1,0 +1,742 @@
+//! The cluster's configuration in etcd: who the memory blades are, an epoch
+//! that only moves forward, each database's replica order, and the compute
+//! blades' memberships under etcd leases.
+//!
+//! Deciding which memory blades a cluster runs on after one is lost is
+//! consensus; this crate leaves it to etcd (`etcd-server`, reached with the
+//! `etcd-client` crate) rather than to a protocol of our own. Everything
+//! lives under `/smart-rs/CLUSTER/`, where `CLUSTER` is the path of the
+//! coordinator's URL (`http://127.0.0.1:2379/lab`; `default` without one):
+//!
+//! | key | value |
+//! |---|---|
+//! | `config` | [`Config`] as JSON: the epoch, the memory blades (address, identity, active or removed), each database's replica order |
+//! | `members/LEASE` | a compute blade's [`Member`] record, under its etcd lease |
+//!
+//! The configuration changes only by an etcd transaction that compares
+//! the revision it was read at ([`Coordinator::replace`]): of two compute
+//! blades that propose a change from one epoch, one wins, and the other
+//! reads the winner's. A compute blade acts under the epoch it has seen
+//! ([`Coordinator::join`]): when the configuration moves past it, or etcd
+//! lets its lease lapse, its [`Membership`] raises the halt flag that its
+//! transactions check, so it stops locking and committing.
+//!
+//! While etcd is unreachable a compute blade runs on (saying so once):
+//! nobody can change the configuration then, so the one it runs under stays
+//! the cluster's; etcd renews every lease's time to live when it comes back
+//! (a new leader extends them).
+//!
+//! The blocking API runs its requests on a small Tokio runtime of its own,
+//! each bounded by the time-out given to [`Coordinator::connect`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    /// A coordinator URL that is not `http://HOST:PORT[/CLUSTER]`.
+    #[error("--coordinator {0}")]
+    Url(String),
+    /// etcd did not answer in time, or refused the request.
+    #[error("the coordinator at {url}: {why}")]
+    Etcd {
+        /// The coordinator's URL.
+        url: String,
+        /// What failed.
+        why: String,
+    },
+    /// The configuration refuses what was asked (a blade it does not
+    /// trust, a change that makes no sense).
+    #[error("{0}")]
+    Refused(String),
+    /// The stored configuration does not parse.
+    #[error("the configuration stored at {key} does not parse: {why}")]
+    Corrupt {
+        /// Its key.
+        key: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Results of this crate.
+pub type Result<T> = std::result::Result<T, CoordError>;
+
+/// The cluster name when the URL has no path.
+pub const DEFAULT_CLUSTER: &str = "default";
+
+/// What the configuration says of a memory blade.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum BladeState {
+    /// In use.
+    Active,
+    /// Taken out of the configuration at `epoch`: not used again, even if
+    /// it comes back, until it is re-replicated as a fresh blade.
+    Removed {
+        /// The epoch that removed it.
+        epoch: u64,
+        /// Why (for messages).
+        why: String,
+    },
+}
+
+/// A memory blade of the configuration (its index is its place in
+/// [`Config::blades`], the index that global addresses name).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Blade {
+    /// Where it was reached when it was recorded.
+    pub addr: String,
+    /// The identity its superblock holds (drawn when it started on a new
+    /// region), as `0x…`: a blade restarted without its data has another.
+    #[serde(with = "hex_u64")]
+    pub identity: u64,
+    /// Active or removed.
+    #[serde(flatten)]
+    pub state: BladeState,
+}
+
+/// The cluster's configuration.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Config {
+    /// Moves forward by one at every change of the memory blades.
+    pub epoch: u64,
+    /// The memory blades, by index.
+    pub blades: Vec<Blade>,
+    /// Each database's tables' replica order (blade indexes, primary
+    /// first), as recorded when a compute blade first opened it under a
+    /// coordinator.
+    #[serde(default)]
+    pub databases: BTreeMap<String, Vec<Vec<u16>>>,
+}
+
+/// A configuration with the etcd revision it was read at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versioned {
+    /// The configuration.
+    pub config: Config,
+    /// The key's modification revision (what [`Coordinator::replace`]
+    /// compares).
+    pub revision: i64,
+}
+
+/// The outcome of [`Coordinator::replace`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Replaced {
+    /// This proposal won: the configuration now stored.
+    Won(Versioned),
+    /// Another change came first: the configuration now stored.
+    Lost(Versioned),
+}
+
+impl Config {
+    /// Epoch 1 over `blades` (address, identity), all active.
+    pub fn new(blades: &[(String, u64)]) -> Config {
+        Config {
+            epoch: 1,
+            blades: blades
+                .iter()
+                .map(|(addr, identity)| Blade { addr: addr.clone(), identity: *identity, state: BladeState::Active })
+                .collect(),
+            databases: BTreeMap::new(),
+        }
+    }
+
+    /// The indexes of the active blades.
+    pub fn active(&self) -> Vec<u16> {
+        (0..self.blades.len() as u16).filter(|i| self.blades[*i as usize].state == BladeState::Active).collect()
+    }
+
+    /// Checks that a run over `run` (each blade's address and identity, by
+    /// index) runs on the blades this configuration trusts: the same
+    /// blades, none removed.
+    ///
+    /// # Errors
+    /// [`CoordError::Refused`], saying which blade and why.
+    pub fn check_run(&self, run: &[(String, u64)]) -> Result<()> {
+        let e = self.epoch;
+        if run.len() != self.blades.len() {
+            return Err(CoordError::Refused(format!(
+                "this run names {} memory blades; the configuration (epoch {e}) has {}: {}",
+                run.len(),
+                self.blades.len(),
+                self.describe_blades()
+            )));
+        }
+        for (i, ((addr, identity), b)) in run.iter().zip(&self.blades).enumerate() {
+            match &b.state {
+                BladeState::Removed { epoch, why } if *identity == b.identity => {
+                    return Err(CoordError::Refused(format!(
+                        "memory blade {i} ({addr}, identity {identity:#018x}) was removed from the configuration at \
+                         epoch {epoch} ({why}): a blade that was removed is not trusted again, even with its data \
+                         (transactions went on without it); it rejoins only as a fresh blade, re-replicated"
+                    )));
+                }
+                BladeState::Removed { epoch, why } => {
+                    return Err(CoordError::Refused(format!(
+                        "memory blade {i} ({addr}) was removed from the configuration at epoch {epoch} ({why}); a \
+                         fresh blade (identity {identity:#018x}) takes its place only once its copies are written \
+                         again: `compute-blade rebuild --lost {i} --coordinator …`"
+                    )));
+                }
+                BladeState::Active if *identity != b.identity => {
+                    return Err(CoordError::Refused(format!(
+                        "memory blade {i} ({addr}) has identity {identity:#018x}; the configuration (epoch {e}) \
+                         names {:#018x} (at {}): it was restarted without its data, or replaced; rebuild it \
+                         (`compute-blade rebuild --lost {i} --coordinator …`)",
+                        b.identity, b.addr
+                    )));
+                }
+                BladeState::Active => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// This configuration without blade `index`: the next epoch.
+    ///
+    /// # Errors
+    /// [`CoordError::Refused`] if there is no such active blade, or it is
+    /// the last one.
+    pub fn without(&self, index: u16, why: &str) -> Result<Config> {
+        let active = self.active();
+        if !active.contains(&index) {
+            return Err(CoordError::Refused(format!(
+                "memory blade {index} is not an active blade of the configuration (epoch {}: {})",
+                self.epoch,
+                self.describe_blades()
+            )));
+        }
+        if active.len() == 1 {
+            return Err(CoordError::Refused(format!("memory blade {index} is the configuration's last active blade")));
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        next.blades[index as usize].state = BladeState::Removed { epoch: next.epoch, why: why.to_string() };
+        Ok(next)
+    }
+
+    /// This configuration with blade `index` (active or removed) now the
+    /// blade of `identity` at `addr`, active: the next epoch (after its
+    /// copies were written again, e.g. by `compute-blade rebuild`).
+    ///
+    /// # Errors
+    /// [`CoordError::Refused`] if there is no blade `index`.
+    pub fn readmit(&self, index: u16, addr: &str, identity: u64) -> Result<Config> {
+        if index as usize >= self.blades.len() {
+            return Err(CoordError::Refused(format!(
+                "the configuration (epoch {}) has no memory blade {index}",
+                self.epoch
+            )));
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        next.blades[index as usize] = Blade { addr: addr.to_string(), identity, state: BladeState::Active };
+        Ok(next)
+    }
+
+    /// The blades for messages: `0 127.0.0.1:7000 active, 1 … removed at epoch 2`.
+    pub fn describe_blades(&self) -> String {
+        self.blades
+            .iter()
+            .enumerate()
+            .map(|(i, b)| match &b.state {
+                BladeState::Active => format!("{i} {} active", b.addr),
+                BladeState::Removed { epoch, .. } => format!("{i} {} removed at epoch {epoch}", b.addr),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// A compute blade's membership record.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Member {
+    /// What it runs (`smallbank on database "smallbank"`).
+    pub what: String,
+    /// Its host name.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The epoch it acts under.
+    pub epoch: u64,
+    /// Its etcd lease (filled in by [`Coordinator::members`]).
+    #[serde(default)]
+    pub lease: i64,
+}
+
+/// A connection to the coordinator (etcd).
+pub struct Coordinator {
+    rt: Arc<tokio::runtime::Runtime>,
+    client: Client,
+    url: String,
+    cluster: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator").field("url", &self.url).field("cluster", &self.cluster).finish()
+    }
+}
+
+/// Splits `http://HOST:PORT[/CLUSTER]` into the endpoint and the cluster.
+///
+/// # Errors
+/// [`CoordError::Url`] for anything else.
+pub fn parse_url(spec: &str) -> Result<(String, String)> {
+    let bad =
+        |why: &str| CoordError::Url(format!("{spec:?}: {why} (expected http://HOST:PORT or http://HOST:PORT/CLUSTER)"));
+    let rest = spec.strip_prefix("http://").ok_or_else(|| bad("not an http:// URL"))?;
+    let (host, cluster) = match rest.split_once('/') {
+        Some((h, c)) => (h, c.trim_end_matches('/')),
+        None => (rest, ""),
+    };
+    let (name, port) = host.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    if name.is_empty() || port.parse::<u16>().is_err() {
+        return Err(bad("a host and a port are needed"));
+    }
+    if !cluster.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(bad("a cluster name is letters, digits, - and _"));
+    }
+    let cluster = if cluster.is_empty() { DEFAULT_CLUSTER } else { cluster };
+    Ok((format!("http://{host}"), cluster.to_string()))
+}
+
+impl Coordinator {
+    /// Connects to etcd at `spec` (`http://HOST:PORT[/CLUSTER]`); every
+    /// request is bounded by `timeout`.
+    ///
+    /// # Errors
+    /// A bad URL; etcd not answering within `timeout`.
+    pub fn connect(spec: &str, timeout: Duration) -> Result<Coordinator> {
+        let (url, cluster) = parse_url(spec)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("coordinator")
+            .enable_all()
+            .build()
+            .map_err(|e| CoordError::Etcd { url: url.clone(), why: format!("no runtime: {e}") })?;
+        let opts = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout);
+        let client = rt
+            .block_on(async { tokio::time::timeout(timeout, Client::connect([url.as_str()], Some(opts))).await })
+            .map_err(|_| CoordError::Etcd { url: url.clone(), why: format!("no answer within {timeout:?}") })?
+            .map_err(|e| CoordError::Etcd { url: url.clone(), why: e.to_string() })?;
+        let c = Coordinator { rt: Arc::new(rt), client, url, cluster, timeout };
+        // Connecting is lazy: one request says whether etcd is there.
+        c.load()?;
+        Ok(c)
+    }
+
+    /// Its URL (without the cluster).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The cluster name.
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    fn key(&self, what: &str) -> String {
+        format!("/smart-rs/{}/{what}", self.cluster)
+    }
+
+    fn call<T, F>(&self, what: &str, f: F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let t = self.timeout;
+        match self.rt.block_on(async { tokio::time::timeout(t, f).await }) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(CoordError::Etcd { url: self.url.clone(), why: format!("{what}: {e}") }),
+            Err(_) => Err(CoordError::Etcd { url: self.url.clone(), why: format!("{what}: no answer within {t:?}") }),
+        }
+    }
+
+    /// The stored configuration, if any.
+    ///
+    /// # Errors
+    /// etcd errors; a configuration that does not parse.
+    pub fn load(&self) -> Result<Option<Versioned>> {
+        let key = self.key("config");
+        let mut c = self.client.clone();
+        let r = self.call("reading the configuration", c.get(key.clone(), None))?;
+        r.kvs().first().map(|kv| parse(&key, kv.value(), kv.mod_revision())).transpose()
+    }
+
+    /// The stored configuration, or `initial`, stored if there was none.
+    /// Returns it and whether it was created now.
+    ///
+    /// # Errors
+    /// As [`Coordinator::load`].
+    pub fn create_or_load(&self, initial: &Config) -> Result<(Versioned, bool)> {
+        let key = self.key("config");
+        let value = serde_json::to_vec(initial).expect("a configuration serializes");
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), value, None), TxnOp::get(key.clone(), None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let mut c = self.client.clone();
+        let r = self.call("creating the configuration", c.txn(txn))?;
+        let got = txn_get(&key, &r.op_responses())?;
+        Ok((got, r.succeeded()))
+    }
+
+    /// Replaces configuration `from` by `to` if nothing changed it since
+    /// `from` was read (an etcd transaction on its revision).
+    ///
+    /// # Errors
+    /// [`CoordError::Refused`] if `to` would move the epoch back; etcd
+    /// errors.
+    pub fn replace(&self, from: &Versioned, to: &Config) -> Result<Replaced> {
+        if to.epoch < from.config.epoch {
+            return Err(CoordError::Refused(format!(
+                "a configuration of epoch {} cannot replace epoch {}",
+                to.epoch, from.config.epoch
+            )));
+        }
+        let key = self.key("config");
+        let value = serde_json::to_vec(to).expect("a configuration serializes");
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, from.revision)])
+            .and_then([TxnOp::put(key.clone(), value, None), TxnOp::get(key.clone(), None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let mut c = self.client.clone();
+        let r = self.call("changing the configuration", c.txn(txn))?;
+        let got = txn_get(&key, &r.op_responses())?;
+        Ok(if r.succeeded() { Replaced::Won(got) } else { Replaced::Lost(got) })
+    }
+
+    /// Applies `change` to the stored configuration until it sticks (other
+    /// changes coming first are re-read and `change` applied to them);
+    /// `change` returning `None` leaves it as it is. Returns what is stored.
+    ///
+    /// # Errors
+    /// No configuration stored; what `change` returns; etcd errors.
+    pub fn update<F>(&self, mut change: F) -> Result<Versioned>
+    where
+        F: FnMut(&Config) -> Result<Option<Config>>,
+    {
+        let mut now = self.load()?.ok_or_else(|| {
+            CoordError::Refused(format!("the coordinator holds no configuration for cluster {:?}", self.cluster))
+        })?;
+        for _ in 0..100 {
+            let Some(next) = change(&now.config)? else { return Ok(now) };
+            match self.replace(&now, &next)? {
+                Replaced::Won(v) => return Ok(v),
+                Replaced::Lost(v) => now = v,
+            }
+        }
+        Err(CoordError::Etcd {
+            url: self.url.clone(),
+            why: "the configuration changed 100 times under this change".into(),
+        })
+    }
+
+    /// Registers `member` under a new etcd lease of `ttl` (whole seconds,
+    /// at least 2), acting under `epoch`, and keeps it alive from a task
+    /// of its own until [`Membership::leave`] (or a drop, which lets the
+    /// lease run out). See [`Membership`] for when it raises `halt`.
+    ///
+    /// # Errors
+    /// etcd errors.
+    pub fn join(&self, member: &Member, ttl: Duration, epoch: u64, halt: Arc<AtomicBool>) -> Result<Membership> {
+        let ttl_s = ttl.as_secs().max(2) as i64;
+        let mut c = self.client.clone();
+        let lease = self.call("granting a lease", c.lease_grant(ttl_s, None))?.id();
+        let key = self.key(&format!("members/{lease:016x}"));
+        let value = serde_json::to_vec(&Member { epoch, lease, ..member.clone() }).expect("serializes");
+        let mut c = self.client.clone();
+        self.call("recording the membership", c.put(key, value, Some(PutOptions::new().with_lease(lease))))?;
+        let shared = Arc::new(MemberShared { halt, why: Mutex::new(None), stop: AtomicBool::new(false) });
+        let task = self.rt.spawn(keep_member(
+            self.client.clone(),
+            KeepArgs {
+                lease,
+                ttl: Duration::from_secs(ttl_s as u64),
+                epoch,
+                config_key: self.key("config"),
+                url: self.url.clone(),
+                timeout: self.timeout,
+                shared: shared.clone(),
+            },
+        ));
+        Ok(Membership {
+            rt: self.rt.clone(),
+            client: self.client.clone(),
+            lease,
+            shared,
+            task: Some(task),
+            timeout: self.timeout,
+        })
+    }
+
+    /// The compute blades whose membership runs.
+    ///
+    /// # Errors
+    /// etcd errors.
+    pub fn members(&self) -> Result<Vec<Member>> {
+        let prefix = self.key("members/");
+        let mut c = self.client.clone();
+        let r = self.call("reading the members", c.get(prefix, Some(GetOptions::new().with_prefix())))?;
+        let mut out = Vec::new();
+        for kv in r.kvs() {
+            let mut m: Member = serde_json::from_slice(kv.value()).map_err(|e| CoordError::Corrupt {
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+                why: e.to_string(),
+            })?;
+            m.lease = kv.lease();
+            out.push(m);
+        }
+        Ok(out)
+    }
+}
+
+fn parse(key: &str, value: &[u8], revision: i64) -> Result<Versioned> {
+    let config =
+        serde_json::from_slice(value).map_err(|e| CoordError::Corrupt { key: key.into(), why: e.to_string() })?;
+    Ok(Versioned { config, revision })
+}
+
+/// The configuration a transaction's last GET read.
+fn txn_get(key: &str, ops: &[TxnOpResponse]) -> Result<Versioned> {
+    for op in ops.iter().rev() {
+        if let TxnOpResponse::Get(g) = op {
+            if let Some(kv) = g.kvs().first() {
+                return parse(key, kv.value(), kv.mod_revision());
+            }
+        }
+    }
+    Err(CoordError::Corrupt { key: key.into(), why: "gone right after it was written".into() })
+}
+
+struct MemberShared {
+    halt: Arc<AtomicBool>,
+    why: Mutex<Option<String>>,
+    stop: AtomicBool,
+}
+
+impl MemberShared {
+    fn halt(&self, why: String) {
+        *self.why.lock().expect("not poisoned") = Some(why);
+        self.halt.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A compute blade's membership: its etcd lease, kept alive every third of
+/// its time to live. It raises the halt flag given to
+/// [`Coordinator::join`] (and says why, [`Membership::why`]) when
+///
+/// - etcd answers that the lease is gone (it expired, or was revoked):
+///   other compute blades may have taken this one for dead;
+/// - the configuration's epoch moved past the one it acts under.
+///
+/// etcd not answering does neither: the compute blade runs on (see the
+/// crate docs) and says so once on stderr.
+pub struct Membership {
+    rt: Arc<tokio::runtime::Runtime>,
+    client: Client,
+    lease: i64,
+    shared: Arc<MemberShared>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership").field("lease", &self.lease).finish()
+    }
+}
+
+impl Membership {
+    /// Its etcd lease.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// Why it raised the halt flag, if it did.
+    pub fn why(&self) -> Option<String> {
+        self.shared.why.lock().expect("not poisoned").clone()
+    }
+
+    /// Ends the membership: stops the keep-alive and revokes the lease (its
+    /// record goes with it).
+    ///
+    /// # Errors
+    /// etcd errors (the lease then runs out by itself).
+    pub fn leave(mut self) -> Result<()> {
+        self.stop_task();
+        let mut c = self.client.clone();
+        let (lease, t) = (self.lease, self.timeout);
+        match self.rt.block_on(async { tokio::time::timeout(t, c.lease_revoke(lease)).await }) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(CoordError::Etcd { url: String::new(), why: format!("revoking lease {lease:x}: {e}") }),
+            Err(_) => Err(CoordError::Etcd { url: String::new(), why: format!("revoking lease {lease:x}: no answer") }),
+        }
+    }
+
+    fn stop_task(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.stop_task();
+    }
+}
+
+struct KeepArgs {
+    lease: i64,
+    ttl: Duration,
+    epoch: u64,
+    config_key: String,
+    url: String,
+    timeout: Duration,
+    shared: Arc<MemberShared>,
+}
+
+/// One keep-alive of `lease`: `Some(ttl)` as etcd answered (≤ 0: the
+/// lease is gone), `None` if etcd did not answer (in time).
+async fn keep_once(client: &mut Client, lease: i64, timeout: Duration) -> Option<i64> {
+    let mut c = client.clone();
+    let once = async {
+        let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.ok()?;
+        keeper.keep_alive().await.ok()?;
+        stream.message().await.ok().flatten().map(|r| r.ttl())
+    };
+    match tokio::time::timeout(timeout, once).await.ok().flatten() {
+        Some(ttl) if ttl > 0 => Some(ttl),
+        // A keep-alive of a lease that is gone may end its stream instead
+        // of answering TTL 0: ask for the lease itself (-1: not found).
+        _ => {
+            let ask = client.lease_time_to_live(lease, None);
+            tokio::time::timeout(timeout, ask).await.ok().and_then(|r| r.ok()).map(|r| r.ttl())
+        }
+    }
+}
+
+async fn keep_member(mut client: Client, a: KeepArgs) {
+    let period = a.ttl / 3;
+    let mut unreachable = false;
+    while !a.shared.stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(period).await;
+        match keep_once(&mut client, a.lease, a.timeout.min(period)).await {
+            Some(ttl) if ttl > 0 => {
+                if unreachable {
+                    eprintln!("coordinator: {} answers again", a.url);
+                    unreachable = false;
+                }
+            }
+            Some(_) => {
+                a.shared.halt(format!(
+                    "the coordinator at {} let this compute blade's membership lapse (lease {:x} expired): other \
+                     compute blades may have taken it for dead",
+                    a.url, a.lease
+                ));
+                return;
+            }
+            None => {
+                if !unreachable {
+                    eprintln!(
+                        "warning: the coordinator at {} does not answer: running on under epoch {} (no \
+                         reconfiguration is possible meanwhile)",
+                        a.url, a.epoch
+                    );
+                    unreachable = true;
+                }
+                continue;
+            }
+        }
+        let get = tokio::time::timeout(a.timeout.min(period), client.get(a.config_key.clone(), None)).await;
+        if let Ok(Ok(r)) = get {
+            if let Some(kv) = r.kvs().first() {
+                if let Ok(v) = parse(&a.config_key, kv.value(), kv.mod_revision()) {
+                    if v.config.epoch > a.epoch {
+                        a.shared.halt(format!(
+                            "the configuration moved to epoch {} ({}); this compute blade acted under epoch {} and \
+                             stops",
+                            v.config.epoch,
+                            v.config.describe_blades(),
+                            a.epoch
+                        ));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+mod hex_u64 {
+    pub(crate) fn serialize<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{v:#018x}"))
+    }
+
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let s: String = serde::Deserialize::deserialize(d)?;
+        let h = s.strip_prefix("0x").ok_or_else(|| serde::de::Error::custom(format!("{s:?}: not 0x…")))?;
+        u64::from_str_radix(h, 16).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_an_endpoint_and_a_cluster() {
+        assert_eq!(parse_url("http://127.0.0.1:2379").unwrap(), ("http://127.0.0.1:2379".into(), "default".into()));
+        assert_eq!(parse_url("http://h:1/lab/").unwrap(), ("http://h:1".into(), "lab".into()));
+        for bad in ["127.0.0.1:2379", "http://h", "http://:1", "http://h:x", "http://h:1/a/b", "https://h:1"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn cfg() -> Config {
+        Config::new(&[("a:1".into(), 0x11 << 16), ("b:1".into(), 0x22 << 16), ("c:1".into(), 0x33 << 16)])
+    }
+
+    #[test]
+    fn a_configuration_round_trips_as_json() {
+        let mut c = cfg().without(1, "lost").unwrap();
+        c.databases.insert("bank".into(), vec![vec![0, 1], vec![1, 2]]);
+        let j = serde_json::to_string(&c).unwrap();
+        assert!(j.contains("\"identity\":\"0x0000000000220000\""), "{j}");
+        assert_eq!(serde_json::from_str::<Config>(&j).unwrap(), c);
+    }
+
+    #[test]
+    fn a_run_is_checked_against_the_blades_it_trusts() {
+        let run =
+            |ids: [u64; 3]| ["a:1", "b:1", "c:1"].iter().zip(ids).map(|(a, i)| (a.to_string(), i)).collect::<Vec<_>>();
+        let c = cfg();
+        c.check_run(&run([0x11 << 16, 0x22 << 16, 0x33 << 16])).unwrap();
+        let e = c.check_run(&run([0x11 << 16, 0x99 << 16, 0x33 << 16])).unwrap_err().to_string();
+        assert!(e.contains("memory blade 1 (b:1) has identity") && e.contains("rebuild"), "{e}");
+        let removed = c.without(1, "SIGKILLed").unwrap();
+        assert_eq!((removed.epoch, removed.active()), (2, vec![0, 2]));
+        let e = removed.check_run(&run([0x11 << 16, 0x22 << 16, 0x33 << 16])).unwrap_err().to_string();
+        assert!(
+            e.contains("was removed from the configuration at epoch 2 (SIGKILLed)") && e.contains("not trusted"),
+            "{e}"
+        );
+        let e = removed.check_run(&run([0x11 << 16, 0x77 << 16, 0x33 << 16])).unwrap_err().to_string();
+        assert!(e.contains("a fresh blade"), "{e}");
+        let back = removed.readmit(1, "b:2", 0x77 << 16).unwrap();
+        assert_eq!((back.epoch, back.active()), (3, vec![0, 1, 2]));
+        back.check_run(&run([0x11 << 16, 0x77 << 16, 0x33 << 16])).unwrap();
+        assert!(c.check_run(&run([1, 2, 3])[..2]).is_err(), "fewer blades");
+        assert!(removed.without(1, "again").is_err());
+        assert!(Config::new(&[("a:1".into(), 1 << 16)]).without(0, "last").is_err());
+    }
+}

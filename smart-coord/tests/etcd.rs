@@ -1,0 +1,128 @@
+//! The coordinator against a real etcd on loopback.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smart_coord::{BladeState, Config, Coordinator, Member, Replaced};
+use smart_testkit::etcd::Etcd;
+
+const T: Duration = Duration::from_secs(3);
+
+fn blades() -> Vec<(String, u64)> {
+    (0..3).map(|i| (format!("127.0.0.1:{}", 7000 + i), (i as u64 + 1) << 20)).collect()
+}
+
+fn member() -> Member {
+    Member { what: "test".into(), host: "here".into(), pid: std::process::id(), epoch: 0, lease: 0 }
+}
+
+/// Waits up to `secs` for `f`.
+fn within(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
+
+#[test]
+fn one_of_two_proposals_from_an_epoch_wins() {
+    let etcd = Etcd::start();
+    let url = format!("{}/race", etcd.url);
+    // Two compute blades create the configuration at once: one does.
+    let created: Vec<(smart_coord::Versioned, bool)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| Coordinator::connect(&url, T).unwrap().create_or_load(&Config::new(&blades())).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(created.iter().filter(|(_, c)| *c).count(), 1, "{created:?}");
+    assert_eq!(created[0].0, created[1].0);
+    let (a, b) = (Coordinator::connect(&url, T).unwrap(), Coordinator::connect(&url, T).unwrap());
+    let at = a.load().unwrap().unwrap();
+    assert_eq!(at.config.epoch, 1);
+    // Both propose from epoch 1, each without another blade: one wins, the
+    // other reads the winner's.
+    let (wa, wb) = (at.config.without(1, "a saw it fail").unwrap(), at.config.without(2, "b saw it fail").unwrap());
+    let ra = a.replace(&at, &wa).unwrap();
+    let rb = b.replace(&at, &wb).unwrap();
+    let Replaced::Won(won) = ra else { panic!("{ra:?}") };
+    assert_eq!(rb, Replaced::Lost(won.clone()));
+    assert_eq!(won.config.epoch, 2);
+    assert_eq!(won.config.blades[2].state, BladeState::Active);
+    // The epoch never goes back.
+    assert!(b.replace(&won, &at.config).is_err());
+    // update() applies a change to what is stored, whatever came first.
+    let v = b.update(|c| c.without(2, "b again").map(Some)).unwrap();
+    assert_eq!((v.config.epoch, v.config.active()), (3, vec![0]));
+    // Another cluster on the same etcd is another configuration.
+    let other = Coordinator::connect(&format!("{}/other", etcd.url), T).unwrap();
+    assert_eq!(other.load().unwrap(), None);
+    assert_eq!(a.cluster(), "race");
+}
+
+#[test]
+fn a_membership_halts_when_the_epoch_moves_or_its_lease_lapses_but_not_when_etcd_is_away() {
+    let mut etcd = Etcd::start();
+    let c = Coordinator::connect(&etcd.url, T).unwrap();
+    let (v, created) = c.create_or_load(&Config::new(&blades())).unwrap();
+    assert!(created);
+    let ttl = Duration::from_secs(2);
+
+    // A member is listed while it runs, and gone when it leaves.
+    let halt = Arc::new(AtomicBool::new(false));
+    let m = c.join(&member(), ttl, v.config.epoch, halt.clone()).unwrap();
+    let listed = c.members().unwrap();
+    assert_eq!((listed.len(), listed[0].lease, listed[0].epoch), (1, m.lease(), 1));
+    m.leave().unwrap();
+    assert!(c.members().unwrap().is_empty());
+
+    // etcd away for two times to live, then back: the member runs on.
+    let halt = Arc::new(AtomicBool::new(false));
+    let m = c.join(&member(), ttl, v.config.epoch, halt.clone()).unwrap();
+    etcd.kill();
+    std::thread::sleep(2 * ttl + Duration::from_millis(500));
+    assert!(!halt.load(Ordering::SeqCst), "halted while etcd was away: {:?}", m.why());
+    etcd.restart();
+    std::thread::sleep(2 * ttl);
+    assert!(!halt.load(Ordering::SeqCst), "halted after etcd came back: {:?}", m.why());
+    let c = Coordinator::connect(&etcd.url, T).unwrap();
+    assert_eq!(c.members().unwrap().len(), 1, "its lease survived etcd's restart");
+
+    // The configuration moves past its epoch: it halts, and says why.
+    c.update(|cfg| cfg.without(2, "gone").map(Some)).unwrap();
+    assert!(within(10, || halt.load(Ordering::SeqCst)), "no halt after the epoch moved");
+    let why = m.why().unwrap();
+    assert!(why.contains("moved to epoch 2") && why.contains("acted under epoch 1"), "{why}");
+    drop(m);
+
+    // Its lease revoked behind its back (as if it expired): it halts.
+    let halt = Arc::new(AtomicBool::new(false));
+    let m = c.join(&member(), ttl, 2, halt.clone()).unwrap();
+    let status = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.url, "lease", "revoke", &format!("{:x}", m.lease())])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("etcdctl (Debian: etcd-client)");
+    assert!(status.success());
+    assert!(within(10, || halt.load(Ordering::SeqCst)), "no halt after the lease was revoked");
+    assert!(m.why().unwrap().contains("lapse"), "{:?}", m.why());
+}
+
+#[test]
+fn connecting_to_no_etcd_fails_in_time_and_says_where() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let t0 = Instant::now();
+    let e = Coordinator::connect(&format!("http://127.0.0.1:{port}"), Duration::from_secs(1)).unwrap_err().to_string();
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
+    let e = Coordinator::connect("127.0.0.1:2379", T).unwrap_err().to_string();
+    assert!(e.contains("not an http:// URL"), "{e}");
+}

@@ -1,0 +1,132 @@
+//! A single-member etcd server on loopback for tests of the coordinator:
+//! started from Debian's `etcd-server` package (`etcd` on the `PATH`, or
+//! `SMART_ETCD`), on free loopback ports, in a data directory of its own,
+//! and killed by its process id when dropped.
+//!
+//! A test that needs etcd fails (it is not skipped) where etcd is not
+//! installed: the message says how to install it.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running etcd.
+#[derive(Debug)]
+pub struct Etcd {
+    child: Option<Child>,
+    /// Its client URL (`http://127.0.0.1:PORT`).
+    pub url: String,
+    client: SocketAddr,
+    peer: u16,
+    dir: PathBuf,
+    log: PathBuf,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("a loopback port").local_addr().expect("its address").port()
+}
+
+fn binary() -> String {
+    std::env::var("SMART_ETCD").unwrap_or_else(|_| "etcd".into())
+}
+
+impl Etcd {
+    /// Starts etcd and waits (up to 20 s) until it serves clients.
+    ///
+    /// # Panics
+    /// If etcd is not installed or does not come up (its log is printed).
+    pub fn start() -> Etcd {
+        let dir = std::env::temp_dir().join(format!("smart-etcd-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).expect("a data directory");
+        let (client, peer) = (free_port(), free_port());
+        let mut e = Etcd {
+            child: None,
+            url: format!("http://127.0.0.1:{client}"),
+            client: SocketAddr::from(([127, 0, 0, 1], client)),
+            peer,
+            log: dir.with_extension("log"),
+            dir,
+        };
+        e.spawn();
+        e
+    }
+
+    fn spawn(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let log = std::fs::File::create(&self.log).expect("a log file");
+        let child = Command::new(binary())
+            .args(["--name", "t", "--data-dir"])
+            .arg(&self.dir)
+            .args(["--listen-client-urls", &self.url, "--advertise-client-urls", &self.url])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}"), "--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("a log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {} ({e}): install etcd (Debian: apt-get install etcd-server) or set SMART_ETCD",
+                    binary()
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if TcpStream::connect_timeout(&self.client, Duration::from_millis(200)).is_ok() && self.healthy() {
+                return;
+            }
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("etcd exited ({st}) at start: {}", std::fs::read_to_string(&self.log).unwrap_or_default());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not serve within 20 s: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether `GET /health` answers healthy.
+    fn healthy(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = TcpStream::connect_timeout(&self.client, Duration::from_millis(500)) else { return false };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let req = format!("GET /health HTTP/1.0\r\nHost: {}\r\n\r\n", self.client);
+        if s.write_all(req.as_bytes()).is_err() {
+            return false;
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.contains("\"health\":\"true\"")
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Stops it with SIGKILL (its data stays, for [`Etcd::restart`]).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on its data, at the same address.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
