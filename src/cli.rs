@@ -134,6 +134,46 @@ pub enum Cmd {
     /// Write a new cluster secret to a file (readable by its owner only;
     /// never overwrites one), for --secret-file on every blade.
     Secret(SecretArgs),
+    /// Show the cluster's configuration in the coordinator (etcd), or take
+    /// a memory blade out of it.
+    Coordinator(CoordinatorArgs),
+}
+
+/// What `compute-blade coordinator` does.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum CoordinatorAction {
+    /// The configuration (epoch, memory blades, databases' replica orders)
+    /// and the compute blades whose membership runs.
+    Show,
+    /// Take memory blade --blade out of the configuration (the next epoch)
+    /// and fence the compute blades of earlier epochs on the others.
+    Remove,
+}
+
+/// `compute-blade coordinator`.
+#[derive(Args, Debug)]
+pub struct CoordinatorArgs {
+    /// What to do.
+    #[arg(value_enum)]
+    pub action: CoordinatorAction,
+    /// The coordinator: http://HOST:PORT[/CLUSTER].
+    #[arg(long, required = true)]
+    pub coordinator: String,
+    /// The memory blade to remove (its index).
+    #[arg(long)]
+    pub blade: Option<u16>,
+    /// Why it is removed (recorded in the configuration).
+    #[arg(long, default_value = "removed by hand")]
+    pub why: String,
+    /// The cluster secret, for fencing on blades that run with --secret-file.
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Seconds to wait for etcd and for each memory blade.
+    #[arg(long, default_value_t = 5.0)]
+    pub timeout: f64,
+    /// Also write what `show` prints as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// `compute-blade secret`.
@@ -265,6 +305,13 @@ pub struct BladeArgs {
     /// the --blades that run with --secret-file (they serve no one else).
     #[arg(long, help_heading = "Memory blades")]
     pub secret_file: Option<PathBuf>,
+    /// The coordinator (etcd) holding the cluster's configuration:
+    /// http://HOST:PORT[/CLUSTER]. smallbank, tatp and rebuild then run
+    /// only on the blades it trusts, as members under an etcd lease; a run
+    /// whose blade fails removes it from the configuration and fences the
+    /// other compute blades.
+    #[arg(long, help_heading = "Memory blades")]
+    pub coordinator: Option<String>,
     /// Write the result record (JSON) to this file.
     #[arg(long, help_heading = "Output")]
     pub json: Option<PathBuf>,

@@ -321,6 +321,9 @@ fn dtx_on<W: Workload + Clone + 'static>(
     smallbank: bool,
 ) -> Result<Outcome> {
     let name = w.name();
+    // Under a coordinator: only on blades it trusts, as a member under a
+    // lease whose lapse (or a later epoch) halts the transactions.
+    let entered = crate::coord::enter(s, &*t)?;
     if job.audit_only {
         let a = smallbank_tatp::workload::audit_waiting(&*t, &s.run, &job.cfg.db, smallbank, job.audit_wait)?;
         audit_line(&a);
@@ -334,14 +337,52 @@ fn dtx_on<W: Workload + Clone + 'static>(
         }
         return Ok(Outcome::of(a.violations == 0, false));
     }
-    let rep = match smallbank_tatp::run(t.clone(), &s.run, w, &job.cfg) {
+    let member = match &entered {
+        Some(e) => Some(crate::coord::join(e, format!("{name} on database {:?}", job.cfg.db), job.cfg.lease)?),
+        None => None,
+    };
+    let watchdog = match &member {
+        Some(m) => {
+            Some(crate::coord::Watchdog::start(s, t.clone(), m.halt.clone(), std::time::Duration::from_millis(500))?)
+        }
+        None => None,
+    };
+    let cfg = smallbank_tatp::DtxConfig {
+        halt: member.as_ref().map(|m| m.halt.clone()),
+        fence_tag: member.as_ref().map(|m| m.fence_tag.clone()),
+        ..job.cfg.clone()
+    };
+    let rep = match smallbank_tatp::run(t.clone(), &s.run, w, &cfg) {
         Ok(rep) => rep,
         Err(e @ smallbank_tatp::WorkloadError::Interrupted(_)) => {
             eprintln!("compute-blade: {e}; no run, no record");
             return Ok(Outcome::Interrupted);
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            let dead = watchdog.and_then(crate::coord::Watchdog::stop);
+            if let (Some(e2), Some(m)) = (&entered, &member) {
+                coordinated_failure(s, e2, m, &e.to_string(), dead);
+            }
+            return Err(e.into());
+        }
     };
+    let dead = watchdog.and_then(crate::coord::Watchdog::stop);
+    if let (Some(e), Some(m)) = (&entered, member) {
+        match &rep.run.first_error {
+            Some(err) => {
+                coordinated_failure(s, e, &m, err, dead);
+                // It stops: its membership goes (its registration stays to
+                // recovery, as after any failed run).
+                let _ = m.m.leave();
+            }
+            None => {
+                record_order(s, &*t, e, &job.cfg.db);
+                if let Err(x) = m.m.leave() {
+                    eprintln!("note: leaving the coordinator: {x} (the membership's lease runs out by itself)");
+                }
+            }
+        }
+    }
     let c = &rep.counts;
     let (attempted, committed) = (c.total_attempted(), c.total_committed());
     let secs = rep.run.duration_s.max(1e-9);
@@ -415,6 +456,51 @@ fn dtx_on<W: Workload + Clone + 'static>(
         }
     }
     Ok(Outcome::of(violations == 0 && rep.run.first_error.is_none(), rep.run.interrupted))
+}
+
+/// Says why a run under a coordinator failed: its membership halted it (a
+/// later epoch, or its lease lapsed), or a memory blade failed, which it
+/// then takes out of the configuration ([`crate::coord::fail_over`]).
+fn coordinated_failure(
+    s: &Session,
+    e: &crate::coord::Entered,
+    m: &crate::coord::Member,
+    error: &str,
+    dead: Option<(u16, String)>,
+) {
+    if let Some(why) = m.m.why() {
+        eprintln!("compute-blade: {why}");
+        return;
+    }
+    let error = match &dead {
+        Some((b, why)) => format!("memory blade {b} failed a watchdog READ: {why}"),
+        None => error.to_string(),
+    };
+    match crate::coord::fail_over(s, e, &error, dead.map(|d| d.0)) {
+        Ok(Some(said)) => eprintln!("compute-blade: failover: {said}"),
+        Ok(None) => {}
+        Err(x) => eprintln!("compute-blade: failover failed: {x:#}"),
+    }
+}
+
+/// Records database `name`'s replica order in the configuration (once).
+fn record_order(s: &Session, t: &dyn Transport, e: &crate::coord::Entered, name: &str) {
+    let order = (|| -> Result<Option<Vec<Vec<u16>>>> {
+        let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+        let ctx = rt.ctx();
+        let n = name.to_string();
+        let Some(db) = rt.block_on(async move { ford_dtx::db::Db::open(&ctx, &n).await })? else { return Ok(None) };
+        Ok(Some(db.tables.iter().map(|t| t.base[..db.replicas].iter().map(|b| b.blade()).collect()).collect()))
+    })();
+    match order {
+        Ok(Some(o)) => {
+            if let Err(x) = crate::coord::record_db(e, name, o) {
+                eprintln!("note: recording database {name:?} in the coordinator: {x}");
+            }
+        }
+        Ok(None) => {}
+        Err(x) => eprintln!("note: reading database {name:?}'s replica order: {x:#}"),
+    }
 }
 
 /// `compute-blade recover`.
@@ -708,6 +794,9 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     let lost = &job.lost;
     let list = ford_dtx::rebuild::blade_list(lost);
     let plural = if lost.len() > 1 { "s" } else { "" };
+    // Under a coordinator: the configuration must take the lost blades for
+    // lost and trust the others; they are taken in again once rebuilt.
+    let entered = crate::coord::enter_rebuild(s, t, lost)?;
     let started = std::time::Instant::now();
     let (names, out) = if lost[0] == 0 { rebuild_blade0(&mut rt, s, job)? } else { rebuild_blade(&mut rt, s, job)? };
     let secs = started.elapsed().as_secs_f64();
@@ -738,6 +827,14 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
         std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")?;
     }
     println!("rebuilt in {secs:.1} s");
+    if let Some(e) = &entered {
+        let v = crate::coord::readmit(s, e, t, lost)?;
+        println!(
+            "coordinator: memory blade{plural} {list} taken into the configuration: epoch {} ({})",
+            v.config.epoch,
+            v.config.describe_blades()
+        );
+    }
     if !settled {
         eprintln!("compute-blade: transactions in flight every copy of whose undo log was on the lost blades were not settled");
     }

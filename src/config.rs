@@ -139,6 +139,8 @@ pub struct Session {
     pub run: RunConfig,
     /// Where to write the result record.
     pub json: Option<PathBuf>,
+    /// The coordinator's URL (`--coordinator`), checked.
+    pub coordinator: Option<String>,
 }
 
 /// The ycsb subcommand, resolved.
@@ -322,7 +324,19 @@ impl Config {
                 bail!("verbs-info looks at this host and needs no blades (run it as a command of its own)")
             }
             Cmd::Secret(_) => bail!("secret writes a file and needs no blades (run it as a command of its own)"),
+            Cmd::Coordinator(_) => {
+                bail!("coordinator talks to etcd and needs no --blades (run it as a command of its own)")
+            }
         }
+        .and_then(|c: Config| {
+            if c.session.coordinator.is_some() && !matches!(c.job, Job::Dtx(_) | Job::Rebuild(_)) {
+                bail!(
+                    "--coordinator applies to smallbank, tatp and rebuild (the replicated FORD databases; race-ht and \
+                     sherman-bt are not replicated)"
+                );
+            }
+            Ok(c)
+        })
     }
 }
 
@@ -612,7 +626,13 @@ impl Session {
             }
             run.gate = Some(barrier_gate(b, Duration::from_secs_f64(c.barrier_timeout), &run.runtime)?);
         }
-        Ok(Session { blades, run, json: c.target.json.clone() })
+        if let Some(u) = &c.target.coordinator {
+            smart_coord::parse_url(u)?;
+            if !matches!(blades, Blades::Remote { .. }) {
+                bail!("--coordinator needs --blades: its configuration names memory-blade processes");
+            }
+        }
+        Ok(Session { blades, run, json: c.target.json.clone(), coordinator: c.target.coordinator.clone() })
     }
 }
 
@@ -810,6 +830,8 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
         replicas: f.replicas,
         retry_aborts: f.retry_aborts,
         lease: Duration::from_secs_f64(f.lease),
+        halt: None,
+        fence_tag: None,
     };
     let audit_wait = Duration::from_secs_f64(f.audit_wait);
     Ok(Config {

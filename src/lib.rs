@@ -5,7 +5,8 @@
 //! configuration ([`config`]: what to do), runs the subcommand
 //! ([`commands`]) and reports ([`report`]). [`merge`] combines the records
 //! of compute blades that ran together; [`verbs_info`] says what this host
-//! offers the verbs backend. Both binaries share the
+//! offers the verbs backend; [`coord`] runs the FORD subcommands under a
+//! coordinator's configuration (`--coordinator`). Both binaries share the
 //! transport flags ([`cli::LinkFlags`]).
 
 #![warn(missing_docs)]
@@ -13,6 +14,7 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod coord;
 pub mod merge;
 pub mod report;
 pub mod verbs_info;

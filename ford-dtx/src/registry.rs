@@ -364,13 +364,31 @@ impl Registration {
         coroutines: usize,
         lease: Duration,
     ) -> Result<Registration> {
+        Self::register_halting(transport, db, threads, coroutines, lease, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// [`Registration::register`] with `halt` as its lost flag: raised from
+    /// outside (a coordinator's membership that lapsed, or a configuration
+    /// that moved on), it stops this compute blade's transactions from
+    /// locking and committing as a lost lease does.
+    ///
+    /// # Errors
+    /// As [`Registration::register`].
+    pub fn register_halting(
+        transport: Arc<dyn Transport>,
+        db: Arc<Db>,
+        threads: usize,
+        coroutines: usize,
+        lease: Duration,
+        halt: Arc<AtomicBool>,
+    ) -> Result<Registration> {
         let mut rt = Runtime::new(&*transport, 0, small_runtime())?;
         let ctx = rt.ctx();
         let d = db.clone();
         let (info, _) = rt.block_on(async move { claim(&ctx, &d, threads, coroutines, lease).await })?;
         drop(rt);
         let stop = Arc::new(AtomicBool::new(false));
-        let lost = Arc::new(AtomicBool::new(false));
+        let lost = halt;
         let at = db.registry_slot(info.slot).add(8);
         let tag = info.claim;
         let expires = info.expiry_ms;

@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -127,6 +128,13 @@ pub struct DtxConfig {
     pub retry_aborts: bool,
     /// This compute blade's lease.
     pub lease: Duration,
+    /// Raised from outside (a coordinator's membership), it stops the
+    /// transactions from locking and committing, as a lost lease does
+    /// (`None`: only the lease does).
+    pub halt: Option<Arc<AtomicBool>>,
+    /// Set to the registration's fence tag once registered (for a
+    /// coordinator's membership record, so that a failover can fence it).
+    pub fence_tag: Option<Arc<AtomicU64>>,
 }
 
 /// Outcomes per transaction type.
@@ -514,7 +522,11 @@ pub fn run<W: Workload + Clone + 'static>(
             );
         }
     }
-    let reg = Registration::register(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease)?;
+    let halt = d.halt.clone().unwrap_or_default();
+    let reg = Registration::register_halting(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease, halt)?;
+    if let Some(t) = &d.fence_tag {
+        t.store(reg.fence_tag(), Ordering::SeqCst);
+    }
     if cfg.progress {
         eprintln!("registered as compute blade {} of database {:?} (pid {})", reg.slot(), d.db, reg.pid());
     }

@@ -29,7 +29,14 @@ fn cfg(threads: usize, coroutines: usize, secs: f64) -> RunConfig {
 }
 
 fn dtx(name: &str) -> DtxConfig {
-    DtxConfig { db: name.into(), replicas: 2, retry_aborts: false, lease: Duration::from_secs(30) }
+    DtxConfig {
+        db: name.into(),
+        replicas: 2,
+        retry_aborts: false,
+        lease: Duration::from_secs(30),
+        halt: None,
+        fence_tag: None,
+    }
 }
 
 #[test]

@@ -30,7 +30,7 @@
 //! each bounded by the time-out given to [`Coordinator::connect`].
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -174,7 +174,7 @@ impl Config {
                     return Err(CoordError::Refused(format!(
                         "memory blade {i} ({addr}, identity {identity:#018x}) was removed from the configuration at \
                          epoch {epoch} ({why}): a blade that was removed is not trusted again, even with its data \
-                         (transactions went on without it); it rejoins only as a fresh blade, re-replicated"
+                         (the cluster moved on without it); it rejoins only as a fresh blade, its copies written again"
                     )));
                 }
                 BladeState::Removed { epoch, why } => {
@@ -265,7 +265,12 @@ pub struct Member {
     pub pid: u32,
     /// The epoch it acts under.
     pub epoch: u64,
-    /// Its etcd lease (filled in by [`Coordinator::members`]).
+    /// The fence tag its verbs carry (its registration's nonce; 0 until
+    /// it registered): what a failover revokes on the surviving memory
+    /// blades.
+    #[serde(default)]
+    pub fence_tag: u64,
+    /// Its etcd lease (filled in by [`Coordinator::join`]).
     #[serde(default)]
     pub lease: i64,
 }
@@ -442,18 +447,28 @@ impl Coordinator {
     /// Registers `member` under a new etcd lease of `ttl` (whole seconds,
     /// at least 2), acting under `epoch`, and keeps it alive from a task
     /// of its own until [`Membership::leave`] (or a drop, which lets the
-    /// lease run out). See [`Membership`] for when it raises `halt`.
+    /// lease run out). See [`Membership`] for when it raises `halt`. Once
+    /// `fence_tag` is set (non-zero), the record says it (within a third of
+    /// `ttl`).
     ///
     /// # Errors
     /// etcd errors.
-    pub fn join(&self, member: &Member, ttl: Duration, epoch: u64, halt: Arc<AtomicBool>) -> Result<Membership> {
+    pub fn join(
+        &self,
+        member: &Member,
+        ttl: Duration,
+        epoch: u64,
+        halt: Arc<AtomicBool>,
+        fence_tag: Arc<AtomicU64>,
+    ) -> Result<Membership> {
         let ttl_s = ttl.as_secs().max(2) as i64;
         let mut c = self.client.clone();
         let lease = self.call("granting a lease", c.lease_grant(ttl_s, None))?.id();
         let key = self.key(&format!("members/{lease:016x}"));
-        let value = serde_json::to_vec(&Member { epoch, lease, ..member.clone() }).expect("serializes");
+        let record = Member { epoch, lease, fence_tag: fence_tag.load(Ordering::SeqCst), ..member.clone() };
+        let value = serde_json::to_vec(&record).expect("serializes");
         let mut c = self.client.clone();
-        self.call("recording the membership", c.put(key, value, Some(PutOptions::new().with_lease(lease))))?;
+        self.call("recording the membership", c.put(key.clone(), value, Some(PutOptions::new().with_lease(lease))))?;
         let shared = Arc::new(MemberShared { halt, why: Mutex::new(None), stop: AtomicBool::new(false) });
         let task = self.rt.spawn(keep_member(
             self.client.clone(),
@@ -462,6 +477,9 @@ impl Coordinator {
                 ttl: Duration::from_secs(ttl_s as u64),
                 epoch,
                 config_key: self.key("config"),
+                member_key: key,
+                record,
+                fence_tag,
                 url: self.url.clone(),
                 timeout: self.timeout,
                 shared: shared.clone(),
@@ -595,11 +613,17 @@ impl Drop for Membership {
     }
 }
 
+/// How often a membership looks for its fence tag.
+const TICK: Duration = Duration::from_millis(50);
+
 struct KeepArgs {
     lease: i64,
     ttl: Duration,
     epoch: u64,
     config_key: String,
+    member_key: String,
+    record: Member,
+    fence_tag: Arc<AtomicU64>,
     url: String,
     timeout: Duration,
     shared: Arc<MemberShared>,
@@ -625,11 +649,26 @@ async fn keep_once(client: &mut Client, lease: i64, timeout: Duration) -> Option
     }
 }
 
-async fn keep_member(mut client: Client, a: KeepArgs) {
+async fn keep_member(mut client: Client, mut a: KeepArgs) {
     let period = a.ttl / 3;
     let mut unreachable = false;
+    let mut next = tokio::time::Instant::now() + period;
     while !a.shared.stop.load(Ordering::SeqCst) {
-        tokio::time::sleep(period).await;
+        // The fence tag is recorded within a tick of the registration;
+        // the keep-alive and the epoch check run every period.
+        tokio::time::sleep(TICK.min(next.saturating_duration_since(tokio::time::Instant::now()))).await;
+        let tag = a.fence_tag.load(Ordering::SeqCst);
+        if tag != a.record.fence_tag {
+            let value = serde_json::to_vec(&Member { fence_tag: tag, ..a.record.clone() }).expect("serializes");
+            let put = client.put(a.member_key.clone(), value, Some(PutOptions::new().with_lease(a.lease)));
+            if let Ok(Ok(_)) = tokio::time::timeout(a.timeout.min(period), put).await {
+                a.record.fence_tag = tag;
+            }
+        }
+        if tokio::time::Instant::now() < next {
+            continue;
+        }
+        next += period;
         match keep_once(&mut client, a.lease, a.timeout.min(period)).await {
             Some(ttl) if ttl > 0 => {
                 if unreachable {

@@ -14,7 +14,7 @@ fn blades() -> Vec<(String, u64)> {
 }
 
 fn member() -> Member {
-    Member { what: "test".into(), host: "here".into(), pid: std::process::id(), epoch: 0, lease: 0 }
+    Member { what: "test".into(), host: "here".into(), pid: std::process::id(), epoch: 0, fence_tag: 0, lease: 0 }
 }
 
 /// Waits up to `secs` for `f`.
@@ -77,15 +77,19 @@ fn a_membership_halts_when_the_epoch_moves_or_its_lease_lapses_but_not_when_etcd
 
     // A member is listed while it runs, and gone when it leaves.
     let halt = Arc::new(AtomicBool::new(false));
-    let m = c.join(&member(), ttl, v.config.epoch, halt.clone()).unwrap();
+    let tag = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let m = c.join(&member(), ttl, v.config.epoch, halt.clone(), tag.clone()).unwrap();
     let listed = c.members().unwrap();
-    assert_eq!((listed.len(), listed[0].lease, listed[0].epoch), (1, m.lease(), 1));
+    assert_eq!((listed.len(), listed[0].lease, listed[0].epoch, listed[0].fence_tag), (1, m.lease(), 1, 0));
+    // Its fence tag, once registered, is recorded.
+    tag.store(42, Ordering::SeqCst);
+    assert!(within(5, || c.members().unwrap()[0].fence_tag == 42), "{:?}", c.members());
     m.leave().unwrap();
     assert!(c.members().unwrap().is_empty());
 
     // etcd away for two times to live, then back: the member runs on.
     let halt = Arc::new(AtomicBool::new(false));
-    let m = c.join(&member(), ttl, v.config.epoch, halt.clone()).unwrap();
+    let m = c.join(&member(), ttl, v.config.epoch, halt.clone(), Arc::default()).unwrap();
     etcd.kill();
     std::thread::sleep(2 * ttl + Duration::from_millis(500));
     assert!(!halt.load(Ordering::SeqCst), "halted while etcd was away: {:?}", m.why());
@@ -104,7 +108,7 @@ fn a_membership_halts_when_the_epoch_moves_or_its_lease_lapses_but_not_when_etcd
 
     // Its lease revoked behind its back (as if it expired): it halts.
     let halt = Arc::new(AtomicBool::new(false));
-    let m = c.join(&member(), ttl, 2, halt.clone()).unwrap();
+    let m = c.join(&member(), ttl, 2, halt.clone(), Arc::default()).unwrap();
     let status = std::process::Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
         .args(["--endpoints", &etcd.url, "lease", "revoke", &format!("{:x}", m.lease())])

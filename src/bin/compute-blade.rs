@@ -15,7 +15,7 @@ fn main() {
     let cli = ComputeCli::parse();
     smart::report::verbose_errors(cli.verbose);
     let code = match Config::from_cli(&cli) {
-        Err(e) if !matches!(cli.cmd, Cmd::Merge(_) | Cmd::VerbsInfo(_) | Cmd::Secret(_)) => {
+        Err(e) if !matches!(cli.cmd, Cmd::Merge(_) | Cmd::VerbsInfo(_) | Cmd::Secret(_) | Cmd::Coordinator(_)) => {
             smart::report::fail("compute-blade", &e, cli.verbose, smart::report::EXIT_USAGE)
         }
         cfg => run(&cli, cfg)
@@ -35,6 +35,9 @@ fn run(cli: &ComputeCli, cfg: Result<Config>) -> Result<i32> {
     if let Cmd::VerbsInfo(v) = &cli.cmd {
         smart::verbs_info::run(v)?;
         return Ok(0);
+    }
+    if let Cmd::Coordinator(a) = &cli.cmd {
+        return smart::coord::command(a);
     }
     if let Cmd::Secret(a) = &cli.cmd {
         smart_core::secret::Secret::generate(&a.file)

@@ -6,6 +6,7 @@ mod cli;
 mod cli_reference;
 mod damage;
 mod dtx;
+mod failover;
 mod hardening;
 mod multi;
 mod rebuild;

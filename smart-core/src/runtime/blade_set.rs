@@ -108,6 +108,16 @@ impl Ctx {
         Ok((seen, heaps))
     }
 
+    /// Each blade's identity, as its superblock holds it: drawn when the
+    /// blade started on a new region, so a blade restarted without its
+    /// data (or replaced) has another (for a coordinator's configuration).
+    ///
+    /// # Errors
+    /// Verb errors.
+    pub async fn blade_identities(&self) -> Result<Vec<u64>> {
+        Ok(self.set_words().await?.0.iter().map(|s| s.identity).collect())
+    }
+
     /// [`Ctx::adopt_blades`] of one blade, `i`.
     ///
     /// # Errors

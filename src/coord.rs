@@ -1,0 +1,440 @@
+//! `--coordinator`: the FORD subcommands under the cluster's configuration
+//! in etcd ([`smart_coord`]).
+//!
+//! - [`enter`]: before a run, the configuration is read (created at epoch 1
+//!   over the run's blades if there is none) and the run's blades are
+//!   checked against it: a blade that was removed is refused, even if it
+//!   comes back with its data, and so is a blade restarted without it.
+//! - [`Member`] of a run: an etcd lease held while it runs; if etcd lets it
+//!   lapse, or the configuration moves to a later epoch, the run's
+//!   transactions stop locking and committing.
+//! - [`fail_over`]: a run whose verbs to a memory blade failed, with the
+//!   blade found dead (its port refuses connections, or it stopped
+//!   answering), proposes the configuration without it (one proposal wins),
+//!   then fences every compute blade of the earlier epoch on the surviving
+//!   blades (their registrations are revoked there: none of their verbs
+//!   lands again). Backups are not promoted while transactions run (not
+//!   built): the compute blades stop, and `compute-blade rebuild --lost N
+//!   --coordinator URL` writes a fresh blade's copies in the lost one's
+//!   place and takes it into the configuration ([`readmit`]).
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use smart_coord::{BladeState, Config, Coordinator, Versioned};
+use smart_core::runtime::RuntimeConfig;
+use smart_core::{Runtime, Transport};
+
+use crate::config::{Blades, Session};
+
+/// A run under the configuration.
+#[derive(Debug)]
+pub struct Entered {
+    /// The connection to etcd.
+    pub c: Coordinator,
+    /// The configuration the run acts under.
+    pub v: Versioned,
+    /// The run's blades' addresses.
+    pub addrs: Vec<String>,
+}
+
+/// The time-out of coordinator requests: the run's request time-out (10 s
+/// when it has none).
+fn timeout(s: &Session) -> Duration {
+    s.run.runtime.request_timeout.unwrap_or(Duration::from_secs(10))
+}
+
+/// Connects to the coordinator of `s` (if any), creates the configuration
+/// over the run's blades if there is none, and checks the run's blades
+/// against it.
+///
+/// # Errors
+/// etcd unreachable; blades the configuration does not trust; verb errors.
+pub fn enter(s: &Session, t: &dyn Transport) -> Result<Option<Entered>> {
+    let Some(url) = &s.coordinator else { return Ok(None) };
+    let Blades::Remote { addrs, .. } = &s.blades else { bail!("--coordinator needs --blades") };
+    let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
+    let ctx = rt.ctx();
+    let ids = rt.block_on(async move { ctx.blade_identities().await })?;
+    let run: Vec<(String, u64)> = addrs.iter().cloned().zip(ids).collect();
+    let c = Coordinator::connect(url, timeout(s))?;
+    let (v, created) = c.create_or_load(&Config::new(&run))?;
+    v.config.check_run(&run)?;
+    if s.run.progress {
+        eprintln!(
+            "coordinator: cluster {:?} at {}: configuration epoch {}{} ({})",
+            c.cluster(),
+            c.url(),
+            v.config.epoch,
+            if created { ", created now" } else { "" },
+            v.config.describe_blades()
+        );
+    }
+    Ok(Some(Entered { c, v, addrs: addrs.clone() }))
+}
+
+/// A run's membership: the flags its transactions and its record share.
+#[derive(Debug)]
+pub struct Member {
+    /// Raised when the membership lapses or the epoch moves.
+    pub halt: Arc<AtomicBool>,
+    /// The registration's fence tag, once registered.
+    pub fence_tag: Arc<AtomicU64>,
+    /// The membership itself.
+    pub m: smart_coord::Membership,
+}
+
+/// Joins as a member running `what`, with a lease of `lease`.
+///
+/// # Errors
+/// etcd errors.
+pub fn join(e: &Entered, what: String, lease: Duration) -> Result<Member> {
+    let (halt, fence_tag) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let host =
+        std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown".into(), |h| h.trim().into());
+    let me = smart_coord::Member { what, host, pid: std::process::id(), epoch: 0, fence_tag: 0, lease: 0 };
+    let m = e.c.join(&me, lease, e.v.config.epoch, halt.clone(), fence_tag.clone())?;
+    Ok(Member { halt, fence_tag, m })
+}
+
+/// Watches the memory blades while a run goes on: every `period`, one
+/// 8-byte READ of each blade's superblock (a runtime of its own, on its own
+/// thread). A READ that fails or times out (the run's request time-out)
+/// marks the blade dead and raises the run's halt flag, so that a compute
+/// blade whose transactions never reach a dead blade (every one of them
+/// aborting on a lock that a paused compute blade holds, say) still stops
+/// and fails over.
+#[derive(Debug)]
+pub struct Watchdog {
+    stop: Arc<AtomicBool>,
+    dead: Arc<std::sync::Mutex<Option<(u16, String)>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts watching the blades of `t`.
+    ///
+    /// # Errors
+    /// The thread cannot be started.
+    pub fn start(s: &Session, t: Arc<dyn Transport>, halt: Arc<AtomicBool>, period: Duration) -> Result<Watchdog> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let dead = Arc::new(std::sync::Mutex::new(None));
+        let cfg = RuntimeConfig {
+            slots: 4,
+            slot_bytes: 4096,
+            coroutines: 1,
+            request_timeout: Some(timeout(s)),
+            ..RuntimeConfig::default()
+        };
+        let (st, de) = (stop.clone(), dead.clone());
+        let thread = std::thread::Builder::new().name("blade-watchdog".into()).spawn(move || {
+            let Ok(mut rt) = Runtime::new(&*t, 0, cfg) else { return };
+            let ctx = rt.ctx();
+            let n = ctx.blades().len() as u16;
+            while !st.load(std::sync::atomic::Ordering::SeqCst) {
+                for b in 0..n {
+                    let c = ctx.clone();
+                    if let Err(e) = rt.block_on(async move { c.read_u64(smart_core::GlobalAddr::new(b, 0)).await }) {
+                        *de.lock().expect("not poisoned") = Some((b, e.to_string()));
+                        halt.store(true, std::sync::atomic::Ordering::SeqCst);
+                        return;
+                    }
+                }
+                let until = std::time::Instant::now() + period;
+                while std::time::Instant::now() < until && !st.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })?;
+        Ok(Watchdog { stop, dead, thread: Some(thread) })
+    }
+
+    /// Stops watching; the blade it found dead, if any, and what failed.
+    pub fn stop(mut self) -> Option<(u16, String)> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.dead.lock().expect("not poisoned").clone()
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Records database `name`'s replica order (each table's blades, primary
+/// first) in the configuration, unless it is there.
+///
+/// # Errors
+/// etcd errors.
+pub fn record_db(e: &Entered, name: &str, order: Vec<Vec<u16>>) -> Result<()> {
+    e.c.update(|c| {
+        Ok((!c.databases.contains_key(name)).then(|| {
+            let mut next = c.clone();
+            next.databases.insert(name.to_string(), order.clone());
+            next
+        }))
+    })?;
+    Ok(())
+}
+
+/// The blades of `addrs` that look dead after `error`: those whose port
+/// refuses a connection (or does not take one within a second), and those
+/// `error` says stopped answering.
+pub fn failed_blades(addrs: &[String], error: &str) -> Vec<u16> {
+    let mut out = Vec::new();
+    for (i, a) in addrs.iter().enumerate() {
+        let named_silent = error.contains(&format!("memory blade {i} did not answer"));
+        let refused = match a.to_socket_addrs().ok().and_then(|mut x| x.next()) {
+            Some(sa) => TcpStream::connect_timeout(&sa, Duration::from_secs(1)).is_err(),
+            None => true,
+        };
+        if named_silent || refused {
+            out.push(i as u16);
+        }
+    }
+    out
+}
+
+/// After a run failed with `error`: if a blade of the configuration is
+/// found dead (or is `known` dead: the [`Watchdog`] found it), takes it out of the configuration (unless another compute
+/// blade did first) and fences the earlier epochs' compute blades on the
+/// others. Returns what to tell the user, `None` if no blade was found
+/// dead.
+///
+/// # Errors
+/// etcd errors; fencing that fails on a surviving blade.
+pub fn fail_over(s: &Session, e: &Entered, error: &str, known: Option<u16>) -> Result<Option<String>> {
+    let mut dead = failed_blades(&e.addrs, error);
+    if let Some(b) = known.filter(|b| !dead.contains(b)) {
+        dead.push(b);
+        dead.sort_unstable();
+    }
+    if dead.is_empty() {
+        return Ok(None);
+    }
+    let why = format!("compute blade pid {} saw: {error}", std::process::id());
+    let v = e.c.update(|c| {
+        let mut next = c.clone();
+        for b in &dead {
+            if next.blades[usize::from(*b)].state == BladeState::Active && next.active().len() > 1 {
+                next = next.without(*b, &why)?;
+                // One epoch for the whole change.
+                next.epoch = c.epoch + 1;
+                if let BladeState::Removed { epoch, .. } = &mut next.blades[usize::from(*b)].state {
+                    *epoch = c.epoch + 1;
+                }
+            }
+        }
+        Ok((next != *c).then_some(next))
+    })?;
+    let fenced = fence_earlier(s, &e.c, &v)?;
+    let removed: Vec<String> = dead.iter().map(|b| format!("{b} ({})", e.addrs[usize::from(*b)])).collect();
+    Ok(Some(format!(
+        "memory blade{} {} failed: the configuration is now epoch {} ({}); {fenced}. Transactions stop: backups are \
+         not promoted online (not built). Start a fresh memory blade in its place and run `compute-blade rebuild \
+         --lost {} --coordinator {}` with the new --blades",
+        if dead.len() > 1 { "s" } else { "" },
+        removed.join(", "),
+        v.config.epoch,
+        v.config.describe_blades(),
+        dead.iter().map(u16::to_string).collect::<Vec<_>>().join(","),
+        s.coordinator.as_deref().unwrap_or_default(),
+    )))
+}
+
+/// Revokes, on every active blade of `v`, the fence tags of the members
+/// that act under an earlier epoch; says what it did.
+///
+/// # Errors
+/// etcd errors; a blade that cannot be reached or refuses.
+pub fn fence_earlier(s: &Session, c: &Coordinator, v: &Versioned) -> Result<String> {
+    let secret = match &s.blades {
+        Blades::Remote { secret_file, .. } => secret_file.clone(),
+        _ => None,
+    };
+    fence_members(c, v, secret.as_deref(), timeout(s))
+}
+
+fn fence_members(c: &Coordinator, v: &Versioned, secret: Option<&std::path::Path>, t: Duration) -> Result<String> {
+    let tags: Vec<u64> = c
+        .members()?
+        .into_iter()
+        .filter(|m| m.epoch < v.config.epoch && m.fence_tag != 0)
+        .map(|m| m.fence_tag)
+        .collect();
+    if tags.is_empty() {
+        return Ok("no compute blade of an earlier epoch had registered to fence".into());
+    }
+    let active = v.config.active();
+    for b in &active {
+        let addr = &v.config.blades[usize::from(*b)].addr;
+        revoke_on(addr, &tags, secret, t).with_context(|| format!("fencing on memory blade {b} ({addr})"))?;
+    }
+    Ok(format!(
+        "{} compute blade{} of earlier epochs fenced on memory blade{} {}",
+        tags.len(),
+        if tags.len() > 1 { "s" } else { "" },
+        if active.len() > 1 { "s" } else { "" },
+        active.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+    ))
+}
+
+/// Revokes `tags` on the memory blade at `addr` (a connection of its own).
+fn revoke_on(addr: &str, tags: &[u64], secret: Option<&std::path::Path>, t: Duration) -> Result<()> {
+    let one = Blades::Remote {
+        addrs: vec![addr.to_string()],
+        link: crate::config::Link::Tcp,
+        secret_file: secret.map(std::path::Path::to_path_buf),
+    };
+    let transport = one.connect()?;
+    let rt = Runtime::new(&*transport, 0, RuntimeConfig { request_timeout: Some(t), ..RuntimeConfig::default() })?;
+    let ctx = rt.ctx();
+    for tag in tags {
+        ctx.revoke(*tag)?;
+    }
+    Ok(())
+}
+
+/// After `rebuild` wrote the `lost` blades again: each now the blade at its
+/// address in `s` with its identity, active, in the next epoch.
+///
+/// # Errors
+/// etcd errors; verb errors.
+pub fn readmit(s: &Session, e: &Entered, t: &dyn Transport, lost: &[u16]) -> Result<Versioned> {
+    let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
+    let ctx = rt.ctx();
+    let ids = rt.block_on(async move { ctx.blade_identities().await })?;
+    let v = e.c.update(|c| {
+        let mut next = c.clone();
+        for b in lost {
+            let i = usize::from(*b);
+            next = next.readmit(*b, &e.addrs[i], ids[i])?;
+        }
+        next.epoch = c.epoch + 1;
+        Ok(Some(next))
+    })?;
+    Ok(v)
+}
+
+/// Checks, before a rebuild of `lost` under a coordinator, that the
+/// configuration takes them for lost (removed, or a new identity in their
+/// place) and trusts the other blades as they are.
+///
+/// # Errors
+/// etcd errors; a configuration that does not agree.
+pub fn enter_rebuild(s: &Session, t: &dyn Transport, lost: &[u16]) -> Result<Option<Entered>> {
+    let Some(url) = &s.coordinator else { return Ok(None) };
+    let Blades::Remote { addrs, .. } = &s.blades else { bail!("--coordinator needs --blades") };
+    let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
+    let ctx = rt.ctx();
+    let ids = rt.block_on(async move { ctx.blade_identities().await })?;
+    let c = Coordinator::connect(url, timeout(s))?;
+    let Some(v) = c.load()? else {
+        bail!("the coordinator holds no configuration for cluster {:?}: nothing to rebuild under it", c.cluster())
+    };
+    if v.config.blades.len() != addrs.len() {
+        bail!(
+            "--blades names {} memory blades; the configuration (epoch {}) has {}",
+            addrs.len(),
+            v.config.epoch,
+            v.config.blades.len()
+        );
+    }
+    for (i, (b, id)) in v.config.blades.iter().zip(&ids).enumerate() {
+        let is_lost = lost.contains(&(i as u16));
+        match (&b.state, is_lost) {
+            (BladeState::Active, true) if b.identity == *id => bail!(
+                "--lost {i}: memory blade {i} ({}) is active in the configuration (epoch {}) and still the same \
+                 blade: it is not lost",
+                addrs[i],
+                v.config.epoch
+            ),
+            (BladeState::Removed { .. }, true) if b.identity == *id => bail!(
+                "--lost {i}: memory blade {i} ({}) is the blade that was removed (identity {id:#018x}): a removed \
+                 blade is not trusted again; start a fresh one (without its backing file) in its place",
+                addrs[i]
+            ),
+            (_, true) => {}
+            (BladeState::Removed { epoch, .. }, false) => {
+                bail!("memory blade {i} ({}) was removed at epoch {epoch}: rebuild it too (--lost)", addrs[i])
+            }
+            (BladeState::Active, false) if b.identity != *id => bail!(
+                "memory blade {i} ({}) is not the blade the configuration names (identity {id:#018x}, not {:#018x}): \
+                 rebuild it too (--lost)",
+                addrs[i],
+                b.identity
+            ),
+            (BladeState::Active, false) => {}
+        }
+    }
+    Ok(Some(Entered { c, v, addrs: addrs.clone() }))
+}
+
+/// `compute-blade coordinator`.
+///
+/// # Errors
+/// etcd errors; a blade to remove that the configuration does not have.
+pub fn command(a: &crate::cli::CoordinatorArgs) -> Result<i32> {
+    use crate::cli::CoordinatorAction;
+    if !(a.timeout > 0.0 && a.timeout <= 3600.0) {
+        bail!("--timeout must be positive, at most 3600 seconds");
+    }
+    let t = Duration::from_secs_f64(a.timeout);
+    let c = Coordinator::connect(&a.coordinator, t)?;
+    match a.action {
+        CoordinatorAction::Show => {
+            if a.blade.is_some() {
+                bail!("--blade applies to `coordinator remove`");
+            }
+            let v = c.load()?;
+            let members = c.members()?;
+            match &v {
+                None => println!("cluster {:?} at {}: no configuration yet", c.cluster(), c.url()),
+                Some(v) => {
+                    println!("cluster {:?} at {}: epoch {}", c.cluster(), c.url(), v.config.epoch);
+                    for (i, b) in v.config.blades.iter().enumerate() {
+                        let state = match &b.state {
+                            BladeState::Active => "active".to_string(),
+                            BladeState::Removed { epoch, why } => format!("removed at epoch {epoch}: {why}"),
+                        };
+                        println!("  memory blade {i}: {} identity {:#018x} {state}", b.addr, b.identity);
+                    }
+                    for (name, order) in &v.config.databases {
+                        let o: Vec<String> = order.iter().map(|r| format!("{r:?}")).collect();
+                        println!("  database {name:?}: replicas per table {}", o.join(" "));
+                    }
+                }
+            }
+            for m in &members {
+                println!(
+                    "  member: {} on {} pid {} under epoch {} (lease {:x}, fence tag {:#x})",
+                    m.what, m.host, m.pid, m.epoch, m.lease, m.fence_tag
+                );
+            }
+            if let Some(p) = &a.json {
+                let rec =
+                    serde_json::json!({ "cluster": c.cluster(), "config": v.map(|v| v.config), "members": members });
+                std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")?;
+            }
+            Ok(0)
+        }
+        CoordinatorAction::Remove => {
+            let Some(b) = a.blade else { bail!("coordinator remove needs --blade N") };
+            let v = c.update(|cfg| cfg.without(b, &a.why).map(Some))?;
+            let fenced = fence_members(&c, &v, a.secret_file.as_deref(), t)?;
+            println!(
+                "memory blade {b} removed: the configuration is now epoch {} ({}); {fenced}",
+                v.config.epoch,
+                v.config.describe_blades()
+            );
+            Ok(0)
+        }
+    }
+}

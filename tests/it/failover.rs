@@ -1,0 +1,328 @@
+//! Memory blades lost under running compute blades, with a coordinator
+//! (etcd on loopback, three memory-blade processes, two SmallBank compute
+//! blades, k = 2): the lost blade is taken out of the configuration, the
+//! compute blades of the old epoch are fenced, a blade that comes back is
+//! refused, and a fresh one is rebuilt in its place; nothing committed is
+//! lost.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use smart_testkit::etcd::Etcd;
+
+use crate::cli::{compute, kill9, record, signal, tmp, wait_bounded, Blade, COMPUTE};
+
+const SMALLBANK: [&str; 7] = ["smallbank", "--accounts", "2000", "--hot", "50", "--audit", "--retry-aborts"];
+
+/// Three memory blades on backing files, and a cluster name in etcd.
+struct Cluster {
+    blades: Vec<Blade>,
+    files: Vec<PathBuf>,
+    coordinator: String,
+}
+
+impl Cluster {
+    fn start(etcd: &Etcd, name: &str) -> Cluster {
+        let files: Vec<PathBuf> = (0..3).map(|i| tmp(&format!("fo-{name}-{i}"))).collect();
+        let blades = files
+            .iter()
+            .map(|f| {
+                let _ = std::fs::remove_file(f);
+                Blade::start(&["--size", "64MiB", "--backing-file", f.to_str().unwrap()])
+            })
+            .collect();
+        Cluster { blades, files, coordinator: format!("{}/{name}", etcd.url) }
+    }
+
+    fn list(&self) -> String {
+        self.blades.iter().map(|b| b.addr.clone()).collect::<Vec<_>>().join(",")
+    }
+
+    /// `args` on these blades under the coordinator.
+    fn args<'a>(&'a self, list: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+        [args, &["--blades", list, "--coordinator", &self.coordinator]].concat()
+    }
+
+    /// Blade `i` SIGKILLed, then started again on its backing file (the
+    /// same blade, with its data).
+    fn kill_and_return(&mut self, i: usize) {
+        kill9(&mut self.blades[i].child);
+        self.blades[i] = Blade::start(&["--backing-file", self.files[i].to_str().unwrap()]);
+    }
+
+    /// Blade `i` replaced by a fresh one (no data).
+    fn replace(&mut self, i: usize) {
+        let _ = self.blades[i].child.kill();
+        let _ = self.blades[i].child.wait();
+        self.blades[i] = Blade::start(&["--size", "64MiB"]);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.blades.clear();
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+            let _ = std::fs::remove_file(f.with_extension("revoked"));
+            let _ = std::fs::remove_file(format!("{}.revoked", f.display()));
+        }
+    }
+}
+
+/// A SmallBank compute blade: its process, its registry slot, its stderr
+/// (drained by a thread), its record.
+struct Run {
+    child: Child,
+    slot: u16,
+    stderr: JoinHandle<String>,
+    json: PathBuf,
+}
+
+fn start_run(c: &Cluster, name: &str, secs: &str) -> Run {
+    let json = tmp(&format!("{name}.json"));
+    let list = c.list();
+    let rest = ["--threads", "1", "--coroutines", "4", "--duration", secs, "--warmup", "0", "--lease", "2"];
+    let args =
+        [c.args(&list, &SMALLBANK), rest.to_vec(), vec!["--request-timeout", "2", "--json", json.to_str().unwrap()]]
+            .concat();
+    let mut child = Command::new(COMPUTE).args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let prefix = "registered as compute blade ";
+    let mut seen = Vec::new();
+    let slot = loop {
+        assert!(Instant::now() < deadline, "{name}: never registered: {seen:?}");
+        let l = lines.next().unwrap_or_else(|| panic!("{name}: stderr ended: {seen:?}")).unwrap();
+        if let Some(r) = l.strip_prefix(prefix) {
+            break r.split_whitespace().next().unwrap().parse().unwrap();
+        }
+        seen.push(l);
+    };
+    let stderr = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+    Run { child, slot, stderr, json }
+}
+
+/// Waits (at most `limit`) for a run to end: its exit status, stderr and
+/// record (`Null` if it wrote none).
+fn finish(mut r: Run, limit: Duration, what: &str) -> (std::process::ExitStatus, String, Value) {
+    let deadline = Instant::now() + limit;
+    while r.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if r.child.try_wait().unwrap().is_none() {
+        let _ = r.child.kill();
+        let _ = r.child.wait();
+        panic!("{what}: {}", r.stderr.join().unwrap());
+    }
+    let st = wait_bounded(&mut r.child, limit, what);
+    let err = r.stderr.join().unwrap();
+    let rec = if r.json.exists() { record(&r.json) } else { Value::Null };
+    let _ = std::fs::remove_file(&r.json);
+    (st, err, rec)
+}
+
+/// Ledger transactions a run's record says it committed.
+fn ledgered(r: &Value) -> u64 {
+    let by = &r["aborts_by_type"];
+    ["deposit_checking", "transact_savings", "write_check"].iter().map(|t| by[t]["committed"].as_u64().unwrap()).sum()
+}
+
+/// `--audit-only` under the coordinator: exit code, stdout+stderr, record.
+fn audit(c: &Cluster, name: &str) -> (Option<i32>, String, Value) {
+    let j = tmp(name);
+    let list = c.list();
+    let a = c.args(&list, &["smallbank", "--accounts", "2000", "--hot", "50", "--audit-only", "--quiet"]);
+    let out = Command::new(COMPUTE).args(&a).args(["--json", j.to_str().unwrap()]).output().unwrap();
+    let r = if j.exists() { record(&j) } else { Value::Null };
+    let _ = std::fs::remove_file(&j);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text, r)
+}
+
+/// The ledger transactions of a clean audit (money conserved, no lock,
+/// replicas equal).
+fn clean(c: &Cluster, when: &str) -> u64 {
+    let (code, text, r) = audit(c, "fo-audit.json");
+    assert_eq!(code, Some(0), "{when}: {text}");
+    assert_eq!(r["audit"]["balances"], r["audit"]["expected"], "{when}: money: {r}");
+    r["audit"]["ledger_txns"].as_u64().unwrap()
+}
+
+fn show(c: &Cluster) -> Value {
+    let j = tmp("fo-show.json");
+    let out = compute(&["coordinator", "show", "--coordinator", &c.coordinator, "--json", j.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = record(&j);
+    std::fs::remove_file(&j).unwrap();
+    r
+}
+
+/// `rebuild --lost i` under the coordinator, once the dead runs' leases
+/// (2 s, and 2 s of grace) have run out: its output.
+fn rebuild(c: &Cluster, i: usize) -> String {
+    std::thread::sleep(Duration::from_millis(4500));
+    let list = c.list();
+    let lost = i.to_string();
+    let out = Command::new(COMPUTE).args(c.args(&list, &["rebuild", "--lost", &lost])).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "rebuild of blade {i}: {text}");
+    text
+}
+
+/// Loads the database (a short audited run, which also creates the
+/// configuration): the ledger transactions after it.
+fn loaded(c: &Cluster) -> u64 {
+    let list = c.list();
+    let out = compute(&c.args(&list, &[&SMALLBANK[..], &["--duration", "0.3", "--warmup", "0", "--quiet"]].concat()));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    clean(c, "after the load")
+}
+
+#[test]
+fn a_memory_blade_killed_under_two_compute_blades_is_replaced_and_nothing_committed_is_lost() {
+    let etcd = Etcd::start();
+    for lost in 0..3 {
+        let mut c = Cluster::start(&etcd, &format!("each{lost}"));
+        let before = loaded(&c);
+        let (a, b) = (start_run(&c, "fo-a", "60"), start_run(&c, "fo-b", "60"));
+        std::thread::sleep(Duration::from_millis(800));
+        let t0 = Instant::now();
+        c.kill_and_return(lost);
+        let (sa, ea, ra) = finish(a, Duration::from_secs(30), "compute blade a did not stop");
+        let (sb, eb, rb) = finish(b, Duration::from_secs(30), "compute blade b did not stop");
+        let stopped = t0.elapsed();
+        assert!(!sa.success() && !sb.success(), "both stop: {ea}\n{eb}");
+        // Within the request time-out (2 s), a keep-alive period and the
+        // fencing.
+        assert!(stopped < Duration::from_secs(12), "{stopped:?}");
+        let both = format!("{ea}\n{eb}");
+        assert!(both.contains(&format!("failover: memory blade {lost} (")), "blade {lost}: {both}");
+        assert!(both.contains("fenced on memory blades"), "blade {lost}: {both}");
+        let cfg = &show(&c)["config"];
+        assert_eq!(cfg["epoch"], 2, "{cfg}");
+        assert_eq!(cfg["blades"][lost]["state"], "removed", "{cfg}");
+        assert_eq!(cfg["databases"]["smallbank"].as_array().map(Vec::len), Some(3), "{cfg}");
+        // The blade comes back with its data: refused.
+        let (code, text, _) = audit(&c, "fo-returned.json");
+        assert_ne!(code, Some(0));
+        assert!(text.contains("not trusted again"), "{text}");
+        // A fresh blade in its place is refused until it is rebuilt.
+        c.replace(lost);
+        let (code, text, _) = audit(&c, "fo-fresh.json");
+        assert_ne!(code, Some(0));
+        assert!(text.contains("rebuild --lost"), "{text}");
+        let out = rebuild(&c, lost);
+        assert!(out.contains("taken into the configuration: epoch 3"), "{out}");
+        let after = clean(&c, &format!("after blade {lost} was rebuilt"));
+        let committed = ledgered(&ra) + ledgered(&rb);
+        assert!(committed > 0, "{ra}");
+        assert!(
+            after >= before + committed,
+            "blade {lost}: committed transactions lost: {before} + {committed} > {after}"
+        );
+    }
+}
+
+#[test]
+fn a_compute_blade_and_the_memory_blade_of_its_first_log_copy_killed_together_are_recovered() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd, "together");
+    let before = loaded(&c);
+    let (mut a, b) = (start_run(&c, "fo-ta", "60"), start_run(&c, "fo-tb", "60"));
+    // A's undo log: copy j on blade (slot + j) mod 3; its first copy's
+    // blade dies with it.
+    let lost = usize::from(a.slot) % 3;
+    std::thread::sleep(Duration::from_millis(800));
+    signal(&a.child, "-KILL");
+    kill9(&mut c.blades[lost].child);
+    a.child.wait().unwrap();
+    let _ = a.stderr.join();
+    let (sb, eb, rb) = finish(b, Duration::from_secs(30), "compute blade b did not stop");
+    assert!(!sb.success());
+    assert!(eb.contains(&format!("failover: memory blade {lost} (")), "{eb}");
+    c.replace(lost);
+    let out = rebuild(&c, lost);
+    assert!(!out.contains("every copy of its undo log"), "{out}");
+    assert!(out.contains(&format!("compute blade {}", a.slot)), "a is recovered: {out}");
+    let after = clean(&c, "after the rebuild");
+    assert!(after >= before + ledgered(&rb), "committed transactions lost");
+}
+
+#[test]
+fn a_paused_compute_blade_of_the_old_epoch_is_refused_when_it_wakes() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd, "paused");
+    let before = loaded(&c);
+    let (a, b) = (start_run(&c, "fo-pa", "60"), start_run(&c, "fo-pb", "60"));
+    std::thread::sleep(Duration::from_millis(800));
+    signal(&b.child, "-STOP");
+    kill9(&mut c.blades[2].child);
+    let (sa, ea, ra) = finish(a, Duration::from_secs(30), "compute blade a did not stop");
+    assert!(!sa.success());
+    assert!(ea.contains("2 compute blades of earlier epochs fenced on memory blades 0,1"), "{ea}");
+    signal(&b.child, "-CONT");
+    let (sb, eb, rb) = finish(b, Duration::from_secs(30), "the woken compute blade did not stop");
+    assert!(!sb.success());
+    // Refused by the blades, or halted by its membership: whichever it
+    // meets first.
+    assert!(["refuses this compute blade", "moved to epoch 2", "lapse"].iter().any(|w| eb.contains(w)), "{eb}");
+    c.replace(2);
+    rebuild(&c, 2);
+    let after = clean(&c, "after the rebuild");
+    assert!(after >= before + ledgered(&ra) + ledgered(&rb), "committed transactions lost");
+}
+
+#[test]
+fn without_etcd_a_healthy_run_goes_on_and_a_failure_stops_with_a_message() {
+    let mut etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd, "away");
+    loaded(&c);
+    // etcd stopped mid-run: the run finishes, audited.
+    let r = start_run(&c, "fo-away", "4");
+    std::thread::sleep(Duration::from_millis(1000));
+    etcd.kill();
+    let (st, err, rec) = finish(r, Duration::from_secs(30), "the run did not end");
+    assert!(st.success(), "{err}");
+    assert!(err.contains("does not answer: running on under epoch 1"), "{err}");
+    assert_eq!(rec["violations"], 0, "{rec}");
+    // A blade failing while etcd is away: no reconfiguration, a clean stop.
+    etcd.restart();
+    let r = start_run(&c, "fo-away2", "60");
+    std::thread::sleep(Duration::from_millis(800));
+    etcd.kill();
+    kill9(&mut c.blades[1].child);
+    let (st, err, _) = finish(r, Duration::from_secs(60), "the run did not stop");
+    assert!(!st.success());
+    assert!(err.contains("failover failed") && err.contains("the coordinator at"), "{err}");
+    etcd.restart();
+    assert_eq!(show(&c)["config"]["epoch"], 1, "no configuration change without etcd");
+}
+
+#[test]
+fn a_blade_removed_by_hand_stops_the_compute_blades_of_the_old_epoch() {
+    let etcd = Etcd::start();
+    let c = Cluster::start(&etcd, "byhand");
+    loaded(&c);
+    let r = start_run(&c, "fo-hand", "60");
+    std::thread::sleep(Duration::from_millis(500));
+    let out =
+        compute(&["coordinator", "remove", "--coordinator", &c.coordinator, "--blade", "1", "--why", "maintenance"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("epoch 2") && said.contains("1 compute blade of earlier epochs fenced"), "{said}");
+    let (st, err, _) = finish(r, Duration::from_secs(30), "the run did not stop");
+    assert!(!st.success());
+    assert!(["refuses this compute blade", "moved to epoch 2", "lapse"].iter().any(|w| err.contains(w)), "{err}");
+    // Errors say what is wrong.
+    let bad = compute(&["coordinator", "remove", "--coordinator", &c.coordinator, "--blade", "7"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("memory blade 7 is not an active blade"));
+    let list = c.list();
+    let ycsb = compute(&["ycsb", "--blades", &list, "--coordinator", &c.coordinator]);
+    assert!(String::from_utf8_lossy(&ycsb.stderr).contains("--coordinator applies to smallbank, tatp and rebuild"));
+    let embedded = compute(&["smallbank", "--coordinator", &c.coordinator]);
+    assert!(String::from_utf8_lossy(&embedded.stderr).contains("--coordinator needs --blades"));
+}
