@@ -417,6 +417,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
         "db_existed": rep.existed,
         "load_s": rep.load_s,
         "registry_slot": rep.slot,
+        "coordinator": entered.as_ref().map(|e| json!({ "cluster": e.c.cluster(), "epoch": e.v.config.epoch })),
         "recovered": rep.recovered,
         "committed": committed,
         "attempted": attempted,
@@ -804,8 +805,8 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     let mut records = Vec::new();
     for (name, (r, rec, orphans)) in names.iter().zip(out) {
         println!(
-            "{name}: rebuilt on memory blade{plural} {list}: {} bucket arrays, {} overflow buckets, {} bytes; {} copies \
-             of undo logs were there ({} written from another copy)",
+            "{name}: rebuilt on memory blade{plural} {list}: {} bucket arrays, {} overflow buckets, {} bytes; undo log \
+             copies there: {} ({} written from another copy)",
             r.arrays, r.overflow, r.bytes, r.log_areas, r.log_copies
         );
         print_recovered(name, &rec);

@@ -134,6 +134,7 @@ class Cluster:
     compute: list[ComputeHost]
     transport: str
     secret_file: str = ""  # the cluster secret, on every host at this path (--secret-file)
+    coordinator: str = ""  # etcd's URL, http://HOST:PORT[/CLUSTER] (--coordinator), for the FORD runs
 
     def max_threads(self) -> int:
         return min(c.threads for c in self.compute)
@@ -162,7 +163,8 @@ def _host(d: dict, defaults: dict, where: str) -> Host:
 HOST_KEYS = {"host", "launch", "ssh", "ssh_port", "ssh_options", "workdir", "bin"}
 MEMORY_KEYS = HOST_KEYS | {"port", "size", "backing_file", "durable", "listen", "address", "device", "gid_index"}
 COMPUTE_KEYS = HOST_KEYS | {"threads", "oversubscribe"}
-DEFAULTS_KEYS = (HOST_KEYS - {"host"}) | {"transport", "device", "gid_index", "oversubscribe", "secret_file"}
+DEFAULTS_KEYS = (HOST_KEYS - {"host"}) | {"transport", "device", "gid_index", "oversubscribe", "secret_file",
+                                          "coordinator"}
 
 
 def _known(table: dict, keys: set[str], where: str) -> None:
@@ -226,7 +228,10 @@ def load_cluster(path: str | Path | None) -> Cluster:
     secret = defaults.get("secret_file", "")
     if not isinstance(secret, str):
         raise LaunchError(f"{p}: secret_file is a path, not {secret!r}")
-    return Cluster(p, hashlib.sha256(raw).hexdigest(), mem, comp, transport, secret)
+    coordinator = defaults.get("coordinator", "")
+    if not isinstance(coordinator, str) or (coordinator and not coordinator.startswith("http://")):
+        raise LaunchError(f"{p}: coordinator is etcd's URL, http://HOST:PORT[/CLUSTER], not {coordinator!r}")
+    return Cluster(p, hashlib.sha256(raw).hexdigest(), mem, comp, transport, secret, coordinator)
 
 
 class Proc:
@@ -360,6 +365,12 @@ class Launcher:
                 a += ["--gid-index", str(m.gid_index)]
         return a
 
+    def coordinator_flags(self, sub: list[str]) -> list[str]:
+        """`--coordinator URL` for the subcommands that take one (the FORD
+        databases'), when the cluster file names a coordinator."""
+        takes = bool(sub) and sub[0] in ("smallbank", "tatp", "rebuild")
+        return ["--coordinator", self.cluster.coordinator] if takes and self.cluster.coordinator else []
+
     def memory_argv(self, m: MemoryBlade, listen: str) -> list[str]:
         """The command line of memory blade `m`, listening on `listen`."""
         argv = [m.host.binary("memory-blade"), "--listen", listen, "--size", m.size] + self.link_flags()
@@ -472,7 +483,7 @@ class Launcher:
         """One loader (when `load` is given, e.g. `--load-only` flags), then
         `processes` compute blades spread over the compute hosts, meeting at
         a barrier; their records merged into `json_out`."""
-        common = ["--blades", blades] + self.link_flags()
+        common = ["--blades", blades] + self.link_flags() + self.coordinator_flags(sub)
         hosts = [self.cluster.compute[i % len(self.cluster.compute)].host for i in range(processes)]
         self.note_shared_hosts(hosts, sub)
         if load is not None:

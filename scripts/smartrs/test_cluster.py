@@ -101,6 +101,17 @@ class ClusterFile(unittest.TestCase):
         with self.assertRaisesRegex(LaunchError, "secret_file is a path"):
             load_cluster(cluster_file('[defaults]\nsecret_file = 1\n[[memory_blade]]\n'))
 
+    def test_a_coordinator_goes_to_the_ford_runs_only(self):
+        c = load_cluster(cluster_file('[defaults]\ncoordinator = "http://10.0.0.5:2379/lab"\n[[memory_blade]]\n'))
+        with tempfile.TemporaryDirectory() as logs, Launcher(c, Path(logs)) as launcher:
+            self.assertEqual(launcher.coordinator_flags(["smallbank", "--accounts", "10"]),
+                             ["--coordinator", "http://10.0.0.5:2379/lab"])
+            self.assertEqual(launcher.coordinator_flags(["ycsb"]), [])
+        with tempfile.TemporaryDirectory() as logs, Launcher(load_cluster(None), Path(logs)) as launcher:
+            self.assertEqual(launcher.coordinator_flags(["tatp"]), [])
+        with self.assertRaisesRegex(LaunchError, "coordinator is etcd's URL"):
+            load_cluster(cluster_file('[defaults]\ncoordinator = "10.0.0.5:2379"\n[[memory_blade]]\n'))
+
     def test_compute_blades_reach_a_blade_where_it_listens(self):
         text = ('[defaults]\nworkdir = "/w"\n'
                 '[[memory_blade]]\nhost = "node1"\nport = 7000\n'

@@ -195,6 +195,7 @@ fn a_memory_blade_killed_under_two_compute_blades_is_replaced_and_nothing_commit
         let (sa, ea, ra) = finish(a, Duration::from_secs(30), "compute blade a did not stop");
         let (sb, eb, rb) = finish(b, Duration::from_secs(30), "compute blade b did not stop");
         let stopped = t0.elapsed();
+        eprintln!("blade {lost}: both compute blades stopped {stopped:?} after the kill");
         assert!(!sa.success() && !sb.success(), "both stop: {ea}\n{eb}");
         // Within the request time-out (2 s), a keep-alive period and the
         // fencing.
@@ -216,8 +217,10 @@ fn a_memory_blade_killed_under_two_compute_blades_is_replaced_and_nothing_commit
         assert_ne!(code, Some(0));
         assert!(text.contains("rebuild --lost"), "{text}");
         let out = rebuild(&c, lost);
+        eprintln!("{out}");
         assert!(out.contains("taken into the configuration: epoch 3"), "{out}");
         let after = clean(&c, &format!("after blade {lost} was rebuilt"));
+        assert_eq!(ra["coordinator"]["epoch"], 1, "{ra}");
         let committed = ledgered(&ra) + ledgered(&rb);
         assert!(committed > 0, "{ra}");
         assert!(
