@@ -350,6 +350,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
     let cfg = smallbank_tatp::DtxConfig {
         halt: member.as_ref().map(|m| m.halt.clone()),
         fence_tag: member.as_ref().map(|m| m.fence_tag.clone()),
+        fence_recorded: member.as_ref().map(|m| m.m.recorded_tag()),
         ..job.cfg.clone()
     };
     let rep = match smallbank_tatp::run(t.clone(), &s.run, w, &cfg) {

@@ -832,6 +832,7 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
         lease: Duration::from_secs_f64(f.lease),
         halt: None,
         fence_tag: None,
+        fence_recorded: None,
     };
     let audit_wait = Duration::from_secs_f64(f.audit_wait);
     Ok(Config {

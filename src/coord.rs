@@ -220,6 +220,9 @@ pub fn fail_over(s: &Session, e: &Entered, error: &str, known: Option<u16>) -> R
         return Ok(None);
     }
     let why = format!("compute blade pid {} saw: {error}", std::process::id());
+    // Whether this proposal is the one that stuck (another compute blade
+    // may have moved the configuration first).
+    let mut proposed = false;
     let v = e.c.update(|c| {
         let mut next = c.clone();
         for b in &dead {
@@ -232,10 +235,22 @@ pub fn fail_over(s: &Session, e: &Entered, error: &str, known: Option<u16>) -> R
                 }
             }
         }
-        Ok((next != *c).then_some(next))
+        proposed = next != *c;
+        Ok(proposed.then_some(next))
     })?;
     let fenced = fence_earlier(s, &e.c, &v)?;
     let removed: Vec<String> = dead.iter().map(|b| format!("{b} ({})", e.addrs[usize::from(*b)])).collect();
+    if !proposed {
+        return Ok(Some(format!(
+            "memory blade{} {} failed; the configuration had moved to epoch {} ({}) by another compute blade's \
+             proposal: this one acted under epoch {} and stops; {fenced}",
+            if dead.len() > 1 { "s" } else { "" },
+            removed.join(", "),
+            v.config.epoch,
+            v.config.describe_blades(),
+            e.v.config.epoch,
+        )));
+    }
     Ok(Some(format!(
         "memory blade{} {} failed: the configuration is now epoch {} ({}); {fenced}. Transactions stop: backups are \
          not promoted online (not built). Start a fresh memory blade in its place and run `compute-blade rebuild \
@@ -263,12 +278,17 @@ pub fn fence_earlier(s: &Session, c: &Coordinator, v: &Versioned) -> Result<Stri
 }
 
 fn fence_members(c: &Coordinator, v: &Versioned, secret: Option<&std::path::Path>, t: Duration) -> Result<String> {
-    let tags: Vec<u64> = c
-        .members()?
+    // Every registration that did not leave cleanly (its lease may have
+    // lapsed: a paused process is fenced too).
+    let mut tags: Vec<u64> = c
+        .fence_records()?
         .into_iter()
+        .chain(c.members()?)
         .filter(|m| m.epoch < v.config.epoch && m.fence_tag != 0)
         .map(|m| m.fence_tag)
         .collect();
+    tags.sort_unstable();
+    tags.dedup();
     if tags.is_empty() {
         return Ok("no compute blade of an earlier epoch had registered to fence".into());
     }

@@ -135,6 +135,10 @@ pub struct DtxConfig {
     /// Set to the registration's fence tag once registered (for a
     /// coordinator's membership record, so that a failover can fence it).
     pub fence_tag: Option<Arc<AtomicU64>>,
+    /// With `fence_tag`: the tag the coordinator has recorded. The run
+    /// waits (up to its lease) until it is this registration's, before its
+    /// first lock.
+    pub fence_recorded: Option<Arc<AtomicU64>>,
 }
 
 /// Outcomes per transaction type.
@@ -526,6 +530,20 @@ pub fn run<W: Workload + Clone + 'static>(
     let reg = Registration::register_halting(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease, halt)?;
     if let Some(t) = &d.fence_tag {
         t.store(reg.fence_tag(), Ordering::SeqCst);
+        // Before the first lock, the coordinator knows the tag: a failover
+        // from then on fences this compute blade, however it stalls.
+        if let Some(r) = &d.fence_recorded {
+            let until = Instant::now() + d.lease;
+            while r.load(Ordering::SeqCst) != reg.fence_tag() {
+                if Instant::now() > until {
+                    return Err(WorkloadError::Load(format!(
+                        "the coordinator did not record this compute blade's fence tag within its lease ({:?})",
+                        d.lease
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
     }
     if cfg.progress {
         eprintln!("registered as compute blade {} of database {:?} (pid {})", reg.slot(), d.db, reg.pid());

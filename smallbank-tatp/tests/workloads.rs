@@ -36,6 +36,7 @@ fn dtx(name: &str) -> DtxConfig {
         lease: Duration::from_secs(30),
         halt: None,
         fence_tag: None,
+        fence_recorded: None,
     }
 }
 

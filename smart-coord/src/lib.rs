@@ -12,6 +12,7 @@
 //! |---|---|
 //! | `config` | [`Config`] as JSON: the epoch, the memory blades (address, identity, active or removed), each database's replica order |
 //! | `members/LEASE` | a compute blade's [`Member`] record, under its etcd lease |
+//! | `tags/TAG` | the same record under its fence tag, without a lease, until the run leaves cleanly: what a failover fences |
 //!
 //! The configuration changes only by an etcd transaction that compares
 //! the revision it was read at ([`Coordinator::replace`]): of two compute
@@ -467,9 +468,18 @@ impl Coordinator {
         let key = self.key(&format!("members/{lease:016x}"));
         let record = Member { epoch, lease, fence_tag: fence_tag.load(Ordering::SeqCst), ..member.clone() };
         let value = serde_json::to_vec(&record).expect("serializes");
+        let mut ops = vec![TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(lease)))];
+        if record.fence_tag != 0 {
+            ops.push(TxnOp::put(self.key(&format!("tags/{:016x}", record.fence_tag)), value, None));
+        }
         let mut c = self.client.clone();
-        self.call("recording the membership", c.put(key.clone(), value, Some(PutOptions::new().with_lease(lease))))?;
-        let shared = Arc::new(MemberShared { halt, why: Mutex::new(None), stop: AtomicBool::new(false) });
+        self.call("recording the membership", c.txn(Txn::new().and_then(ops)))?;
+        let shared = Arc::new(MemberShared {
+            halt,
+            why: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            recorded: Arc::new(AtomicU64::new(record.fence_tag)),
+        });
         let task = self.rt.spawn(keep_member(
             self.client.clone(),
             KeepArgs {
@@ -478,6 +488,7 @@ impl Coordinator {
                 epoch,
                 config_key: self.key("config"),
                 member_key: key,
+                tags_prefix: self.key("tags/"),
                 record,
                 fence_tag,
                 url: self.url.clone(),
@@ -488,11 +499,33 @@ impl Coordinator {
         Ok(Membership {
             rt: self.rt.clone(),
             client: self.client.clone(),
+            tags_prefix: self.key("tags/"),
             lease,
             shared,
             task: Some(task),
             timeout: self.timeout,
         })
+    }
+
+    /// Every member's record kept under its fence tag (`tags/`), lease or
+    /// not: those that registered and did not leave (a failover fences
+    /// them all).
+    ///
+    /// # Errors
+    /// etcd errors; a record that does not parse.
+    pub fn fence_records(&self) -> Result<Vec<Member>> {
+        let prefix = self.key("tags/");
+        let mut c = self.client.clone();
+        let r = self.call("reading the fence tags", c.get(prefix, Some(GetOptions::new().with_prefix())))?;
+        r.kvs()
+            .iter()
+            .map(|kv| {
+                serde_json::from_slice(kv.value()).map_err(|e| CoordError::Corrupt {
+                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                    why: e.to_string(),
+                })
+            })
+            .collect()
     }
 
     /// The compute blades whose membership runs.
@@ -538,6 +571,8 @@ struct MemberShared {
     halt: Arc<AtomicBool>,
     why: Mutex<Option<String>>,
     stop: AtomicBool,
+    /// The fence tag recorded under `tags/` (0: none yet).
+    recorded: Arc<AtomicU64>,
 }
 
 impl MemberShared {
@@ -560,6 +595,7 @@ impl MemberShared {
 pub struct Membership {
     rt: Arc<tokio::runtime::Runtime>,
     client: Client,
+    tags_prefix: String,
     lease: i64,
     shared: Arc<MemberShared>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -578,13 +614,22 @@ impl Membership {
         self.lease
     }
 
+    /// The fence tag recorded under `tags/` so far (0: none): set once the
+    /// tag given to [`Coordinator::join`] is on record.
+    pub fn recorded_tag(&self) -> Arc<AtomicU64> {
+        self.shared.recorded.clone()
+    }
+
     /// Why it raised the halt flag, if it did.
     pub fn why(&self) -> Option<String> {
         self.shared.why.lock().expect("not poisoned").clone()
     }
 
-    /// Ends the membership: stops the keep-alive and revokes the lease (its
-    /// record goes with it).
+    /// Ends the membership: stops the keep-alive, removes its fence tag's
+    /// record and revokes the lease (its record goes with it), as a process
+    /// does before it exits (one that exits sends no verb again; one that is
+    /// paused, or dies, never gets here, and its tag stays for the next
+    /// failover to fence).
     ///
     /// # Errors
     /// etcd errors (the lease then runs out by itself).
@@ -592,6 +637,9 @@ impl Membership {
         self.stop_task();
         let mut c = self.client.clone();
         let (lease, t) = (self.lease, self.timeout);
+        let tag = self.shared.recorded.load(Ordering::SeqCst);
+        let key = format!("{}{tag:016x}", self.tags_prefix);
+        let _ = self.rt.block_on(async { tokio::time::timeout(t, c.delete(key, None)).await });
         match self.rt.block_on(async { tokio::time::timeout(t, c.lease_revoke(lease)).await }) {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(CoordError::Etcd { url: String::new(), why: format!("revoking lease {lease:x}: {e}") }),
@@ -622,6 +670,7 @@ struct KeepArgs {
     epoch: u64,
     config_key: String,
     member_key: String,
+    tags_prefix: String,
     record: Member,
     fence_tag: Arc<AtomicU64>,
     url: String,
@@ -659,10 +708,18 @@ async fn keep_member(mut client: Client, mut a: KeepArgs) {
         tokio::time::sleep(TICK.min(next.saturating_duration_since(tokio::time::Instant::now()))).await;
         let tag = a.fence_tag.load(Ordering::SeqCst);
         if tag != a.record.fence_tag {
-            let value = serde_json::to_vec(&Member { fence_tag: tag, ..a.record.clone() }).expect("serializes");
-            let put = client.put(a.member_key.clone(), value, Some(PutOptions::new().with_lease(a.lease)));
-            if let Ok(Ok(_)) = tokio::time::timeout(a.timeout.min(period), put).await {
+            let rec = Member { fence_tag: tag, ..a.record.clone() };
+            let value = serde_json::to_vec(&rec).expect("serializes");
+            // The tag also under a key of its own, without the lease: a
+            // member whose lease lapses (a paused process) is still fenced
+            // by the next failover.
+            let txn = Txn::new().and_then([
+                TxnOp::put(format!("{}{tag:016x}", a.tags_prefix), value.clone(), None),
+                TxnOp::put(a.member_key.clone(), value, Some(PutOptions::new().with_lease(a.lease))),
+            ]);
+            if let Ok(Ok(_)) = tokio::time::timeout(a.timeout.min(period), client.txn(txn)).await {
                 a.record.fence_tag = tag;
+                a.shared.recorded.store(tag, Ordering::SeqCst);
             }
         }
         if tokio::time::Instant::now() < next {

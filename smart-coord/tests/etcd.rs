@@ -84,7 +84,9 @@ fn a_membership_halts_when_the_epoch_moves_or_its_lease_lapses_but_not_when_etcd
     // Its fence tag, once registered, is recorded.
     tag.store(42, Ordering::SeqCst);
     assert!(within(5, || c.members().unwrap()[0].fence_tag == 42), "{:?}", c.members());
+    assert_eq!(c.fence_records().unwrap().iter().map(|m| m.fence_tag).collect::<Vec<_>>(), vec![42]);
     m.leave().unwrap();
+    assert!(c.fence_records().unwrap().is_empty(), "a clean leave removes its fence tag");
     assert!(c.members().unwrap().is_empty());
 
     // etcd away for two times to live, then back: the member runs on.
@@ -108,7 +110,8 @@ fn a_membership_halts_when_the_epoch_moves_or_its_lease_lapses_but_not_when_etcd
 
     // Its lease revoked behind its back (as if it expired): it halts.
     let halt = Arc::new(AtomicBool::new(false));
-    let m = c.join(&member(), ttl, 2, halt.clone(), Arc::default()).unwrap();
+    let m = c.join(&member(), ttl, 2, halt.clone(), Arc::new(std::sync::atomic::AtomicU64::new(7))).unwrap();
+    assert!(within(5, || c.fence_records().unwrap().iter().any(|r| r.fence_tag == 7)));
     let status = std::process::Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
         .args(["--endpoints", &etcd.url, "lease", "revoke", &format!("{:x}", m.lease())])
@@ -118,6 +121,11 @@ fn a_membership_halts_when_the_epoch_moves_or_its_lease_lapses_but_not_when_etcd
     assert!(status.success());
     assert!(within(10, || halt.load(Ordering::SeqCst)), "no halt after the lease was revoked");
     assert!(m.why().unwrap().contains("lapse"), "{:?}", m.why());
+    // A member that never left keeps its fence tag on record, its lease
+    // gone: the next failover fences it.
+    drop(m);
+    assert!(within(5, || c.members().unwrap().is_empty()));
+    assert!(c.fence_records().unwrap().iter().any(|r| r.fence_tag == 7));
 }
 
 #[test]

@@ -263,6 +263,9 @@ fn a_paused_compute_blade_of_the_old_epoch_is_refused_when_it_wakes() {
     let (a, b) = (start_run(&c, "fo-pa", "60"), start_run(&c, "fo-pb", "60"));
     std::thread::sleep(Duration::from_millis(800));
     signal(&b.child, "-STOP");
+    // Long enough for its etcd lease (2 s) to lapse: it is fenced all the
+    // same, by the record kept under its fence tag.
+    std::thread::sleep(Duration::from_millis(3500));
     kill9(&mut c.blades[2].child);
     let (sa, ea, ra) = finish(a, Duration::from_secs(30), "compute blade a did not stop");
     assert!(!sa.success());
