@@ -437,7 +437,18 @@ async fn run_ops<I: KvIndex>(
     let mut next_insert = y.keys + me;
     let mut latest = y.workload.reads_latest().then(|| y.chooser.theta().map(|t| Latest::new(y.keys, t)));
     let (mut known, mut since) = (frontier.get(), 0);
-    let wrong = |found: bool, v: &[u8], k: u64| u64::from(y.verify && (!found || !holds_key(v, k)));
+    // A violation counts, and the first few of each coroutine say what
+    // they were on stderr (so that a rare one, e.g. in CI, can be read).
+    let mut said = 0u32;
+    let mut wrong = |what: &str, found: bool, v: &[u8], k: u64| {
+        let bad = y.verify && (!found || !holds_key(v, k));
+        if bad && said < 3 {
+            said += 1;
+            let got = if found { "a value of another key (or torn)" } else { "nothing (not found)" };
+            eprintln!("violation: thread {} coroutine {}: {what} of key {k} returned {got}", w.thread(), w.coroutine());
+        }
+        u64::from(bad)
+    };
     // Each operation starts where the last one was recorded, unless the
     // coroutine idled in between (one clock read per operation).
     let mut t = w.now();
@@ -467,17 +478,17 @@ async fn run_ops<I: KvIndex>(
         match op {
             Op::Read => {
                 let found = ix.get(&kb, &mut out).await?;
-                bad.n += wrong(found, &out, k);
+                bad.n += wrong("a read", found, &out, k);
             }
             Op::Update | Op::ReadModifyWrite => {
                 if op == Op::ReadModifyWrite {
                     let found = ix.get(&kb, &mut out).await?;
-                    bad.n += wrong(found, &out, k);
+                    bad.n += wrong("a read-modify-write's read", found, &out, k);
                 }
                 value_bytes(k, version, y.value_size, &mut vb);
                 version += 1;
                 let updated = ix.update(&kb, &vb).await?;
-                bad.n += wrong(updated, &vb, k);
+                bad.n += wrong("an update", updated, &vb, k);
             }
             Op::Insert => {
                 value_bytes(k, 0, y.value_size, &mut vb);
