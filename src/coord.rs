@@ -56,9 +56,7 @@ fn timeout(s: &Session) -> Duration {
 pub fn enter(s: &Session, t: &dyn Transport) -> Result<Option<Entered>> {
     let Some(url) = &s.coordinator else { return Ok(None) };
     let Blades::Remote { addrs, .. } = &s.blades else { bail!("--coordinator needs --blades") };
-    let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
-    let ctx = rt.ctx();
-    let ids = rt.block_on(async move { ctx.blade_identities().await })?;
+    let ids = identities(s, t)?;
     let run: Vec<(String, u64)> = addrs.iter().cloned().zip(ids).collect();
     let c = Coordinator::connect(url, timeout(s))?;
     let (v, created) = c.create_or_load(&Config::new(&run))?;
@@ -74,6 +72,13 @@ pub fn enter(s: &Session, t: &dyn Transport) -> Result<Option<Entered>> {
         );
     }
     Ok(Some(Entered { c, v, addrs: addrs.clone() }))
+}
+
+/// Each blade's identity, read from its superblock.
+fn identities(s: &Session, t: &dyn Transport) -> Result<Vec<u64>> {
+    let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
+    let ctx = rt.ctx();
+    Ok(rt.block_on(async move { ctx.blade_identities().await })?)
 }
 
 /// A run's membership: the flags its transactions and its record share.
@@ -328,9 +333,7 @@ fn revoke_on(addr: &str, tags: &[u64], secret: Option<&std::path::Path>, t: Dura
 /// # Errors
 /// etcd errors; verb errors.
 pub fn readmit(s: &Session, e: &Entered, t: &dyn Transport, lost: &[u16]) -> Result<Versioned> {
-    let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
-    let ctx = rt.ctx();
-    let ids = rt.block_on(async move { ctx.blade_identities().await })?;
+    let ids = identities(s, t)?;
     let v = e.c.update(|c| {
         let mut next = c.clone();
         for b in lost {
@@ -352,9 +355,7 @@ pub fn readmit(s: &Session, e: &Entered, t: &dyn Transport, lost: &[u16]) -> Res
 pub fn enter_rebuild(s: &Session, t: &dyn Transport, lost: &[u16]) -> Result<Option<Entered>> {
     let Some(url) = &s.coordinator else { return Ok(None) };
     let Blades::Remote { addrs, .. } = &s.blades else { bail!("--coordinator needs --blades") };
-    let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
-    let ctx = rt.ctx();
-    let ids = rt.block_on(async move { ctx.blade_identities().await })?;
+    let ids = identities(s, t)?;
     let c = Coordinator::connect(url, timeout(s))?;
     let Some(v) = c.load()? else {
         bail!("the coordinator holds no configuration for cluster {:?}: nothing to rebuild under it", c.cluster())
