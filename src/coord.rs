@@ -229,6 +229,13 @@ pub fn fail_over(s: &Session, e: &Entered, error: &str, known: Option<u16>) -> R
     // may have moved the configuration first).
     let mut proposed = false;
     let v = e.c.update(|c| {
+        // Only from the epoch this run acted under: a configuration that
+        // moved on was decided by others, and what this run saw since may
+        // be its own stall (a paused process finds every request late).
+        if c.epoch != e.v.config.epoch {
+            proposed = false;
+            return Ok(None);
+        }
         let mut next = c.clone();
         for b in &dead {
             if next.blades[usize::from(*b)].state == BladeState::Active && next.active().len() > 1 {

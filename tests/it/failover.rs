@@ -276,6 +276,10 @@ fn a_paused_compute_blade_of_the_old_epoch_is_refused_when_it_wakes() {
     // Refused by the blades, or halted by its membership: whichever it
     // meets first.
     assert!(["refuses this compute blade", "moved to epoch 2", "lapse"].iter().any(|w| eb.contains(w)), "{eb}");
+    // The woken one found every request late, blade 1's too: it must not
+    // take live blades out of a configuration that moved on without it.
+    let cfg = &show(&c)["config"];
+    assert_eq!((cfg["epoch"].as_u64(), &cfg["blades"][1]["state"]), (Some(2), &Value::from("active")), "{cfg}");
     c.replace(2);
     rebuild(&c, 2);
     let after = clean(&c, "after the rebuild");
@@ -331,4 +335,37 @@ fn a_blade_removed_by_hand_stops_the_compute_blades_of_the_old_epoch() {
     assert!(String::from_utf8_lossy(&ycsb.stderr).contains("--coordinator applies to smallbank, tatp and rebuild"));
     let embedded = compute(&["smallbank", "--coordinator", &c.coordinator]);
     assert!(String::from_utf8_lossy(&embedded.stderr).contains("--coordinator needs --blades"));
+}
+
+#[test]
+fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd, "tatp");
+    let list = c.list();
+    let tatp =
+        ["tatp", "--subscribers", "2000", "--threads", "1", "--coroutines", "4", "--warmup", "0", "--lease", "2"];
+    let load = compute(&c.args(&list, &[&tatp[..], &["--duration", "0.3", "--quiet", "--audit"]].concat()));
+    assert!(load.status.success(), "{}", String::from_utf8_lossy(&load.stderr));
+    let mut run = Command::new(COMPUTE)
+        .args(c.args(&list, &[&tatp[..], &["--duration", "60", "--request-timeout", "2", "--quiet"]].concat()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = run.stderr.take().unwrap();
+    let drain = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    std::thread::sleep(Duration::from_millis(1500));
+    kill9(&mut c.blades[1].child);
+    let st = wait_bounded(&mut run, Duration::from_secs(30), "the TATP run did not stop");
+    let said = drain.join().unwrap();
+    assert!(!st.success());
+    assert!(said.contains("failover: memory blade 1 ("), "{said}");
+    assert_eq!(show(&c)["config"]["blades"][1]["state"], "removed");
+    c.replace(1);
+    rebuild(&c, 1);
+    let list = c.list();
+    let audit = compute(&c.args(&list, &["tatp", "--subscribers", "2000", "--audit-only", "--quiet"]));
+    let text = String::from_utf8_lossy(&audit.stdout);
+    assert!(audit.status.success(), "{text}{}", String::from_utf8_lossy(&audit.stderr));
+    assert!(text.contains("audit: 0 violations"), "{text}");
 }
