@@ -362,7 +362,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
         Err(e) => {
             let dead = watchdog.and_then(crate::coord::Watchdog::stop);
             if let (Some(e2), Some(m)) = (&entered, &member) {
-                coordinated_failure(s, e2, m, &e.to_string(), dead);
+                coordinated_failure(s, &*t, e2, m, &e.to_string(), dead);
             }
             return Err(e.into());
         }
@@ -371,7 +371,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
     if let (Some(e), Some(m)) = (&entered, member) {
         match &rep.run.first_error {
             Some(err) => {
-                coordinated_failure(s, e, &m, err, dead);
+                coordinated_failure(s, &*t, e, &m, err, dead);
                 // It stops: its membership goes (its registration stays to
                 // recovery, as after any failed run).
                 let _ = m.m.leave();
@@ -465,6 +465,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
 /// then takes out of the configuration ([`crate::coord::fail_over`]).
 fn coordinated_failure(
     s: &Session,
+    t: &dyn Transport,
     e: &crate::coord::Entered,
     m: &crate::coord::Member,
     error: &str,
@@ -478,7 +479,7 @@ fn coordinated_failure(
         Some((b, why)) => format!("memory blade {b} failed a watchdog READ: {why}"),
         None => error.to_string(),
     };
-    match crate::coord::fail_over(s, e, &error, dead.map(|d| d.0)) {
+    match crate::coord::fail_over(s, e, t, &error, dead.map(|d| d.0)) {
         Ok(Some(said)) => eprintln!("compute-blade: failover: {said}"),
         Ok(None) => {}
         Err(x) => eprintln!("compute-blade: failover failed: {x:#}"),

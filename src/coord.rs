@@ -189,18 +189,19 @@ pub fn record_db(e: &Entered, name: &str, order: Vec<Vec<u16>>) -> Result<()> {
     Ok(())
 }
 
-/// The blades of `addrs` that look dead after `error`: those whose port
-/// refuses a connection (or does not take one within a second), and those
-/// `error` says stopped answering.
-pub fn failed_blades(addrs: &[String], error: &str) -> Vec<u16> {
+/// The blades of `addrs` that look dead: those whose port refuses a
+/// connection (or does not take one within a second), and those the run's
+/// transport marked silent (a batch to them went unanswered past the
+/// request time-out: [`smart_core::backend::Silence`]).
+pub fn failed_blades(addrs: &[String], silence: Option<&smart_core::backend::Silence>) -> Vec<u16> {
     let mut out = Vec::new();
     for (i, a) in addrs.iter().enumerate() {
-        let named_silent = error.contains(&format!("memory blade {i} did not answer"));
+        let silent = silence.is_some_and(|s| s.check(i as u16).is_err());
         let refused = match a.to_socket_addrs().ok().and_then(|mut x| x.next()) {
             Some(sa) => TcpStream::connect_timeout(&sa, Duration::from_secs(1)).is_err(),
             None => true,
         };
-        if named_silent || refused {
+        if silent || refused {
             out.push(i as u16);
         }
     }
@@ -215,8 +216,14 @@ pub fn failed_blades(addrs: &[String], error: &str) -> Vec<u16> {
 ///
 /// # Errors
 /// etcd errors; fencing that fails on a surviving blade.
-pub fn fail_over(s: &Session, e: &Entered, error: &str, known: Option<u16>) -> Result<Option<String>> {
-    let mut dead = failed_blades(&e.addrs, error);
+pub fn fail_over(
+    s: &Session,
+    e: &Entered,
+    t: &dyn Transport,
+    error: &str,
+    known: Option<u16>,
+) -> Result<Option<String>> {
+    let mut dead = failed_blades(&e.addrs, t.silence().as_deref());
     if let Some(b) = known.filter(|b| !dead.contains(b)) {
         dead.push(b);
         dead.sort_unstable();
@@ -236,19 +243,16 @@ pub fn fail_over(s: &Session, e: &Entered, error: &str, known: Option<u16>) -> R
             proposed = false;
             return Ok(None);
         }
-        let mut next = c.clone();
-        for b in &dead {
-            if next.blades[usize::from(*b)].state == BladeState::Active && next.active().len() > 1 {
-                next = next.without(*b, &why)?;
-                // One epoch for the whole change.
-                next.epoch = c.epoch + 1;
-                if let BladeState::Removed { epoch, .. } = &mut next.blades[usize::from(*b)].state {
-                    *epoch = c.epoch + 1;
-                }
-            }
+        // The dead blades still active, in one epoch; never the last one.
+        let active = c.active();
+        let mut gone: Vec<u16> = dead.iter().copied().filter(|b| active.contains(b)).collect();
+        gone.truncate(active.len().saturating_sub(1));
+        proposed = !gone.is_empty();
+        if proposed {
+            c.without(&gone, &why).map(Some)
+        } else {
+            Ok(None)
         }
-        proposed = next != *c;
-        Ok(proposed.then_some(next))
     })?;
     let fenced = fence_earlier(s, &e.c, &v)?;
     let removed: Vec<String> = dead.iter().map(|b| format!("{b} ({})", e.addrs[usize::from(*b)])).collect();
@@ -341,16 +345,9 @@ fn revoke_on(addr: &str, tags: &[u64], secret: Option<&std::path::Path>, t: Dura
 /// etcd errors; verb errors.
 pub fn readmit(s: &Session, e: &Entered, t: &dyn Transport, lost: &[u16]) -> Result<Versioned> {
     let ids = identities(s, t)?;
-    let v = e.c.update(|c| {
-        let mut next = c.clone();
-        for b in lost {
-            let i = usize::from(*b);
-            next = next.readmit(*b, &e.addrs[i], ids[i])?;
-        }
-        next.epoch = c.epoch + 1;
-        Ok(Some(next))
-    })?;
-    Ok(v)
+    let back: Vec<(u16, String, u64)> =
+        lost.iter().map(|b| (*b, e.addrs[usize::from(*b)].clone(), ids[usize::from(*b)])).collect();
+    Ok(e.c.update(|c| c.readmit(&back).map(Some))?)
 }
 
 /// Checks, before a rebuild of `lost` under a coordinator, that the
@@ -455,7 +452,7 @@ pub fn command(a: &crate::cli::CoordinatorArgs) -> Result<i32> {
         }
         CoordinatorAction::Remove => {
             let Some(b) = a.blade else { bail!("coordinator remove needs --blade N") };
-            let v = c.update(|cfg| cfg.without(b, &a.why).map(Some))?;
+            let v = c.update(|cfg| cfg.without(&[b], &a.why).map(Some))?;
             let fenced = fence_members(&c, &v, a.secret_file.as_deref(), t)?;
             println!(
                 "memory blade {b} removed: the configuration is now epoch {} ({}); {fenced}",

@@ -199,45 +199,54 @@ impl Config {
         Ok(())
     }
 
-    /// This configuration without blade `index`: the next epoch.
+    /// This configuration without `blades`: the next epoch (one for all of
+    /// them).
     ///
     /// # Errors
-    /// [`CoordError::Refused`] if there is no such active blade, or it is
-    /// the last one.
-    pub fn without(&self, index: u16, why: &str) -> Result<Config> {
+    /// [`CoordError::Refused`] if one is not an active blade, or no active
+    /// blade would be left.
+    pub fn without(&self, blades: &[u16], why: &str) -> Result<Config> {
         let active = self.active();
-        if !active.contains(&index) {
+        if let Some(b) = blades.iter().find(|b| !active.contains(b)) {
             return Err(CoordError::Refused(format!(
-                "memory blade {index} is not an active blade of the configuration (epoch {}: {})",
+                "memory blade {b} is not an active blade of the configuration (epoch {}: {})",
                 self.epoch,
                 self.describe_blades()
             )));
         }
-        if active.len() == 1 {
-            return Err(CoordError::Refused(format!("memory blade {index} is the configuration's last active blade")));
-        }
-        let mut next = self.clone();
-        next.epoch += 1;
-        next.blades[index as usize].state = BladeState::Removed { epoch: next.epoch, why: why.to_string() };
-        Ok(next)
-    }
-
-    /// This configuration with blade `index` (active or removed) now the
-    /// blade of `identity` at `addr`, active: the next epoch (after its
-    /// copies were written again, e.g. by `compute-blade rebuild`).
-    ///
-    /// # Errors
-    /// [`CoordError::Refused`] if there is no blade `index`.
-    pub fn readmit(&self, index: u16, addr: &str, identity: u64) -> Result<Config> {
-        if index as usize >= self.blades.len() {
+        if active.iter().all(|a| blades.contains(a)) {
             return Err(CoordError::Refused(format!(
-                "the configuration (epoch {}) has no memory blade {index}",
-                self.epoch
+                "memory blade {} is the configuration's last active blade",
+                active.last().copied().unwrap_or_default()
             )));
         }
         let mut next = self.clone();
         next.epoch += 1;
-        next.blades[index as usize] = Blade { addr: addr.to_string(), identity, state: BladeState::Active };
+        for b in blades {
+            next.blades[usize::from(*b)].state = BladeState::Removed { epoch: next.epoch, why: why.to_string() };
+        }
+        Ok(next)
+    }
+
+    /// This configuration with each blade `(index, addr, identity)` of
+    /// `blades` (active or removed) now the blade of that identity at that
+    /// address, active: the next epoch (one for all of them), after their
+    /// copies were written again (e.g. by `compute-blade rebuild`).
+    ///
+    /// # Errors
+    /// [`CoordError::Refused`] if the configuration has no such blade.
+    pub fn readmit(&self, blades: &[(u16, String, u64)]) -> Result<Config> {
+        let mut next = self.clone();
+        next.epoch += 1;
+        for (index, addr, identity) in blades {
+            let Some(b) = next.blades.get_mut(usize::from(*index)) else {
+                return Err(CoordError::Refused(format!(
+                    "the configuration (epoch {}) has no memory blade {index}",
+                    self.epoch
+                )));
+            };
+            *b = Blade { addr: addr.clone(), identity: *identity, state: BladeState::Active };
+        }
         Ok(next)
     }
 
@@ -467,13 +476,8 @@ impl Coordinator {
         let lease = self.call("granting a lease", c.lease_grant(ttl_s, None))?.id();
         let key = self.key(&format!("members/{lease:016x}"));
         let record = Member { epoch, lease, fence_tag: fence_tag.load(Ordering::SeqCst), ..member.clone() };
-        let value = serde_json::to_vec(&record).expect("serializes");
-        let mut ops = vec![TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(lease)))];
-        if record.fence_tag != 0 {
-            ops.push(TxnOp::put(self.key(&format!("tags/{:016x}", record.fence_tag)), value, None));
-        }
         let mut c = self.client.clone();
-        self.call("recording the membership", c.txn(Txn::new().and_then(ops)))?;
+        self.call("recording the membership", c.txn(record_txn(&key, &self.key("tags/"), &record)))?;
         let shared = Arc::new(MemberShared {
             halt,
             why: Mutex::new(None),
@@ -499,6 +503,7 @@ impl Coordinator {
         Ok(Membership {
             rt: self.rt.clone(),
             client: self.client.clone(),
+            url: self.url.clone(),
             tags_prefix: self.key("tags/"),
             lease,
             shared,
@@ -567,6 +572,19 @@ fn txn_get(key: &str, ops: &[TxnOpResponse]) -> Result<Versioned> {
     Err(CoordError::Corrupt { key: key.into(), why: "gone right after it was written".into() })
 }
 
+/// The writes of member record `rec`: under `member_key` with its lease,
+/// and, once it has a fence tag, under `tags_prefix` + the tag without one
+/// (a member whose lease lapses, a paused process, is still fenced by the
+/// next failover).
+fn record_txn(member_key: &str, tags_prefix: &str, rec: &Member) -> Txn {
+    let value = serde_json::to_vec(rec).expect("a member record serializes");
+    let mut ops = vec![TxnOp::put(member_key, value.clone(), Some(PutOptions::new().with_lease(rec.lease)))];
+    if rec.fence_tag != 0 {
+        ops.push(TxnOp::put(format!("{tags_prefix}{:016x}", rec.fence_tag), value, None));
+    }
+    Txn::new().and_then(ops)
+}
+
 struct MemberShared {
     halt: Arc<AtomicBool>,
     why: Mutex<Option<String>>,
@@ -595,6 +613,7 @@ impl MemberShared {
 pub struct Membership {
     rt: Arc<tokio::runtime::Runtime>,
     client: Client,
+    url: String,
     tags_prefix: String,
     lease: i64,
     shared: Arc<MemberShared>,
@@ -638,13 +657,16 @@ impl Membership {
         let mut c = self.client.clone();
         let (lease, t) = (self.lease, self.timeout);
         let tag = self.shared.recorded.load(Ordering::SeqCst);
-        let key = format!("{}{tag:016x}", self.tags_prefix);
-        let _ = self.rt.block_on(async { tokio::time::timeout(t, c.delete(key, None)).await });
-        match self.rt.block_on(async { tokio::time::timeout(t, c.lease_revoke(lease)).await }) {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(CoordError::Etcd { url: String::new(), why: format!("revoking lease {lease:x}: {e}") }),
-            Err(_) => Err(CoordError::Etcd { url: String::new(), why: format!("revoking lease {lease:x}: no answer") }),
+        if tag != 0 {
+            let key = format!("{}{tag:016x}", self.tags_prefix);
+            let _ = self.rt.block_on(async { tokio::time::timeout(t, c.delete(key, None)).await });
         }
+        let why = match self.rt.block_on(async { tokio::time::timeout(t, c.lease_revoke(lease)).await }) {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => format!("revoking lease {lease:x}: {e}"),
+            Err(_) => format!("revoking lease {lease:x}: no answer within {t:?}"),
+        };
+        Err(CoordError::Etcd { url: self.url.clone(), why })
     }
 
     fn stop_task(&mut self) {
@@ -708,15 +730,7 @@ async fn keep_member(mut client: Client, mut a: KeepArgs) {
         tokio::time::sleep(TICK.min(next.saturating_duration_since(tokio::time::Instant::now()))).await;
         let tag = a.fence_tag.load(Ordering::SeqCst);
         if tag != a.record.fence_tag {
-            let rec = Member { fence_tag: tag, ..a.record.clone() };
-            let value = serde_json::to_vec(&rec).expect("serializes");
-            // The tag also under a key of its own, without the lease: a
-            // member whose lease lapses (a paused process) is still fenced
-            // by the next failover.
-            let txn = Txn::new().and_then([
-                TxnOp::put(format!("{}{tag:016x}", a.tags_prefix), value.clone(), None),
-                TxnOp::put(a.member_key.clone(), value, Some(PutOptions::new().with_lease(a.lease))),
-            ]);
+            let txn = record_txn(&a.member_key, &a.tags_prefix, &Member { fence_tag: tag, ..a.record.clone() });
             if let Ok(Ok(_)) = tokio::time::timeout(a.timeout.min(period), client.txn(txn)).await {
                 a.record.fence_tag = tag;
                 a.shared.recorded.store(tag, Ordering::SeqCst);
@@ -804,7 +818,7 @@ mod tests {
 
     #[test]
     fn a_configuration_round_trips_as_json() {
-        let mut c = cfg().without(1, "lost").unwrap();
+        let mut c = cfg().without(&[1], "lost").unwrap();
         c.databases.insert("bank".into(), vec![vec![0, 1], vec![1, 2]]);
         let j = serde_json::to_string(&c).unwrap();
         assert!(j.contains("\"identity\":\"0x0000000000220000\""), "{j}");
@@ -819,7 +833,7 @@ mod tests {
         c.check_run(&run([0x11 << 16, 0x22 << 16, 0x33 << 16])).unwrap();
         let e = c.check_run(&run([0x11 << 16, 0x99 << 16, 0x33 << 16])).unwrap_err().to_string();
         assert!(e.contains("memory blade 1 (b:1) has identity") && e.contains("rebuild"), "{e}");
-        let removed = c.without(1, "SIGKILLed").unwrap();
+        let removed = c.without(&[1], "SIGKILLed").unwrap();
         assert_eq!((removed.epoch, removed.active()), (2, vec![0, 2]));
         let e = removed.check_run(&run([0x11 << 16, 0x22 << 16, 0x33 << 16])).unwrap_err().to_string();
         assert!(
@@ -828,11 +842,11 @@ mod tests {
         );
         let e = removed.check_run(&run([0x11 << 16, 0x77 << 16, 0x33 << 16])).unwrap_err().to_string();
         assert!(e.contains("a fresh blade"), "{e}");
-        let back = removed.readmit(1, "b:2", 0x77 << 16).unwrap();
+        let back = removed.readmit(&[(1, "b:2".into(), 0x77 << 16)]).unwrap();
         assert_eq!((back.epoch, back.active()), (3, vec![0, 1, 2]));
         back.check_run(&run([0x11 << 16, 0x77 << 16, 0x33 << 16])).unwrap();
         assert!(c.check_run(&run([1, 2, 3])[..2]).is_err(), "fewer blades");
-        assert!(removed.without(1, "again").is_err());
-        assert!(Config::new(&[("a:1".into(), 1 << 16)]).without(0, "last").is_err());
+        assert!(removed.without(&[1], "again").is_err());
+        assert!(Config::new(&[("a:1".into(), 1 << 16)]).without(&[0], "last").is_err());
     }
 }

@@ -49,7 +49,8 @@ fn one_of_two_proposals_from_an_epoch_wins() {
     assert_eq!(at.config.epoch, 1);
     // Both propose from epoch 1, each without another blade: one wins, the
     // other reads the winner's.
-    let (wa, wb) = (at.config.without(1, "a saw it fail").unwrap(), at.config.without(2, "b saw it fail").unwrap());
+    let (wa, wb) =
+        (at.config.without(&[1], "a saw it fail").unwrap(), at.config.without(&[2], "b saw it fail").unwrap());
     let ra = a.replace(&at, &wa).unwrap();
     let rb = b.replace(&at, &wb).unwrap();
     let Replaced::Won(won) = ra else { panic!("{ra:?}") };
@@ -59,7 +60,7 @@ fn one_of_two_proposals_from_an_epoch_wins() {
     // The epoch never goes back.
     assert!(b.replace(&won, &at.config).is_err());
     // update() applies a change to what is stored, whatever came first.
-    let v = b.update(|c| c.without(2, "b again").map(Some)).unwrap();
+    let v = b.update(|c| c.without(&[2], "b again").map(Some)).unwrap();
     assert_eq!((v.config.epoch, v.config.active()), (3, vec![0]));
     // Another cluster on the same etcd is another configuration.
     let other = Coordinator::connect(&format!("{}/other", etcd.url), T).unwrap();
@@ -102,7 +103,7 @@ fn a_membership_halts_when_the_epoch_moves_or_its_lease_lapses_but_not_when_etcd
     assert_eq!(c.members().unwrap().len(), 1, "its lease survived etcd's restart");
 
     // The configuration moves past its epoch: it halts, and says why.
-    c.update(|cfg| cfg.without(2, "gone").map(Some)).unwrap();
+    c.update(|cfg| cfg.without(&[2], "gone").map(Some)).unwrap();
     assert!(within(10, || halt.load(Ordering::SeqCst)), "no halt after the epoch moved");
     let why = m.why().unwrap();
     assert!(why.contains("moved to epoch 2") && why.contains("acted under epoch 1"), "{why}");
