@@ -323,7 +323,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
     let name = w.name();
     // Under a coordinator: only on blades it trusts, as a member under a
     // lease whose lapse (or a later epoch) halts the transactions.
-    let entered = crate::coord::enter(s, &*t)?;
+    let mut entered = crate::coord::enter(s, &*t)?;
     if job.audit_only {
         let a = smallbank_tatp::workload::audit_waiting(&*t, &s.run, &job.cfg.db, smallbank, job.audit_wait)?;
         audit_line(&a);
@@ -337,53 +337,139 @@ fn dtx_on<W: Workload + Clone + 'static>(
         }
         return Ok(Outcome::of(a.violations == 0, false));
     }
-    let member = match &entered {
-        Some(e) => Some(crate::coord::join(e, format!("{name} on database {:?}", job.cfg.db), job.cfg.lease)?),
-        None => None,
-    };
-    let watchdog = match &member {
-        Some(m) => {
-            Some(crate::coord::Watchdog::start(s, t.clone(), m.halt.clone(), std::time::Duration::from_millis(500))?)
-        }
-        None => None,
-    };
-    let cfg = smallbank_tatp::DtxConfig {
-        halt: member.as_ref().map(|m| m.halt.clone()),
-        fence_tag: member.as_ref().map(|m| m.fence_tag.clone()),
-        fence_recorded: member.as_ref().map(|m| m.m.recorded_tag()),
-        ..job.cfg.clone()
-    };
-    let rep = match smallbank_tatp::run(t.clone(), &s.run, w, &cfg) {
-        Ok(rep) => rep,
-        Err(e @ smallbank_tatp::WorkloadError::Interrupted(_)) => {
-            eprintln!("compute-blade: {e}; no run, no record");
-            return Ok(Outcome::Interrupted);
-        }
-        Err(e) => {
-            let dead = watchdog.and_then(crate::coord::Watchdog::stop);
-            if let (Some(e2), Some(m)) = (&entered, &member) {
-                coordinated_failure(s, &*t, e2, m, &e.to_string(), dead);
+    // Under a coordinator, a failover that leaves blade 0 in is followed by
+    // the next phase: the same workload, in the new configuration epoch,
+    // over the other blades (backups promoted), for the time left.
+    let (mut phase_t, mut run_cfg) = (t.clone(), s.run.clone());
+    let (mut lost, mut settle) = (Vec::new(), Vec::new());
+    let mut total: Option<smallbank_tatp::DtxReport> = None;
+    let mut failovers = Vec::new();
+    // When the last phase's measured time ended (for the gap to the next).
+    let mut ended: Option<std::time::Instant> = None;
+    loop {
+        let member = match &entered {
+            Some(e) => Some(crate::coord::join(e, format!("{name} on database {:?}", job.cfg.db), job.cfg.lease)?),
+            None => None,
+        };
+        let watchdog = match &member {
+            Some(m) => Some(crate::coord::Watchdog::start(
+                s,
+                phase_t.clone(),
+                m.halt.clone(),
+                std::time::Duration::from_millis(500),
+                lost.clone(),
+            )?),
+            None => None,
+        };
+        let cfg = smallbank_tatp::DtxConfig {
+            halt: member.as_ref().map(|m| m.halt.clone()),
+            fence_tag: member.as_ref().map(|m| m.fence_tag.clone()),
+            fence_recorded: member.as_ref().map(|m| m.m.recorded_tag()),
+            lost: lost.clone(),
+            settle: settle.clone(),
+            ..job.cfg.clone()
+        };
+        let result = smallbank_tatp::run(phase_t.clone(), &run_cfg, w, &cfg);
+        let now = std::time::Instant::now();
+        let dead = watchdog.and_then(crate::coord::Watchdog::stop);
+        let (rep, error) = match result {
+            Ok(rep) => {
+                let error = rep.run.first_error.clone();
+                (Some(rep), error)
             }
-            return Err(e.into());
+            Err(e @ smallbank_tatp::WorkloadError::Interrupted(_)) if total.is_none() => {
+                eprintln!("compute-blade: {e}; no run, no record");
+                return Ok(Outcome::Interrupted);
+            }
+            Err(e) => (None, Some(e.to_string())),
+        };
+        // The gap since the last phase's measured time ended.
+        let gap = match (&rep, ended) {
+            (Some(r), Some(t0)) => (now.duration_since(t0).as_secs_f64() - r.run.duration_s).max(0.0),
+            _ => 0.0,
+        };
+        if let (Some(f), true) = (failovers.last_mut(), rep.is_some()) {
+            let f: &mut serde_json::Value = f;
+            f["resumed_after_s"] = json!(gap);
+            if s.run.progress {
+                eprintln!("failover: transactions resumed {gap:.2} s after the measured time stopped");
+            }
         }
-    };
-    let dead = watchdog.and_then(crate::coord::Watchdog::stop);
-    if let (Some(e), Some(m)) = (&entered, member) {
-        match &rep.run.first_error {
-            Some(err) => {
-                coordinated_failure(s, &*t, e, &m, err, dead);
+        ended = Some(now);
+        let merge = |total: &mut Option<smallbank_tatp::DtxReport>, rep: Option<smallbank_tatp::DtxReport>| match (
+            total.as_mut(),
+            rep,
+        ) {
+            (Some(a), Some(b)) => a.then(b, gap),
+            (None, Some(b)) => *total = Some(b),
+            (_, None) => {}
+        };
+        let (Some(e), Some(m)) = (entered.as_mut(), member) else {
+            // No coordinator: as before.
+            match rep {
+                Some(rep) => merge(&mut total, Some(rep)),
+                None => return Err(anyhow::anyhow!(error.unwrap_or_default())),
+            }
+            break;
+        };
+        let Some(err) = error else {
+            record_order(s, &*phase_t, e, &job.cfg.db);
+            if let Err(x) = m.m.leave() {
+                eprintln!("note: leaving the coordinator: {x} (the membership's lease runs out by itself)");
+            }
+            merge(&mut total, rep);
+            break;
+        };
+        let measured =
+            total.as_ref().map_or(0.0, |t| t.run.duration_s) + rep.as_ref().map_or(0.0, |r| r.run.duration_s + gap);
+        let fo = coordinated_failure(s, &*phase_t, e, &m, &err, dead);
+        let left = s.run.duration.as_secs_f64() - measured;
+        let epoch = fo.as_ref().map(|f| f.v.config.epoch);
+        let next = match fo {
+            Some(fo) if left > 0.5 && rep.is_some() => go_on(s, &*phase_t, &fo, &job.cfg),
+            Some(fo) => Err(anyhow::anyhow!(
+                "transactions stop ({}): {}",
+                if rep.is_none() { "the run failed before it ran" } else { "no time left" },
+                crate::coord::rebuild_hint(s, &fo.removed())
+            )),
+            None => Err(anyhow::anyhow!("")),
+        };
+        match next {
+            Ok((t2, removed, fenced)) => {
+                failovers.push(json!({
+                    "at_s": measured,
+                    "error": err,
+                    "epoch": epoch,
+                    "removed": removed,
+                    "settled": fenced.len(),
+                }));
+                e.v = e.c.load()?.ok_or_else(|| anyhow::anyhow!("the configuration vanished from the coordinator"))?;
+                if e.v.config.epoch != epoch.unwrap_or(0) {
+                    // Moved again meanwhile: the next phase checks it.
+                    eprintln!("note: the configuration moved on to epoch {} during the failover", e.v.config.epoch);
+                }
+                let _ = m.m.leave();
+                (phase_t, lost, settle) = (t2, removed, fenced);
+                run_cfg.duration = std::time::Duration::from_secs_f64(left);
+                run_cfg.warmup = std::time::Duration::ZERO;
+                merge(&mut total, rep);
+            }
+            Err(why) => {
+                if !why.to_string().is_empty() {
+                    eprintln!("compute-blade: {why:#}");
+                }
                 // It stops: its membership goes (its registration stays to
                 // recovery, as after any failed run).
                 let _ = m.m.leave();
-            }
-            None => {
-                record_order(s, &*t, e, &job.cfg.db);
-                if let Err(x) = m.m.leave() {
-                    eprintln!("note: leaving the coordinator: {x} (the membership's lease runs out by itself)");
+                match rep {
+                    Some(rep) => merge(&mut total, Some(rep)),
+                    None => return Err(anyhow::anyhow!(err)),
                 }
+                break;
             }
         }
     }
+    let rep = total.expect("a phase ran");
     let c = &rep.counts;
     let (attempted, committed) = (c.total_attempted(), c.total_committed());
     let secs = rep.run.duration_s.max(1e-9);
@@ -404,7 +490,19 @@ fn dtx_on<W: Workload + Clone + 'static>(
     let per = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
     let rate = |n: u64| per(n, attempted);
     let wrs = rep.run.verbs.wrs;
-    let audited = if job.audit && !rep.run.interrupted && rep.run.first_error.is_none() {
+    // Out of the configuration, a blade's copies are stale: the audit, which
+    // compares every replica, waits for its rebuild.
+    let audit_skipped = (job.audit && !lost.is_empty()).then(|| {
+        format!(
+            "not run: memory blades {} are out of the configuration; {}, then run with --audit-only",
+            ford_dtx::rebuild::blade_list(&lost),
+            crate::coord::rebuild_hint(s, &lost)
+        )
+    });
+    if let Some(why) = &audit_skipped {
+        eprintln!("audit: {why}");
+    }
+    let audited = if job.audit && lost.is_empty() && !rep.run.interrupted && rep.run.first_error.is_none() {
         let audit = smallbank_tatp::workload::audit_waiting(&*t, &s.run, &job.cfg.db, smallbank, job.audit_wait);
         Some(audit.with_context(|| format!("auditing {:?} after the timed run", job.cfg.db))?)
     } else {
@@ -419,6 +517,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
         "load_s": rep.load_s,
         "registry_slot": rep.slot,
         "coordinator": entered.as_ref().map(|e| json!({ "cluster": e.c.cluster(), "epoch": e.v.config.epoch })),
+        "failovers": failovers,
         "recovered": rep.recovered,
         "committed": committed,
         "attempted": attempted,
@@ -435,6 +534,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
         "doorbells_per_committed": per(rep.run.verbs.doorbells, committed),
         "ford": rep.stats,
         "audit": audited,
+        "audit_skipped": audit_skipped,
         "violations": violations,
     });
     let what = Subject { bench: name, app: "ford", workload: name };
@@ -463,6 +563,8 @@ fn dtx_on<W: Workload + Clone + 'static>(
 /// Says why a run under a coordinator failed: its membership halted it (a
 /// later epoch, or its lease lapsed), or a memory blade failed, which it
 /// then takes out of the configuration ([`crate::coord::fail_over`]).
+/// Returns the failover, if one happened (by this compute blade's
+/// proposal or another's).
 fn coordinated_failure(
     s: &Session,
     t: &dyn Transport,
@@ -470,20 +572,86 @@ fn coordinated_failure(
     m: &crate::coord::Member,
     error: &str,
     dead: Option<(u16, String)>,
-) {
-    if let Some(why) = m.m.why() {
-        eprintln!("compute-blade: {why}");
-        return;
-    }
-    let error = match &dead {
-        Some((b, why)) => format!("memory blade {b} failed a watchdog READ: {why}"),
-        None => error.to_string(),
+) -> Option<crate::coord::FailedOver> {
+    let halted = m.m.why();
+    let error = match (&dead, &halted) {
+        (Some((b, why)), _) => format!("memory blade {b} failed a watchdog READ: {why}"),
+        (None, Some(why)) => why.clone(),
+        (None, None) => error.to_string(),
     };
     match crate::coord::fail_over(s, e, t, &error, dead.map(|d| d.0)) {
-        Ok(Some(said)) => eprintln!("compute-blade: failover: {said}"),
-        Ok(None) => {}
-        Err(x) => eprintln!("compute-blade: failover failed: {x:#}"),
+        Ok(Some(fo)) => {
+            eprintln!("compute-blade: failover: {}", fo.said);
+            Some(fo)
+        }
+        Ok(None) => {
+            if let Some(why) = halted {
+                eprintln!("compute-blade: {why}");
+            }
+            None
+        }
+        Err(x) => {
+            eprintln!("compute-blade: failover failed: {x:#}");
+            None
+        }
     }
+}
+
+/// The next phase after a failover: its transport, the blades out, the
+/// settled registrations.
+type GoOn = (Arc<dyn Transport>, Vec<u16>, Vec<u64>);
+
+/// After failover `fo`: a transport without the blades it took out, and
+/// the earlier epoch's transactions settled (every compute blade of it was
+/// fenced: this one's own registration too, whose in-flight transactions
+/// are settled as a dead one's would be). Returns the transport, the
+/// blades out and the settled registrations.
+///
+/// # Errors
+/// Blade 0 out (transactions do not go on without it: not built); a link
+/// other than TCP; the settling's errors.
+fn go_on(
+    s: &Session,
+    t: &dyn Transport,
+    fo: &crate::coord::FailedOver,
+    d: &smallbank_tatp::DtxConfig,
+) -> Result<GoOn> {
+    let removed = fo.removed();
+    let hint = || crate::coord::rebuild_hint(s, &removed);
+    if removed.contains(&0) {
+        anyhow::bail!(
+            "transactions stop: memory blade 0 holds the catalog and the registry of compute blades, and \
+             transactions do not go on without it (not built); {}",
+            hint()
+        );
+    }
+    let t2 =
+        s.blades.connect_without(&removed, t.blades()).with_context(|| format!("transactions stop; {}", hint()))?;
+    let mut rt = smart_core::Runtime::new(&*t2, 0, s.run.runtime.clone())?;
+    let ctx = rt.ctx();
+    let (name, lost, tags) = (d.db.clone(), removed.clone(), fo.fenced.clone());
+    let wait_ms = 2 * d.lease.as_millis() as u64 + ford_dtx::recovery::GRACE_MS;
+    let rec = rt
+        .block_on(async move {
+            let Some(whole) = ford_dtx::db::Db::open(&ctx, &name).await? else {
+                return Err(ford_dtx::DtxError::Config(format!("database {name:?} is gone")));
+            };
+            let db = whole.without(&lost)?;
+            ford_dtx::recovery::settle(&ctx, &db, &tags, wait_ms).await
+        })
+        .with_context(|| format!("transactions stop: settling the earlier epoch's transactions; {}", hint()))?;
+    if s.run.progress {
+        let sum = |f: fn(&ford_dtx::recovery::Recovered) -> u64| rec.iter().map(f).sum::<u64>();
+        eprintln!(
+            "failover: {} registrations of the earlier epoch settled here ({} rolled back, {} rolled forward, {} \
+             locks released)",
+            rec.len(),
+            sum(|r| r.rolled_back),
+            sum(|r| r.rolled_forward),
+            sum(|r| r.released)
+        );
+    }
+    Ok((t2, removed, fo.fenced.clone()))
 }
 
 /// Records database `name`'s replica order in the configuration (once).
@@ -807,9 +975,9 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     let mut records = Vec::new();
     for (name, (r, rec, orphans)) in names.iter().zip(out) {
         println!(
-            "{name}: rebuilt on memory blade{plural} {list}: {} bucket arrays, {} overflow buckets, {} bytes; undo log \
-             copies there: {} ({} written from another copy)",
-            r.arrays, r.overflow, r.bytes, r.log_areas, r.log_copies
+            "{name}: rebuilt on memory blade{plural} {list}: {} bucket arrays, {} overflow buckets ({} added while it \
+             was out), {} bytes; undo log copies there: {} ({} written from another copy)",
+            r.arrays, r.overflow, r.added, r.bytes, r.log_areas, r.log_copies
         );
         print_recovered(name, &rec);
         for x in &rec {
@@ -1002,8 +1170,8 @@ async fn reserve_lost(
     Ok(())
 }
 
-/// Writes every database's copies on blades `lost` again, then settles the
-/// transactions of dead compute blades, releases orphan locks, and writes
+/// Settles the transactions of dead compute blades, writes every
+/// database's copies on blades `lost` again, releases orphan locks, and writes
 /// again the mirrors that were on the lost blades (no compute blade is
 /// registered now).
 async fn rebuild_copies(
@@ -1017,8 +1185,19 @@ async fn rebuild_copies(
         if progress {
             eprintln!("{}: rebuilding its copies on memory blades {} …", db.name, ford_dtx::rebuild::blade_list(lost));
         }
+        // The dead compute blades' transactions first settled on what
+        // survives (as in a failover: the lost blades out of use), so that
+        // the copies written next carry their outcome, also of records in
+        // buckets added while a blade was out (which a transaction's undo
+        // log knows no copy of on it). Blade 0 holds the registry: then
+        // after the copies, from the rebuilt registry.
+        let mut rec = if lost.contains(&0) {
+            Vec::new()
+        } else {
+            ford_dtx::recovery::recover(ctx, &db.without(lost)?, Which::Expired).await?
+        };
         let r = ford_dtx::rebuild::rebuild(ctx, db, lost).await?;
-        let rec = ford_dtx::recovery::recover_after_loss(ctx, db, lost, Which::Expired).await?;
+        rec.extend(ford_dtx::recovery::recover_after_loss(ctx, db, lost, Which::Expired).await?);
         let orphans = ford_dtx::recovery::release_orphans(ctx, db).await?;
         ford_dtx::mirror::ensure(ctx, db).await?;
         out.push((r, rec, orphans));

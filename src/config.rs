@@ -100,6 +100,31 @@ impl Blades {
     }
 }
 
+impl Blades {
+    /// [`Blades::connect`] without the memory blades `absent` (a failover
+    /// took them out of the configuration): each keeps its place, with its
+    /// size from `like` (the transport that had it), and a verb to it fails
+    /// at once. Over TCP only.
+    ///
+    /// # Errors
+    /// Another link; as [`Blades::connect`].
+    pub fn connect_without(&self, absent: &[u16], like: &[smart_core::BladeInfo]) -> Result<Arc<dyn Transport>> {
+        match self {
+            Blades::Remote { addrs, link: Link::Tcp, secret_file } => {
+                let secret = load_secret(secret_file.as_deref())?;
+                let gone: Vec<_> = absent
+                    .iter()
+                    .map(|b| (*b, like[usize::from(*b)], "taken out of the configuration by a failover".to_string()))
+                    .collect();
+                Ok(Arc::new(
+                    TcpTransport::connect_without(addrs, secret, &gone).context("connecting to the memory blades")?,
+                ))
+            }
+            _ => bail!("going on without a memory blade is built over TCP only (not over RDMA verbs yet)"),
+        }
+    }
+}
+
 /// The secret in the file at `path` (`--secret-file`), if one is named.
 ///
 /// # Errors
@@ -833,6 +858,8 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
         halt: None,
         fence_tag: None,
         fence_recorded: None,
+        lost: Vec::new(),
+        settle: Vec::new(),
     };
     let audit_wait = Duration::from_secs_f64(f.audit_wait);
     Ok(Config {

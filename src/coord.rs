@@ -120,11 +120,18 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts watching the blades of `t`.
+    /// Starts watching the blades of `t` but those of `skip` (out of the
+    /// configuration).
     ///
     /// # Errors
     /// The thread cannot be started.
-    pub fn start(s: &Session, t: Arc<dyn Transport>, halt: Arc<AtomicBool>, period: Duration) -> Result<Watchdog> {
+    pub fn start(
+        s: &Session,
+        t: Arc<dyn Transport>,
+        halt: Arc<AtomicBool>,
+        period: Duration,
+        skip: Vec<u16>,
+    ) -> Result<Watchdog> {
         let stop = Arc::new(AtomicBool::new(false));
         let dead = Arc::new(std::sync::Mutex::new(None));
         let cfg = RuntimeConfig {
@@ -140,7 +147,7 @@ impl Watchdog {
             let ctx = rt.ctx();
             let n = ctx.blades().len() as u16;
             while !st.load(std::sync::atomic::Ordering::SeqCst) {
-                for b in 0..n {
+                for b in (0..n).filter(|b| !skip.contains(b)) {
                     let c = ctx.clone();
                     if let Err(e) = rt.block_on(async move { c.read_u64(smart_core::GlobalAddr::new(b, 0)).await }) {
                         *de.lock().expect("not poisoned") = Some((b, e.to_string()));
@@ -208,11 +215,31 @@ pub fn failed_blades(addrs: &[String], silence: Option<&smart_core::backend::Sil
     out
 }
 
+/// What a failover did.
+#[derive(Debug)]
+pub struct FailedOver {
+    /// What to tell the user.
+    pub said: String,
+    /// The configuration after it.
+    pub v: Versioned,
+    /// The fence tags (registrations) of the earlier epochs' compute blades,
+    /// fenced on every active blade: their transactions are to be settled
+    /// before any of the new epoch runs.
+    pub fenced: Vec<u64>,
+}
+
+impl FailedOver {
+    /// The blades the configuration took out (removed at any epoch).
+    pub fn removed(&self) -> Vec<u16> {
+        let active = self.v.config.active();
+        (0..self.v.config.blades.len() as u16).filter(|b| !active.contains(b)).collect()
+    }
+}
+
 /// After a run failed with `error`: if a blade of the configuration is
 /// found dead (or is `known` dead: the [`Watchdog`] found it), takes it out of the configuration (unless another compute
 /// blade did first) and fences the earlier epochs' compute blades on the
-/// others. Returns what to tell the user, `None` if no blade was found
-/// dead.
+/// others. Returns what it did, `None` if no blade was found dead.
 ///
 /// # Errors
 /// etcd errors; fencing that fails on a surviving blade.
@@ -222,12 +249,15 @@ pub fn fail_over(
     t: &dyn Transport,
     error: &str,
     known: Option<u16>,
-) -> Result<Option<String>> {
+) -> Result<Option<FailedOver>> {
     let mut dead = failed_blades(&e.addrs, t.silence().as_deref());
     if let Some(b) = known.filter(|b| !dead.contains(b)) {
         dead.push(b);
         dead.sort_unstable();
     }
+    // Blades already out (a run going on without them) are not news.
+    let active = e.v.config.active();
+    dead.retain(|b| active.contains(b));
     if dead.is_empty() {
         return Ok(None);
     }
@@ -254,30 +284,40 @@ pub fn fail_over(
             Ok(None)
         }
     })?;
-    let fenced = fence_earlier(s, &e.c, &v)?;
+    let (fenced, tags) = fence_earlier(s, &e.c, &v)?;
     let removed: Vec<String> = dead.iter().map(|b| format!("{b} ({})", e.addrs[usize::from(*b)])).collect();
-    if !proposed {
-        return Ok(Some(format!(
+    let said = if proposed {
+        format!(
+            "memory blade{} {} failed: the configuration is now epoch {} ({}); {fenced}",
+            if dead.len() > 1 { "s" } else { "" },
+            removed.join(", "),
+            v.config.epoch,
+            v.config.describe_blades(),
+        )
+    } else {
+        format!(
             "memory blade{} {} failed; the configuration had moved to epoch {} ({}) by another compute blade's \
-             proposal: this one acted under epoch {} and stops; {fenced}",
+             proposal (this one acted under epoch {}); {fenced}",
             if dead.len() > 1 { "s" } else { "" },
             removed.join(", "),
             v.config.epoch,
             v.config.describe_blades(),
             e.v.config.epoch,
-        )));
-    }
-    Ok(Some(format!(
-        "memory blade{} {} failed: the configuration is now epoch {} ({}); {fenced}. Transactions stop: backups are \
-         not promoted online (not built). Start a fresh memory blade in its place and run `compute-blade rebuild \
-         --lost {} --coordinator {}` with the new --blades",
-        if dead.len() > 1 { "s" } else { "" },
-        removed.join(", "),
-        v.config.epoch,
-        v.config.describe_blades(),
-        dead.iter().map(u16::to_string).collect::<Vec<_>>().join(","),
+        )
+    };
+    Ok(Some(FailedOver { said, v, fenced: tags }))
+}
+
+/// What to do once transactions stopped for the blades `removed`: start a
+/// fresh memory blade in each one's place and rebuild it.
+pub fn rebuild_hint(s: &Session, removed: &[u16]) -> String {
+    format!(
+        "start a fresh memory blade in {} place and run `compute-blade rebuild --lost {} --coordinator {}` with the \
+         new --blades",
+        if removed.len() > 1 { "their" } else { "its" },
+        removed.iter().map(u16::to_string).collect::<Vec<_>>().join(","),
         s.coordinator.as_deref().unwrap_or_default(),
-    )))
+    )
 }
 
 /// Revokes, on every active blade of `v`, the fence tags of the members
@@ -285,7 +325,7 @@ pub fn fail_over(
 ///
 /// # Errors
 /// etcd errors; a blade that cannot be reached or refuses.
-pub fn fence_earlier(s: &Session, c: &Coordinator, v: &Versioned) -> Result<String> {
+pub fn fence_earlier(s: &Session, c: &Coordinator, v: &Versioned) -> Result<(String, Vec<u64>)> {
     let secret = match &s.blades {
         Blades::Remote { secret_file, .. } => secret_file.clone(),
         _ => None,
@@ -293,7 +333,12 @@ pub fn fence_earlier(s: &Session, c: &Coordinator, v: &Versioned) -> Result<Stri
     fence_members(c, v, secret.as_deref(), timeout(s))
 }
 
-fn fence_members(c: &Coordinator, v: &Versioned, secret: Option<&std::path::Path>, t: Duration) -> Result<String> {
+fn fence_members(
+    c: &Coordinator,
+    v: &Versioned,
+    secret: Option<&std::path::Path>,
+    t: Duration,
+) -> Result<(String, Vec<u64>)> {
     // Every registration that did not leave cleanly (its lease may have
     // lapsed: a paused process is fenced too).
     let mut tags: Vec<u64> = c
@@ -306,20 +351,21 @@ fn fence_members(c: &Coordinator, v: &Versioned, secret: Option<&std::path::Path
     tags.sort_unstable();
     tags.dedup();
     if tags.is_empty() {
-        return Ok("no compute blade of an earlier epoch had registered to fence".into());
+        return Ok(("no compute blade of an earlier epoch had registered to fence".into(), tags));
     }
     let active = v.config.active();
     for b in &active {
         let addr = &v.config.blades[usize::from(*b)].addr;
         revoke_on(addr, &tags, secret, t).with_context(|| format!("fencing on memory blade {b} ({addr})"))?;
     }
-    Ok(format!(
+    let said = format!(
         "{} compute blade{} of earlier epochs fenced on memory blade{} {}",
         tags.len(),
         if tags.len() > 1 { "s" } else { "" },
         if active.len() > 1 { "s" } else { "" },
         active.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
-    ))
+    );
+    Ok((said, tags))
 }
 
 /// Revokes `tags` on the memory blade at `addr` (a connection of its own).
@@ -453,7 +499,7 @@ pub fn command(a: &crate::cli::CoordinatorArgs) -> Result<i32> {
         CoordinatorAction::Remove => {
             let Some(b) = a.blade else { bail!("coordinator remove needs --blade N") };
             let v = c.update(|cfg| cfg.without(&[b], &a.why).map(Some))?;
-            let fenced = fence_members(&c, &v, a.secret_file.as_deref(), t)?;
+            let (fenced, _) = fence_members(&c, &v, a.secret_file.as_deref(), t)?;
             println!(
                 "memory blade {b} removed: the configuration is now epoch {} ({}); {fenced}",
                 v.config.epoch,

@@ -208,7 +208,7 @@ impl AddrCache {
         let scan = self.scan(t, b, p);
         if scan.hits == 1 && (self.colliders.is_empty() || !self.colliders.contains(&(t.id, key))) {
             let off = b * t.bucket_bytes() + layout::slot_offset(t.value_size, scan.hit);
-            return Lookup::At(t.array_mirrors(t.base[0].add(off), replicas));
+            return Lookup::At(t.array_mirrors(t.vbase[0].add(off), replicas));
         }
         if !self.exact.is_empty() {
             if let Some(loc) = self.exact.get(&(t.id, key)) {
@@ -328,7 +328,7 @@ mod tests {
     /// Two tables (ids 0 and 1) of `buckets` buckets on blades 0 and 1.
     fn db(buckets: u64) -> Db {
         let base = [GlobalAddr::new(0, 1 << 20), GlobalAddr::new(1, 1 << 20), GlobalAddr::NULL, GlobalAddr::NULL];
-        let t = |id| Table { id, value_size: 8, buckets, base };
+        let t = |id| Table::new(id, 8, buckets, base, 2);
         Db {
             name: "t".into(),
             tables: vec![t(0), t(1)],
@@ -336,6 +336,7 @@ mod tests {
             blades: 2,
             registry: GlobalAddr::new(0, 0),
             max_value: 8,
+            lost: Vec::new(),
         }
     }
 

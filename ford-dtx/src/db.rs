@@ -46,11 +46,36 @@ pub struct Table {
     pub value_size: usize,
     /// Buckets in the array.
     pub buckets: u64,
-    /// The bucket array of each replica (replica 0 is the primary).
+    /// The bucket array of each replica, as created (replica 0 is the
+    /// primary while every blade is in the configuration).
     pub base: [GlobalAddr; MAX_REPLICAS],
+    /// The replicas in the order transactions use them
+    /// ([`Db::without`]): position 0 is the primary, then the backups, then
+    /// the replicas on blades taken out of the configuration (not
+    /// written). `[0, 1, 2, 3]` while every blade is in.
+    pub order: [u8; MAX_REPLICAS],
+    /// Replicas in use: the first `live` of `order`.
+    pub live: usize,
+    /// `base` in `order`: the arrays transactions read and write.
+    pub vbase: [GlobalAddr; MAX_REPLICAS],
 }
 
 impl Table {
+    /// Table `id` over `replicas` replicas at `base`, every replica in use.
+    pub fn new(id: u32, value_size: usize, buckets: u64, base: [GlobalAddr; MAX_REPLICAS], replicas: usize) -> Table {
+        Table { id, value_size, buckets, base, order: [0, 1, 2, 3], live: replicas, vbase: base }
+    }
+
+    /// The position, in [`Table::order`], of replica 0 as created: a record
+    /// names its copy there as its home, whichever replica is primary.
+    pub fn home_pos(&self) -> usize {
+        self.order.iter().position(|r| *r == 0).expect("replica 0 is in the order")
+    }
+
+    /// Whether a replica is out of use ([`Db::without`]).
+    pub fn degraded(&self, replicas: usize) -> bool {
+        self.live < replicas
+    }
     /// Bytes of a record.
     pub fn record_bytes(&self) -> usize {
         layout::record_bytes(self.value_size)
@@ -64,27 +89,46 @@ impl Table {
     /// The first bucket, on the primary, of the chain of a key with hash
     /// `hash` ([`layout::key_hash`]); the backups' are at the same offset.
     pub fn home_bucket(&self, hash: u64) -> GlobalAddr {
-        self.base[0].add(hash % self.buckets * self.bucket_bytes())
+        self.vbase[0].add(hash % self.buckets * self.bucket_bytes())
     }
 
     /// The index of the bucket of the primary's array that holds `at`.
     pub fn bucket_of(&self, at: GlobalAddr) -> u64 {
-        (at.offset() - self.base[0].offset()) / self.bucket_bytes()
+        (at.offset() - self.vbase[0].offset()) / self.bucket_bytes()
     }
 
     /// Which slot of its bucket the record at `at`, in the primary's
     /// array, is.
     pub fn slot_of(&self, at: GlobalAddr) -> usize {
-        let in_bucket = (at.offset() - self.base[0].offset()) % self.bucket_bytes();
+        let in_bucket = (at.offset() - self.vbase[0].offset()) % self.bucket_bytes();
         ((in_bucket - layout::BUCKET_HEADER) / self.record_bytes() as u64) as usize
     }
 
     /// `at`, an address in the primary's bucket array, on each of the first
-    /// `replicas` replicas (each replica's array has the same layout).
+    /// `replicas` replicas in [`Table::order`] (each replica's array has the
+    /// same layout).
     #[inline]
     pub fn array_mirrors(&self, at: GlobalAddr, replicas: usize) -> [GlobalAddr; MAX_REPLICAS] {
-        let off = at.offset() - self.base[0].offset();
-        std::array::from_fn(|r| if r < replicas { self.base[r].add(off) } else { GlobalAddr::NULL })
+        let off = at.offset() - self.vbase[0].offset();
+        std::array::from_fn(|r| if r < replicas { self.vbase[r].add(off) } else { GlobalAddr::NULL })
+    }
+
+    /// The copies, in [`Table::order`], of an overflow bucket read at `at`
+    /// on the primary in use, whose header is `header`; and its next
+    /// bucket there ([`layout::copies_named`]: a header names the copies
+    /// by the replicas as created).
+    #[inline]
+    pub fn overflow_view(&self, header: &[u8], at: GlobalAddr) -> (u64, [u64; MAX_REPLICAS]) {
+        let (next, named) = layout::copies_named(header, usize::from(self.order[0]), at);
+        (next, std::array::from_fn(|v| named[usize::from(self.order[v])]))
+    }
+
+    /// The table's primary in use alone (a view of one replica, for scans
+    /// of its lock words).
+    pub fn primary_only(&self) -> Table {
+        let mut base = [GlobalAddr::NULL; MAX_REPLICAS];
+        base[0] = self.vbase[0];
+        Table::new(self.id, self.value_size, self.buckets, base, 1)
     }
 }
 
@@ -104,6 +148,10 @@ pub struct Db {
     pub registry: GlobalAddr,
     /// The largest value of any table (sizes log entries).
     pub max_value: usize,
+    /// Memory blades out of the cluster's configuration ([`Db::without`]):
+    /// nothing is read from or written to them. Empty while every blade is
+    /// in.
+    pub lost: Vec<u16>,
 }
 
 /// An address read from a blade (a replica's bucket array, a chain's next
@@ -286,12 +334,13 @@ impl Db {
         let tables = (0..ntables)
             .map(|t| {
                 let e = catalog::HEADER + t * catalog::TABLE;
-                Table {
-                    id: word(c, e) as u32,
-                    value_size: word(c, e + 8) as usize,
-                    buckets: word(c, e + 16),
-                    base: std::array::from_fn(|r| GlobalAddr::from_raw(word(c, e + 32 + 8 * r))),
-                }
+                Table::new(
+                    word(c, e) as u32,
+                    word(c, e + 8) as usize,
+                    word(c, e + 16),
+                    std::array::from_fn(|r| GlobalAddr::from_raw(word(c, e + 32 + 8 * r))),
+                    replicas.min(MAX_REPLICAS),
+                )
             })
             .collect();
         let db = Db {
@@ -301,6 +350,7 @@ impl Db {
             blades,
             registry: GlobalAddr::from_raw(word(c, 32)),
             max_value: word(c, 56) as usize,
+            lost: Vec::new(),
         };
         db.check_catalog(run)?;
         Ok(db)
@@ -395,7 +445,7 @@ impl Db {
             for (r, b) in base.iter_mut().enumerate().take(spec.replicas) {
                 *b = ctx.alloc(((t + r) % n) as u16, bytes, 64).await?;
             }
-            tables.push(Table { id: t as u32, value_size: ts.value_size, buckets, base });
+            tables.push(Table::new(t as u32, ts.value_size, buckets, base, spec.replicas));
         }
         let registry = ctx.alloc(0, registry::SLOTS * registry::SLOT, 64).await?;
         let mut c = vec![0u8; catalog::BYTES];
@@ -440,6 +490,67 @@ impl Db {
                 self.tables.iter().map(|t| t.value_size).collect::<Vec<_>>()
             )))
         }
+    }
+
+    /// This database as transactions use it while memory blades `lost`
+    /// are out of the cluster's configuration (a failover took them out):
+    /// each table keeps its replicas on the other blades, the first of them
+    /// in the order created becoming its primary (a backup promoted), and
+    /// nothing is read from or written to the lost blades. Records keep
+    /// naming their copy on replica 0 as created as their home, and undo
+    /// log entries name every replica as created, so that a rebuild of the
+    /// lost blades in place ([`crate::rebuild`]) and the recovery of a
+    /// transaction of either view find every copy.
+    ///
+    /// Transactions of a view must not overlap those of another: every
+    /// transaction of the earlier view is settled first
+    /// ([`crate::recovery::settle`]).
+    ///
+    /// # Errors
+    /// [`DtxError::Config`] if blade 0 is lost (it alone holds the catalog
+    /// and the registry of compute blades: a failover without it is not
+    /// built), or every replica of a table was on the lost blades.
+    pub fn without(&self, lost: &[u16]) -> Result<Db> {
+        let mut lost = lost.to_vec();
+        lost.sort_unstable();
+        lost.dedup();
+        if lost.contains(&0) {
+            return Err(DtxError::Config(format!(
+                "database {}: memory blade 0 holds the catalog and the registry of compute blades; transactions do \
+                 not go on without it (not built): rebuild it",
+                self.name
+            )));
+        }
+        let mut db = self.clone();
+        for t in &mut db.tables {
+            let on_lost = |r: &u8| lost.contains(&t.base[usize::from(*r)].blade());
+            let (live, gone): (Vec<u8>, Vec<u8>) = (0..self.replicas as u8).partition(|r| !on_lost(r));
+            if live.is_empty() {
+                return Err(DtxError::Config(format!(
+                    "database {}: every replica of table {} was on memory blades {}",
+                    self.name,
+                    t.id,
+                    crate::rebuild::blade_list(&lost)
+                )));
+            }
+            let mut order = [0, 1, 2, 3];
+            for (v, r) in live.iter().chain(&gone).enumerate() {
+                order[v] = *r;
+            }
+            t.order = order;
+            t.live = live.len();
+            t.vbase =
+                std::array::from_fn(
+                    |v| if v < self.replicas { t.base[usize::from(order[v])] } else { GlobalAddr::NULL },
+                );
+        }
+        db.lost = lost;
+        Ok(db)
+    }
+
+    /// Whether memory blade `b` is in use ([`Db::without`]).
+    pub fn uses(&self, b: u16) -> bool {
+        !self.lost.contains(&b)
     }
 
     /// Table `id`.
@@ -505,9 +616,12 @@ pub(crate) fn overflow_copies(
     Ok(out)
 }
 
-/// The copies of bucket `at` (a primary bucket of table `t`) on the first
-/// `replicas` replicas: positional in the bucket arrays, named by an
-/// overflow bucket's header ([`overflow_copies`]).
+/// The copies of bucket `at` (a bucket of table `t` on its primary in use)
+/// on the first `replicas` replicas of [`Table::order`]: positional in the
+/// bucket arrays, named by an overflow bucket's header
+/// ([`Table::overflow_view`]); each copy in use checked to name a bucket
+/// ([`stored_addr`]), the others as named (0 for a bucket added while their
+/// blade was out).
 ///
 /// # Errors
 /// A header that names no bucket; verb errors.
@@ -517,48 +631,63 @@ pub(crate) async fn bucket_copies(
     replicas: usize,
     at: GlobalAddr,
 ) -> Result<[GlobalAddr; MAX_REPLICAS]> {
-    let array = t.base[0].blade() == at.blade()
-        && (t.base[0].offset()..t.base[0].offset() + t.buckets * t.bucket_bytes()).contains(&at.offset());
+    let array = t.vbase[0].blade() == at.blade()
+        && (t.vbase[0].offset()..t.vbase[0].offset() + t.buckets * t.bucket_bytes()).contains(&at.offset());
     if array {
         return Ok(t.array_mirrors(at, replicas));
     }
     let mut header = [0u8; layout::BUCKET_HEADER as usize];
     ctx.read(at, &mut header).await?;
-    overflow_copies(ctx.blades(), t, replicas, &header, 0, at)
+    let (_, named) = t.overflow_view(&header, at);
+    let mut out = [GlobalAddr::NULL; MAX_REPLICAS];
+    for (v, c) in out.iter_mut().enumerate().take(replicas) {
+        *c = if v < t.live {
+            stored_addr(ctx.blades(), named[v], t.bucket_bytes(), || {
+                format!("table {}: replica {} of overflow bucket {at}", t.id, t.order[v])
+            })?
+        } else {
+            GlobalAddr::from_raw(named[v])
+        };
+    }
+    Ok(out)
 }
 
-/// Allocates an overflow bucket on every replica and links it after the
-/// chain's last bucket `last` (on the primary); returns the chain's new
-/// last bucket on the primary. Every copy of the new bucket names the
+/// Allocates an overflow bucket on every replica in use and links it after
+/// the chain's last bucket `last` (on the primary in use); returns the
+/// chain's new last bucket there. Every copy of the new bucket names the
 /// others before the primary's link publishes it; once linked, each
 /// backup copy of `last` links to the new bucket's copy on its replica
 /// (so every replica's chain can be walked on its own, and a damaged link
 /// repaired from the others: [`crate::repair`]). An extension cut short
 /// there leaves backup links 0, which the repair fills in. Under a race,
-/// the loser's buckets are left unused and the winner's returned.
+/// the loser's buckets are left unused and the winner's returned. While a
+/// replica's blade is out of the configuration ([`Db::without`]), the new
+/// bucket has no copy there (its word in the headers is 0): the rebuild of
+/// that blade adds one ([`crate::rebuild`]).
 ///
 /// # Errors
 /// A blade out of memory; verb errors.
 pub(crate) async fn extend_chain(ctx: &Ctx, t: &Table, replicas: usize, last: GlobalAddr) -> Result<GlobalAddr> {
+    // By replica as created (the headers' words), then in `t.order`.
     let mut copies = [GlobalAddr::NULL; MAX_REPLICAS];
-    copies[0] = ctx.alloc(last.blade(), t.bucket_bytes(), 64).await?;
-    let n = ctx.blades().len();
-    for (r, c) in copies.iter_mut().enumerate().take(replicas).skip(1) {
-        let blade = ((last.blade() as usize + r) % n) as u16;
-        *c = ctx.alloc(blade, t.bucket_bytes(), 64).await?;
+    for v in 0..t.live {
+        let r = usize::from(t.order[v]);
+        copies[r] = ctx.alloc(t.base[r].blade(), t.bucket_bytes(), 64).await?;
     }
-    for r in 0..replicas {
+    for v in 0..t.live {
+        let r = usize::from(t.order[v]);
         ctx.write(copies[r], &layout::header_bytes(0, &copies, r)).await?;
     }
-    let old = ctx.cas(last, 0, copies[0].raw()).await?;
+    let first = copies[usize::from(t.order[0])];
+    let old = ctx.cas(last, 0, first.raw()).await?;
     if old != 0 {
         return stored_addr(ctx.blades(), old, t.bucket_bytes(), || {
             format!("table {}: the next bucket after {last}", t.id)
         });
     }
     let lasts = bucket_copies(ctx, t, replicas, last).await?;
-    for r in 1..replicas {
-        ctx.write(lasts[r], &copies[r].raw().to_le_bytes()).await?;
+    for v in 1..t.live {
+        ctx.write(lasts[v], &copies[usize::from(t.order[v])].raw().to_le_bytes()).await?;
     }
-    Ok(copies[0])
+    Ok(first)
 }

@@ -329,10 +329,14 @@ pub fn header_bytes(next: u64, copies: &[GlobalAddr; MAX_REPLICAS], r: usize) ->
 /// entry   @0 magic u64   @8 registration nonce u64   @16 seq u64
 ///         @24 lock word u64   @32 items u32 | bytes u32   @40 crc32c u32 | 0
 ///         @48 0 u64 × 2, then items
-/// item    @0 table u32 | old state u32   @8 key u64   @16 old version u64
-///         @24 value size u64   @32 addresses u64 × 4 (replica 0 = primary)
+/// item    @0 table u32 | old state u8 | lock's replica u8 | 0 u16
+///         @8 key u64   @16 old version u64   @24 value size u64
+///         @32 addresses u64 × 4 (by replica as created)
 ///         @64 value [value cap]
 /// ```
+/// The lock's replica is the primary in use when the transaction ran: 0,
+/// or the backup promoted while the blade of replica 0 was out of the
+/// configuration ([`crate::db::Db::without`]).
 pub mod log {
     /// Entries per coroutine ring.
     pub const ENTRIES: u64 = 4;

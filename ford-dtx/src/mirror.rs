@@ -209,7 +209,7 @@ fn slot_offset(slot: u16) -> usize {
 /// As [`find`].
 async fn all(ctx: &Ctx, db: &Db) -> Result<Vec<GlobalAddr>> {
     let mut out = Vec::new();
-    for blade in blades(ctx) {
+    for blade in blades(ctx).filter(|b| db.uses(*b)) {
         out.extend(find(ctx, blade, &db.name).await?);
     }
     Ok(out)

@@ -35,7 +35,7 @@
 
 use smart_core::{Ctx, GlobalAddr};
 
-use crate::db::{overflow_copies, stored_addr, Db, Table};
+use crate::db::{stored_addr, Db, Table};
 use crate::error::{DtxError, Result};
 use crate::layout::{self, MAX_REPLICAS, SLOTS};
 use crate::recovery::Arrays;
@@ -48,6 +48,9 @@ pub struct Rebuilt {
     pub arrays: u64,
     /// Overflow buckets written again.
     pub overflow: u64,
+    /// Of those, the ones that had no copy on the lost blade (added while
+    /// it was out of the configuration): allocated there now.
+    pub added: u64,
     /// Bytes written.
     pub bytes: u64,
     /// Copies of registry slots' undo log areas that were on a lost blade,
@@ -102,8 +105,11 @@ async fn logs_on(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Vec<(GlobalAddr, u6
 
 /// Every chain of table `t`, as the copies of each bucket (the home bucket
 /// first), walked on replica `s` (which has none on a lost blade). Calls
-/// `f(chain)` per home bucket whose chain has an overflow bucket.
-async fn chains<F>(ctx: &Ctx, t: &Table, replicas: usize, s: usize, mut f: F) -> Result<()>
+/// `f(chain)` per home bucket whose chain has an overflow bucket. A copy on
+/// a `lost` blade that a header names as 0 (a bucket added while that
+/// blade was out of the configuration: [`crate::db::Db::without`]) is
+/// [`GlobalAddr::NULL`].
+async fn chains<F>(ctx: &Ctx, t: &Table, replicas: usize, s: usize, lost: &[u16], mut f: F) -> Result<()>
 where
     F: FnMut(&[[GlobalAddr; MAX_REPLICAS]]),
 {
@@ -121,7 +127,17 @@ where
                     format!("table {}: replica {s}'s next bucket after {}", t.id, chain[chain.len() - 1][s])
                 })?;
                 ctx.read(at, &mut header).await?;
-                chain.push(overflow_copies(ctx.blades(), t, replicas, &header, s, at)?);
+                let (_, named) = layout::copies_named(&header, s, at);
+                let mut copies = [GlobalAddr::NULL; MAX_REPLICAS];
+                for (j, c) in copies.iter_mut().enumerate().take(replicas) {
+                    if named[j] == 0 && lost.contains(&t.base[j].blade()) {
+                        continue;
+                    }
+                    *c = stored_addr(ctx.blades(), named[j], bb, || {
+                        format!("table {}: replica {j} of overflow bucket {at} (named by replica {s})", t.id)
+                    })?;
+                }
+                chain.push(copies);
                 next = layout::header_of(&header).0;
             }
             if chain.len() > 1 {
@@ -155,8 +171,8 @@ pub async fn extents_on(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Vec<u64>> {
         for r in on_lost {
             grow(t.base[r], t.buckets * bb);
         }
-        chains(ctx, t, db.replicas, s, |chain| {
-            for c in chain.iter().flatten() {
+        chains(ctx, t, db.replicas, s, lost, |chain| {
+            for c in chain.iter().flatten().filter(|c| !c.is_null()) {
                 grow(*c, bb);
             }
         })
@@ -208,9 +224,33 @@ pub async fn rebuild(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Rebuilt> {
         out.arrays += on_lost.len() as u64;
         // The chains: overflow buckets, and the links to them.
         let mut work = Vec::new();
-        chains(ctx, t, db.replicas, s, |chain| work.push(chain.to_vec())).await?;
+        chains(ctx, t, db.replicas, s, lost, |chain| work.push(chain.to_vec())).await?;
         let mut bucket = vec![0u8; bb as usize];
-        for chain in work {
+        for mut chain in work {
+            // A bucket added while the lost blade was out has no copy
+            // there: one is allocated now, and every copy's header names
+            // it.
+            let mut added = vec![false; chain.len()];
+            for (j, copies) in chain.iter_mut().enumerate().skip(1) {
+                for r in &on_lost {
+                    if copies[*r].is_null() {
+                        copies[*r] = ctx.alloc(t.base[*r].blade(), bb, 64).await?;
+                        added[j] = true;
+                        out.added += 1;
+                    }
+                }
+            }
+            for (j, copies) in chain.iter().enumerate().skip(1).filter(|(j, _)| added[*j]) {
+                let link = |r: usize| chain.get(j + 1).map_or(0, |n| n[r].raw());
+                for r in (0..db.replicas).filter(|r| !on_lost.contains(r)) {
+                    ctx.write(copies[r], &layout::header_bytes(link(r), copies, r)).await?;
+                    if on_lost.contains(&0) {
+                        // Its records name their copy on replica 0 as their
+                        // home: the one made now.
+                        rehome(ctx, t, copies[r], copies[0], &mut bucket).await?;
+                    }
+                }
+            }
             for (j, copies) in chain.iter().enumerate() {
                 let link = |r: usize| chain.get(j + 1).map_or(0, |n| n[r].raw());
                 if j == 0 {
@@ -249,6 +289,26 @@ pub async fn rebuild(ctx: &Ctx, db: &Db, lost: &[u16]) -> Result<Rebuilt> {
         out.log_areas += 1;
     }
     Ok(out)
+}
+
+/// Rewrites the records of the bucket copy at `at` to name their copies in
+/// the bucket at `home` (on replica 0) as their home (a bucket added while
+/// replica 0's blade was out named none).
+async fn rehome(ctx: &Ctx, t: &Table, at: GlobalAddr, home: GlobalAddr, bucket: &mut [u8]) -> Result<()> {
+    ctx.read(at, bucket).await?;
+    let rb = t.record_bytes();
+    let mut rec = vec![0u8; rb];
+    for slot in 0..SLOTS {
+        let off = layout::slot_offset(t.value_size, slot);
+        let Ok(r) = layout::decode(&bucket[off as usize..off as usize + rb], t.value_size) else { continue };
+        if r.state == layout::state::FREE {
+            continue;
+        }
+        let value = r.value.to_vec();
+        layout::encode(&mut rec, t.value_size, r.table, r.key, home.add(off), r.version, r.lock, r.state, &value);
+        ctx.write(at.add(off), &rec).await?;
+    }
+    Ok(())
 }
 
 /// A bucket read from one replica, made ready to be another's copy: its

@@ -115,7 +115,51 @@ pub async fn recover_after_loss(ctx: &Ctx, db: &Db, lost: &[u16], which: Which) 
     recover_all(ctx, db, which, lost).await
 }
 
+/// Settles the transactions of registrations `nonces`: the compute blades
+/// of an earlier configuration epoch after a failover, every one of them
+/// fenced on the memory blades in use, live or dead alike (none of their
+/// verbs lands again, so their state is what the blades and their
+/// replicated undo logs hold). Each slot one of them still claims is
+/// recovered as a dead compute blade's ([`recover_after_loss`] of the
+/// blades `db` does without: [`Db::without`]); a slot that another
+/// recovery holds is waited for, and taken over once that recovery's
+/// lease runs out. Returns when none of them claims a slot (what this call
+/// recovered), so that no transaction of the earlier epoch overlaps one of
+/// the next.
+///
+/// # Errors
+/// Slots still claimed after `wait_ms` milliseconds; as [`recover`].
+pub async fn settle(ctx: &Ctx, db: &Db, nonces: &[u64], wait_ms: u64) -> Result<Vec<Recovered>> {
+    let until = now_ms(ctx) + wait_ms;
+    let mut out = Vec::new();
+    loop {
+        let pending: Vec<SlotInfo> =
+            slots(ctx, db).await?.into_iter().filter(|s| s.claim != 0 && nonces.contains(&s.nonce())).collect();
+        if pending.is_empty() {
+            return Ok(out);
+        }
+        for s in pending.iter().filter(|s| s.claim & registry::RECOVERING == 0) {
+            out.extend(recover_all(ctx, db, Which::Slot(s.slot), &[]).await?);
+        }
+        // Held by another recovery: taken over if it died (its lease ran
+        // out).
+        out.extend(recover_all(ctx, db, Which::Expired, &[]).await?);
+        if now_ms(ctx) > until {
+            let p: Vec<String> = pending.iter().map(|s| format!("{} (pid {})", s.slot, s.pid)).collect();
+            return Err(crate::DtxError::Config(format!(
+                "registry slots {} of the earlier epoch are still claimed after {wait_ms} ms (another compute blade \
+                 recovering them)",
+                p.join(", ")
+            )));
+        }
+        ctx.sleep_ns(20_000_000).await;
+    }
+}
+
 async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: &[u16]) -> Result<Vec<Recovered>> {
+    // Lock words on the blades a failover took out are lost too.
+    let lost: Vec<u16> = lost.iter().chain(&db.lost).copied().collect();
+    let lost = &lost[..];
     let now = now_ms(ctx);
     let mut out = Vec::new();
     for s in slots(ctx, db).await? {
@@ -151,6 +195,9 @@ async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: &[u16]) -> Result<V
 struct EntryItem {
     table: u32,
     old_state: u8,
+    /// The replica (as created) whose copy held the lock: the primary in
+    /// use when the transaction ran ([`Db::without`]).
+    primary: usize,
     key: u64,
     old_version: u64,
     loc: [GlobalAddr; MAX_REPLICAS],
@@ -174,12 +221,14 @@ fn parse_entry(e: &[u8], nonce: u64, db: &Db) -> Option<(u64, Vec<EntryItem>)> {
     for k in 0..items {
         let o = log::HEADER + k * item_bytes;
         let (table, vs) = ((w(o) & 0xffff_ffff) as u32, w(o + 24) as usize);
-        if table as usize >= db.tables.len() || vs != db.table(table).value_size {
+        let primary = ((w(o) >> 40) & 0xff) as usize;
+        if table as usize >= db.tables.len() || vs != db.table(table).value_size || primary >= db.replicas {
             return None;
         }
         out.push(EntryItem {
             table,
             old_state: (w(o) >> 32) as u8,
+            primary,
             key: w(o + 8),
             old_version: w(o + 16),
             loc: std::array::from_fn(|r| GlobalAddr::from_raw(w(o + 32 + 8 * r))),
@@ -220,10 +269,11 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: &[u16], fenced: Fe
             // primary was on a lost blade, and its lock word with it).
             let mut held = Vec::with_capacity(items.len());
             for it in &items {
-                held.push(if on_lost(it.loc[0]) {
+                let holder = it.loc[it.primary];
+                held.push(if on_lost(holder) {
                     None
                 } else {
-                    Some(ctx.read_u64(it.loc[0].add(layout::LOCK)).await? == lw)
+                    Some(ctx.read_u64(holder.add(layout::LOCK)).await? == lw)
                 });
             }
             let known: Vec<bool> = held.iter().flatten().copied().collect();
@@ -242,8 +292,9 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: &[u16], fenced: Fe
                 rep.rolled_forward += 1;
             }
             for (it, h) in items.iter().zip(&held) {
-                if *h != Some(false) {
-                    ctx.cas(it.loc[0].add(layout::LOCK), lw, 0).await?;
+                let holder = it.loc[it.primary];
+                if *h != Some(false) && db.uses(holder.blade()) {
+                    ctx.cas(holder.add(layout::LOCK), lw, 0).await?;
                 }
             }
         }
@@ -256,7 +307,9 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: &[u16], fenced: Fe
                 locks.push((v.primary(), lock));
             }
         };
-        scan_past(ctx, t, 1, found, |_| {
+        // On the primary in use (a backup promoted while a blade is out:
+        // `Db::without`).
+        scan_past(ctx, &t.primary_only(), 1, found, |_| {
             rep.chains_cut += 1;
             Ok(())
         })
@@ -275,7 +328,7 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: &[u16], fenced: Fe
 /// not finish.
 async fn unfinished(ctx: &Ctx, db: &Db, items: &[EntryItem], lost: &[u16]) -> Result<bool> {
     for it in items {
-        for at in it.loc.iter().take(db.replicas).filter(|a| !lost.contains(&a.blade())) {
+        for at in it.loc.iter().take(db.replicas).filter(|a| !a.is_null() && !lost.contains(&a.blade())) {
             if ctx.read_u64(at.add(layout::VERSION)).await? == it.old_version {
                 return Ok(true);
             }
@@ -369,8 +422,8 @@ pub async fn release_orphans(ctx: &Ctx, db: &Db) -> Result<Orphans> {
     Ok(out)
 }
 
-/// Writes an item's old image to every replica (the primary keeping the
-/// dead transaction's lock word, released after), at
+/// Writes an item's old image to every replica in use (the copy that held
+/// the lock keeping the dead transaction's lock word, released after), at
 /// [`layout::recovery_version`] of its old version. The old image of an
 /// insert (a free slot) is restored as the key DELETED: once the dead
 /// transaction wrote the key there, another insert into the chain may have
@@ -380,8 +433,10 @@ async fn restore(ctx: &Ctx, db: &Db, it: &EntryItem, lw: u64) -> Result<()> {
     let t = db.table(it.table);
     let mut rec = vec![0u8; t.record_bytes()];
     let old_state = if it.old_state == state::FREE { state::DELETED } else { it.old_state };
-    for r in (0..db.replicas).rev() {
-        let lock = if r == 0 { lw } else { 0 };
+    // Not a copy out of use, nor one the transaction did not know (a bucket
+    // added while its blade was out has none there: 0).
+    for r in (0..db.replicas).rev().filter(|r| !it.loc[*r].is_null() && db.uses(it.loc[*r].blade())) {
+        let lock = if r == it.primary { lw } else { 0 };
         layout::encode(
             &mut rec,
             t.value_size,
@@ -784,7 +839,7 @@ mod tests {
     use crate::db::Table;
 
     fn db() -> Db {
-        let t = Table { id: 0, value_size: 8, buckets: 1, base: [GlobalAddr::new(0, 4096); MAX_REPLICAS] };
+        let t = Table::new(0, 8, 1, [GlobalAddr::new(0, 4096); MAX_REPLICAS], MAX_REPLICAS);
         Db {
             name: "t".into(),
             tables: vec![t],
@@ -792,6 +847,7 @@ mod tests {
             blades: 2,
             registry: GlobalAddr::new(0, 8192),
             max_value: 8,
+            lost: Vec::new(),
         }
     }
 

@@ -32,7 +32,8 @@ pub struct SlotInfo {
     /// Lease expiry, Unix ms.
     pub expiry_ms: u64,
     /// The holder's undo log area, one copy per replica (copy `j` on
-    /// blade `(slot + j) mod n`; [`GlobalAddr::NULL`] past the last).
+    /// blade `(slot + j) mod n`, the blades a failover took out skipped;
+    /// [`GlobalAddr::NULL`] past the last).
     pub logs: [GlobalAddr; MAX_REPLICAS],
     /// Its worker threads.
     pub threads: u64,
@@ -215,14 +216,18 @@ pub(crate) async fn claim(
         }
         let bytes = (threads * coroutines) as u64 * ring_bytes(db);
         let n = ctx.blades().len();
-        let copies = db.replicas.min(n);
+        // On the blades in use only (all but those a failover took out:
+        // [`Db::without`]), each copy on another.
+        let homes: Vec<u16> =
+            (0..n).map(|j| ((s.slot as usize + j) % n) as u16).filter(|b| db.uses(*b)).take(db.replicas).collect();
+        let copies = homes.len();
         // A slot's earlier log areas are reused when there are as many, on
         // the blades this slot's copies go to, each large enough: recovery
         // left no live entry in them, and entries carry the nonce of their
         // registration, so old ones are ignored. A damaged slot's areas are
         // not reused (new ones are allocated).
         let mut logs = [GlobalAddr::NULL; MAX_REPLICAS];
-        let home = |j: usize| ((s.slot as usize + j) % n) as u16;
+        let home = |j: usize| homes[j];
         match s.log_areas(ctx, db) {
             Ok(old)
                 if old.len() == copies

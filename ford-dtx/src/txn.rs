@@ -648,7 +648,9 @@ impl Txn {
             }
             Step::Bucket { at, hop } => {
                 let home = hop == 0;
-                let (next, mirrors) = layout::header_of(bytes);
+                // The bucket's copies in the table's order of replicas
+                // (the primary in use first: see `Db::without`).
+                let (next, mirrors) = t.overflow_view(bytes, at);
                 let mirrors: Loc = if home {
                     t.array_mirrors(at, replicas)
                 } else {
@@ -656,7 +658,12 @@ impl Txn {
                     // linked: one that names none, or no place on a
                     // blade, was damaged.
                     let mut m = [GlobalAddr::NULL; MAX_REPLICAS];
-                    for r in 1..replicas {
+                    // The copies out of use as named (0 for a bucket added
+                    // while their blade was out): for the undo log only.
+                    for r in t.live..replicas {
+                        m[r] = GlobalAddr::from_raw(mirrors[r]);
+                    }
+                    for r in 1..t.live {
                         m[r] = stored_addr(self.d.0.ctx.blades(), mirrors[r], t.bucket_bytes(), || {
                             format!("table {}: replica {r} of overflow bucket {at}", t.id)
                         })
@@ -888,12 +895,14 @@ impl Txn {
         for it in self.items[..self.n].iter().filter(|it| it.kind != Kind::Read) {
             let o = log::HEADER + k * item_bytes;
             let vs = db.table(it.table).value_size;
-            put(e, o, u64::from(it.table) | u64::from(it.state) << 32);
+            let t = db.table(it.table);
+            put(e, o, u64::from(it.table) | u64::from(it.state) << 32 | u64::from(t.order[0]) << 40);
             put(e, o + 8, it.key);
             put(e, o + 16, it.version);
             put(e, o + 24, vs as u64);
-            for r in 0..MAX_REPLICAS {
-                put(e, o + 32 + 8 * r, it.loc[r].raw());
+            // Every replica's copy by the replicas as created.
+            for v in 0..MAX_REPLICAS {
+                put(e, o + 32 + 8 * usize::from(t.order[v]), it.loc[v].raw());
             }
             let v = &mut e[o + log::ITEM_HEADER..o + item_bytes];
             v.fill(0);
@@ -932,20 +941,11 @@ impl Txn {
                 Kind::Delete => (state::DELETED, &it.value),
                 _ => (state::LIVE, &it.new),
             };
-            for r in 0..db.replicas {
+            let home = it.loc[t.home_pos()];
+            for r in 0..t.live {
                 let out = &mut self.images[(i * MAX_REPLICAS + r) * rb_max..][..t.record_bytes()];
                 let lock = if r == 0 { lw } else { 0 };
-                layout::encode(
-                    out,
-                    t.value_size,
-                    u64::from(it.table),
-                    it.key,
-                    it.loc[0],
-                    it.version + 1,
-                    lock,
-                    st,
-                    value,
-                );
+                layout::encode(out, t.value_size, u64::from(it.table), it.key, home, it.version + 1, lock, st, value);
             }
         }
         let mut round = Round::new(ctx);
@@ -954,8 +954,9 @@ impl Txn {
             if it.kind == Kind::Read {
                 continue;
             }
-            let rb = db.table(it.table).record_bytes();
-            for r in 0..db.replicas {
+            let t = db.table(it.table);
+            let rb = t.record_bytes();
+            for r in 0..t.live {
                 // Room for the flush READ too.
                 let (batch, b) = round.batch(it.loc[r].blade(), 2, rb + 8)?;
                 b.write(it.loc[r], &self.images[(i * MAX_REPLICAS + r) * rb_max..][..rb]);

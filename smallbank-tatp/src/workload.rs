@@ -139,6 +139,15 @@ pub struct DtxConfig {
     /// waits (up to its lease) until it is this registration's, before its
     /// first lock.
     pub fence_recorded: Option<Arc<AtomicU64>>,
+    /// Memory blades a failover took out of the cluster's configuration:
+    /// the run goes on over the others, a backup promoted for each table
+    /// whose primary was there ([`Db::without`]). The database must exist,
+    /// loaded. Empty: every blade is in.
+    pub lost: Vec<u16>,
+    /// The registrations (fence tags) of the compute blades of the earlier
+    /// configuration epoch, fenced by the failover: their transactions are
+    /// settled ([`recovery::settle`]) before this run registers.
+    pub settle: Vec<u64>,
 }
 
 /// Outcomes per transaction type.
@@ -157,7 +166,8 @@ impl Counts {
         Counts { attempted: vec![0; types], committed: vec![0; types], aborts: vec![[0; 6]; types] }
     }
 
-    fn merge(&mut self, o: &Counts) {
+    /// Adds `o`.
+    pub fn merge(&mut self, o: &Counts) {
         for (i, c) in o.attempted.iter().enumerate() {
             self.attempted[i] += c;
             self.committed[i] += o.committed[i];
@@ -224,6 +234,33 @@ pub struct DtxReport {
     pub slot: u16,
 }
 
+impl DtxReport {
+    /// This run followed, after `gap_s` seconds without transactions (a
+    /// failover), by `next` (the same compute blade going on in the next
+    /// configuration epoch): one report of both. The measured time counts
+    /// the gap, so that rates over it say what the failover cost; the
+    /// timeline's samples of `next` are placed after it; the error, the
+    /// Smart state and the slot are `next`'s.
+    pub fn then(&mut self, next: DtxReport, gap_s: f64) {
+        let offset = self.run.duration_s + gap_s;
+        let r = &mut self.run;
+        r.duration_s = offset + next.run.duration_s;
+        r.ops += next.run.ops;
+        r.verbs.merge(&next.run.verbs);
+        r.latency.merge(&next.run.latency);
+        r.smart = next.run.smart;
+        r.timeline.extend(next.run.timeline.into_iter().map(|mut s| {
+            s.t_s += offset;
+            s
+        }));
+        (r.errors, r.first_error, r.interrupted) = (next.run.errors, next.run.first_error, next.run.interrupted);
+        self.recovered.extend(next.recovered);
+        self.counts.merge(&next.counts);
+        self.stats.merge(&next.stats);
+        self.slot = next.slot;
+    }
+}
+
 /// The ledger key of a coroutine.
 pub fn ledger_key(slot: u16, thread: usize, coroutine: usize) -> u64 {
     u64::from(slot) << 24 | (thread as u64) << 12 | coroutine as u64
@@ -271,6 +308,9 @@ pub fn open<W: Workload>(
     let mut rt = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = rt.ctx();
     let spec = spec(w, d);
+    if !d.lost.is_empty() {
+        return open_without(&mut rt, cfg, d);
+    }
     let (db, existed, mut recovered) = rt.block_on(async move {
         let (db, existed) = Db::create(&ctx, &spec).await?;
         let rec = recovery::recover(&ctx, &db, Which::Expired).await?;
@@ -279,6 +319,47 @@ pub fn open<W: Workload>(
     let db = Arc::new(db);
     let load = !existed || unfinished_load(&mut rt, &db, cfg, d, &mut recovered)?;
     Ok(Opened { db, existed, load, recovered })
+}
+
+/// [`open`] after a failover took memory blades `d.lost` out: the database
+/// as transactions use it without them ([`Db::without`]), once the earlier
+/// epoch's transactions are settled (waiting up to twice the lease plus
+/// recovery's grace for those another compute blade is settling).
+fn open_without(rt: &mut Runtime, cfg: &RunConfig, d: &DtxConfig) -> Result<Opened, WorkloadError> {
+    let ctx = rt.ctx();
+    let (name, lost, settle) = (d.db.clone(), d.lost.clone(), d.settle.clone());
+    let wait_ms = 2 * d.lease.as_millis() as u64 + recovery::GRACE_MS;
+    let (db, recovered) = rt.block_on(async move {
+        let Some(whole) = Db::open(&ctx, &name).await? else {
+            return Err(DtxError::Config(format!("database {name:?} does not exist: nothing to go on with")));
+        };
+        if !whole.is_loaded(&ctx).await? {
+            return Err(DtxError::Config(format!("database {name:?} was never fully loaded: nothing to go on with")));
+        }
+        let db = whole.without(&lost)?;
+        let mut rec = recovery::settle(&ctx, &db, &settle, wait_ms).await?;
+        rec.extend(recovery::recover(&ctx, &db, Which::Expired).await?);
+        Ok::<_, DtxError>((db, rec))
+    })?;
+    if cfg.progress {
+        let promoted: Vec<String> = db
+            .tables
+            .iter()
+            .filter(|t| t.order[0] != 0)
+            .map(|t| format!("table {} on memory blade {}", t.id, t.vbase[0].blade()))
+            .collect();
+        eprintln!(
+            "going on without memory blades {}: {} ({} registrations of the earlier epoch settled)",
+            ford_dtx::rebuild::blade_list(&db.lost),
+            if promoted.is_empty() {
+                "no primary was there".to_string()
+            } else {
+                format!("backups promoted: {}", promoted.join(", "))
+            },
+            recovered.len()
+        );
+    }
+    Ok(Opened { db: Arc::new(db), existed: true, load: false, recovered })
 }
 
 /// For a database that existed: whether this compute blade must finish its

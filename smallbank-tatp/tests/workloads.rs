@@ -37,6 +37,8 @@ fn dtx(name: &str) -> DtxConfig {
         halt: None,
         fence_tag: None,
         fence_recorded: None,
+        lost: Vec::new(),
+        settle: Vec::new(),
     }
 }
 

@@ -1,9 +1,11 @@
 //! Memory blades lost under running compute blades, with a coordinator
 //! (etcd on loopback, three memory-blade processes, two SmallBank compute
 //! blades, k = 2): the lost blade is taken out of the configuration, the
-//! compute blades of the old epoch are fenced, a blade that comes back is
-//! refused, and a fresh one is rebuilt in its place; nothing committed is
-//! lost.
+//! compute blades of the old epoch are fenced, their transactions settled,
+//! and the compute blades go on without it (a backup promoted where a
+//! primary was lost; blade 0, which holds the registry, stops them); a
+//! blade that comes back is refused, and a fresh one is rebuilt in its
+//! place; nothing committed is lost.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -183,26 +185,51 @@ fn loaded(c: &Cluster) -> u64 {
 }
 
 #[test]
-fn a_memory_blade_killed_under_two_compute_blades_is_replaced_and_nothing_committed_is_lost() {
+fn a_memory_blade_killed_under_two_compute_blades_is_failed_over_and_nothing_committed_is_lost() {
     let etcd = Etcd::start();
-    for lost in 0..3 {
+    for lost in [1, 2, 0] {
         let mut c = Cluster::start(&etcd, &format!("each{lost}"));
         let before = loaded(&c);
-        let (a, b) = (start_run(&c, "fo-a", "60"), start_run(&c, "fo-b", "60"));
-        std::thread::sleep(Duration::from_millis(800));
+        // Blades 1 and 2: both runs go on (a backup promoted where the
+        // primary was lost) to the end of their 7 s; blade 0 (the catalog
+        // and the registry): both stop.
+        let (a, b) = (start_run(&c, "fo-a", "7"), start_run(&c, "fo-b", "7"));
+        std::thread::sleep(Duration::from_millis(1500));
         let t0 = Instant::now();
         c.kill_and_return(lost);
-        let (sa, ea, ra) = finish(a, Duration::from_secs(30), "compute blade a did not stop");
-        let (sb, eb, rb) = finish(b, Duration::from_secs(30), "compute blade b did not stop");
-        let stopped = t0.elapsed();
-        eprintln!("blade {lost}: both compute blades stopped {stopped:?} after the kill");
-        assert!(!sa.success() && !sb.success(), "both stop: {ea}\n{eb}");
-        // Within the request time-out (2 s), a keep-alive period and the
-        // fencing.
-        assert!(stopped < Duration::from_secs(12), "{stopped:?}");
+        let (sa, ea, ra) = finish(a, Duration::from_secs(60), "compute blade a did not end");
+        let (sb, eb, rb) = finish(b, Duration::from_secs(60), "compute blade b did not end");
+        eprintln!("blade {lost}: both compute blades ended {:?} after the kill", t0.elapsed());
         let both = format!("{ea}\n{eb}");
         assert!(both.contains(&format!("failover: memory blade {lost} (")), "blade {lost}: {both}");
         assert!(both.contains("fenced on memory blades"), "blade {lost}: {both}");
+        if lost == 0 {
+            assert!(!sa.success() && !sb.success(), "both stop: {both}");
+            assert!(both.contains("transactions do not go on without it"), "{both}");
+            assert_eq!(ra["coordinator"]["epoch"], 1, "{ra}");
+        } else {
+            assert!(sa.success() && sb.success(), "both go on: {both}");
+            for (r, e) in [(&ra, &ea), (&rb, &eb)] {
+                assert_eq!(r["coordinator"]["epoch"], 2, "{r}");
+                let f = &r["failovers"][0];
+                assert_eq!(f["removed"], serde_json::json!([lost]), "{r}");
+                // Committed transactions resume within the request time-out
+                // (2 s) + 2 s of the measured time's stop, and go on.
+                let (at, after) = (f["at_s"].as_f64().unwrap(), f["resumed_after_s"].as_f64().unwrap());
+                eprintln!("blade {lost}: stopped at {at:.2} s, resumed {after:.2} s later");
+                assert!(after < 4.0, "{r}");
+                let later: f64 = r["timeline"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| s["t_s"].as_f64().unwrap() > at + after)
+                    .map(|s| s["mops"].as_f64().unwrap())
+                    .sum();
+                assert!(later > 0.0, "nothing committed after the failover: {r}");
+                assert!(e.contains("going on without memory blades"), "{e}");
+                assert!(e.contains("audit: not run"), "{e}");
+            }
+        }
         let cfg = &show(&c)["config"];
         assert_eq!(cfg["epoch"], 2, "{cfg}");
         assert_eq!(cfg["blades"][lost]["state"], "removed", "{cfg}");
@@ -220,7 +247,6 @@ fn a_memory_blade_killed_under_two_compute_blades_is_replaced_and_nothing_commit
         eprintln!("{out}");
         assert!(out.contains("taken into the configuration: epoch 3"), "{out}");
         let after = clean(&c, &format!("after blade {lost} was rebuilt"));
-        assert_eq!(ra["coordinator"]["epoch"], 1, "{ra}");
         let committed = ledgered(&ra) + ledgered(&rb);
         assert!(committed > 0, "{ra}");
         assert!(
@@ -235,7 +261,7 @@ fn a_compute_blade_and_the_memory_blade_of_its_first_log_copy_killed_together_ar
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd, "together");
     let before = loaded(&c);
-    let (mut a, b) = (start_run(&c, "fo-ta", "60"), start_run(&c, "fo-tb", "60"));
+    let (mut a, b) = (start_run(&c, "fo-ta", "60"), start_run(&c, "fo-tb", "6"));
     // A's undo log: copy j on blade (slot + j) mod 3; its first copy's
     // blade dies with it.
     let lost = usize::from(a.slot) % 3;
@@ -244,13 +270,24 @@ fn a_compute_blade_and_the_memory_blade_of_its_first_log_copy_killed_together_ar
     kill9(&mut c.blades[lost].child);
     a.child.wait().unwrap();
     let _ = a.stderr.join();
-    let (sb, eb, rb) = finish(b, Duration::from_secs(30), "compute blade b did not stop");
-    assert!(!sb.success());
+    let (sb, eb, rb) = finish(b, Duration::from_secs(90), "compute blade b did not end");
     assert!(eb.contains(&format!("failover: memory blade {lost} (")), "{eb}");
-    c.replace(lost);
-    let out = rebuild(&c, lost);
-    assert!(!out.contains("every copy of its undo log"), "{out}");
-    assert!(out.contains(&format!("compute blade {}", a.slot)), "a is recovered: {out}");
+    if lost == 0 {
+        // Blade 0 lost: b stops, and the rebuild recovers a.
+        assert!(!sb.success());
+        c.replace(lost);
+        let out = rebuild(&c, lost);
+        assert!(!out.contains("every copy of its undo log"), "{out}");
+        assert!(out.contains(&format!("compute blade {}", a.slot)), "a is recovered: {out}");
+    } else {
+        // b settles a's transactions from a surviving copy of its undo log
+        // before it goes on.
+        assert!(sb.success(), "{eb}");
+        assert!(eb.contains("registrations of the earlier epoch settled here"), "{eb}");
+        c.replace(lost);
+        let out = rebuild(&c, lost);
+        assert!(!out.contains("every copy of its undo log"), "{out}");
+    }
     let after = clean(&c, "after the rebuild");
     assert!(after >= before + ledgered(&rb), "committed transactions lost");
 }
@@ -260,22 +297,28 @@ fn a_paused_compute_blade_of_the_old_epoch_is_refused_when_it_wakes() {
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd, "paused");
     let before = loaded(&c);
-    let (a, b) = (start_run(&c, "fo-pa", "60"), start_run(&c, "fo-pb", "60"));
+    let (a, b) = (start_run(&c, "fo-pa", "9"), start_run(&c, "fo-pb", "9"));
     std::thread::sleep(Duration::from_millis(800));
     signal(&b.child, "-STOP");
     // Long enough for its etcd lease (2 s) to lapse: it is fenced all the
     // same, by the record kept under its fence tag.
     std::thread::sleep(Duration::from_millis(3500));
     kill9(&mut c.blades[2].child);
-    let (sa, ea, ra) = finish(a, Duration::from_secs(30), "compute blade a did not stop");
-    assert!(!sa.success());
-    assert!(ea.contains("2 compute blades of earlier epochs fenced on memory blades 0,1"), "{ea}");
+    // a goes on without blade 2, once it settled b's transactions (b is
+    // fenced: nothing of its old registration lands again).
+    std::thread::sleep(Duration::from_millis(1500));
     signal(&b.child, "-CONT");
-    let (sb, eb, rb) = finish(b, Duration::from_secs(30), "the woken compute blade did not stop");
-    assert!(!sb.success());
+    let (sa, ea, ra) = finish(a, Duration::from_secs(60), "compute blade a did not end");
+    assert!(sa.success(), "{ea}");
+    assert!(ea.contains("2 compute blades of earlier epochs fenced on memory blades 0,1"), "{ea}");
+    let (sb, eb, rb) = finish(b, Duration::from_secs(60), "the woken compute blade did not end");
     // Refused by the blades, or halted by its membership: whichever it
-    // meets first.
+    // meets first; then it joins epoch 2 as a new registration (its old
+    // one settled), or stops if its time ran out.
     assert!(["refuses this compute blade", "moved to epoch 2", "lapse"].iter().any(|w| eb.contains(w)), "{eb}");
+    if sb.success() {
+        assert_eq!(rb["coordinator"]["epoch"], 2, "{rb}");
+    }
     // The woken one found every request late, blade 1's too: it must not
     // take live blades out of a configuration that moved on without it.
     let cfg = &show(&c)["config"];
@@ -283,7 +326,8 @@ fn a_paused_compute_blade_of_the_old_epoch_is_refused_when_it_wakes() {
     c.replace(2);
     rebuild(&c, 2);
     let after = clean(&c, "after the rebuild");
-    assert!(after >= before + ledgered(&ra) + ledgered(&rb), "committed transactions lost");
+    let b_committed = if rb.is_null() { 0 } else { ledgered(&rb) };
+    assert!(after >= before + ledgered(&ra) + b_committed, "committed transactions lost");
 }
 
 #[test]
@@ -347,7 +391,7 @@ fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
     let load = compute(&c.args(&list, &[&tatp[..], &["--duration", "0.3", "--quiet", "--audit"]].concat()));
     assert!(load.status.success(), "{}", String::from_utf8_lossy(&load.stderr));
     let mut run = Command::new(COMPUTE)
-        .args(c.args(&list, &[&tatp[..], &["--duration", "60", "--request-timeout", "2", "--quiet"]].concat()))
+        .args(c.args(&list, &[&tatp[..], &["--duration", "6", "--request-timeout", "2", "--quiet"]].concat()))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -356,13 +400,22 @@ fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
     let drain = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
     std::thread::sleep(Duration::from_millis(1500));
     kill9(&mut c.blades[1].child);
-    let st = wait_bounded(&mut run, Duration::from_secs(30), "the TATP run did not stop");
+    let st = wait_bounded(&mut run, Duration::from_secs(60), "the TATP run did not end");
     let said = drain.join().unwrap();
-    assert!(!st.success());
+    // It goes on without blade 1 to its end.
+    assert!(st.success(), "{said}");
     assert!(said.contains("failover: memory blade 1 ("), "{said}");
     assert_eq!(show(&c)["config"]["blades"][1]["state"], "removed");
     c.replace(1);
-    rebuild(&c, 1);
+    let out = rebuild(&c, 1);
+    // Call forwarding rows inserted without blade 1 filled chains: their
+    // new buckets get a copy on the rebuilt blade.
+    let added: u64 = out
+        .lines()
+        .filter_map(|l| l.split(" added while it was out").next()?.rsplit('(').next()?.parse::<u64>().ok())
+        .sum();
+    eprintln!("tatp: {added} overflow buckets added without blade 1");
+    assert!(added > 0, "{out}");
     let list = c.list();
     let audit = compute(&c.args(&list, &["tatp", "--subscribers", "2000", "--audit-only", "--quiet"]));
     let text = String::from_utf8_lossy(&audit.stdout);

@@ -4,6 +4,7 @@
 mod api;
 mod damage;
 mod defects;
+mod failover;
 mod mirror;
 mod oracle;
 mod recovery;

@@ -59,6 +59,9 @@ pub struct TcpTransport {
     /// What each blade said in its welcome (its identity, whether it
     /// requires proofs).
     welcomes: Vec<Welcome>,
+    /// Why each blade is absent ([`TcpTransport::connect_without`]), or
+    /// `None`.
+    absent: Vec<Option<String>>,
 }
 
 impl TcpTransport {
@@ -79,6 +82,28 @@ impl TcpTransport {
     /// As [`TcpTransport::connect`]; a blade that requires a secret when
     /// `secret` is `None`.
     pub fn connect_with(addrs: &[String], secret: Option<Secret>) -> Result<TcpTransport> {
+        Self::connect_without(addrs, secret, &[])
+    }
+
+    /// [`TcpTransport::connect_with`] without the blades of `absent`, each
+    /// given with its size and rkey as an earlier transport learned them
+    /// ([`Transport::blades`]) and why it is absent: no connection is made
+    /// to them, and every batch to one fails at once (a transport error
+    /// naming why), so that a run goes on over the other blades with every
+    /// address unchanged (a blade taken out of a cluster's configuration
+    /// after it failed).
+    ///
+    /// # Errors
+    /// As [`TcpTransport::connect_with`] for the other blades; an absent
+    /// blade that is not one of `addrs`.
+    pub fn connect_without(
+        addrs: &[String],
+        secret: Option<Secret>,
+        absent: &[(u16, BladeInfo, String)],
+    ) -> Result<TcpTransport> {
+        if let Some((b, ..)) = absent.iter().find(|(b, ..)| usize::from(*b) >= addrs.len()) {
+            return Err(Error::NoSuchBlade(*b, addrs.len()));
+        }
         if addrs.is_empty() || addrs.len() > crate::addr::MAX_BLADES {
             return Err(Error::Unsupported(format!(
                 "{} blade addresses: need 1 to {}",
@@ -87,7 +112,22 @@ impl TcpTransport {
             )));
         }
         let (mut infos, mut welcomes) = (Vec::with_capacity(addrs.len()), Vec::with_capacity(addrs.len()));
-        for a in addrs {
+        let mut gone = vec![None; addrs.len()];
+        for (i, a) in addrs.iter().enumerate() {
+            if let Some((_, info, why)) = absent.iter().find(|(b, ..)| usize::from(*b) == i) {
+                infos.push(*info);
+                let (size, rkey) = (info.size, info.rkey);
+                welcomes.push(Welcome {
+                    version: wire::PROTOCOL_VERSION,
+                    status: 0,
+                    size,
+                    rkey,
+                    flags: 0,
+                    identity: 0,
+                });
+                gone[i] = Some(format!("memory blade {i} ({a}) is absent: {why}"));
+                continue;
+            }
             let (_, w) = greet(a, wire::PROTOCOL_VERSION, 0)?;
             needs_secret(a, &w, secret.as_ref())?;
             infos.push(BladeInfo { size: w.size, rkey: w.rkey });
@@ -95,7 +135,7 @@ impl TcpTransport {
         }
         let nic = Arc::new(SoftNic::new(addrs.len()));
         let (peers, silence, secret) = (addrs.to_vec(), Silence::new(addrs.len()), secret.map(Arc::new));
-        Ok(TcpTransport { peers, infos, nic, silence, secret, welcomes })
+        Ok(TcpTransport { peers, infos, nic, silence, secret, welcomes, absent: gone })
     }
 }
 
@@ -213,6 +253,9 @@ impl TcpTransport {
     /// Opens one QP (connection) to blade `b`, naming its owner `tag` (0:
     /// none).
     fn connect_qp(&self, b: usize, tag: u64) -> Result<Conn> {
+        if let Some(why) = &self.absent[b] {
+            return Ok(Conn::absent(&self.peers[b], b as u16, why.clone(), self.silence.clone()));
+        }
         // A blade found silent gets no new connection (it would wait for
         // the handshake's time-out).
         self.silence.check(b as u16)?;
@@ -241,7 +284,7 @@ impl TcpTransport {
         }
         stream.set_nonblocking(true).map_err(|source| Error::Io { peer: peer.clone(), cause: source })?;
         Ok(Conn {
-            stream,
+            stream: Some(stream),
             peer: peer.clone(),
             out: Vec::with_capacity(64 << 10),
             sent: 0,
@@ -328,7 +371,8 @@ pub fn revoke_with(peer: &str, tag: u64, secret: Option<&Secret>) -> Result<()> 
 
 #[derive(Debug)]
 struct Conn {
-    stream: TcpStream,
+    /// `None` for an absent blade (then `broken` says why).
+    stream: Option<TcpStream>,
     peer: String,
     /// Encoded frames not yet accepted by the socket.
     out: Vec<u8>,
@@ -371,10 +415,30 @@ fn deliver(me: usize, nic: &SoftNic<Conn>, owner: usize, c: Completion, out: &mu
 }
 
 impl Conn {
+    /// The connection to an absent blade: broken from the start, for `why`.
+    fn absent(peer: &str, blade: u16, why: String, silence: Arc<Silence>) -> Conn {
+        Conn {
+            stream: None,
+            peer: peer.to_string(),
+            out: Vec::new(),
+            sent: 0,
+            inb: Vec::new(),
+            start: 0,
+            end: 0,
+            sq: VecDeque::new(),
+            batches: VecDeque::new(),
+            broken: Some(why),
+            fenced: false,
+            blade,
+            silence,
+        }
+    }
+
     /// Sends what the socket accepts now.
     fn flush(&mut self) -> std::io::Result<()> {
+        let Some(stream) = &mut self.stream else { return Err(ErrorKind::NotConnected.into()) };
         while self.sent < self.out.len() {
-            match self.stream.write(&self.out[self.sent..]) {
+            match stream.write(&self.out[self.sent..]) {
                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
                 Ok(n) => self.sent += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -438,7 +502,8 @@ impl Conn {
                     self.inb.resize(grown, 0);
                 }
             }
-            match self.stream.read(&mut self.inb[self.end..]) {
+            let Some(stream) = &mut self.stream else { return Err("no connection".into()) };
+            match stream.read(&mut self.inb[self.end..]) {
                 Ok(0) if self.fenced => return Err(format!("{}, and closed the connection", crate::fence::REFUSED)),
                 Ok(0) => return Err("the memory blade closed the connection".into()),
                 Ok(n) => {
@@ -599,12 +664,16 @@ impl Endpoint for TcpEndpoint {
         self.fds.clear();
         for c in &mut self.port.qps {
             // A shared connection someone else is receiving on: do not block.
-            let Some((fd, waiting, sending)) =
-                c.try_with(|c| (c.stream.as_raw_fd(), c.broken.is_none() && !c.batches.is_empty(), !c.out.is_empty()))
-            else {
+            let Some((fd, waiting, sending)) = c.try_with(|c| {
+                (
+                    c.stream.as_ref().map(|s| s.as_raw_fd()),
+                    c.broken.is_none() && !c.batches.is_empty(),
+                    !c.out.is_empty(),
+                )
+            }) else {
                 return;
             };
-            if waiting {
+            if let (Some(fd), true) = (fd, waiting) {
                 let events = libc::POLLIN | if sending { libc::POLLOUT } else { 0 };
                 self.fds.push(libc::pollfd { fd, events, revents: 0 });
             }
@@ -644,7 +713,10 @@ impl Endpoint for TcpEndpoint {
     }
 
     fn revoke(&mut self, tag: u64) -> Result<crate::Fencing> {
-        let peers: Vec<String> = self.port.qps.iter_mut().map(|c| c.with(|c| c.peer.clone())).collect();
+        // Not on absent blades (`TcpTransport::connect_without`): nothing
+        // of the owner's reaches them through this transport.
+        let peers: Vec<String> =
+            self.port.qps.iter_mut().filter_map(|c| c.with(|c| c.stream.is_some().then(|| c.peer.clone()))).collect();
         for p in &peers {
             revoke_with(p, tag, self.secret.as_deref())?;
         }

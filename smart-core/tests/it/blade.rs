@@ -517,3 +517,33 @@ fn one_peer_cannot_take_every_connection() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn a_transport_without_an_absent_blade_runs_on_the_others() {
+    let (h0, h1) = (serve(Region::anonymous(1 << 20).unwrap()), serve(Region::anonymous(1 << 20).unwrap()));
+    let addrs = vec![h0.addr().to_string(), h1.addr().to_string()];
+    let whole = TcpTransport::connect(&addrs).unwrap();
+    let info = whole.blades()[1];
+    drop(whole);
+    // Blade 1 is gone: no connection to it is tried.
+    drop(h1);
+    assert!(TcpTransport::connect(&addrs).is_err());
+    let t = TcpTransport::connect_without(&addrs, None, &[(1, info, "removed at epoch 2".into())]).unwrap();
+    assert_eq!(t.blades()[1], info, "the absent blade keeps its place and size");
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let a = ctx.alloc(0, 64, 8).await.unwrap();
+        ctx.write(a, &7u64.to_le_bytes()).await.unwrap();
+        assert_eq!(ctx.read_u64(a).await.unwrap(), 7);
+        // A verb to the absent blade fails at once, however often.
+        for _ in 0..3 {
+            let t0 = std::time::Instant::now();
+            let e = ctx.read_u64(smart_core::GlobalAddr::new(1, 4096)).await.unwrap_err();
+            assert!(t0.elapsed() < Duration::from_secs(1), "{e}");
+        }
+        assert_eq!(ctx.read_u64(a).await.unwrap(), 7, "the other blade still answers");
+    });
+    // An index past the blades is refused.
+    assert!(TcpTransport::connect_without(&addrs, None, &[(2, info, "x".into())]).is_err());
+}

@@ -1,0 +1,211 @@
+//! A backup promoted while a memory blade is out of the configuration
+//! (`Db::without`): transactions go on over the other blades and leave the
+//! lost one untouched; the transactions of the earlier view are settled
+//! first (`recovery::settle`), wherever they died; a rebuild of the lost
+//! blade from the promoted copies then leaves a database whose audit is
+//! clean.
+
+use std::sync::Arc;
+
+use ford_dtx::db::Db;
+use ford_dtx::recovery::{audit, settle};
+use ford_dtx::Registration;
+use smart_core::{Ctx, GlobalAddr, Transport};
+use smart_testkit::backends;
+use smart_testkit::die::Die;
+
+use crate::{insert_one, join, open, spec, u};
+
+const ACCOUNTS: u64 = 6;
+const START: u64 = 1_000;
+
+/// Every bucket array on blade `b` (the copies a failover of `b` must not
+/// touch), as bytes.
+async fn arrays_on(ctx: &Ctx, db: &Db, b: u16) -> Vec<(GlobalAddr, Vec<u8>)> {
+    let mut out = Vec::new();
+    for t in &db.tables {
+        for r in (0..db.replicas).filter(|r| t.base[*r].blade() == b) {
+            let mut bytes = vec![0u8; (t.buckets * t.bucket_bytes()) as usize];
+            ctx.read_all(t.base[r], &mut bytes).await.unwrap();
+            out.push((t.base[r], bytes));
+        }
+    }
+    out
+}
+
+/// A transfer of 7 from `(ta, a)` to `(tb, b)`.
+async fn transfer(dtx: &ford_dtx::Dtx, (ta, a): (u32, u64), (tb, b): (u32, u64)) -> Result<(), ford_dtx::TxnError> {
+    let mut tx = dtx.txn(0);
+    tx.begin();
+    let (x, y) = (tx.update(ta, a), tx.update(tb, b));
+    tx.execute().await?;
+    let (vx, vy) = (u(tx.value(x)), u(tx.value(y)));
+    tx.write(x, &(vx - 7).to_le_bytes());
+    tx.write(y, &(vy + 7).to_le_bytes());
+    tx.commit().await
+}
+
+/// The lost blade's copies written again from the others (zeroed first, as
+/// a fresh blade's), then the whole database audited: no violation, and
+/// the sum of every balance.
+async fn rebuild_and_audit(ctx: &Ctx, db: &Db, lost: u16, what: &str) -> (u64, ford_dtx::rebuild::Rebuilt) {
+    for (at, bytes) in arrays_on(ctx, db, lost).await {
+        ctx.write_all(at, &vec![0u8; bytes.len()]).await.unwrap();
+    }
+    let rebuilt = ford_dtx::rebuild::rebuild(ctx, db, &[lost]).await.unwrap();
+    let mut sum = 0;
+    let rep = audit(ctx, db, |_, _, v| sum += u(v)).await.unwrap();
+    assert_eq!(rep.violations(), 0, "{what}: {rep:?}");
+    // Every copy names replica 0's as its home (what repairs check),
+    // whichever replica was primary when it was written.
+    for t in &db.tables {
+        let mut homes = Vec::new();
+        ford_dtx::recovery::scan(ctx, t, db.replicas, |v| {
+            for r in 0..db.replicas {
+                if let Ok(rec) = ford_dtx::layout::decode(v.recs[r], t.value_size) {
+                    homes.push((rec.home, v.at[0].raw()));
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert!(homes.iter().all(|(h, want)| h == want), "{what}: table {} has records of another home", t.id);
+    }
+    (sum, rebuilt)
+}
+
+#[test]
+fn transactions_go_on_with_a_backup_promoted_and_leave_the_lost_blade_untouched() {
+    let b = backends::embedded(3);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    // Table i on blades i and i + 1 (mod 3): blade 1 holds table 0's backup
+    // and table 1's primary.
+    let (mut rt, db, first) = open(&t, &spec("promote", &[8, 8, 8], 16, 2), 1, 1);
+    let dtx = first.open_thread(rt.ctx());
+    let ctx = rt.ctx();
+    let d = db.clone();
+    let before = rt.block_on(async move {
+        for table in 0..3 {
+            for k in 0..ACCOUNTS {
+                insert_one(&dtx, table, k, START).await.unwrap();
+            }
+        }
+        arrays_on(&ctx, &d, 1).await
+    });
+    first.close(&*t).unwrap();
+    assert!(db.without(&[0]).is_err(), "blade 0 holds the registry");
+    let view = Arc::new(db.without(&[1]).unwrap());
+    assert_eq!((view.table(1).order[0], view.table(1).live, view.table(0).live), (1, 1, 1));
+    assert_eq!((view.table(2).order, view.table(2).live), ([0, 1, 2, 3], 2), "table 2 keeps both");
+    let reg = Registration::register(t.clone(), view.clone(), 1, 1, std::time::Duration::from_secs(30)).unwrap();
+    assert!(reg.info.logs.iter().all(|l| l.is_null() || l.blade() != 1), "no undo log copy on the lost blade");
+    let dtx = reg.open_thread(rt.ctx());
+    let (ctx, d) = (rt.ctx(), db.clone());
+    rt.block_on(async move {
+        for i in 0..30u64 {
+            let (ta, tb) = ((i % 3) as u32, ((i + 1) % 3) as u32);
+            transfer(&dtx, (ta, i % ACCOUNTS), (tb, (i * 5 + 1) % ACCOUNTS)).await.unwrap();
+        }
+        // Reads through the promoted copies see the writes.
+        let mut sum = 0;
+        for table in 0..3 {
+            for k in 0..ACCOUNTS {
+                sum += crate::read_one(&dtx, table, k).await.unwrap();
+            }
+        }
+        assert_eq!(sum, 3 * ACCOUNTS * START);
+        assert!(arrays_on(&ctx, &d, 1).await == before, "a copy on the lost blade was written");
+        // Inserts that fill table 1's chains (2 buckets of 22 slots): its
+        // new overflow buckets have no copy on the lost blade.
+        for k in 100..160 {
+            insert_one(&dtx, 1, k, 0).await.unwrap();
+        }
+        assert!(dtx.stats().chains_extended > 0, "the chains grew");
+        for k in (100..160).step_by(7) {
+            assert_eq!(crate::read_one(&dtx, 1, k).await, Some(0));
+        }
+        transfer(&dtx, (1, 150), (1, 0)).await.unwrap();
+        transfer(&dtx, (1, 0), (1, 150)).await.unwrap();
+        assert!(arrays_on(&ctx, &d, 1).await == before, "a copy on the lost blade was written");
+    });
+    reg.close(&*t).unwrap();
+    let (ctx, d) = (rt.ctx(), db.clone());
+    let (sum, rebuilt) = rt.block_on(async move { rebuild_and_audit(&ctx, &d, 1, "after the promoted run").await });
+    assert_eq!(sum, 3 * ACCOUNTS * START, "money conserved through the promotion and the rebuild");
+    assert!(rebuilt.added > 0, "the buckets added without blade 1 get a copy there: {rebuilt:?}");
+}
+
+#[test]
+fn a_transaction_cut_short_by_a_failover_is_settled_before_the_next_epoch() {
+    // Across tables 1 (its primary on the lost blade) and 2; and within
+    // table 1 alone (every primary lost: decided by the promoted copies).
+    for (from, to) in [((1, 2), (2, 3)), ((1, 2), (1, 4))] {
+        cut_short_by_failover(from, to);
+    }
+}
+
+fn cut_short_by_failover(from: (u32, u64), to: (u32, u64)) {
+    let mut outcomes = [0u32; 2];
+    for polls in 1..14 {
+        let b = backends::embedded(3);
+        let t: Arc<dyn Transport> = b.transport.clone();
+        let (mut rt, db, first) = open(&t, &spec("settle", &[8, 8, 8], 16, 2), 1, 1);
+        let dtx = first.open_thread(rt.ctx());
+        rt.block_on(async move {
+            for table in 0..3 {
+                for k in 0..ACCOUNTS {
+                    insert_one(&dtx, table, k, START).await.unwrap();
+                }
+            }
+        });
+        first.close(&*t).unwrap();
+        // The earlier epoch's compute blade dies in a transfer between
+        // table 1 (primary on blade 1, which is lost) and table 2.
+        let old = join(&t, &db);
+        let nonce = old.fence_tag();
+        let dtx = old.open_thread(rt.ctx());
+        let died = rt.block_on(Die::after(polls, async move { transfer(&dtx, from, to).await }));
+        drop(old);
+        let view = Arc::new(db.without(&[1]).unwrap());
+        let (ctx, v) = (rt.ctx(), view.clone());
+        let rec = rt.block_on(async move { settle(&ctx, &v, &[nonce], 5_000).await }).unwrap();
+        let what = format!(
+            "{from:?} to {to:?}, died after {polls} polls ({})",
+            if died.is_some() { "finished" } else { "cut short" }
+        );
+        assert_eq!(rec.len(), 1, "{what}: {rec:?}");
+        // A compute blade of the promoted view dies the same way (its locks
+        // on the promoted primaries), and is settled as well.
+        let again = Registration::register(t.clone(), view.clone(), 1, 1, std::time::Duration::from_secs(30)).unwrap();
+        let nonce = again.fence_tag();
+        let dtx = again.open_thread(rt.ctx());
+        let died_again = rt.block_on(Die::after(polls, async move { transfer(&dtx, from, to).await }));
+        drop(again);
+        let (ctx, v) = (rt.ctx(), view.clone());
+        let rec = rt.block_on(async move { settle(&ctx, &v, &[nonce], 5_000).await }).unwrap();
+        assert_eq!(rec.len(), 1, "{what}, then in the promoted view: {rec:?}");
+        // The next epoch: no lock of the dead transactions is left on a
+        // primary in use, and each one's effect is wholly there or wholly
+        // not.
+        let reg = Registration::register(t.clone(), view.clone(), 1, 1, std::time::Duration::from_secs(30)).unwrap();
+        let dtx = reg.open_thread(rt.ctx());
+        let got = rt.block_on(async move {
+            let a = crate::read_one(&dtx, from.0, from.1).await.unwrap();
+            let c = crate::read_one(&dtx, to.0, to.1).await.unwrap();
+            transfer(&dtx, to, from).await.unwrap();
+            (a, c)
+        });
+        let n = (START - got.0) / 7;
+        assert!(got.0 <= START && n <= 2 && got == (START - 7 * n, START + 7 * n), "{what}: {got:?}");
+        outcomes[usize::from(n > 0)] += 1;
+        let acknowledged = u64::from(died.is_some()) + u64::from(died_again.is_some());
+        assert!(n >= acknowledged, "{what}: an acknowledged transfer was lost ({got:?})");
+        reg.close(&*t).unwrap();
+        let (ctx, d) = (rt.ctx(), db.clone());
+        let w = what.clone();
+        let (sum, _) = rt.block_on(async move { rebuild_and_audit(&ctx, &d, 1, &w).await });
+        assert_eq!(sum, 3 * ACCOUNTS * START, "{what}");
+    }
+    // Both outcomes happened (deaths before the log, and after the writes).
+    assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
+}
