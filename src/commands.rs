@@ -610,12 +610,7 @@ type GoOn = (Arc<dyn Transport>, Vec<u16>, Vec<u64>);
 /// # Errors
 /// Blade 0 out (transactions do not go on without it: not built); a link
 /// other than TCP; the settling's errors.
-fn go_on(
-    s: &Session,
-    t: &dyn Transport,
-    fo: &crate::coord::FailedOver,
-    d: &smallbank_tatp::DtxConfig,
-) -> Result<GoOn> {
+fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smallbank_tatp::DtxConfig) -> Result<GoOn> {
     let removed = fo.removed();
     let hint = || crate::coord::rebuild_hint(s, &removed);
     if removed.contains(&0) {
@@ -643,9 +638,10 @@ fn go_on(
     if s.run.progress {
         let sum = |f: fn(&ford_dtx::recovery::Recovered) -> u64| rec.iter().map(f).sum::<u64>();
         eprintln!(
-            "failover: {} registrations of the earlier epoch settled here ({} rolled back, {} rolled forward, {} \
+            "failover: {} registration{} of the earlier epoch settled here ({} rolled back, {} rolled forward, {} \
              locks released)",
             rec.len(),
+            if rec.len() == 1 { "" } else { "s" },
             sum(|r| r.rolled_back),
             sum(|r| r.rolled_forward),
             sum(|r| r.released)

@@ -349,14 +349,15 @@ fn open_without(rt: &mut Runtime, cfg: &RunConfig, d: &DtxConfig) -> Result<Open
             .map(|t| format!("table {} on memory blade {}", t.id, t.vbase[0].blade()))
             .collect();
         eprintln!(
-            "going on without memory blades {}: {} ({} registrations of the earlier epoch settled)",
+            "going on without memory blade{} {}: {}{}",
+            if db.lost.len() == 1 { "" } else { "s" },
             ford_dtx::rebuild::blade_list(&db.lost),
             if promoted.is_empty() {
                 "no primary was there".to_string()
             } else {
                 format!("backups promoted: {}", promoted.join(", "))
             },
-            recovered.len()
+            if recovered.is_empty() { String::new() } else { format!("; {} registrations recovered", recovered.len()) }
         );
     }
     Ok(Opened { db: Arc::new(db), existed: true, load: false, recovered })
@@ -646,7 +647,7 @@ pub fn run<W: Workload + Clone + 'static>(
     };
     let mut load_s = 0.0;
     if !load {
-        if cfg.progress {
+        if cfg.progress && d.lost.is_empty() {
             eprintln!("note: database {:?} exists on the blades (an earlier run): running on it as it is", d.db);
         }
     } else {
