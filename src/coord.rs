@@ -13,10 +13,12 @@
 //!   answering), proposes the configuration without it (one proposal wins),
 //!   then fences every compute blade of the earlier epoch on the surviving
 //!   blades (their registrations are revoked there: none of their verbs
-//!   lands again). Backups are not promoted while transactions run (not
-//!   built): the compute blades stop, and `compute-blade rebuild --lost N
-//!   --coordinator URL` writes a fresh blade's copies in the lost one's
-//!   place and takes it into the configuration ([`readmit`]).
+//!   lands again). The run then settles the earlier epoch's transactions
+//!   and goes on without the blade, a backup promoted where a primary was
+//!   lost (the `smallbank`/`tatp` command's loop; not for blade 0, which
+//!   holds the registry); `compute-blade rebuild --lost N --coordinator
+//!   URL` later writes a fresh blade's copies in the lost one's place and
+//!   takes it into the configuration ([`readmit`]).
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -262,6 +264,14 @@ pub fn fail_over(
         return Ok(None);
     }
     let why = format!("compute blade pid {} saw: {error}", std::process::id());
+    // For tests: `SMART_RS_TEST_PROPOSAL=delay:MS` waits before proposing
+    // (so that another compute blade proposes first), `die` aborts the
+    // process right after its proposal landed, before any fencing (a
+    // proposer killed mid-proposal).
+    let hook = std::env::var("SMART_RS_TEST_PROPOSAL").unwrap_or_default();
+    if let Some(ms) = hook.strip_prefix("delay:").and_then(|m| m.parse().ok()) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
     // Whether this proposal is the one that stuck (another compute blade
     // may have moved the configuration first).
     let mut proposed = false;
@@ -284,6 +294,10 @@ pub fn fail_over(
             Ok(None)
         }
     })?;
+    if proposed && hook == "die" {
+        eprintln!("compute-blade: SMART_RS_TEST_PROPOSAL=die: aborting right after proposing epoch {}", v.config.epoch);
+        std::process::abort();
+    }
     let (fenced, tags) = fence_earlier(s, &e.c, &v)?;
     let removed: Vec<String> = dead.iter().map(|b| format!("{b} ({})", e.addrs[usize::from(*b)])).collect();
     let said = if proposed {

@@ -3,7 +3,9 @@
 //!
 //! Table `t` of a database over `n` blades has its primary on blade
 //! `t mod n` and its backups on the next `k - 1` blades, for any
-//! `n ≥ k` (Smart-DTX handled at most two blades). Every replica has the
+//! `n ≥ k` (Smart-DTX handled at most two blades). While blades are out of
+//! a cluster's configuration, [`Db::without`] promotes the first surviving
+//! backup of each table whose primary was on one of them. Every replica has the
 //! same bucket array; overflow buckets are allocated on every replica at
 //! once and each bucket header names every replica's next bucket, so a
 //! record's backup addresses are known from the chain walked on the

@@ -85,13 +85,24 @@ struct Run {
 }
 
 fn start_run(c: &Cluster, name: &str, secs: &str) -> Run {
+    start_run_with(c, name, secs, &[])
+}
+
+/// [`start_run`] with environment variables `env`.
+fn start_run_with(c: &Cluster, name: &str, secs: &str, env: &[(&str, &str)]) -> Run {
     let json = tmp(&format!("{name}.json"));
     let list = c.list();
     let rest = ["--threads", "1", "--coroutines", "4", "--duration", secs, "--warmup", "0", "--lease", "2"];
     let args =
         [c.args(&list, &SMALLBANK), rest.to_vec(), vec!["--request-timeout", "2", "--json", json.to_str().unwrap()]]
             .concat();
-    let mut child = Command::new(COMPUTE).args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = Command::new(COMPUTE)
+        .args(&args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let deadline = Instant::now() + Duration::from_secs(60);
     let prefix = "registered as compute blade ";
@@ -421,4 +432,34 @@ fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
     let text = String::from_utf8_lossy(&audit.stdout);
     assert!(audit.status.success(), "{text}{}", String::from_utf8_lossy(&audit.stderr));
     assert!(text.contains("audit: 0 violations"), "{text}");
+}
+
+#[test]
+fn a_proposer_killed_right_after_its_proposal_leaves_the_others_to_fence_settle_and_go_on() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd, "proposer");
+    let before = loaded(&c);
+    // a proposes first and dies right after its etcd transaction, before
+    // fencing anyone; b proposes 1.5 s after it noticed.
+    let a = start_run_with(&c, "fo-pra", "8", &[("SMART_RS_TEST_PROPOSAL", "die")]);
+    let b = start_run_with(&c, "fo-prb", "8", &[("SMART_RS_TEST_PROPOSAL", "delay:1500")]);
+    std::thread::sleep(Duration::from_millis(1500));
+    kill9(&mut c.blades[2].child);
+    let (sa, ea, _) = finish(a, Duration::from_secs(30), "the proposer did not die");
+    assert!(!sa.success());
+    assert!(ea.contains("aborting right after proposing epoch 2"), "{ea}");
+    let (sb, eb, rb) = finish(b, Duration::from_secs(60), "the other compute blade did not end");
+    // b finds the configuration moved, fences both (a never did), settles
+    // a's transactions and its own, and goes on.
+    assert!(sb.success(), "{eb}");
+    assert!(eb.contains("had moved to epoch 2"), "{eb}");
+    assert!(eb.contains("2 compute blades of earlier epochs fenced on memory blades 0,1"), "{eb}");
+    assert!(eb.contains("registrations of the earlier epoch settled here"), "{eb}");
+    assert_eq!(rb["coordinator"]["epoch"], 2, "{rb}");
+    let cfg = &show(&c)["config"];
+    assert_eq!((cfg["epoch"].as_u64(), &cfg["blades"][2]["state"]), (Some(2), &Value::from("removed")), "{cfg}");
+    c.replace(2);
+    rebuild(&c, 2);
+    let after = clean(&c, "after the rebuild");
+    assert!(after >= before + ledgered(&rb), "committed transactions lost");
 }

@@ -191,3 +191,194 @@ fn serializable_run(b: backends::Backend) {
     });
     reg.close(&*t).unwrap();
 }
+
+/// Serializability over a failover: on three chaos blades (two tables, one
+/// with its primary on blade 1, the other its backup there), contended
+/// transactions run until their compute blade is halted mid-flight (as a
+/// fenced one is), blade 1 is taken out (`Db::without`: table 1's backup
+/// promoted), the halted registration's transactions are settled, and a new
+/// one runs the same workload. The history of both epochs' committed
+/// transactions is acyclic, and each key's value counts its committed
+/// increments, plus at most those whose outcome the halt left unknown.
+#[test]
+fn committed_histories_are_serializable_across_a_failover() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let b = backends::chaos(3, 23);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (threads, coroutines) = (2, 4);
+    let (mut rt, db, reg) = open(&t, &spec("serial-fo", &[8, 8], 8, 2), 1, 1);
+    let dtx = reg.open_thread(rt.ctx());
+    rt.block_on(async move {
+        for table in 0..2 {
+            for k in 0..KEYS {
+                crate::insert_one(&dtx, table, k, 0).await.unwrap();
+            }
+        }
+    });
+    reg.close(&*t).unwrap();
+    let view = Arc::new(db.without(&[1]).unwrap());
+    assert_eq!(view.table(1).order[0], 1, "table 1's backup is promoted");
+    let history = Arc::new(Mutex::new(Vec::new()));
+    // Per (table, key): committed increments, and increments in doubt.
+    let counts = Arc::new(Mutex::new(HashMap::<(u32, u64), (u64, u64)>::new()));
+    let mut nonce = None;
+    // Whether the halted transaction executed (it then holds its locks).
+    let halted_holding = Arc::new(AtomicBool::new(false));
+    for (epoch, d) in [(1, db.clone()), (2, view.clone())] {
+        let halt = Arc::new(AtomicBool::new(false));
+        let reg = ford_dtx::Registration::register_halting(
+            t.clone(),
+            d.clone(),
+            threads,
+            coroutines,
+            std::time::Duration::from_secs(30),
+            halt.clone(),
+        )
+        .unwrap();
+        if let Some(n) = nonce.take() {
+            // The halted transaction's lock on table 0's primary (blade 0)
+            // is still held.
+            let (ctx, d0) = (rt.ctx(), db.clone());
+            let lock = rt.block_on(async move {
+                let mut word = 0;
+                ford_dtx::recovery::scan(&ctx, d0.table(0), 1, |v| word |= ford_dtx::layout::lock_of(v.recs[0]))
+                    .await
+                    .unwrap();
+                word
+            });
+            let (ctx, v) = (rt.ctx(), view.clone());
+            let rec = rt.block_on(async move { ford_dtx::recovery::settle(&ctx, &v, &[n], 5_000).await }).unwrap();
+            assert_eq!(rec.len(), 1);
+            if halted_holding.load(Ordering::SeqCst) {
+                assert_ne!(lock, 0, "the halted transaction holds its lock");
+                assert!(rec[0].released + rec[0].rolled_back > 0, "{rec:?}");
+            }
+        }
+        std::thread::scope(|s| {
+            for th in 0..threads {
+                let (reg, t, history, counts, halt, halted_holding) =
+                    (&reg, &t, &history, &counts, &halt, &halted_holding);
+                s.spawn(move || {
+                    let mut rt = Runtime::new(&**t, th, RuntimeConfig::default()).unwrap();
+                    let dtx = reg.open_thread(rt.ctx());
+                    for c in 0..coroutines {
+                        let (dtx, history, counts, halt) = (dtx.clone(), history.clone(), counts.clone(), halt.clone());
+                        let holding = halted_holding.clone();
+                        rt.spawn(async move {
+                            let mut rng = SmallRng::seed_from_u64((epoch * 1000 + th * 100 + c) as u64);
+                            let mut tx = dtx.txn(c);
+                            for i in 0..200 {
+                                // Epoch 1's compute blade is halted mid-run,
+                                // by a transaction of its own that holds its
+                                // locks (on a primary that stays, and on one
+                                // that is lost) and is refused its commit:
+                                // those locks must be settled.
+                                if epoch == 1 && th == 0 && c == 0 && i == 120 {
+                                    let ids = loop {
+                                        tx.begin();
+                                        let ids = [tx.update(0, 0), tx.update(1, 0)];
+                                        match tx.execute().await {
+                                            Ok(()) => break ids,
+                                            Err(TxnError::Abort(_)) => {}
+                                            Err(e) => panic!("{e}"),
+                                        }
+                                    };
+                                    for id in ids {
+                                        let v = u(tx.value(id)) + 1;
+                                        tx.write(id, &v.to_le_bytes());
+                                    }
+                                    holding.store(true, Ordering::SeqCst);
+                                    halt.store(true, Ordering::SeqCst);
+                                    let out = tx.commit().await;
+                                    assert!(
+                                        matches!(out, Err(TxnError::Dtx(ford_dtx::DtxError::LeaseLost))),
+                                        "{out:?}"
+                                    );
+                                    let mut cn = counts.lock().unwrap();
+                                    for k in [(0, 0), (1, 0)] {
+                                        cn.entry(k).or_default().1 += 1;
+                                    }
+                                    return;
+                                }
+                                tx.begin();
+                                let n = rng.random_range(2..=3);
+                                let mut keys = Vec::new();
+                                while keys.len() < n {
+                                    let k = (rng.random_range(0..2u32), rng.random_range(0..KEYS));
+                                    if !keys.contains(&k) {
+                                        keys.push(k);
+                                    }
+                                }
+                                let ids: Vec<_> = keys
+                                    .iter()
+                                    .map(|&(tb, k)| {
+                                        if rng.random_bool(0.5) {
+                                            (tx.update(tb, k), true)
+                                        } else {
+                                            (tx.read(tb, k), false)
+                                        }
+                                    })
+                                    .collect();
+                                match tx.execute().await {
+                                    Ok(()) => {}
+                                    Err(TxnError::Abort(_)) => continue,
+                                    Err(TxnError::Dtx(ford_dtx::DtxError::LeaseLost)) => return,
+                                    Err(e) => panic!("{e}"),
+                                }
+                                for (id, w) in &ids {
+                                    if *w {
+                                        let v = u(tx.value(*id)) + 1;
+                                        tx.write(*id, &v.to_le_bytes());
+                                    }
+                                }
+                                let out = tx.commit().await;
+                                let mut cn = counts.lock().unwrap();
+                                for (k, _) in keys.iter().zip(&ids).filter(|(_, (_, w))| *w) {
+                                    let e = cn.entry(*k).or_default();
+                                    match &out {
+                                        Ok(()) => e.0 += 1,
+                                        Err(TxnError::Abort(_)) => {}
+                                        Err(_) => e.1 += 1,
+                                    }
+                                }
+                                drop(cn);
+                                match out {
+                                    Ok(()) => history.lock().unwrap().push(tx.footprint().collect::<Vec<_>>()),
+                                    Err(TxnError::Abort(_)) => {}
+                                    Err(TxnError::Dtx(ford_dtx::DtxError::LeaseLost)) => return,
+                                    Err(e) => panic!("{e}"),
+                                }
+                            }
+                        });
+                    }
+                    rt.run();
+                });
+            }
+        });
+        if epoch == 1 {
+            // Halted: its registration is left as a dead one's, to settle.
+            nonce = Some(reg.fence_tag());
+            drop(reg);
+        } else {
+            reg.close(&*t).unwrap();
+        }
+    }
+    assert!(halted_holding.load(Ordering::SeqCst), "the halted transaction never held its locks");
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    assert!(history.len() > 300, "only {} transactions committed", history.len());
+    let edges = check(&history);
+    assert!(edges > history.len(), "a contended history has many dependencies ({edges})");
+    let counts = std::mem::take(&mut *counts.lock().unwrap());
+    let reg = crate::join(&t, &view);
+    let dtx = reg.open_thread(rt.ctx());
+    rt.block_on(async move {
+        for table in 0..2 {
+            for k in 0..KEYS {
+                let v = crate::read_one(&dtx, table, k).await.unwrap();
+                let (done, doubt) = counts.get(&(table, k)).copied().unwrap_or_default();
+                assert!((done..=done + doubt).contains(&v), "({table}, {k}): {v}, {done} committed, {doubt} in doubt");
+            }
+        }
+    });
+    reg.close(&*t).unwrap();
+}
