@@ -234,10 +234,11 @@ fn group(n: u64) -> String {
 /// # Errors
 /// Set-up, recovery, load or audit failures; a record that cannot be
 /// written.
-pub fn dtx(s: &Session, t: Arc<dyn Transport>, job: &DtxJob) -> Result<Outcome> {
+/// `absent`: the blades `t` goes without ([`crate::coord::absent`]).
+pub fn dtx(s: &Session, t: Arc<dyn Transport>, job: &DtxJob, absent: &[u16]) -> Result<Outcome> {
     match &job.workload {
-        DtxWorkload::SmallBank(w) => dtx_on(s, t, job, w, true),
-        DtxWorkload::Tatp(w) => dtx_on(s, t, job, w, false),
+        DtxWorkload::SmallBank(w) => dtx_on(s, t, job, w, true, absent),
+        DtxWorkload::Tatp(w) => dtx_on(s, t, job, w, false, absent),
     }
 }
 
@@ -319,11 +320,14 @@ fn dtx_on<W: Workload + Clone + 'static>(
     job: &DtxJob,
     w: &W,
     smallbank: bool,
+    absent: &[u16],
 ) -> Result<Outcome> {
     let name = w.name();
     // Under a coordinator: only on blades it trusts, as a member under a
     // lease whose lapse (or a later epoch) halts the transactions.
-    let mut entered = crate::coord::enter(s, &*t)?;
+    // A run started while blades are out (after a failover, before their
+    // rebuild) goes on without them, as the runs that failed over do.
+    let mut entered = crate::coord::enter(s, &*t, absent)?;
     if job.audit_only {
         let a = smallbank_tatp::workload::audit_waiting(&*t, &s.run, &job.cfg.db, smallbank, job.audit_wait)?;
         audit_line(&a);
@@ -341,7 +345,14 @@ fn dtx_on<W: Workload + Clone + 'static>(
     // the next phase: the same workload, in the new configuration epoch,
     // over the other blades (backups promoted), for the time left.
     let (mut phase_t, mut run_cfg) = (t.clone(), s.run.clone());
-    let (mut lost, mut settle) = (Vec::new(), Vec::new());
+    // Started while blades are out: every registration of an earlier epoch
+    // is settled before this one's first transaction (a failover may be
+    // settling them right now).
+    let settle0 = match &entered {
+        Some(e) if !absent.is_empty() => crate::coord::earlier_tags(&e.c, &e.v)?,
+        _ => Vec::new(),
+    };
+    let (mut lost, mut settle) = (absent.to_vec(), settle0);
     let mut total: Option<smallbank_tatp::DtxReport> = None;
     let mut failovers = Vec::new();
     // When the last phase's measured time ended (for the gap to the next).
@@ -441,7 +452,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
                     "error": err,
                     "epoch": epoch,
                     "removed": removed,
-                    "settled": fenced.len(),
+                    "fenced": fenced.len(),
                 }));
                 e.v = e.c.load()?.ok_or_else(|| anyhow::anyhow!("the configuration vanished from the coordinator"))?;
                 if e.v.config.epoch != epoch.unwrap_or(0) {
@@ -494,8 +505,8 @@ fn dtx_on<W: Workload + Clone + 'static>(
     // compares every replica, waits for its rebuild.
     let audit_skipped = (job.audit && !lost.is_empty()).then(|| {
         format!(
-            "not run: memory blades {} are out of the configuration; {}, then run with --audit-only",
-            ford_dtx::rebuild::blade_list(&lost),
+            "not run: {} out of the configuration; {}, then run with --audit-only",
+            ford_dtx::db::blades_are(&lost),
             crate::coord::rebuild_hint(s, &lost)
         )
     });
@@ -620,8 +631,10 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
             hint()
         );
     }
-    let t2 =
-        s.blades.connect_without(&removed, t.blades()).with_context(|| format!("transactions stop; {}", hint()))?;
+    let t2 = s
+        .blades
+        .connect_without(&removed, Some(t.blades()))
+        .with_context(|| format!("transactions stop; {}", hint()))?;
     let mut rt = smart_core::Runtime::new(&*t2, 0, s.run.runtime.clone())?;
     let ctx = rt.ctx();
     let (name, lost, tags) = (d.db.clone(), removed.clone(), fo.fenced.clone());

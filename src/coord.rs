@@ -55,14 +55,36 @@ fn timeout(s: &Session) -> Duration {
 ///
 /// # Errors
 /// etcd unreachable; blades the configuration does not trust; verb errors.
-pub fn enter(s: &Session, t: &dyn Transport) -> Result<Option<Entered>> {
+pub fn enter(s: &Session, t: &dyn Transport, absent: &[u16]) -> Result<Option<Entered>> {
     let Some(url) = &s.coordinator else { return Ok(None) };
     let Blades::Remote { addrs, .. } = &s.blades else { bail!("--coordinator needs --blades") };
-    let ids = identities(s, t)?;
-    let run: Vec<(String, u64)> = addrs.iter().cloned().zip(ids).collect();
     let c = Coordinator::connect(url, timeout(s))?;
-    let (v, created) = c.create_or_load(&Config::new(&run))?;
-    v.config.check_run(&run)?;
+    let (v, created) = if absent.is_empty() {
+        let ids = identities(s, t)?;
+        let run: Vec<(String, u64)> = addrs.iter().cloned().zip(ids).collect();
+        let (v, created) = c.create_or_load(&Config::new(&run))?;
+        v.config.check_run(&run)?;
+        (v, created)
+    } else {
+        // Started while blades are out ([`absent`]): the others must be
+        // the ones the configuration names, and those out, out.
+        let Some(v) = c.load()? else { bail!("the coordinator's configuration is gone") };
+        let ids = identities_but(s, t, absent)?;
+        for (i, b) in v.config.blades.iter().enumerate() {
+            let out = absent.contains(&(i as u16));
+            match (&b.state, out) {
+                (BladeState::Removed { .. }, true) => {}
+                (BladeState::Active, false) if Some(b.identity) == ids[i] => {}
+                _ => bail!(
+                    "memory blade {i} ({}) is not as the configuration (epoch {}) says: {}",
+                    addrs[i],
+                    v.config.epoch,
+                    v.config.describe_blades()
+                ),
+            }
+        }
+        (v, false)
+    };
     if s.run.progress {
         eprintln!(
             "coordinator: cluster {:?} at {}: configuration epoch {}{} ({})",
@@ -74,6 +96,47 @@ pub fn enter(s: &Session, t: &dyn Transport) -> Result<Option<Entered>> {
         );
     }
     Ok(Some(Entered { c, v, addrs: addrs.clone() }))
+}
+
+/// The memory blades the configuration of `s`'s coordinator holds out
+/// (removed by a failover, not rebuilt yet), for a SmallBank or TATP run
+/// that starts meanwhile: it goes on without them, as the runs that failed
+/// over do (a transport without them: the blade set's check is the
+/// configuration's identities). Empty without a coordinator or a
+/// configuration, for another number of blades, and when blade 0 is out
+/// (such runs are refused as before, by the configuration's check).
+///
+/// # Errors
+/// etcd unreachable.
+pub fn absent(s: &Session) -> Result<Vec<u16>> {
+    let (Some(url), Blades::Remote { addrs, .. }) = (&s.coordinator, &s.blades) else { return Ok(Vec::new()) };
+    let c = Coordinator::connect(url, timeout(s))?;
+    let Some(v) = c.load()? else { return Ok(Vec::new()) };
+    if v.config.blades.len() != addrs.len() {
+        return Ok(Vec::new());
+    }
+    let active = v.config.active();
+    let out: Vec<u16> = (0..addrs.len() as u16).filter(|b| !active.contains(b)).collect();
+    Ok(if out.contains(&0) { Vec::new() } else { out })
+}
+
+/// Each blade's identity but those of `absent` (`None`).
+fn identities_but(s: &Session, t: &dyn Transport, absent: &[u16]) -> Result<Vec<Option<u64>>> {
+    let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
+    let ctx = rt.ctx();
+    let n = ctx.blades().len() as u16;
+    let absent = absent.to_vec();
+    Ok(rt.block_on(async move {
+        let mut out = Vec::new();
+        for b in 0..n {
+            out.push(if absent.contains(&b) {
+                None
+            } else {
+                Some(ctx.read_u64(smart_core::GlobalAddr::new(b, smart_core::layout::OFF_IDENTITY)).await?)
+            });
+        }
+        Ok::<_, smart_core::Error>(out)
+    })?)
 }
 
 /// Each blade's identity, read from its superblock.
@@ -347,14 +410,12 @@ pub fn fence_earlier(s: &Session, c: &Coordinator, v: &Versioned) -> Result<(Str
     fence_members(c, v, secret.as_deref(), timeout(s))
 }
 
-fn fence_members(
-    c: &Coordinator,
-    v: &Versioned,
-    secret: Option<&std::path::Path>,
-    t: Duration,
-) -> Result<(String, Vec<u64>)> {
-    // Every registration that did not leave cleanly (its lease may have
-    // lapsed: a paused process is fenced too).
+/// The fence tags of the registrations of epochs before `v`'s (members,
+/// and tag records of runs that did not leave cleanly).
+///
+/// # Errors
+/// etcd errors.
+pub fn earlier_tags(c: &Coordinator, v: &Versioned) -> Result<Vec<u64>> {
     let mut tags: Vec<u64> = c
         .fence_records()?
         .into_iter()
@@ -364,6 +425,18 @@ fn fence_members(
         .collect();
     tags.sort_unstable();
     tags.dedup();
+    Ok(tags)
+}
+
+fn fence_members(
+    c: &Coordinator,
+    v: &Versioned,
+    secret: Option<&std::path::Path>,
+    t: Duration,
+) -> Result<(String, Vec<u64>)> {
+    // Every registration that did not leave cleanly (its lease may have
+    // lapsed: a paused process is fenced too).
+    let tags = earlier_tags(c, v)?;
     if tags.is_empty() {
         return Ok(("no compute blade of an earlier epoch had registered to fence".into(), tags));
     }

@@ -60,18 +60,30 @@ fn run(cli: &ComputeCli, cfg: Result<Config>) -> Result<i32> {
         signal_hook::flag::register(sig, interrupt.clone()).context("installing signal handlers")?;
     }
     cfg.session.run.interrupt = Some(interrupt);
-    let transport = cfg.session.blades.connect()?;
+    // SmallBank and TATP under a coordinator whose configuration holds
+    // blades out (a failover, no rebuild yet) run without them: no
+    // connection to them, and the configuration's identities check the
+    // others (in `commands::dtx`) instead of the blade set's words.
+    let absent = match &cfg.job {
+        Job::Dtx(d) if !d.audit_only => smart::coord::absent(&cfg.session)?,
+        _ => Vec::new(),
+    };
+    let transport = if absent.is_empty() {
+        cfg.session.blades.connect()?
+    } else {
+        cfg.session.blades.connect_without(&absent, None)?
+    };
     // `micro` touches only memory it allocates on each blade, found again
     // through that blade's own roots: it runs on any blades, in any order.
     // `rebuild` checks the set itself, with a fresh blade in the lost one's
     // place.
-    if !matches!(cfg.job, Job::Micro(_) | Job::Rebuild(_)) {
+    if !matches!(cfg.job, Job::Micro(_) | Job::Rebuild(_)) && absent.is_empty() {
         commands::check_blade_set(&cfg.session, &*transport)?;
     }
     let outcome = match &cfg.job {
         Job::Micro(m) => commands::micro(&cfg.session, &*transport, m)?,
         Job::Ycsb(y) => commands::ycsb(&cfg.session, &*transport, y)?,
-        Job::Dtx(d) => commands::dtx(&cfg.session, transport.clone(), d)?,
+        Job::Dtx(d) => commands::dtx(&cfg.session, transport.clone(), d, &absent)?,
         Job::Recover(r) => commands::recover(&cfg.session, transport.clone(), r)?,
         Job::Rebuild(r) => commands::rebuild(&cfg.session, &*transport, r)?,
         Job::Table(j) => commands::table(&cfg.session, &*transport, j)?,
