@@ -638,7 +638,9 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
     let mut rt = smart_core::Runtime::new(&*t2, 0, s.run.runtime.clone())?;
     let ctx = rt.ctx();
     let (name, lost, tags) = (d.db.clone(), removed.clone(), fo.fenced.clone());
-    let wait_ms = 2 * d.lease.as_millis() as u64 + ford_dtx::recovery::GRACE_MS;
+    // Long enough to take over a settling that another compute blade began
+    // and died in.
+    let wait_ms = ford_dtx::recovery::HOLD_MS + ford_dtx::recovery::GRACE_MS + 2 * d.lease.as_millis() as u64;
     let rec = rt
         .block_on(async move {
             let Some(whole) = ford_dtx::db::Db::open(&ctx, &name).await? else {

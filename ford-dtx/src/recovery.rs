@@ -43,6 +43,10 @@ use crate::registry::{now_ms, slots, SlotInfo};
 /// whose expiry is not written yet, and clock skew between compute blades.
 pub const GRACE_MS: u64 = 2_000;
 
+/// How long a recovery holds the slot it recovers (its lease there): a
+/// recovery that dies is taken over once this (and [`GRACE_MS`]) ran out.
+pub const HOLD_MS: u64 = 60_000;
+
 /// What recovery did for one dead compute blade.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Recovered {
@@ -176,7 +180,7 @@ async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: &[u16]) -> Result<V
             continue; // claimed by another recovery, or renewed
         }
         // Hold the slot against other recoveries while this one runs.
-        ctx.write(at.add(8), &(now_ms(ctx) + 60_000).to_le_bytes()).await?;
+        ctx.write(at.add(8), &(now_ms(ctx) + HOLD_MS).to_le_bytes()).await?;
         // Before anything is repaired: no verb of the dead compute blade
         // runs on a memory blade from here on (where the backend can
         // refuse them).

@@ -323,12 +323,13 @@ pub fn open<W: Workload>(
 
 /// [`open`] after a failover took memory blades `d.lost` out: the database
 /// as transactions use it without them ([`Db::without`]), once the earlier
-/// epoch's transactions are settled (waiting up to twice the lease plus
-/// recovery's grace for those another compute blade is settling).
+/// epoch's transactions are settled (waiting for those another compute
+/// blade is settling, and taking them over if it died: up to recovery's
+/// hold and grace, plus twice the lease).
 fn open_without(rt: &mut Runtime, cfg: &RunConfig, d: &DtxConfig) -> Result<Opened, WorkloadError> {
     let ctx = rt.ctx();
     let (name, lost, settle) = (d.db.clone(), d.lost.clone(), d.settle.clone());
-    let wait_ms = 2 * d.lease.as_millis() as u64 + recovery::GRACE_MS;
+    let wait_ms = recovery::HOLD_MS + recovery::GRACE_MS + 2 * d.lease.as_millis() as u64;
     let (db, recovered) = rt.block_on(async move {
         let Some(whole) = Db::open(&ctx, &name).await? else {
             return Err(DtxError::Config(format!("database {name:?} does not exist: nothing to go on with")));

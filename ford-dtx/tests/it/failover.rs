@@ -209,3 +209,32 @@ fn cut_short_by_failover(from: (u32, u64), to: (u32, u64)) {
     // Both outcomes happened (deaths before the log, and after the writes).
     assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
 }
+
+#[test]
+fn a_settling_that_another_compute_blade_holds_is_waited_for_and_taken_over_once_its_hold_ran_out() {
+    use ford_dtx::layout::registry::RECOVERING;
+    let b = backends::embedded(3);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, first) = open(&t, &spec("takeover", &[8, 8, 8], 16, 2), 1, 1);
+    first.close(&*t).unwrap();
+    let old = join(&t, &db);
+    let (nonce, slot) = (old.fence_tag(), old.slot());
+    drop(old);
+    let view = Arc::new(db.without(&[1]).unwrap());
+    let (ctx, v) = (rt.ctx(), view.clone());
+    rt.block_on(async move {
+        let at = v.registry_slot(slot);
+        let now = ford_dtx::registry::now_ms(&ctx);
+        // Another compute blade began settling it, and holds it.
+        assert_eq!(ctx.cas(at, nonce, nonce | RECOVERING).await.unwrap(), nonce);
+        ctx.write(at.add(8), &(now + ford_dtx::recovery::HOLD_MS).to_le_bytes()).await.unwrap();
+        let e = settle(&ctx, &v, &[nonce], 300).await.unwrap_err();
+        assert!(e.to_string().contains("still claimed"), "{e}");
+        // It died: its hold ran out. The settling is taken over.
+        ctx.write(at.add(8), &(now - ford_dtx::recovery::GRACE_MS - 1).to_le_bytes()).await.unwrap();
+        let rec = settle(&ctx, &v, &[nonce], 5_000).await.unwrap();
+        assert_eq!(rec.iter().map(|r| r.slot).collect::<Vec<_>>(), [slot]);
+        let s = ford_dtx::registry::slots(&ctx, &v).await.unwrap();
+        assert_eq!(s.iter().find(|s| s.slot == slot).unwrap().claim, 0, "freed");
+    });
+}
