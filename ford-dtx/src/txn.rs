@@ -268,11 +268,13 @@ fn lock_not_ours(it: &Item, old: u64, lw: u64) -> TxnError {
     )))
 }
 
-/// The mirrors of a slot at `at` in a bucket whose mirrors are `bucket`.
+/// The mirrors of a slot at `at` in a bucket whose mirrors are `bucket`
+/// (a bucket without a copy on a replica, added while its blade was out,
+/// gives none there: null, not an offset from null).
 fn slot_loc(at: GlobalAddr, bucket_off: u64, mirrors: &Loc, replicas: usize) -> Loc {
     std::array::from_fn(|r| match r {
         0 => at,
-        r if r < replicas => mirrors[r].add(bucket_off),
+        r if r < replicas && !mirrors[r].is_null() => mirrors[r].add(bucket_off),
         _ => GlobalAddr::NULL,
     })
 }

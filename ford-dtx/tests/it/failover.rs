@@ -238,3 +238,61 @@ fn a_settling_that_another_compute_blade_holds_is_waited_for_and_taken_over_once
         assert_eq!(s.iter().find(|s| s.slot == slot).unwrap().claim, 0, "freed");
     });
 }
+
+#[test]
+fn a_transaction_cut_short_in_a_bucket_added_without_the_blade_is_settled_where_its_copies_are() {
+    // Table 1's primary (replica 0) is on the lost blade 1: buckets added
+    // without it have no copy there, and transactions in them name none.
+    for polls in 1..14 {
+        let b = backends::embedded(3);
+        let t: Arc<dyn Transport> = b.transport.clone();
+        let (mut rt, db, first) = open(&t, &spec("added", &[8, 8, 8], 16, 2), 1, 1);
+        first.close(&*t).unwrap();
+        let view = Arc::new(db.without(&[1]).unwrap());
+        let reg = Registration::register(t.clone(), view.clone(), 1, 1, std::time::Duration::from_secs(30)).unwrap();
+        let dtx = reg.open_thread(rt.ctx());
+        let (ctx, v) = (rt.ctx(), view.clone());
+        // Keys of table 1 in overflow buckets (past its array), and the
+        // first 2 KiB of blade 0 (its superblock and roots).
+        let (keys, head) = rt.block_on(async move {
+            for k in 0..70 {
+                insert_one(&dtx, 1, k, START).await.unwrap();
+            }
+            let t1 = v.table(1);
+            let array = t1.vbase[0].offset()..t1.vbase[0].offset() + t1.buckets * t1.bucket_bytes();
+            let mut keys = Vec::new();
+            ford_dtx::recovery::scan(&ctx, &t1.primary_only(), 1, |s| {
+                if !array.contains(&s.at[0].offset()) {
+                    keys.push(ford_dtx::layout::key_of(s.recs[0]).0);
+                }
+            })
+            .await
+            .unwrap();
+            let mut head = vec![0u8; 2048];
+            ctx.read(GlobalAddr::new(0, 0), &mut head).await.unwrap();
+            (keys, head)
+        });
+        assert!(keys.len() >= 2, "keys in added buckets: {keys:?}");
+        reg.close(&*t).unwrap();
+        let dying = Registration::register(t.clone(), view.clone(), 1, 1, std::time::Duration::from_secs(30)).unwrap();
+        let nonce = dying.fence_tag();
+        let dtx = dying.open_thread(rt.ctx());
+        let (x, y) = ((1, keys[0]), (1, keys[1]));
+        let died = rt.block_on(Die::after(polls, async move { transfer(&dtx, x, y).await }));
+        drop(dying);
+        let (ctx, v) = (rt.ctx(), view.clone());
+        let (rec, after) = rt.block_on(async move {
+            let rec = settle(&ctx, &v, &[nonce], 5_000).await.unwrap();
+            let mut after = vec![0u8; 2048];
+            ctx.read(GlobalAddr::new(0, 0), &mut after).await.unwrap();
+            (rec, after)
+        });
+        let what = format!("died after {polls} polls ({})", if died.is_some() { "finished" } else { "cut short" });
+        assert!(after == head, "{what}: the settling wrote into blade 0's superblock or roots: {rec:?}");
+        let (ctx, d) = (rt.ctx(), db.clone());
+        let w = what.clone();
+        let (sum, rebuilt) = rt.block_on(async move { rebuild_and_audit(&ctx, &d, 1, &w).await });
+        assert_eq!(sum, 70 * START, "{what}");
+        assert!(rebuilt.added > 0, "{what}: {rebuilt:?}");
+    }
+}
