@@ -323,7 +323,12 @@ pub fn header_bytes(next: u64, copies: &[GlobalAddr; MAX_REPLICAS], r: usize) ->
 /// the rest. A restored image takes a version two past the old one (see
 /// [`crate::layout::recovery_version`]). An entry is dead once its
 /// transaction released its locks, before the next transaction of the
-/// coroutine starts, so the ring never wraps over a live entry.
+/// coroutine starts, so the ring never wraps over a live entry. A
+/// transaction whose validation fails after its entry landed zeroes the
+/// entry's magic on every copy before it releases its locks: recovery
+/// never takes it for one that died while writing (which, where every
+/// primary of its items is lost, it could only tell by the surviving
+/// copies' versions, and others may have written them since).
 ///
 /// ```text
 /// entry   @0 magic u64   @8 registration nonce u64   @16 seq u64

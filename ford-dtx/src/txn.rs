@@ -829,6 +829,11 @@ impl Txn {
         match self.validate_and_log(validate, writes).await {
             Ok(()) => {}
             Err(TxnError::Abort(a)) => {
+                if writes > 0 {
+                    // Its log entry landed with the failed validation: voided
+                    // before any lock goes (see `unlog`).
+                    self.unlog().await?;
+                }
                 self.release().await?;
                 return Err(TxnError::Abort(a));
             }
@@ -884,6 +889,28 @@ impl Txn {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Voids this transaction's log entry on every copy (its magic zeroed),
+    /// once its validation failed: it wrote no record, and must not be
+    /// taken for one that died while writing. Where every primary of its
+    /// items is lost, recovery can tell the two only by the surviving
+    /// copies' versions, and an aborted transaction's items may have been
+    /// written since by others (its locks released): rolling it back would
+    /// undo their commits. Posted and awaited before its locks are
+    /// released, so that an entry still valid belongs to a transaction
+    /// that holds its locks (or released them after writing everything).
+    #[cold]
+    async fn unlog(&mut self) -> Result<(), TxnError> {
+        let ctx = self.d.0.ctx.clone();
+        let slot = self.seq % log::ENTRIES;
+        let mut round = Round::new(&ctx);
+        for ring in self.ring.iter().take_while(|r| !r.is_null()) {
+            let at = ring.add(slot * log::entry_bytes(self.d.0.db.max_value) as u64);
+            round.batch(at.blade(), 1, 8)?.1.write(at, &[0u8; 8]);
+        }
+        round.post().await?;
         Ok(())
     }
 

@@ -477,3 +477,31 @@ fn a_proposer_killed_right_after_its_proposal_leaves_the_others_to_fence_settle_
     let after = clean(&c, "after the rebuild");
     assert!(after >= before + ledgered(&rb), "committed transactions lost");
 }
+
+#[test]
+fn a_compute_blade_killed_after_the_failover_is_recovered_by_the_rebuild() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd, "later");
+    let before = loaded(&c);
+    let (mut a, b) = (start_run(&c, "fo-la", "60"), start_run(&c, "fo-lb", "6"));
+    std::thread::sleep(Duration::from_millis(1200));
+    kill9(&mut c.blades[1].child);
+    // a goes on under epoch 2 (table 1's backup promoted), then is killed
+    // in the middle of its transactions there.
+    std::thread::sleep(Duration::from_millis(2500));
+    let pid = a.child.id();
+    signal(&a.child, "-KILL");
+    a.child.wait().unwrap();
+    let ea = a.stderr.join().unwrap();
+    assert!(ea.contains("going on without memory blade 1: "), "{ea}");
+    let (sb, eb, rb) = finish(b, Duration::from_secs(60), "compute blade b did not end");
+    assert!(sb.success(), "{eb}");
+    c.replace(1);
+    // The rebuild settles a's epoch-2 transactions on the promoted copies
+    // (its undo log copies are on blades 0 and 2), then copies them to the
+    // fresh blade.
+    let out = rebuild(&c, 1);
+    assert!(out.contains(&format!("(pid {pid})")), "a is recovered: {out}");
+    let after = clean(&c, "after the rebuild");
+    assert!(after >= before + ledgered(&rb), "committed transactions lost");
+}

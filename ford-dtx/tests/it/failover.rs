@@ -296,3 +296,57 @@ fn a_transaction_cut_short_in_a_bucket_added_without_the_blade_is_settled_where_
         assert!(rebuilt.added > 0, "{what}: {rebuilt:?}");
     }
 }
+
+#[test]
+fn a_transaction_that_failed_its_validation_is_not_rolled_back_over_later_commits() {
+    let b = backends::embedded(3);
+    let t: Arc<dyn Transport> = b.transport.clone();
+    let (mut rt, db, first) = open(&t, &spec("voided", &[8, 8, 8], 16, 2), 1, 1);
+    let dtx = first.open_thread(rt.ctx());
+    rt.block_on(async move {
+        for (table, key) in [(0, 5), (1, 0), (1, 3)] {
+            insert_one(&dtx, table, key, START).await.unwrap();
+        }
+    });
+    first.close(&*t).unwrap();
+    // A reads (0, 5) and updates (1, 0) and (1, 3), whose primaries are on
+    // blade 1; B changes (0, 5) under it, so A's validation fails after its
+    // log entry landed; then C adds 10 to (1, 0). A's compute blade dies.
+    let (a, other) = (join(&t, &db), join(&t, &db));
+    let nonce = a.fence_tag();
+    let (da, db_) = (a.open_thread(rt.ctx()), other.open_thread(rt.ctx()));
+    rt.block_on(async move {
+        let mut ta = da.txn(0);
+        ta.begin();
+        let _ = ta.read(0, 5);
+        let (x, y) = (ta.update(1, 0), ta.update(1, 3));
+        ta.execute().await.unwrap();
+        ta.write(x, &(START + 1).to_le_bytes());
+        ta.write(y, &(START + 1).to_le_bytes());
+        let mut tb = db_.txn(0);
+        tb.begin();
+        let z = tb.update(0, 5);
+        tb.execute().await.unwrap();
+        tb.write(z, &(START + 1).to_le_bytes());
+        tb.commit().await.unwrap();
+        assert_eq!(crate::abort_of(ta.commit().await), ford_dtx::Abort::Validation);
+        tb.begin();
+        let w = tb.update(1, 0);
+        tb.execute().await.unwrap();
+        let v = u(tb.value(w));
+        tb.write(w, &(v + 10).to_le_bytes());
+        tb.commit().await.unwrap();
+    });
+    drop(a);
+    other.close(&*t).unwrap();
+    // Blade 1 lost: A's entry names only lost primaries; its surviving
+    // copy of (1, 3) still has the old version.
+    let view = Arc::new(db.without(&[1]).unwrap());
+    let (ctx, v) = (rt.ctx(), view.clone());
+    rt.block_on(async move { settle(&ctx, &v, &[nonce], 5_000).await }).unwrap();
+    let reg = join(&t, &view);
+    let dtx = reg.open_thread(rt.ctx());
+    let got = rt.block_on(async move { (crate::read_one(&dtx, 1, 0).await, crate::read_one(&dtx, 1, 3).await) });
+    assert_eq!(got, (Some(START + 10), Some(START)), "C's commit was undone");
+    reg.close(&*t).unwrap();
+}

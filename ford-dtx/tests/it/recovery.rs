@@ -149,10 +149,13 @@ fn an_insert_rolled_back_keeps_its_slot_ahead_of_later_keys() {
             let reg_b = join(&t, &db);
             let dtx = reg_b.open_thread(rt.ctx());
             let b_out = rt.block_on(async move {
-                // Let A's WRs posted before its death land.
+                // Let A's WRs posted before its death land (a few ms too: a
+                // loaded machine, other tests running, may not have served
+                // them within the yields).
                 for _ in 0..50 {
                     smart_core::runtime::yield_now().await;
                 }
+                dtx.ctx().sleep_ns(5_000_000).await;
                 insert_one(&dtx, 1, j, 2).await
             });
             let b_done = match b_out {

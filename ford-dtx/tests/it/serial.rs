@@ -111,7 +111,7 @@ fn serializable_run(b: backends::Backend) {
                     rt.spawn(async move {
                         let mut rng = SmallRng::seed_from_u64((th * 100 + c) as u64);
                         let mut tx = dtx.txn(c);
-                        for _ in 0..250 {
+                        for _ in 0..400 {
                             tx.begin();
                             // Two or three distinct keys; each read or updated.
                             let n = rng.random_range(2..=3);
@@ -170,6 +170,8 @@ fn serializable_run(b: backends::Backend) {
         }
     });
     let history = history.into_inner().unwrap();
+    // About 330 to 400 of the 3 200 attempts commit here (6 hot keys, the
+    // whole package's tests running at once), fewer on a loaded machine.
     assert!(history.len() > 200, "only {} transactions committed", history.len());
     let edges = check(&history);
     assert!(edges > history.len(), "a contended history has many dependencies ({edges})");
