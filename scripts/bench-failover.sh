@@ -43,11 +43,13 @@ cleanup() {
   local p
   for p in "${RUN_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   kill_blades
-  [ -n "$ETCD_PID" ] && kill -KILL "$ETCD_PID" 2>/dev/null || true
+  if [ -n "$ETCD_PID" ]; then
+    kill -KILL "$ETCD_PID" 2>/dev/null || true
+    wait "$ETCD_PID" 2>/dev/null || true
+  fi
   rm -rf "$out/etcd"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 cport=$(free_port)
 pport=$(free_port)
 etcd --name bench --data-dir "$out/etcd" \

@@ -102,6 +102,30 @@ build_base() {
   base=$wt/target/release
 }
 
+# free_port: a loopback port nothing is bound to, below the kernel's
+# ephemeral range: a port from that range may be given to any outgoing
+# connection between this check and a later bind (test-cluster.sh's blades
+# bind the same two ports scenario after scenario, among Slurm's daemons'
+# connections), which would then fail with "Address already in use".
+free_port() {
+  python3 - <<'PY'
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(500):
+    port = random.randrange(10000, low)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("free_port: no free port below the ephemeral range")
+PY
+}
 # Argument checks, before anything is built or started: each prints what
 # was expected and exits 2.
 # need_seconds NAME VALUE: a positive number (e.g. 3 or 0.5).

@@ -21,6 +21,7 @@
 #   scripts/test-cluster.sh [--launch ssh|srun] [path/to/target/release]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh # free_port
 launch=ssh
 if [ "${1:-}" = --launch ]; then
   launch=${2:-}
@@ -59,30 +60,6 @@ trap cleanup EXIT
 # without it would serve anyone; one with another refuses).
 "$bin/compute-blade" secret "$work/cluster.secret" >/dev/null
 
-# free_port: a port nothing is bound to, below the kernel's ephemeral range.
-# The blades of this test bind the same two ports scenario after scenario;
-# a port from the ephemeral range may meanwhile be given to any outgoing
-# connection (Slurm's daemons and steps open many on loopback), and the next
-# blade's bind would then fail with "Address already in use".
-free_port() {
-  python3 - <<'PY'
-import random, socket
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-for _ in range(500):
-    port = random.randrange(10000, low)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(port)
-    break
-else:
-    raise SystemExit("test-cluster: no free port below the ephemeral range")
-PY
-}
 p1=$(free_port)
 p2=$(free_port)
 

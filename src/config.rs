@@ -103,10 +103,9 @@ impl Blades {
 impl Blades {
     /// [`Blades::connect`] without the memory blades `absent` (a failover
     /// took them out of the configuration): each keeps its place, with its
-    /// size from `like` (the transport that had it; without one, the
-    /// largest other blade's: the size serves only to check addresses
-    /// read from the blades, and none on an absent blade is used), and a
-    /// verb to it fails at once. Over TCP only.
+    /// size from `like` (the transport that had it; without one, see
+    /// [`TcpTransport::connect_without`]), and a verb to it fails at once.
+    /// Over TCP only.
     ///
     /// # Errors
     /// Another link; as [`Blades::connect`].
@@ -115,35 +114,18 @@ impl Blades {
         absent: &[u16],
         like: Option<&[smart_core::BladeInfo]>,
     ) -> Result<Arc<dyn Transport>> {
-        match self {
-            Blades::Remote { addrs, link: Link::Tcp, secret_file } => {
-                let secret = load_secret(secret_file.as_deref())?;
-                let like = match like {
-                    Some(l) => l.to_vec(),
-                    None => {
-                        // The present blades' sizes, from their welcomes.
-                        let mut sizes = Vec::new();
-                        for (i, a) in addrs.iter().enumerate() {
-                            if !absent.contains(&(i as u16)) {
-                                let (_, w) = smart_core::backend::tcp::greet(a, smart_core::wire::PROTOCOL_VERSION, 0)
-                                    .with_context(|| format!("connecting to memory blade {i} ({a})"))?;
-                                sizes.push(w.size);
-                            }
-                        }
-                        let size = sizes.into_iter().max().unwrap_or(0);
-                        vec![smart_core::BladeInfo { size, rkey: 0 }; addrs.len()]
-                    }
-                };
-                let gone: Vec<_> = absent
-                    .iter()
-                    .map(|b| (*b, like[usize::from(*b)], "taken out of the configuration by a failover".to_string()))
-                    .collect();
-                Ok(Arc::new(
-                    TcpTransport::connect_without(addrs, secret, &gone).context("connecting to the memory blades")?,
-                ))
-            }
-            _ => bail!("going on without a memory blade is built over TCP only (not over RDMA verbs yet)"),
-        }
+        let Blades::Remote { addrs, link: Link::Tcp, secret_file } = self else {
+            bail!("going on without a memory blade is built over TCP only (not over RDMA verbs yet)")
+        };
+        let secret = load_secret(secret_file.as_deref())?;
+        let gone: Vec<_> = absent
+            .iter()
+            .map(|b| {
+                let info = like.map(|l| l[usize::from(*b)]);
+                (*b, info, "taken out of the configuration by a failover".to_string())
+            })
+            .collect();
+        Ok(Arc::new(TcpTransport::connect_without(addrs, secret, &gone).context("connecting to the memory blades")?))
     }
 }
 

@@ -60,7 +60,7 @@ pub fn enter(s: &Session, t: &dyn Transport, absent: &[u16]) -> Result<Option<En
     let Blades::Remote { addrs, .. } = &s.blades else { bail!("--coordinator needs --blades") };
     let c = Coordinator::connect(url, timeout(s))?;
     let (v, created) = if absent.is_empty() {
-        let ids = identities(s, t)?;
+        let ids = identities(s, t, &[])?;
         let run: Vec<(String, u64)> = addrs.iter().cloned().zip(ids).collect();
         let (v, created) = c.create_or_load(&Config::new(&run))?;
         v.config.check_run(&run)?;
@@ -69,20 +69,8 @@ pub fn enter(s: &Session, t: &dyn Transport, absent: &[u16]) -> Result<Option<En
         // Started while blades are out ([`absent`]): the others must be
         // the ones the configuration names, and those out, out.
         let Some(v) = c.load()? else { bail!("the coordinator's configuration is gone") };
-        let ids = identities_but(s, t, absent)?;
-        for (i, b) in v.config.blades.iter().enumerate() {
-            let out = absent.contains(&(i as u16));
-            match (&b.state, out) {
-                (BladeState::Removed { .. }, true) => {}
-                (BladeState::Active, false) if Some(b.identity) == ids[i] => {}
-                _ => bail!(
-                    "memory blade {i} ({}) is not as the configuration (epoch {}) says: {}",
-                    addrs[i],
-                    v.config.epoch,
-                    v.config.describe_blades()
-                ),
-            }
-        }
+        let run: Vec<(String, u64)> = addrs.iter().cloned().zip(identities(s, t, absent)?).collect();
+        v.config.check_run_without(&run, absent)?;
         (v, false)
     };
     if s.run.progress {
@@ -115,35 +103,17 @@ pub fn absent(s: &Session) -> Result<Vec<u16>> {
     if v.config.blades.len() != addrs.len() {
         return Ok(Vec::new());
     }
-    let active = v.config.active();
-    let out: Vec<u16> = (0..addrs.len() as u16).filter(|b| !active.contains(b)).collect();
+    let out = v.config.removed();
     Ok(if out.contains(&0) { Vec::new() } else { out })
 }
 
-/// Each blade's identity but those of `absent` (`None`).
-fn identities_but(s: &Session, t: &dyn Transport, absent: &[u16]) -> Result<Vec<Option<u64>>> {
+/// Each blade's identity, read from its superblock (0 for the blades of
+/// `absent`, which are not asked).
+fn identities(s: &Session, t: &dyn Transport, absent: &[u16]) -> Result<Vec<u64>> {
     let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
     let ctx = rt.ctx();
-    let n = ctx.blades().len() as u16;
     let absent = absent.to_vec();
-    Ok(rt.block_on(async move {
-        let mut out = Vec::new();
-        for b in 0..n {
-            out.push(if absent.contains(&b) {
-                None
-            } else {
-                Some(ctx.read_u64(smart_core::GlobalAddr::new(b, smart_core::layout::OFF_IDENTITY)).await?)
-            });
-        }
-        Ok::<_, smart_core::Error>(out)
-    })?)
-}
-
-/// Each blade's identity, read from its superblock.
-fn identities(s: &Session, t: &dyn Transport) -> Result<Vec<u64>> {
-    let mut rt = Runtime::new(t, 0, s.run.runtime.clone())?;
-    let ctx = rt.ctx();
-    Ok(rt.block_on(async move { ctx.blade_identities().await })?)
+    Ok(rt.block_on(async move { ctx.blade_identities(&absent).await })?)
 }
 
 /// A run's membership: the flags its transactions and its record share.
@@ -296,8 +266,7 @@ pub struct FailedOver {
 impl FailedOver {
     /// The blades the configuration took out (removed at any epoch).
     pub fn removed(&self) -> Vec<u16> {
-        let active = self.v.config.active();
-        (0..self.v.config.blades.len() as u16).filter(|b| !active.contains(b)).collect()
+        self.v.config.removed()
     }
 }
 
@@ -477,7 +446,7 @@ fn revoke_on(addr: &str, tags: &[u64], secret: Option<&std::path::Path>, t: Dura
 /// # Errors
 /// etcd errors; verb errors.
 pub fn readmit(s: &Session, e: &Entered, t: &dyn Transport, lost: &[u16]) -> Result<Versioned> {
-    let ids = identities(s, t)?;
+    let ids = identities(s, t, &[])?;
     let back: Vec<(u16, String, u64)> =
         lost.iter().map(|b| (*b, e.addrs[usize::from(*b)].clone(), ids[usize::from(*b)])).collect();
     Ok(e.c.update(|c| c.readmit(&back).map(Some))?)
@@ -492,7 +461,7 @@ pub fn readmit(s: &Session, e: &Entered, t: &dyn Transport, lost: &[u16]) -> Res
 pub fn enter_rebuild(s: &Session, t: &dyn Transport, lost: &[u16]) -> Result<Option<Entered>> {
     let Some(url) = &s.coordinator else { return Ok(None) };
     let Blades::Remote { addrs, .. } = &s.blades else { bail!("--coordinator needs --blades") };
-    let ids = identities(s, t)?;
+    let ids = identities(s, t, &[])?;
     let c = Coordinator::connect(url, timeout(s))?;
     let Some(v) = c.load()? else {
         bail!("the coordinator holds no configuration for cluster {:?}: nothing to rebuild under it", c.cluster())

@@ -74,10 +74,6 @@ impl Table {
         self.order.iter().position(|r| *r == 0).expect("replica 0 is in the order")
     }
 
-    /// Whether a replica is out of use ([`Db::without`]).
-    pub fn degraded(&self, replicas: usize) -> bool {
-        self.live < replicas
-    }
     /// Bytes of a record.
     pub fn record_bytes(&self) -> usize {
         layout::record_bytes(self.value_size)
@@ -115,14 +111,37 @@ impl Table {
         std::array::from_fn(|r| if r < replicas { self.vbase[r].add(off) } else { GlobalAddr::NULL })
     }
 
-    /// The copies, in [`Table::order`], of an overflow bucket read at `at`
-    /// on the primary in use, whose header is `header`; and its next
-    /// bucket there ([`layout::copies_named`]: a header names the copies
-    /// by the replicas as created).
-    #[inline]
-    pub fn overflow_view(&self, header: &[u8], at: GlobalAddr) -> (u64, [u64; MAX_REPLICAS]) {
-        let (next, named) = layout::copies_named(header, usize::from(self.order[0]), at);
-        (next, std::array::from_fn(|v| named[usize::from(self.order[v])]))
+    /// The copies, in [`Table::order`], of the overflow bucket read at `at`
+    /// on the primary in use, whose header is `header`
+    /// ([`layout::copies_named`]: a header names the copies by the replicas
+    /// as created). Those in use are checked to name a bucket
+    /// ([`stored_addr`]: a bucket names its copies before it is linked, so
+    /// one that names none was damaged); those out of use are as named (0
+    /// for a bucket added while their blade was out).
+    ///
+    /// # Errors
+    /// [`DtxError::Corrupt`] for a copy in use that names no bucket.
+    pub(crate) fn overflow_loc(
+        &self,
+        blades: &[BladeInfo],
+        replicas: usize,
+        header: &[u8],
+        at: GlobalAddr,
+    ) -> Result<[GlobalAddr; MAX_REPLICAS]> {
+        let (_, named) = layout::copies_named(header, usize::from(self.order[0]), at);
+        let mut out = [GlobalAddr::NULL; MAX_REPLICAS];
+        out[0] = at;
+        for (v, c) in out.iter_mut().enumerate().take(replicas).skip(1) {
+            let raw = named[usize::from(self.order[v])];
+            *c = if v < self.live {
+                stored_addr(blades, raw, self.bucket_bytes(), || {
+                    format!("table {}: replica {} of overflow bucket {at}", self.id, self.order[v])
+                })?
+            } else {
+                GlobalAddr::from_raw(raw)
+            };
+        }
+        Ok(out)
     }
 
     /// The table's primary in use alone (a view of one replica, for scans
@@ -595,7 +614,9 @@ impl Db {
 /// The copies, on the first `replicas` replicas, of the overflow bucket of
 /// table `t` whose copy on replica `r` is at `at` with header `header`
 /// ([`layout::copies_named`]), each checked to name a bucket
-/// ([`stored_addr`]).
+/// ([`stored_addr`]); a copy on one of the `lost` blades that the header
+/// names as 0 (the bucket was added while that blade was out of the
+/// configuration: [`Db::without`]) is [`GlobalAddr::NULL`].
 ///
 /// # Errors
 /// [`DtxError::Corrupt`] for a copy word that names no bucket.
@@ -604,12 +625,15 @@ pub(crate) fn overflow_copies(
     t: &Table,
     replicas: usize,
     header: &[u8],
-    r: usize,
-    at: GlobalAddr,
+    (r, at): (usize, GlobalAddr),
+    lost: &[u16],
 ) -> Result<[GlobalAddr; MAX_REPLICAS]> {
     let (_, named) = layout::copies_named(header, r, at);
     let mut out = [GlobalAddr::NULL; MAX_REPLICAS];
     for (j, c) in out.iter_mut().enumerate().take(replicas) {
+        if named[j] == 0 && lost.contains(&t.base[j].blade()) {
+            continue;
+        }
         *c = stored_addr(blades, named[j], t.bucket_bytes(), || {
             let by = if r == 0 { String::new() } else { format!(" (named by its copy on replica {r})") };
             format!("table {}: replica {j} of overflow bucket {at}{by}", t.id)
@@ -621,9 +645,7 @@ pub(crate) fn overflow_copies(
 /// The copies of bucket `at` (a bucket of table `t` on its primary in use)
 /// on the first `replicas` replicas of [`Table::order`]: positional in the
 /// bucket arrays, named by an overflow bucket's header
-/// ([`Table::overflow_view`]); each copy in use checked to name a bucket
-/// ([`stored_addr`]), the others as named (0 for a bucket added while their
-/// blade was out).
+/// ([`Table::overflow_loc`]).
 ///
 /// # Errors
 /// A header that names no bucket; verb errors.
@@ -640,18 +662,7 @@ pub(crate) async fn bucket_copies(
     }
     let mut header = [0u8; layout::BUCKET_HEADER as usize];
     ctx.read(at, &mut header).await?;
-    let (_, named) = t.overflow_view(&header, at);
-    let mut out = [GlobalAddr::NULL; MAX_REPLICAS];
-    for (v, c) in out.iter_mut().enumerate().take(replicas) {
-        *c = if v < t.live {
-            stored_addr(ctx.blades(), named[v], t.bucket_bytes(), || {
-                format!("table {}: replica {} of overflow bucket {at}", t.id, t.order[v])
-            })?
-        } else {
-            GlobalAddr::from_raw(named[v])
-        };
-    }
-    Ok(out)
+    t.overflow_loc(ctx.blades(), replicas, &header, at)
 }
 
 /// Allocates an overflow bucket on every replica in use and links it after

@@ -35,7 +35,7 @@
 
 use smart_core::{Ctx, GlobalAddr};
 
-use crate::db::{stored_addr, Db, Table};
+use crate::db::{overflow_copies, stored_addr, Db, Table};
 use crate::error::{DtxError, Result};
 use crate::layout::{self, MAX_REPLICAS, SLOTS};
 use crate::recovery::Arrays;
@@ -127,17 +127,7 @@ where
                     format!("table {}: replica {s}'s next bucket after {}", t.id, chain[chain.len() - 1][s])
                 })?;
                 ctx.read(at, &mut header).await?;
-                let (_, named) = layout::copies_named(&header, s, at);
-                let mut copies = [GlobalAddr::NULL; MAX_REPLICAS];
-                for (j, c) in copies.iter_mut().enumerate().take(replicas) {
-                    if named[j] == 0 && lost.contains(&t.base[j].blade()) {
-                        continue;
-                    }
-                    *c = stored_addr(ctx.blades(), named[j], bb, || {
-                        format!("table {}: replica {j} of overflow bucket {at} (named by replica {s})", t.id)
-                    })?;
-                }
-                chain.push(copies);
+                chain.push(overflow_copies(ctx.blades(), t, replicas, &header, (s, at), lost)?);
                 next = layout::header_of(&header).0;
             }
             if chain.len() > 1 {

@@ -565,7 +565,7 @@ where
                     Ok(at0) => {
                         hops += 1;
                         ctx.read(at0, &mut chain[0]).await?;
-                        overflow_copies(ctx.blades(), t, replicas, &chain[0], 0, at0)
+                        overflow_copies(ctx.blades(), t, replicas, &chain[0], (0, at0), &[])
                             .map(|at| (at0, at))
                             .map_err(|e| (true, e))
                     }

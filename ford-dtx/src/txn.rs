@@ -650,28 +650,13 @@ impl Txn {
             }
             Step::Bucket { at, hop } => {
                 let home = hop == 0;
-                // The bucket's copies in the table's order of replicas
-                // (the primary in use first: see `Db::without`).
-                let (next, mirrors) = t.overflow_view(bytes, at);
+                let next = layout::header_of(bytes).0;
+                // The bucket's copies in the table's order of replicas (the
+                // primary in use first: see `Db::without`).
                 let mirrors: Loc = if home {
                     t.array_mirrors(at, replicas)
                 } else {
-                    // An overflow bucket names its mirrors before it is
-                    // linked: one that names none, or no place on a
-                    // blade, was damaged.
-                    let mut m = [GlobalAddr::NULL; MAX_REPLICAS];
-                    // The copies out of use as named (0 for a bucket added
-                    // while their blade was out): for the undo log only.
-                    for r in t.live..replicas {
-                        m[r] = GlobalAddr::from_raw(mirrors[r]);
-                    }
-                    for r in 1..t.live {
-                        m[r] = stored_addr(self.d.0.ctx.blades(), mirrors[r], t.bucket_bytes(), || {
-                            format!("table {}: replica {r} of overflow bucket {at}", t.id)
-                        })
-                        .map_err(Unsettled::corrupt)?;
-                    }
-                    m
+                    t.overflow_loc(self.d.0.ctx.blades(), replicas, bytes, at).map_err(Unsettled::corrupt)?
                 };
                 let rb = t.record_bytes();
                 let mut free = None;

@@ -153,6 +153,11 @@ impl Config {
         (0..self.blades.len() as u16).filter(|i| self.blades[*i as usize].state == BladeState::Active).collect()
     }
 
+    /// The indexes of the blades removed (out of the configuration).
+    pub fn removed(&self) -> Vec<u16> {
+        (0..self.blades.len() as u16).filter(|i| self.blades[*i as usize].state != BladeState::Active).collect()
+    }
+
     /// Checks that a run over `run` (each blade's address and identity, by
     /// index) runs on the blades this configuration trusts: the same
     /// blades, none removed.
@@ -160,6 +165,17 @@ impl Config {
     /// # Errors
     /// [`CoordError::Refused`], saying which blade and why.
     pub fn check_run(&self, run: &[(String, u64)]) -> Result<()> {
+        self.check_run_without(run, &[])
+    }
+
+    /// [`Config::check_run`] of a run that goes without blades `absent`
+    /// (their identities in `run` are not looked at): each must be one
+    /// this configuration removed.
+    ///
+    /// # Errors
+    /// As [`Config::check_run`]; an absent blade the configuration holds
+    /// active.
+    pub fn check_run_without(&self, run: &[(String, u64)], absent: &[u16]) -> Result<()> {
         let e = self.epoch;
         if run.len() != self.blades.len() {
             return Err(CoordError::Refused(format!(
@@ -170,6 +186,15 @@ impl Config {
             )));
         }
         for (i, ((addr, identity), b)) in run.iter().zip(&self.blades).enumerate() {
+            if absent.contains(&(i as u16)) {
+                if b.state == BladeState::Active {
+                    return Err(CoordError::Refused(format!(
+                        "memory blade {i} ({addr}) is active in the configuration (epoch {e}): a run does not go \
+                         without it"
+                    )));
+                }
+                continue;
+            }
             match &b.state {
                 BladeState::Removed { epoch, why } if *identity == b.identity => {
                     return Err(CoordError::Refused(format!(
@@ -842,6 +867,13 @@ mod tests {
         );
         let e = removed.check_run(&run([0x11 << 16, 0x77 << 16, 0x33 << 16])).unwrap_err().to_string();
         assert!(e.contains("a fresh blade"), "{e}");
+        // A run that goes without the removed blade: only the others count.
+        assert_eq!(removed.removed(), [1]);
+        removed.check_run_without(&run([0x11 << 16, 0, 0x33 << 16]), &[1]).unwrap();
+        let e = removed.check_run_without(&run([0x11 << 16, 0, 0x99 << 16]), &[1]).unwrap_err().to_string();
+        assert!(e.contains("memory blade 2 (c:1) has identity"), "{e}");
+        let e = c.check_run_without(&run([0x11 << 16, 0, 0x33 << 16]), &[1]).unwrap_err().to_string();
+        assert!(e.contains("is active in the configuration"), "{e}");
         let back = removed.readmit(&[(1, "b:2".into(), 0x77 << 16)]).unwrap();
         assert_eq!((back.epoch, back.active()), (3, vec![0, 1, 2]));
         back.check_run(&run([0x11 << 16, 0x77 << 16, 0x33 << 16])).unwrap();

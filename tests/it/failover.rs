@@ -187,6 +187,12 @@ fn rebuild(c: &Cluster, i: usize) -> String {
     text
 }
 
+/// [`rebuild`] of blade `i` on a fresh blade started in its place.
+fn fresh_rebuilt(c: &mut Cluster, i: usize) -> String {
+    c.replace(i);
+    rebuild(c, i)
+}
+
 /// Loads the database (a short audited run, which also creates the
 /// configuration): the ledger transactions after it.
 fn loaded(c: &Cluster) -> u64 {
@@ -297,21 +303,18 @@ fn a_compute_blade_and_the_memory_blade_of_its_first_log_copy_killed_together_ar
     let _ = a.stderr.join();
     let (sb, eb, rb) = finish(b, Duration::from_secs(90), "compute blade b did not end");
     assert!(eb.contains(&format!("failover: memory blade {lost} (")), "{eb}");
-    if lost == 0 {
-        // Blade 0 lost: b stops, and the rebuild recovers a.
-        assert!(!sb.success());
-        c.replace(lost);
-        let out = rebuild(&c, lost);
-        assert!(!out.contains("every copy of its undo log"), "{out}");
-        assert!(out.contains(&format!("compute blade {}", a.slot)), "a is recovered: {out}");
-    } else {
+    if lost != 0 {
         // b settles a's transactions from a surviving copy of its undo log
         // before it goes on.
         assert!(sb.success(), "{eb}");
         assert!(eb.contains("registrations of the earlier epoch settled here"), "{eb}");
-        c.replace(lost);
-        let out = rebuild(&c, lost);
-        assert!(!out.contains("every copy of its undo log"), "{out}");
+    }
+    let out = fresh_rebuilt(&mut c, lost);
+    assert!(!out.contains("every copy of its undo log"), "{out}");
+    if lost == 0 {
+        // Blade 0 lost: b stopped, and the rebuild recovers a.
+        assert!(!sb.success());
+        assert!(out.contains(&format!("compute blade {}", a.slot)), "a is recovered: {out}");
     }
     let after = clean(&c, "after the rebuild");
     assert!(after >= before + ledgered(&rb), "committed transactions lost");
@@ -348,8 +351,7 @@ fn a_paused_compute_blade_of_the_old_epoch_is_refused_when_it_wakes() {
     // take live blades out of a configuration that moved on without it.
     let cfg = &show(&c)["config"];
     assert_eq!((cfg["epoch"].as_u64(), &cfg["blades"][1]["state"]), (Some(2), &Value::from("active")), "{cfg}");
-    c.replace(2);
-    rebuild(&c, 2);
+    fresh_rebuilt(&mut c, 2);
     let after = clean(&c, "after the rebuild");
     let b_committed = if rb.is_null() { 0 } else { ledgered(&rb) };
     assert!(after >= before + ledgered(&ra) + b_committed, "committed transactions lost");
@@ -431,8 +433,7 @@ fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
     assert!(st.success(), "{said}");
     assert!(said.contains("failover: memory blade 1 ("), "{said}");
     assert_eq!(show(&c)["config"]["blades"][1]["state"], "removed");
-    c.replace(1);
-    let out = rebuild(&c, 1);
+    let out = fresh_rebuilt(&mut c, 1);
     // Call forwarding rows inserted without blade 1 filled chains: their
     // new buckets get a copy on the rebuilt blade.
     let added: u64 = out
@@ -473,8 +474,7 @@ fn a_proposer_killed_right_after_its_proposal_leaves_the_others_to_fence_settle_
     assert_eq!(rb["coordinator"]["epoch"], 2, "{rb}");
     let cfg = &show(&c)["config"];
     assert_eq!((cfg["epoch"].as_u64(), &cfg["blades"][2]["state"]), (Some(2), &Value::from("removed")), "{cfg}");
-    c.replace(2);
-    rebuild(&c, 2);
+    fresh_rebuilt(&mut c, 2);
     let after = clean(&c, "after the rebuild");
     assert!(after >= before + ledgered(&rb), "committed transactions lost");
 }
@@ -497,11 +497,10 @@ fn a_compute_blade_killed_after_the_failover_is_recovered_by_the_rebuild() {
     assert!(ea.contains("going on without memory blade 1: "), "{ea}");
     let (sb, eb, rb) = finish(b, Duration::from_secs(60), "compute blade b did not end");
     assert!(sb.success(), "{eb}");
-    c.replace(1);
     // The rebuild settles a's epoch-2 transactions on the promoted copies
     // (its undo log copies are on blades 0 and 2), then copies them to the
     // fresh blade.
-    let out = rebuild(&c, 1);
+    let out = fresh_rebuilt(&mut c, 1);
     assert!(out.contains(&format!("(pid {pid})")), "a is recovered: {out}");
     let after = clean(&c, "after the rebuild");
     assert!(after >= before + ledgered(&rb), "committed transactions lost");

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ford_dtx::db::Db;
 use ford_dtx::recovery::{audit, settle};
 use ford_dtx::Registration;
-use smart_core::{Ctx, GlobalAddr, Transport};
+use smart_core::{Ctx, GlobalAddr, Runtime, Transport};
 use smart_testkit::backends;
 use smart_testkit::die::Die;
 
@@ -18,6 +18,30 @@ use crate::{insert_one, join, open, spec, u};
 
 const ACCOUNTS: u64 = 6;
 const START: u64 = 1_000;
+
+/// Three embedded blades with database `name` of three tables of 8-byte
+/// values, k = 2 (table i on blades i and i + 1 mod 3: blade 1 holds table
+/// 0's backup and table 1's primary), rows `rows` (table, key) at START
+/// (inserted by a registration closed since): the transport (keep it: it
+/// holds the blades), a runtime and the database.
+fn three_tables(name: &str, rows: impl IntoIterator<Item = (u32, u64)>) -> (Arc<dyn Transport>, Runtime, Arc<Db>) {
+    let t: Arc<dyn Transport> = backends::embedded(3).transport;
+    let (mut rt, db, first) = open(&t, &spec(name, &[8, 8, 8], 16, 2), 1, 1);
+    let dtx = first.open_thread(rt.ctx());
+    let rows: Vec<_> = rows.into_iter().collect();
+    rt.block_on(async move {
+        for (table, key) in rows {
+            insert_one(&dtx, table, key, START).await.unwrap();
+        }
+    });
+    first.close(&*t).unwrap();
+    (t, rt, db)
+}
+
+/// Every (table, key) of the three tables' `0..ACCOUNTS`.
+fn accounts() -> impl Iterator<Item = (u32, u64)> {
+    (0..3).flat_map(|table| (0..ACCOUNTS).map(move |k| (table, k)))
+}
 
 /// Every bucket array on blade `b` (the copies a failover of `b` must not
 /// touch), as bytes.
@@ -76,23 +100,9 @@ async fn rebuild_and_audit(ctx: &Ctx, db: &Db, lost: u16, what: &str) -> (u64, f
 
 #[test]
 fn transactions_go_on_with_a_backup_promoted_and_leave_the_lost_blade_untouched() {
-    let b = backends::embedded(3);
-    let t: Arc<dyn Transport> = b.transport.clone();
-    // Table i on blades i and i + 1 (mod 3): blade 1 holds table 0's backup
-    // and table 1's primary.
-    let (mut rt, db, first) = open(&t, &spec("promote", &[8, 8, 8], 16, 2), 1, 1);
-    let dtx = first.open_thread(rt.ctx());
-    let ctx = rt.ctx();
-    let d = db.clone();
-    let before = rt.block_on(async move {
-        for table in 0..3 {
-            for k in 0..ACCOUNTS {
-                insert_one(&dtx, table, k, START).await.unwrap();
-            }
-        }
-        arrays_on(&ctx, &d, 1).await
-    });
-    first.close(&*t).unwrap();
+    let (t, mut rt, db) = three_tables("promote", accounts());
+    let (ctx, d) = (rt.ctx(), db.clone());
+    let before = rt.block_on(async move { arrays_on(&ctx, &d, 1).await });
     assert!(db.without(&[0]).is_err(), "blade 0 holds the registry");
     let view = Arc::new(db.without(&[1]).unwrap());
     assert_eq!((view.table(1).order[0], view.table(1).live, view.table(0).live), (1, 1, 1));
@@ -147,18 +157,7 @@ fn a_transaction_cut_short_by_a_failover_is_settled_before_the_next_epoch() {
 fn cut_short_by_failover(from: (u32, u64), to: (u32, u64)) {
     let mut outcomes = [0u32; 2];
     for polls in 1..14 {
-        let b = backends::embedded(3);
-        let t: Arc<dyn Transport> = b.transport.clone();
-        let (mut rt, db, first) = open(&t, &spec("settle", &[8, 8, 8], 16, 2), 1, 1);
-        let dtx = first.open_thread(rt.ctx());
-        rt.block_on(async move {
-            for table in 0..3 {
-                for k in 0..ACCOUNTS {
-                    insert_one(&dtx, table, k, START).await.unwrap();
-                }
-            }
-        });
-        first.close(&*t).unwrap();
+        let (t, mut rt, db) = three_tables("settle", accounts());
         // The earlier epoch's compute blade dies in a transfer between
         // table 1 (primary on blade 1, which is lost) and table 2.
         let old = join(&t, &db);
@@ -213,10 +212,7 @@ fn cut_short_by_failover(from: (u32, u64), to: (u32, u64)) {
 #[test]
 fn a_settling_that_another_compute_blade_holds_is_waited_for_and_taken_over_once_its_hold_ran_out() {
     use ford_dtx::layout::registry::RECOVERING;
-    let b = backends::embedded(3);
-    let t: Arc<dyn Transport> = b.transport.clone();
-    let (mut rt, db, first) = open(&t, &spec("takeover", &[8, 8, 8], 16, 2), 1, 1);
-    first.close(&*t).unwrap();
+    let (t, mut rt, db) = three_tables("takeover", []);
     let old = join(&t, &db);
     let (nonce, slot) = (old.fence_tag(), old.slot());
     drop(old);
@@ -244,10 +240,7 @@ fn a_transaction_cut_short_in_a_bucket_added_without_the_blade_is_settled_where_
     // Table 1's primary (replica 0) is on the lost blade 1: buckets added
     // without it have no copy there, and transactions in them name none.
     for polls in 1..14 {
-        let b = backends::embedded(3);
-        let t: Arc<dyn Transport> = b.transport.clone();
-        let (mut rt, db, first) = open(&t, &spec("added", &[8, 8, 8], 16, 2), 1, 1);
-        first.close(&*t).unwrap();
+        let (t, mut rt, db) = three_tables("added", []);
         let view = Arc::new(db.without(&[1]).unwrap());
         let reg = Registration::register(t.clone(), view.clone(), 1, 1, std::time::Duration::from_secs(30)).unwrap();
         let dtx = reg.open_thread(rt.ctx());
@@ -299,16 +292,7 @@ fn a_transaction_cut_short_in_a_bucket_added_without_the_blade_is_settled_where_
 
 #[test]
 fn a_transaction_that_failed_its_validation_is_not_rolled_back_over_later_commits() {
-    let b = backends::embedded(3);
-    let t: Arc<dyn Transport> = b.transport.clone();
-    let (mut rt, db, first) = open(&t, &spec("voided", &[8, 8, 8], 16, 2), 1, 1);
-    let dtx = first.open_thread(rt.ctx());
-    rt.block_on(async move {
-        for (table, key) in [(0, 5), (1, 0), (1, 3)] {
-            insert_one(&dtx, table, key, START).await.unwrap();
-        }
-    });
-    first.close(&*t).unwrap();
+    let (t, mut rt, db) = three_tables("voided", [(0, 5), (1, 0), (1, 3)]);
     // A reads (0, 5) and updates (1, 0) and (1, 3), whose primaries are on
     // blade 1; B changes (0, 5) under it, so A's validation fails after its
     // log entry landed; then C adds 10 to (1, 0). A's compute blade dies.

@@ -87,11 +87,13 @@ impl TcpTransport {
 
     /// [`TcpTransport::connect_with`] without the blades of `absent`, each
     /// given with its size and rkey as an earlier transport learned them
-    /// ([`Transport::blades`]) and why it is absent: no connection is made
-    /// to them, and every batch to one fails at once (a transport error
-    /// naming why), so that a run goes on over the other blades with every
-    /// address unchanged (a blade taken out of a cluster's configuration
-    /// after it failed).
+    /// ([`Transport::blades`]; `None`: unknown, then the largest other
+    /// blade's size, which serves only to check addresses, none of which
+    /// is used on an absent blade) and why it is absent: no connection is
+    /// made to them, and every batch to one fails at once (a transport
+    /// error naming why), so that a run goes on over the other blades with
+    /// every address unchanged (a blade taken out of a cluster's
+    /// configuration after it failed).
     ///
     /// # Errors
     /// As [`TcpTransport::connect_with`] for the other blades; an absent
@@ -99,7 +101,7 @@ impl TcpTransport {
     pub fn connect_without(
         addrs: &[String],
         secret: Option<Secret>,
-        absent: &[(u16, BladeInfo, String)],
+        absent: &[(u16, Option<BladeInfo>, String)],
     ) -> Result<TcpTransport> {
         if let Some((b, ..)) = absent.iter().find(|(b, ..)| usize::from(*b) >= addrs.len()) {
             return Err(Error::NoSuchBlade(*b, addrs.len()));
@@ -113,25 +115,30 @@ impl TcpTransport {
         }
         let (mut infos, mut welcomes) = (Vec::with_capacity(addrs.len()), Vec::with_capacity(addrs.len()));
         let mut gone = vec![None; addrs.len()];
+        let out = |i: usize| absent.iter().find(|(b, ..)| usize::from(*b) == i);
         for (i, a) in addrs.iter().enumerate() {
-            if let Some((_, info, why)) = absent.iter().find(|(b, ..)| usize::from(*b) == i) {
-                infos.push(*info);
-                let (size, rkey) = (info.size, info.rkey);
-                welcomes.push(Welcome {
-                    version: wire::PROTOCOL_VERSION,
-                    status: 0,
-                    size,
-                    rkey,
-                    flags: 0,
-                    identity: 0,
-                });
-                gone[i] = Some(format!("memory blade {i} ({a}) is absent: {why}"));
-                continue;
-            }
-            let (_, w) = greet(a, wire::PROTOCOL_VERSION, 0)?;
-            needs_secret(a, &w, secret.as_ref())?;
-            infos.push(BladeInfo { size: w.size, rkey: w.rkey });
+            let w = match out(i) {
+                // Its size and rkey filled in below, once the present
+                // blades' are known.
+                Some((_, _, why)) => {
+                    gone[i] = Some(format!("memory blade {i} ({a}) is absent: {why}"));
+                    Welcome { version: wire::PROTOCOL_VERSION, status: 0, size: 0, rkey: 0, flags: 0, identity: 0 }
+                }
+                None => {
+                    let (_, w) = greet(a, wire::PROTOCOL_VERSION, 0)?;
+                    needs_secret(a, &w, secret.as_ref())?;
+                    w
+                }
+            };
             welcomes.push(w);
+        }
+        let largest = welcomes.iter().map(|w| w.size).max().unwrap_or(0);
+        for (i, w) in welcomes.iter_mut().enumerate() {
+            if let Some((_, info, _)) = out(i) {
+                let info = info.unwrap_or(BladeInfo { size: largest, rkey: 0 });
+                (w.size, w.rkey) = (info.size, info.rkey);
+            }
+            infos.push(BladeInfo { size: w.size, rkey: w.rkey });
         }
         let nic = Arc::new(SoftNic::new(addrs.len()));
         let (peers, silence, secret) = (addrs.to_vec(), Silence::new(addrs.len()), secret.map(Arc::new));

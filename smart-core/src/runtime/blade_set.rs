@@ -110,12 +110,18 @@ impl Ctx {
 
     /// Each blade's identity, as its superblock holds it: drawn when the
     /// blade started on a new region, so a blade restarted without its
-    /// data (or replaced) has another (for a coordinator's configuration).
+    /// data (or replaced) has another (for a coordinator's configuration);
+    /// 0 for the blades of `absent`, which are not asked.
     ///
     /// # Errors
     /// Verb errors.
-    pub async fn blade_identities(&self) -> Result<Vec<u64>> {
-        Ok(self.set_words().await?.0.iter().map(|s| s.identity).collect())
+    pub async fn blade_identities(&self, absent: &[u16]) -> Result<Vec<u64>> {
+        let mut out = Vec::with_capacity(self.blades().len());
+        for b in 0..self.blades().len() as u16 {
+            let id = if absent.contains(&b) { 0 } else { self.superblock(b).await?[layout::OFF_IDENTITY as usize / 8] };
+            out.push(id);
+        }
+        Ok(out)
     }
 
     /// [`Ctx::adopt_blades`] of one blade, `i`.

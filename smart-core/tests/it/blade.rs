@@ -528,7 +528,7 @@ fn a_transport_without_an_absent_blade_runs_on_the_others() {
     // Blade 1 is gone: no connection to it is tried.
     drop(h1);
     assert!(TcpTransport::connect(&addrs).is_err());
-    let t = TcpTransport::connect_without(&addrs, None, &[(1, info, "removed at epoch 2".into())]).unwrap();
+    let t = TcpTransport::connect_without(&addrs, None, &[(1, Some(info), "removed at epoch 2".into())]).unwrap();
     assert_eq!(t.blades()[1], info, "the absent blade keeps its place and size");
     let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
     let ctx = rt.ctx();
@@ -544,6 +544,9 @@ fn a_transport_without_an_absent_blade_runs_on_the_others() {
         }
         assert_eq!(ctx.read_u64(a).await.unwrap(), 7, "the other blade still answers");
     });
+    // Unknown, an absent blade's size is the largest other blade's.
+    let t = TcpTransport::connect_without(&addrs, None, &[(1, None, "removed".into())]).unwrap();
+    assert_eq!(t.blades()[1].size, t.blades()[0].size);
     // An index past the blades is refused.
-    assert!(TcpTransport::connect_without(&addrs, None, &[(2, info, "x".into())]).is_err());
+    assert!(TcpTransport::connect_without(&addrs, None, &[(2, Some(info), "x".into())]).is_err());
 }
