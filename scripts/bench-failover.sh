@@ -6,9 +6,13 @@
 # time memory blade BLADE is SIGKILLed. The compute blades fail over (the
 # blade taken out of the configuration in etcd, the earlier epoch fenced and
 # settled, a backup promoted where the primary was lost) and go on. Then a
-# fresh blade is rebuilt in its place and the database audited.
+# fresh blade is rebuilt in its place and the database audited. With
+# REJOIN_AT, the fresh blade is started REJOIN_AT seconds into the run and
+# rebuilt online (`compute-blade rebuild --online`, at COPY_RATE MB/s,
+# default 2) while both compute blades run on, and the database audited once
+# they end.
 #
-#   scripts/bench-failover.sh [SECONDS] [KILL_AT] [BLADE]
+#   scripts/bench-failover.sh [SECONDS] [KILL_AT] [BLADE] [REJOIN_AT]
 #
 # Defaults: 12 s, 4 s, blade 1 (blade 0 stops the compute blades: it holds
 # the registry). Prints, per workload, committed transactions per second in
@@ -22,6 +26,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-12}
 kill_at=${2:-4}
 lost=${3:-1}
+rejoin_at=${4:-}
+copy_rate=${COPY_RATE:-2}
 out=${OUT:-results/failover}
 . scripts/lib.sh
 need_seconds SECONDS "$secs"
@@ -33,6 +39,14 @@ fi
 if ! awk -v k="$kill_at" -v s="$secs" 'BEGIN { exit !(k + 2 < s) }'; then
   echo "$(basename "$0"): KILL_AT must leave at least 2 s of SECONDS after it" >&2
   exit 2
+fi
+if [ -n "$rejoin_at" ]; then
+  need_seconds REJOIN_AT "$rejoin_at"
+  if ! awk -v k="$kill_at" -v r="$rejoin_at" -v s="$secs" 'BEGIN { exit !(k + 1 < r && r + 2 < s) }'; then
+    echo "$(basename "$0"): REJOIN_AT must be at least 1 s after KILL_AT and 2 s before SECONDS" >&2
+    exit 2
+  fi
+  [ "$lost" != 0 ] || { echo "$(basename "$0"): blade 0 is not rebuilt online (REJOIN_AT)" >&2; exit 2; }
 fi
 command -v etcd >/dev/null || { echo "$(basename "$0"): needs etcd (apt-get install etcd-server)" >&2; exit 2; }
 prepare "$out"
@@ -80,22 +94,43 @@ for w in smallbank tatp; do
     [ "$(cat "$out/$w-a.err" "$out/$w-b.err" | grep -c '^registered as compute blade')" -ge 2 ] && break
     sleep 0.05
   done
+  t0=$(date +%s.%N)
   sleep "$kill_at"
   echo "$w: SIGKILL of memory blade $lost" >&2
   kill -KILL "${BLADE_PIDS[$lost]}"
   wait "${BLADE_PIDS[$lost]}" 2>/dev/null || true
-  for p in "${RUN_PIDS[@]}"; do wait "$p" || echo "$w: a compute blade exited $?" >&2; done
-  RUN_PIDS=()
-  # A fresh blade in its place, rebuilt, the database audited.
-  launch_blade "$out/fresh.out" --size 512MiB
-  IFS=, read -r -a addrs <<<"$BLADES"
-  addrs[$lost]=$LAUNCHED_ADDR
-  BLADE_PIDS[$lost]=$LAUNCHED_PID
-  BLADES=$(IFS=,; echo "${addrs[*]}")
-  sleep 4.5 # the compute blades' leases and recovery's grace
-  started=$(date +%s.%N)
-  "$bin/compute-blade" rebuild --lost "$lost" --blades "$BLADES" --coordinator "$coord" >"$out/$w-rebuild.out" 2>&1
-  echo "$w: rebuilt in $(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s" >&2
+  fresh() {
+    launch_blade "$out/fresh.out" --size 512MiB
+    IFS=, read -r -a addrs <<<"$BLADES"
+    addrs[$lost]=$LAUNCHED_ADDR
+    BLADE_PIDS[$lost]=$LAUNCHED_PID
+    BLADES=$(IFS=,; echo "${addrs[*]}")
+  }
+  since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+  if [ -n "$rejoin_at" ]; then
+    # A fresh blade in its place, rebuilt while the compute blades run.
+    sleep "$(awk -v a="$t0" -v r="$rejoin_at" -v b="$(date +%s.%N)" 'BEGIN { d = a + r - b; print (d > 0 ? d : 0) }')"
+    fresh
+    copy_from=$(since "$t0")
+    echo "$w: rebuild --online of memory blade $lost at $copy_from s" >&2
+    "$bin/compute-blade" rebuild --lost "$lost" --online --copy-rate "$copy_rate" --lease 2 --request-timeout 2 \
+      --blades "$BLADES" --coordinator "$coord" --json "$out/$w-rebuild.json" >"$out/$w-rebuild.out" 2>&1
+    copy_to=$(since "$t0")
+    echo "$w: taken in at $copy_to s" >&2
+    echo "$copy_from $copy_to" >"$out/$w-copy.times"
+    for p in "${RUN_PIDS[@]}"; do wait "$p" || echo "$w: a compute blade exited $?" >&2; done
+    RUN_PIDS=()
+  else
+    for p in "${RUN_PIDS[@]}"; do wait "$p" || echo "$w: a compute blade exited $?" >&2; done
+    RUN_PIDS=()
+    # A fresh blade in its place, rebuilt, the database audited.
+    fresh
+    sleep 4.5 # the compute blades' leases and recovery's grace
+    started=$(date +%s.%N)
+    "$bin/compute-blade" rebuild --lost "$lost" --blades "$BLADES" --coordinator "$coord" >"$out/$w-rebuild.out" 2>&1
+    echo "$w: rebuilt in $(since "$started") s" >&2
+    rm -f "$out/$w-copy.times"
+  fi
   "$bin/compute-blade" "$w" "${size[@]}" --blades "$BLADES" --coordinator "$coord" --audit-only --quiet \
     --json "$out/$w-audit.json" >/dev/null
   stop_blades
@@ -106,8 +141,14 @@ out, secs, kill_at, lost = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), 
 rows = []
 print(f"Memory blade {lost} SIGKILLed {kill_at:g} s into a {secs:g} s run of two compute blades "
       "(1 thread x 8 coroutines each, k = 2, three TCP blades on loopback, request time-out and lease 2 s).\n")
-print("| workload | committed txn/s before | after | resumed after (s) | window of the kill | audit after the rebuild |")
-print("|---|---|---|---|---|---|")
+online = os.path.exists(os.path.join(out, "smallbank-copy.times"))
+if online:
+    print("| workload | committed txn/s before | after the failover | during the online copy | after taking it in "
+          "| resumed after (s) | copy (s) | audit at the end |")
+    print("|---|---|---|---|---|---|---|---|")
+else:
+    print("| workload | committed txn/s before | after | resumed after (s) | window of the kill | audit after the rebuild |")
+    print("|---|---|---|---|---|---|")
 windows = {}
 for w in ("smallbank", "tatp"):
     recs = [json.load(open(os.path.join(out, f"{w}-{c}.json"))) for c in "ab"]
@@ -128,8 +169,18 @@ for w in ("smallbank", "tatp"):
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
     kill_w = per.get(int(at), float("nan")) if at is not None else float("nan")
     gap = max(f.get("resumed_after_s", 0) for f in fo) if fo else float("nan")
-    print(f"| {w} | {mean(before):,.0f} | {mean(after):,.0f} | {gap:.2f} | {kill_w:,.0f} | "
-          f"{audit['violations']} violations |")
+    if online:
+        c0, c1 = map(float, open(os.path.join(out, f"{w}-copy.times")).read().split())
+        # Windows wholly inside each phase (the runs' clocks start about
+        # when both registered; the script's at its first sleep).
+        degraded = [v for k, v in per.items() if k >= back + 1 and k + 1 <= c0]
+        during = [v for k, v in per.items() if k >= c0 and k + 1 <= c1]
+        taken = [v for k, v in per.items() if k >= c1 + 1 and k + 1 <= secs]
+        print(f"| {w} | {mean(before):,.0f} | {mean(degraded):,.0f} | {mean(during):,.0f} | {mean(taken):,.0f} "
+              f"| {gap:.2f} | {c1 - c0:.1f} | {audit['violations']} violations |")
+    else:
+        print(f"| {w} | {mean(before):,.0f} | {mean(after):,.0f} | {gap:.2f} | {kill_w:,.0f} | "
+              f"{audit['violations']} violations |")
 with open(os.path.join(out, "failover.csv"), "w", newline="") as f:
     wr = csv.writer(f)
     wr.writerow(["workload", "second", "committed_per_s"])
@@ -160,7 +211,13 @@ for w, pts in data.items():
     ax.step(xs, [y / 1e3 for y in ys], where="post", label=w)
 ax.set_xlabel("second of the run")
 ax.set_ylabel("committed (K txn/s)")
-ax.set_title(f"memory blade {lost} SIGKILLed, failover, backups promoted")
+copies = [os.path.join(out, f"{w}-copy.times") for w in data]
+for f in copies:
+    if os.path.exists(f):
+        c0, c1 = map(float, open(f).read().split())
+        ax.axvspan(c0, c1, alpha=0.1, color="grey")
+online = any(os.path.exists(f) for f in copies)
+ax.set_title(f"memory blade {lost} SIGKILLed, failover" + (", online re-replication (grey)" if online else ", backups promoted"))
 ax.legend()
 fig.tight_layout()
 fig.savefig(os.path.join(out, "failover.png"), dpi=120)

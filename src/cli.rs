@@ -642,6 +642,21 @@ pub struct RebuildArgs {
     /// Databases to rebuild (default: every FORD database on the blades).
     #[arg(long, value_delimiter = ',')]
     pub db: Vec<String>,
+    /// Copy while compute blades run (under --coordinator, one blade other
+    /// than 0, removed by a failover): the fresh blade joins (every
+    /// transaction writes it), each slot is copied under its lock, then it
+    /// is taken in. Run again, it resumes.
+    #[arg(long)]
+    pub online: bool,
+    /// With --online: the most bytes of buckets copied per second, in MB/s
+    /// (the copy's pace, so that transactions keep most of the blades).
+    #[arg(long, default_value_t = 16.0)]
+    pub copy_rate: f64,
+    /// With --online: the copier's lease on the database and in the
+    /// coordinator, in seconds (its locks are released once it lapses, if
+    /// it dies).
+    #[arg(long, default_value_t = 5.0)]
+    pub lease: f64,
     /// The memory blades and the output.
     #[command(flatten)]
     pub common: BladeArgs,

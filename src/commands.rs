@@ -235,10 +235,10 @@ fn group(n: u64) -> String {
 /// Set-up, recovery, load or audit failures; a record that cannot be
 /// written.
 /// `absent`: the blades `t` goes without ([`crate::coord::absent`]).
-pub fn dtx(s: &Session, t: Arc<dyn Transport>, job: &DtxJob, absent: &[u16]) -> Result<Outcome> {
+pub fn dtx(s: &Session, t: Arc<dyn Transport>, job: &DtxJob, absent: &[u16], joining: &[u16]) -> Result<Outcome> {
     match &job.workload {
-        DtxWorkload::SmallBank(w) => dtx_on(s, t, job, w, true, absent),
-        DtxWorkload::Tatp(w) => dtx_on(s, t, job, w, false, absent),
+        DtxWorkload::SmallBank(w) => dtx_on(s, t, job, w, true, (absent, joining)),
+        DtxWorkload::Tatp(w) => dtx_on(s, t, job, w, false, (absent, joining)),
     }
 }
 
@@ -320,7 +320,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
     job: &DtxJob,
     w: &W,
     smallbank: bool,
-    absent: &[u16],
+    (absent, joining): (&[u16], &[u16]),
 ) -> Result<Outcome> {
     let name = w.name();
     // Under a coordinator: only on blades it trusts, as a member under a
@@ -328,6 +328,17 @@ fn dtx_on<W: Workload + Clone + 'static>(
     // A run started while blades are out (after a failover, before their
     // rebuild) goes on without them, as the runs that failed over do.
     let mut entered = crate::coord::enter(s, &*t, absent)?;
+    if let (true, Some(e)) = (job.audit_only, &entered) {
+        let joining = e.v.config.joining();
+        if !joining.is_empty() {
+            anyhow::bail!(
+                "{} joining the configuration (epoch {}): its copies are being made, and the audit compares every \
+                 replica; audit once `compute-blade rebuild --online` took it in (run it again if it stopped)",
+                ford_dtx::db::blades_are(&joining),
+                e.v.config.epoch
+            );
+        }
+    }
     if job.audit_only {
         let a = smallbank_tatp::workload::audit_waiting(&*t, &s.run, &job.cfg.db, smallbank, job.audit_wait)?;
         audit_line(&a);
@@ -349,10 +360,10 @@ fn dtx_on<W: Workload + Clone + 'static>(
     // is settled before this one's first transaction (a failover may be
     // settling them right now).
     let settle0 = match &entered {
-        Some(e) if !absent.is_empty() => crate::coord::earlier_tags(&e.c, &e.v)?,
+        Some(e) if !absent.is_empty() || !joining.is_empty() => crate::coord::earlier_tags(&e.c, &e.v)?,
         _ => Vec::new(),
     };
-    let (mut lost, mut settle) = (absent.to_vec(), settle0);
+    let (mut lost, mut joins, mut settle) = (absent.to_vec(), joining.to_vec(), settle0);
     let mut total: Option<smallbank_tatp::DtxReport> = None;
     let mut failovers = Vec::new();
     // When the last phase's measured time ended (for the gap to the next).
@@ -377,6 +388,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
             fence_tag: member.as_ref().map(|m| m.fence_tag.clone()),
             fence_recorded: member.as_ref().map(|m| m.m.recorded_tag()),
             lost: lost.clone(),
+            joining: joins.clone(),
             settle: settle.clone(),
             ..job.cfg.clone()
         };
@@ -434,6 +446,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
         let measured =
             total.as_ref().map_or(0.0, |t| t.run.duration_s) + rep.as_ref().map_or(0.0, |r| r.run.duration_s + gap);
         let fo = coordinated_failure(s, &*phase_t, e, &m, &err, dead);
+        let cause = fo.as_ref().map(|f| f.cause);
         let left = s.run.duration.as_secs_f64() - measured;
         let epoch = fo.as_ref().map(|f| f.v.config.epoch);
         let next = match fo {
@@ -446,12 +459,14 @@ fn dtx_on<W: Workload + Clone + 'static>(
             None => Err(anyhow::anyhow!("")),
         };
         match next {
-            Ok((t2, removed, fenced)) => {
+            Ok(GoOn { transport: t2, removed, joining: joined, fenced }) => {
                 failovers.push(json!({
                     "at_s": measured,
+                    "cause": cause,
                     "error": err,
                     "epoch": epoch,
                     "removed": removed,
+                    "joining": joined,
                     "fenced": fenced.len(),
                 }));
                 e.v = e.c.load()?.ok_or_else(|| anyhow::anyhow!("the configuration vanished from the coordinator"))?;
@@ -460,7 +475,10 @@ fn dtx_on<W: Workload + Clone + 'static>(
                     eprintln!("note: the configuration moved on to epoch {} during the failover", e.v.config.epoch);
                 }
                 let _ = m.m.leave();
-                (phase_t, lost, settle) = (t2, removed, fenced);
+                // The blades where the configuration has them (a blade that
+                // joined may listen elsewhere than --blades said).
+                e.addrs = e.v.config.blades.iter().map(|b| b.addr.clone()).collect();
+                (phase_t, lost, joins, settle) = (t2, removed, joined, fenced);
                 run_cfg.duration = std::time::Duration::from_secs_f64(left);
                 run_cfg.warmup = std::time::Duration::ZERO;
                 merge(&mut total, rep);
@@ -503,17 +521,25 @@ fn dtx_on<W: Workload + Clone + 'static>(
     let wrs = rep.run.verbs.wrs;
     // Out of the configuration, a blade's copies are stale: the audit, which
     // compares every replica, waits for its rebuild.
-    let audit_skipped = (job.audit && !lost.is_empty()).then(|| {
-        format!(
-            "not run: {} out of the configuration; {}, then run with --audit-only",
-            ford_dtx::db::blades_are(&lost),
-            crate::coord::rebuild_hint(s, &lost)
-        )
+    let audit_skipped = (job.audit && !(lost.is_empty() && joins.is_empty())).then(|| {
+        if lost.is_empty() {
+            format!(
+                "not run: {} joining the configuration (its copies are being made); once `rebuild --online` took it \
+                 in, run with --audit-only",
+                ford_dtx::db::blades_are(&joins)
+            )
+        } else {
+            format!(
+                "not run: {} out of the configuration; {}, then run with --audit-only",
+                ford_dtx::db::blades_are(&lost),
+                crate::coord::rebuild_hint(s, &lost)
+            )
+        }
     });
     if let Some(why) = &audit_skipped {
         eprintln!("audit: {why}");
     }
-    let audited = if job.audit && lost.is_empty() && !rep.run.interrupted && rep.run.first_error.is_none() {
+    let audited = if job.audit && audit_skipped.is_none() && !rep.run.interrupted && rep.run.first_error.is_none() {
         let audit = smallbank_tatp::workload::audit_waiting(&*t, &s.run, &job.cfg.db, smallbank, job.audit_wait);
         Some(audit.with_context(|| format!("auditing {:?} after the timed run", job.cfg.db))?)
     } else {
@@ -595,12 +621,25 @@ fn coordinated_failure(
             eprintln!("compute-blade: failover: {}", fo.said);
             Some(fo)
         }
-        Ok(None) => {
-            if let Some(why) = halted {
-                eprintln!("compute-blade: {why}");
+        // No blade dead: the configuration may have moved (a blade joining
+        // or taken in, one removed by hand), whether the membership saw it
+        // first or the blades' fencing did.
+        Ok(None) => match crate::coord::moved(s, e) {
+            Ok(Some(fo)) => {
+                eprintln!("compute-blade: {}", fo.said);
+                Some(fo)
             }
-            None
-        }
+            Ok(None) => {
+                if let Some(why) = halted {
+                    eprintln!("compute-blade: {why}");
+                }
+                None
+            }
+            Err(x) => {
+                eprintln!("compute-blade: following the configuration failed: {x:#}");
+                None
+            }
+        },
         Err(x) => {
             eprintln!("compute-blade: failover failed: {x:#}");
             None
@@ -608,21 +647,32 @@ fn coordinated_failure(
     }
 }
 
-/// The next phase after a failover: its transport, the blades out, the
-/// settled registrations.
-type GoOn = (Arc<dyn Transport>, Vec<u16>, Vec<u64>);
+/// The next phase after a failover (or another change of the
+/// configuration).
+struct GoOn {
+    /// Over the blades in use, at the configuration's addresses.
+    transport: Arc<dyn Transport>,
+    /// The blades out of the configuration.
+    removed: Vec<u16>,
+    /// The blades joining it (written, not read).
+    joining: Vec<u16>,
+    /// The registrations settled.
+    fenced: Vec<u64>,
+}
 
-/// After failover `fo`: a transport without the blades it took out, and
-/// the earlier epoch's transactions settled (every compute blade of it was
-/// fenced: this one's own registration too, whose in-flight transactions
-/// are settled as a dead one's would be). Returns the transport, the
-/// blades out and the settled registrations.
+/// After failover `fo` (or a change of the configuration `fo` describes):
+/// a transport without the blades out of it, and the earlier epoch's
+/// transactions settled (every compute blade of it was fenced: this one's
+/// own registration too, whose in-flight transactions are settled as a
+/// dead one's would be).
 ///
 /// # Errors
 /// Blade 0 out (transactions do not go on without it: not built); a link
 /// other than TCP; the settling's errors.
 fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smallbank_tatp::DtxConfig) -> Result<GoOn> {
     let removed = fo.removed();
+    let joining = fo.v.config.joining();
+    let addrs: Vec<String> = fo.v.config.blades.iter().map(|b| b.addr.clone()).collect();
     let hint = || crate::coord::rebuild_hint(s, &removed);
     if removed.contains(&0) {
         anyhow::bail!(
@@ -633,11 +683,12 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
     }
     let t2 = s
         .blades
+        .at(&addrs)
         .connect_without(&removed, Some(t.blades()))
         .with_context(|| format!("transactions stop; {}", hint()))?;
     let mut rt = smart_core::Runtime::new(&*t2, 0, s.run.runtime.clone())?;
     let ctx = rt.ctx();
-    let (name, lost, tags) = (d.db.clone(), removed.clone(), fo.fenced.clone());
+    let (name, lost, joins, tags) = (d.db.clone(), removed.clone(), joining.clone(), fo.fenced.clone());
     // Long enough to take over a settling that another compute blade began
     // and died in.
     let wait_ms = ford_dtx::recovery::HOLD_MS + ford_dtx::recovery::GRACE_MS + 2 * d.lease.as_millis() as u64;
@@ -646,15 +697,16 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
             let Some(whole) = ford_dtx::db::Db::open(&ctx, &name).await? else {
                 return Err(ford_dtx::DtxError::Config(format!("database {name:?} is gone")));
             };
-            let db = whole.without(&lost)?;
+            let db = whole.view(&lost, &joins)?;
             ford_dtx::recovery::settle(&ctx, &db, &tags, wait_ms).await
         })
         .with_context(|| format!("transactions stop: settling the earlier epoch's transactions; {}", hint()))?;
     if s.run.progress {
         let sum = |f: fn(&ford_dtx::recovery::Recovered) -> u64| rec.iter().map(f).sum::<u64>();
         eprintln!(
-            "failover: {} registration{} of the earlier epoch settled here ({} rolled back, {} rolled forward, {} \
+            "{}: {} registration{} of the earlier epoch settled here ({} rolled back, {} rolled forward, {} \
              locks released)",
+            fo.cause,
             rec.len(),
             if rec.len() == 1 { "" } else { "s" },
             sum(|r| r.rolled_back),
@@ -662,7 +714,7 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
             sum(|r| r.released)
         );
     }
-    Ok((t2, removed, fo.fenced.clone()))
+    Ok(GoOn { transport: t2, removed, joining, fenced: fo.fenced.clone() })
 }
 
 /// Records database `name`'s replica order in the configuration (once).
@@ -978,7 +1030,10 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     let plural = if lost.len() > 1 { "s" } else { "" };
     // Under a coordinator: the configuration must take the lost blades for
     // lost and trust the others; they are taken in again once rebuilt.
-    let entered = crate::coord::enter_rebuild(s, t, lost)?;
+    let entered = crate::coord::enter_rebuild(s, t, lost, job.online.is_some())?;
+    if let (Some((rate, lease)), Some(e)) = (job.online, &entered) {
+        return rebuild_online(s, t, job, e, rate, lease);
+    }
     let started = std::time::Instant::now();
     let (names, out) = if lost[0] == 0 { rebuild_blade0(&mut rt, s, job)? } else { rebuild_blade(&mut rt, s, job)? };
     let secs = started.elapsed().as_secs_f64();
@@ -1048,10 +1103,10 @@ async fn resuming(ctx: &smart_core::Ctx, lost: &[u16]) -> std::result::Result<()
     }
 }
 
-/// The rebuild of blades `job.lost` (not 0): the databases found through
-/// blade 0, which lives.
-fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) -> Result<(Vec<String>, Vec<RebuiltDb>)> {
-    use ford_dtx::db::Db;
+/// The FORD databases a rebuild of blades `job.lost` (not 0) writes again:
+/// their names (`--db`, or every one on the blades). Refuses while RACE
+/// tables or B+trees live on the blades (one copy of their data).
+fn rebuilt_dbs(rt: &mut smart_core::Runtime, job: &RebuildJob) -> Result<Vec<String>> {
     let lost = job.lost.clone();
     let ctx = rt.ctx();
     let listed = rt.block_on(async move { list_indexes(&ctx).await })?;
@@ -1069,11 +1124,19 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
             ford_dtx::rebuild::blade_list(&lost)
         );
     }
-    let names: Vec<String> = if job.dbs.is_empty() {
+    Ok(if job.dbs.is_empty() {
         listed.iter().filter(|l| l.kind == "ford").filter_map(|l| l.name.clone()).collect()
     } else {
         job.dbs.clone()
-    };
+    })
+}
+
+/// The rebuild of blades `job.lost` (not 0): the databases found through
+/// blade 0, which lives.
+fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) -> Result<(Vec<String>, Vec<RebuiltDb>)> {
+    use ford_dtx::db::Db;
+    let lost = job.lost.clone();
+    let names = rebuilt_dbs(rt, job)?;
     let ctx = rt.ctx();
     let n2 = names.clone();
     let dbs = rt.block_on(async move {
@@ -1127,6 +1190,181 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
         Ok::<_, ford_dtx::DtxError>(out)
     })?;
     Ok((names, out))
+}
+
+/// `rebuild --online --lost N` (blade N other than 0, removed by a
+/// failover, a fresh blade in its place) while compute blades run, under
+/// the coordinator of `e` (see `ford_dtx::rejoin`): the fresh blade adopted
+/// at its place, its heap reserved past what the databases had there; the
+/// next epoch with it joining (the compute blades follow: every transaction
+/// writes it); the earlier epoch settled; each database's copies made there
+/// (buckets added while it was out first, then every slot under its lock,
+/// at most `rate` bytes a second); then the next epoch with it active. Run
+/// again, it resumes where the configuration says it is.
+fn rebuild_online(
+    s: &Session,
+    t: &dyn Transport,
+    job: &RebuildJob,
+    e: &crate::coord::Entered,
+    rate: f64,
+    lease: std::time::Duration,
+) -> Result<Outcome> {
+    use ford_dtx::db::Db;
+    use smart_coord::BladeState;
+    let n = job.lost[0];
+    let started = std::time::Instant::now();
+    let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+    let names = rebuilt_dbs(&mut rt, job)?;
+    if names.is_empty() {
+        anyhow::bail!("no FORD database on these blades: nothing to rebuild");
+    }
+    let ctx = rt.ctx();
+    let n2 = names.clone();
+    let dbs = rt.block_on(async move {
+        let mut dbs = Vec::new();
+        for name in &n2 {
+            dbs.push(
+                Db::open(&ctx, name)
+                    .await?
+                    .ok_or_else(|| ford_dtx::DtxError::Config(format!("no database {name:?} on these blades")))?,
+            );
+        }
+        Ok::<_, ford_dtx::DtxError>(dbs)
+    })?;
+    let resuming = matches!(e.v.config.blades[usize::from(n)].state, BladeState::Joining { .. });
+    if !resuming {
+        let ctx = rt.ctx();
+        let all = dbs.clone();
+        rt.block_on(async move {
+            let mut end = 0;
+            for db in &all {
+                end = end.max(ford_dtx::rebuild::extents_on(&ctx, &db.without(&[n])?, &[n]).await?[0]);
+            }
+            let target = end.max(smart_core::layout::HEAP_START).next_multiple_of(4096);
+            fits(&ctx, &[n], &[target])?;
+            ctx.adopt_blades(&[n]).await?;
+            reserve_lost(&ctx, &[n], &[target]).await
+        })?;
+    }
+    let joined = crate::coord::join_blade(s, e, t, n)?;
+    let (fenced, tags) = crate::coord::fence_earlier(s, &e.c, &joined)?;
+    println!(
+        "coordinator: memory blade {n} joins: epoch {} ({}); {fenced}",
+        joined.config.epoch,
+        joined.config.describe_blades()
+    );
+    let member = crate::coord::join_under(e, &joined, format!("rebuild --online of memory blade {n}"), lease)?;
+    let lost = joined.config.removed();
+    let wait_ms = ford_dtx::recovery::HOLD_MS + ford_dtx::recovery::GRACE_MS + 2 * lease.as_millis() as u64;
+    let transport: Arc<dyn Transport> = s.blades.at(&e.addrs).connect_without(&lost, Some(t.blades()))?;
+    let mut records = Vec::new();
+    let mut copied_bytes = 0u64;
+    for db in &dbs {
+        let view = Arc::new(db.view(&lost, &[n])?);
+        let reg = ford_dtx::Registration::register_halting(
+            transport.clone(),
+            view.clone(),
+            1,
+            1,
+            lease,
+            member.halt.clone(),
+        )?;
+        member.fence_tag.store(reg.fence_tag(), std::sync::atomic::Ordering::SeqCst);
+        let until = std::time::Instant::now() + lease;
+        while member.m.recorded_tag().load(std::sync::atomic::Ordering::SeqCst) != reg.fence_tag() {
+            if std::time::Instant::now() > until {
+                anyhow::bail!("the coordinator did not record the copier's fence tag within its lease ({lease:?})");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let mut crt = smart_core::Runtime::new(&*transport, 0, reg.runtime_config(&s.run.runtime))?;
+        let ctx = crt.ctx();
+        let who = ford_dtx::rejoin::Copier {
+            lock: ford_dtx::layout::Owner { blade: reg.slot(), thread: 0, coroutine: 0 }.lock_word(0),
+            patience_ms: 2 * lease.as_millis() as u64,
+            give_up_ms: wait_ms,
+        };
+        let (v, tags2, name) = (view.clone(), tags.clone(), db.name.clone());
+        let (progress, halt) = (s.run.progress, member.halt.clone());
+        let t0 = std::time::Instant::now();
+        let base = copied_bytes;
+        let (rec, copied) = crt.block_on(async move {
+            // No transaction of the earlier epoch writes without the blade
+            // once this returns.
+            let rec = ford_dtx::recovery::settle(&ctx, &v, &tags2, wait_ms).await?;
+            ford_dtx::mirror::ensure(&ctx, &v).await?;
+            let added = ford_dtx::rejoin::add_copies(&ctx, &v, n).await?;
+            let mut said = std::time::Instant::now();
+            let mut c = ford_dtx::rejoin::copy(&ctx, &v, n, who, |c| {
+                if halt.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(ford_dtx::DtxError::Config(
+                        "the copy stops: the configuration moved on (a failure?) or the copier's lease lapsed".into(),
+                    ));
+                }
+                // The pace: at most `rate` bytes a second (sleeping this
+                // thread, which runs nothing else).
+                let ahead = (base + c.bytes) as f64 / rate - t0.elapsed().as_secs_f64();
+                if ahead > 0.0 {
+                    std::thread::sleep(std::time::Duration::from_secs_f64(ahead.min(1.0)));
+                }
+                if progress && said.elapsed() > std::time::Duration::from_secs(2) {
+                    eprintln!(
+                        "{name}: copying to memory blade {n}: {} buckets, {} bytes so far ({} slots held by \
+                         transactions, retried)",
+                        c.buckets, c.bytes, c.busy
+                    );
+                    said = std::time::Instant::now();
+                }
+                Ok(())
+            })
+            .await?;
+            c.added = added;
+            Ok::<_, ford_dtx::DtxError>((rec, c))
+        })?;
+        drop(crt);
+        reg.close(&*transport)?;
+        copied_bytes += copied.bytes;
+        println!(
+            "{}: copied to memory blade {n} while transactions ran: {} buckets ({} added while it was out), {} slots \
+             under their locks ({} held by transactions, retried), {} records given their home, {} bytes in {:.1} s",
+            db.name,
+            copied.buckets,
+            copied.added,
+            copied.slots,
+            copied.busy,
+            copied.rehomed,
+            copied.bytes,
+            t0.elapsed().as_secs_f64()
+        );
+        print_recovered(&db.name, &rec);
+        records.push(json!({ "db": db.name, "copied": copied, "recovered": rec }));
+    }
+    // Taken in: the compute blades follow to the next epoch, settling this
+    // one's transactions (this rebuild settles them too).
+    let v = crate::coord::take_in(e, n, &joined)?;
+    let (fenced, tags) = crate::coord::fence_earlier(s, &e.c, &v)?;
+    let _ = member.m.leave();
+    let settle_ms = wait_ms;
+    for db in &dbs {
+        let view = db.view(&lost, &[n])?;
+        let ctx = rt.ctx();
+        let tags = tags.clone();
+        let rec = rt.block_on(async move { ford_dtx::recovery::settle(&ctx, &view, &tags, settle_ms).await })?;
+        print_recovered(&db.name, &rec);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    if let Some(p) = &s.json {
+        let rec = json!({ "bench": "rebuild", "online": true, "lost": job.lost, "seconds": secs,
+            "copy_rate_bytes_per_s": rate, "epochs": [joined.config.epoch, v.config.epoch], "databases": records });
+        std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")?;
+    }
+    println!("rebuilt online in {secs:.1} s");
+    println!(
+        "coordinator: memory blade {n} taken into the configuration: epoch {} ({}); {fenced}",
+        v.config.epoch,
+        v.config.describe_blades()
+    );
+    Ok(Outcome::of(true, false))
 }
 
 /// Refuses a fresh blade of `lost` too small for what was lost there (up

@@ -101,6 +101,18 @@ impl Blades {
 }
 
 impl Blades {
+    /// These blades at `addrs` (a configuration's addresses: a blade
+    /// rebuilt in a removed one's place may listen elsewhere).
+    #[must_use]
+    pub fn at(&self, addrs: &[String]) -> Blades {
+        match self {
+            Blades::Remote { link, secret_file, .. } => {
+                Blades::Remote { addrs: addrs.to_vec(), link: link.clone(), secret_file: secret_file.clone() }
+            }
+            other => other.clone(),
+        }
+    }
+
     /// [`Blades::connect`] without the memory blades `absent` (a failover
     /// took them out of the configuration): each keeps its place, with its
     /// size from `like` (the transport that had it; without one, see
@@ -265,6 +277,9 @@ pub struct RebuildJob {
     pub lost: Vec<u16>,
     /// Databases to rebuild (empty: every FORD database on the blades).
     pub dbs: Vec<String>,
+    /// While compute blades run (`--online`): the copy's pace, bytes per
+    /// second, and the copier's lease.
+    pub online: Option<(f64, std::time::Duration)>,
 }
 
 /// A whole `compute-blade` command line, resolved.
@@ -345,7 +360,28 @@ impl Config {
                 if lost[0] == 0 && !a.db.is_empty() {
                     bail!("--db does not apply to --lost 0: blade 0 held every database's catalog, and all come back");
                 }
-                Ok(Config { session, job: Job::Rebuild(RebuildJob { lost, dbs: a.db.clone() }) })
+                let online = if a.online {
+                    if session.coordinator.is_none() {
+                        bail!("--online needs --coordinator: the compute blades learn from it that a blade joins");
+                    }
+                    if lost.len() > 1 || lost[0] == 0 {
+                        bail!(
+                            "--online rebuilds one memory blade other than 0 (blade 0 holds the catalog and the \
+                             registry: it is rebuilt offline); --lost {}",
+                            ford_dtx::rebuild::blade_list(&lost)
+                        );
+                    }
+                    if !(a.copy_rate > 0.0 && a.copy_rate <= 1e6) {
+                        bail!("--copy-rate must be positive, at most 1000000 MB/s");
+                    }
+                    if !(a.lease >= 2.0 && a.lease <= MAX_SECONDS) {
+                        bail!("--lease must be 2 to {MAX_SECONDS} seconds (an etcd lease is at least 2 s)");
+                    }
+                    Some((a.copy_rate * 1e6, std::time::Duration::from_secs_f64(a.lease)))
+                } else {
+                    None
+                };
+                Ok(Config { session, job: Job::Rebuild(RebuildJob { lost, dbs: a.db.clone(), online }) })
             }
             Cmd::Table(a) => table_config(a),
             Cmd::Merge(_) => bail!("merge reads records and needs no blades (run it as a command of its own)"),
@@ -863,6 +899,7 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
         fence_tag: None,
         fence_recorded: None,
         lost: Vec::new(),
+        joining: Vec::new(),
         settle: Vec::new(),
     };
     let audit_wait = Duration::from_secs_f64(f.audit_wait);

@@ -87,24 +87,28 @@ pub fn enter(s: &Session, t: &dyn Transport, absent: &[u16]) -> Result<Option<En
 }
 
 /// The memory blades the configuration of `s`'s coordinator holds out
-/// (removed by a failover, not rebuilt yet), for a SmallBank or TATP run
-/// that starts meanwhile: it goes on without them, as the runs that failed
+/// (removed by a failover, not rebuilt yet), and those joining it (a
+/// `rebuild --online` copying to them), for a SmallBank or TATP run that
+/// starts meanwhile: it goes on without the first, as the runs that failed
 /// over do (a transport without them: the blade set's check is the
-/// configuration's identities). Empty without a coordinator or a
-/// configuration, for another number of blades, and when blade 0 is out
-/// (such runs are refused as before, by the configuration's check).
+/// configuration's identities), and writes to the second. Empty without a
+/// coordinator or a configuration, for another number of blades, and when
+/// blade 0 is out (such runs are refused as before, by the configuration's
+/// check).
 ///
 /// # Errors
 /// etcd unreachable.
-pub fn absent(s: &Session) -> Result<Vec<u16>> {
-    let (Some(url), Blades::Remote { addrs, .. }) = (&s.coordinator, &s.blades) else { return Ok(Vec::new()) };
+pub fn absent(s: &Session) -> Result<(Vec<u16>, Vec<u16>)> {
+    let (Some(url), Blades::Remote { addrs, .. }) = (&s.coordinator, &s.blades) else {
+        return Ok((Vec::new(), Vec::new()));
+    };
     let c = Coordinator::connect(url, timeout(s))?;
-    let Some(v) = c.load()? else { return Ok(Vec::new()) };
+    let Some(v) = c.load()? else { return Ok((Vec::new(), Vec::new())) };
     if v.config.blades.len() != addrs.len() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let out = v.config.removed();
-    Ok(if out.contains(&0) { Vec::new() } else { out })
+    Ok(if out.contains(&0) { (Vec::new(), Vec::new()) } else { (out, v.config.joining()) })
 }
 
 /// Each blade's identity, read from its superblock (0 for the blades of
@@ -132,11 +136,19 @@ pub struct Member {
 /// # Errors
 /// etcd errors.
 pub fn join(e: &Entered, what: String, lease: Duration) -> Result<Member> {
+    join_under(e, &e.v, what, lease)
+}
+
+/// [`join`] under configuration `v` (one `e`'s run made since it entered).
+///
+/// # Errors
+/// etcd errors.
+pub fn join_under(e: &Entered, v: &Versioned, what: String, lease: Duration) -> Result<Member> {
     let (halt, fence_tag) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let host =
         std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown".into(), |h| h.trim().into());
     let me = smart_coord::Member { what, host, pid: std::process::id(), epoch: 0, fence_tag: 0, lease: 0 };
-    let m = e.c.join(&me, lease, e.v.config.epoch, halt.clone(), fence_tag.clone())?;
+    let m = e.c.join(&me, lease, v.config.epoch, halt.clone(), fence_tag.clone())?;
     Ok(Member { halt, fence_tag, m })
 }
 
@@ -261,6 +273,9 @@ pub struct FailedOver {
     /// fenced on every active blade: their transactions are to be settled
     /// before any of the new epoch runs.
     pub fenced: Vec<u64>,
+    /// "failover" (a blade failed) or "reconfiguration" (the configuration
+    /// moved otherwise: [`moved`]), for messages and records.
+    pub cause: &'static str,
 }
 
 impl FailedOver {
@@ -289,8 +304,9 @@ pub fn fail_over(
         dead.push(b);
         dead.sort_unstable();
     }
-    // Blades already out (a run going on without them) are not news.
-    let active = e.v.config.active();
+    // Blades already out (a run going on without them) are not news; a
+    // joining blade that dies is taken out again.
+    let active = e.v.config.in_use();
     dead.retain(|b| active.contains(b));
     if dead.is_empty() {
         return Ok(None);
@@ -315,8 +331,8 @@ pub fn fail_over(
             proposed = false;
             return Ok(None);
         }
-        // The dead blades still active, in one epoch; never the last one.
-        let active = c.active();
+        // The dead blades still in use, in one epoch; never the last one.
+        let active = c.in_use();
         let mut gone: Vec<u16> = dead.iter().copied().filter(|b| active.contains(b)).collect();
         gone.truncate(active.len().saturating_sub(1));
         proposed = !gone.is_empty();
@@ -351,7 +367,31 @@ pub fn fail_over(
             e.v.config.epoch,
         )
     };
-    Ok(Some(FailedOver { said, v, fenced: tags }))
+    Ok(Some(FailedOver { said, v, fenced: tags, cause: "failover" }))
+}
+
+/// After a run was halted with no blade found dead: if the configuration
+/// moved to a later epoch (a blade joining or taken in by `rebuild
+/// --online`, one removed by hand or by another compute blade), fences the
+/// earlier epochs' compute blades on the blades in use (as the proposer
+/// did: it may have died before) and returns the change, for the run to go
+/// on under it. `None` if the configuration did not move.
+///
+/// # Errors
+/// etcd errors; fencing that fails on a blade in use.
+pub fn moved(s: &Session, e: &Entered) -> Result<Option<FailedOver>> {
+    let Some(v) = e.c.load()? else { bail!("the configuration vanished from the coordinator") };
+    if v.config.epoch <= e.v.config.epoch {
+        return Ok(None);
+    }
+    let (fenced, tags) = fence_earlier(s, &e.c, &v)?;
+    let said = format!(
+        "the configuration moved to epoch {} ({}; this compute blade acted under epoch {}); {fenced}",
+        v.config.epoch,
+        v.config.describe_blades(),
+        e.v.config.epoch
+    );
+    Ok(Some(FailedOver { said, v, fenced: tags, cause: "reconfiguration" }))
 }
 
 /// What to do once transactions stopped for the blades `removed`: start a
@@ -409,7 +449,7 @@ fn fence_members(
     if tags.is_empty() {
         return Ok(("no compute blade of an earlier epoch had registered to fence".into(), tags));
     }
-    let active = v.config.active();
+    let active = v.config.in_use();
     for b in &active {
         let addr = &v.config.blades[usize::from(*b)].addr;
         revoke_on(addr, &tags, secret, t).with_context(|| format!("fencing on memory blade {b} ({addr})"))?;
@@ -452,13 +492,54 @@ pub fn readmit(s: &Session, e: &Entered, t: &dyn Transport, lost: &[u16]) -> Res
     Ok(e.c.update(|c| c.readmit(&back).map(Some))?)
 }
 
+/// Before an online rebuild copies to blade `n` (adopted in its place):
+/// blade `n` is now the blade at its address in `s` with its identity,
+/// joining, in the next epoch; unless it is already (a copy that resumes).
+///
+/// # Errors
+/// etcd errors; verb errors; a blade that is not a removed one.
+pub fn join_blade(s: &Session, e: &Entered, t: &dyn Transport, n: u16) -> Result<Versioned> {
+    let id = identities(s, t, &[])?[usize::from(n)];
+    let addr = e.addrs[usize::from(n)].clone();
+    Ok(e.c.update(|c| match &c.blades[usize::from(n)] {
+        b if matches!(b.state, BladeState::Joining { .. }) && b.identity == id => Ok(None),
+        _ => c.join(n, &addr, id).map(Some),
+    })?)
+}
+
+/// After an online rebuild copied everything to blade `n`, joining since
+/// the configuration `joined`: the blade active, in the next epoch, if the
+/// configuration did not move meanwhile (a failure during the copy makes
+/// another epoch, and the copy is not trusted).
+///
+/// # Errors
+/// etcd errors; a configuration that moved.
+pub fn take_in(e: &Entered, n: u16, joined: &Versioned) -> Result<Versioned> {
+    let b = joined.config.blades[usize::from(n)].clone();
+    let v = e.c.update(|c| {
+        if c.epoch != joined.config.epoch {
+            return Ok(None);
+        }
+        c.readmit(&[(n, b.addr.clone(), b.identity)]).map(Some)
+    })?;
+    if v.config.epoch != joined.config.epoch + 1 || v.config.blades[usize::from(n)].state != BladeState::Active {
+        bail!(
+            "the configuration moved during the copy (epoch {} now: {}): memory blade {n} is not taken in; run the \
+             rebuild again",
+            v.config.epoch,
+            v.config.describe_blades()
+        );
+    }
+    Ok(v)
+}
+
 /// Checks, before a rebuild of `lost` under a coordinator, that the
 /// configuration takes them for lost (removed, or a new identity in their
 /// place) and trusts the other blades as they are.
 ///
 /// # Errors
 /// etcd errors; a configuration that does not agree.
-pub fn enter_rebuild(s: &Session, t: &dyn Transport, lost: &[u16]) -> Result<Option<Entered>> {
+pub fn enter_rebuild(s: &Session, t: &dyn Transport, lost: &[u16], online: bool) -> Result<Option<Entered>> {
     let Some(url) = &s.coordinator else { return Ok(None) };
     let Blades::Remote { addrs, .. } = &s.blades else { bail!("--coordinator needs --blades") };
     let ids = identities(s, t, &[])?;
@@ -483,6 +564,18 @@ pub fn enter_rebuild(s: &Session, t: &dyn Transport, lost: &[u16]) -> Result<Opt
                 addrs[i],
                 v.config.epoch
             ),
+            (BladeState::Joining { epoch }, true) if !online => bail!(
+                "--lost {i}: memory blade {i} ({}) is joining the configuration since epoch {epoch} (a `rebuild \
+                 --online` copying to it did not finish): run that again to resume it",
+                addrs[i]
+            ),
+            (BladeState::Joining { .. }, true) if b.identity != *id => bail!(
+                "--lost {i}: memory blade {i} ({}) is not the blade joining the configuration (identity {id:#018x}, \
+                 not {:#018x} at {}): list that one",
+                addrs[i],
+                b.identity,
+                b.addr
+            ),
             (BladeState::Removed { .. }, true) if b.identity == *id => bail!(
                 "--lost {i}: memory blade {i} ({}) is the blade that was removed (identity {id:#018x}): a removed \
                  blade is not trusted again; start a fresh one (without its backing file) in its place",
@@ -492,6 +585,11 @@ pub fn enter_rebuild(s: &Session, t: &dyn Transport, lost: &[u16]) -> Result<Opt
             (BladeState::Removed { epoch, .. }, false) => {
                 bail!("memory blade {i} ({}) was removed at epoch {epoch}: rebuild it too (--lost)", addrs[i])
             }
+            (BladeState::Joining { .. }, false) => bail!(
+                "memory blade {i} ({}) is joining the configuration (a `rebuild --online` of it did not finish): run \
+                 that again first",
+                addrs[i]
+            ),
             (BladeState::Active, false) if b.identity != *id => bail!(
                 "memory blade {i} ({}) is not the blade the configuration names (identity {id:#018x}, not {:#018x}): \
                  rebuild it too (--lost)",
@@ -530,6 +628,7 @@ pub fn command(a: &crate::cli::CoordinatorArgs) -> Result<i32> {
                         let state = match &b.state {
                             BladeState::Active => "active".to_string(),
                             BladeState::Removed { epoch, why } => format!("removed at epoch {epoch}: {why}"),
+                            BladeState::Joining { epoch } => format!("joining since epoch {epoch}"),
                         };
                         println!("  memory blade {i}: {} identity {:#018x} {state}", b.addr, b.identity);
                     }

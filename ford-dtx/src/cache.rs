@@ -270,6 +270,12 @@ impl AddrCache {
         }
     }
 
+    /// Forgets `key`'s exact address (an overflow slot's), so that its next
+    /// lookup reads its bucket again.
+    pub(crate) fn forget(&mut self, t: &Table, key: u64) {
+        self.exact.remove(&(t.id, key));
+    }
+
     /// Marks `key` as one whose print led to another key's slot.
     pub(crate) fn stale(&mut self, t: &Table, key: u64) {
         self.colliders.insert((t.id, key));
@@ -337,6 +343,7 @@ mod tests {
             registry: GlobalAddr::new(0, 0),
             max_value: 8,
             lost: Vec::new(),
+            joining: Vec::new(),
         }
     }
 

@@ -56,8 +56,12 @@ pub struct Table {
     /// the replicas on blades taken out of the configuration (not
     /// written). `[0, 1, 2, 3]` while every blade is in.
     pub order: [u8; MAX_REPLICAS],
-    /// Replicas in use: the first `live` of `order`.
+    /// Replicas read and written: the first `live` of `order`.
     pub live: usize,
+    /// Replicas written: the first `writes` of `order` (`live`, then those
+    /// on blades joining the configuration, which receive every write but
+    /// are read by nobody until their copies are whole: [`Db::view`]).
+    pub writes: usize,
     /// `base` in `order`: the arrays transactions read and write.
     pub vbase: [GlobalAddr; MAX_REPLICAS],
 }
@@ -65,7 +69,7 @@ pub struct Table {
 impl Table {
     /// Table `id` over `replicas` replicas at `base`, every replica in use.
     pub fn new(id: u32, value_size: usize, buckets: u64, base: [GlobalAddr; MAX_REPLICAS], replicas: usize) -> Table {
-        Table { id, value_size, buckets, base, order: [0, 1, 2, 3], live: replicas, vbase: base }
+        Table { id, value_size, buckets, base, order: [0, 1, 2, 3], live: replicas, writes: replicas, vbase: base }
     }
 
     /// The position, in [`Table::order`], of replica 0 as created: a record
@@ -114,10 +118,12 @@ impl Table {
     /// The copies, in [`Table::order`], of the overflow bucket read at `at`
     /// on the primary in use, whose header is `header`
     /// ([`layout::copies_named`]: a header names the copies by the replicas
-    /// as created). Those in use are checked to name a bucket
+    /// as created). Those read are checked to name a bucket
     /// ([`stored_addr`]: a bucket names its copies before it is linked, so
-    /// one that names none was damaged); those out of use are as named (0
-    /// for a bucket added while their blade was out).
+    /// one that names none was damaged); those only written (a joining
+    /// blade's) too, but for a word 0 ([`GlobalAddr::NULL`]: a bucket added
+    /// while their blade was out, whose copy there the re-replication has
+    /// not made yet); those out of use are as named.
     ///
     /// # Errors
     /// [`DtxError::Corrupt`] for a copy in use that names no bucket.
@@ -133,7 +139,7 @@ impl Table {
         out[0] = at;
         for (v, c) in out.iter_mut().enumerate().take(replicas).skip(1) {
             let raw = named[usize::from(self.order[v])];
-            *c = if v < self.live {
+            *c = if v < self.live || (v < self.writes && raw != 0) {
                 stored_addr(blades, raw, self.bucket_bytes(), || {
                     format!("table {}: replica {} of overflow bucket {at}", self.id, self.order[v])
                 })?
@@ -147,8 +153,14 @@ impl Table {
     /// The table's primary in use alone (a view of one replica, for scans
     /// of its lock words).
     pub fn primary_only(&self) -> Table {
+        self.replica_only(0)
+    }
+
+    /// The table's replica at position `v` of [`Table::order`] alone (a
+    /// view of one replica, its chains walked on it).
+    pub fn replica_only(&self, v: usize) -> Table {
         let mut base = [GlobalAddr::NULL; MAX_REPLICAS];
-        base[0] = self.vbase[0];
+        base[0] = self.vbase[v];
         Table::new(self.id, self.value_size, self.buckets, base, 1)
     }
 }
@@ -173,6 +185,9 @@ pub struct Db {
     /// nothing is read from or written to them. Empty while every blade is
     /// in.
     pub lost: Vec<u16>,
+    /// Memory blades joining the configuration ([`Db::view`]): written by
+    /// every transaction, read by none. Empty but while one is.
+    pub joining: Vec<u16>,
 }
 
 /// An address read from a blade (a replica's bucket array, a chain's next
@@ -372,6 +387,7 @@ impl Db {
             registry: GlobalAddr::from_raw(word(c, 32)),
             max_value: word(c, 56) as usize,
             lost: Vec::new(),
+            joining: Vec::new(),
         };
         db.check_catalog(run)?;
         Ok(db)
@@ -532,10 +548,31 @@ impl Db {
     /// and the registry of compute blades: a failover without it is not
     /// built), or every replica of a table was on the lost blades.
     pub fn without(&self, lost: &[u16]) -> Result<Db> {
+        self.view(lost, &[])
+    }
+
+    /// [`Db::without`] the blades `lost`, with the blades `joining` (fresh
+    /// blades in removed ones' places, adopted at their places so that every
+    /// copy is at its old address: [`crate::rejoin`]) written by every
+    /// transaction and read by none: each table's order is its replicas on
+    /// the other blades (the first of them the primary), then those on
+    /// joining blades, then the lost ones. A record written has its copy
+    /// there written too, so that once the copy of what was there before is
+    /// made (under each slot's lock), the blade's copies stay whole; a write
+    /// whose copy there is not known yet (a bucket added while the blade was
+    /// out, before the re-replication gave it one) aborts instead of going
+    /// without it ([`crate::Abort::Validation`]).
+    ///
+    /// # Errors
+    /// As [`Db::without`]; blade 0 joining (it is rebuilt offline only).
+    pub fn view(&self, lost: &[u16], joining: &[u16]) -> Result<Db> {
         let mut lost = lost.to_vec();
         lost.sort_unstable();
         lost.dedup();
-        if lost.contains(&0) {
+        let mut joining: Vec<u16> = joining.iter().copied().filter(|b| !lost.contains(b)).collect();
+        joining.sort_unstable();
+        joining.dedup();
+        if lost.contains(&0) || joining.contains(&0) {
             return Err(DtxError::Config(format!(
                 "database {}: memory blade 0 holds the catalog and the registry of compute blades; transactions do \
                  not go on without it (not built): rebuild it",
@@ -544,32 +581,44 @@ impl Db {
         }
         let mut db = self.clone();
         for t in &mut db.tables {
-            let on_lost = |r: &u8| lost.contains(&t.base[usize::from(*r)].blade());
-            let (live, gone): (Vec<u8>, Vec<u8>) = (0..self.replicas as u8).partition(|r| !on_lost(r));
+            let on = |set: &[u16], r: &u8| set.contains(&t.base[usize::from(*r)].blade());
+            let all: Vec<u8> = (0..self.replicas as u8).collect();
+            let live: Vec<u8> = all.iter().copied().filter(|r| !on(&lost, r) && !on(&joining, r)).collect();
+            let join: Vec<u8> = all.iter().copied().filter(|r| on(&joining, r)).collect();
+            let gone: Vec<u8> = all.iter().copied().filter(|r| on(&lost, r)).collect();
             if live.is_empty() {
                 return Err(DtxError::Config(format!(
                     "database {}: every replica of table {} was on memory blades {}",
                     self.name,
                     t.id,
-                    crate::rebuild::blade_list(&lost)
+                    crate::rebuild::blade_list(&[lost.clone(), joining.clone()].concat())
                 )));
             }
             let mut order = [0, 1, 2, 3];
-            for (v, r) in live.iter().chain(&gone).enumerate() {
+            for (v, r) in live.iter().chain(&join).chain(&gone).enumerate() {
                 order[v] = *r;
             }
             t.order = order;
             t.live = live.len();
+            t.writes = live.len() + join.len();
             t.vbase =
                 std::array::from_fn(
                     |v| if v < self.replicas { t.base[usize::from(order[v])] } else { GlobalAddr::NULL },
                 );
         }
         db.lost = lost;
+        db.joining = joining;
         Ok(db)
     }
 
-    /// Whether memory blade `b` is in use ([`Db::without`]).
+    /// Whether memory blade `b` is read ([`Db::view`]): neither out of
+    /// the configuration nor joining it.
+    pub fn reads(&self, b: u16) -> bool {
+        !self.lost.contains(&b) && !self.joining.contains(&b)
+    }
+
+    /// Whether memory blade `b` is written ([`Db::without`]): not out of
+    /// the configuration (a joining blade is written: [`Db::view`]).
     pub fn uses(&self, b: u16) -> bool {
         !self.lost.contains(&b)
     }
@@ -683,11 +732,11 @@ pub(crate) async fn bucket_copies(
 pub(crate) async fn extend_chain(ctx: &Ctx, t: &Table, replicas: usize, last: GlobalAddr) -> Result<GlobalAddr> {
     // By replica as created (the headers' words), then in `t.order`.
     let mut copies = [GlobalAddr::NULL; MAX_REPLICAS];
-    for v in 0..t.live {
+    for v in 0..t.writes {
         let r = usize::from(t.order[v]);
         copies[r] = ctx.alloc(t.base[r].blade(), t.bucket_bytes(), 64).await?;
     }
-    for v in 0..t.live {
+    for v in 0..t.writes {
         let r = usize::from(t.order[v]);
         ctx.write(copies[r], &layout::header_bytes(0, &copies, r)).await?;
     }
@@ -699,7 +748,9 @@ pub(crate) async fn extend_chain(ctx: &Ctx, t: &Table, replicas: usize, last: Gl
         });
     }
     let lasts = bucket_copies(ctx, t, replicas, last).await?;
-    for v in 1..t.live {
+    // A joining blade's copy of `last` may not be made yet (null): the
+    // re-replication links it when it makes it.
+    for v in (1..t.writes).filter(|v| !lasts[*v].is_null()) {
         ctx.write(lasts[v], &copies[usize::from(t.order[v])].raw().to_le_bytes()).await?;
     }
     Ok(first)

@@ -36,6 +36,10 @@ pub struct DtxStats {
     pub slot_probes_taken: u64,
     /// Overflow buckets this thread added.
     pub chains_extended: u64,
+    /// Transactions aborted (as validation aborts) because a written
+    /// record's copy on a joining blade was not known yet
+    /// ([`crate::db::Db::view`]).
+    pub copies_unknown: u64,
 }
 
 impl DtxStats {
@@ -47,6 +51,7 @@ impl DtxStats {
         self.slot_probes += o.slot_probes;
         self.slot_probes_taken += o.slot_probes_taken;
         self.chains_extended += o.chains_extended;
+        self.copies_unknown += o.copies_unknown;
     }
 }
 

@@ -70,6 +70,7 @@ pub mod mirror;
 pub mod rebuild;
 pub mod recovery;
 pub mod registry;
+pub mod rejoin;
 pub mod repair;
 mod round;
 pub mod txn;

@@ -161,8 +161,10 @@ pub async fn settle(ctx: &Ctx, db: &Db, nonces: &[u64], wait_ms: u64) -> Result<
 }
 
 async fn recover_all(ctx: &Ctx, db: &Db, which: Which, lost: &[u16]) -> Result<Vec<Recovered>> {
-    // Lock words on the blades a failover took out are lost too.
-    let lost: Vec<u16> = lost.iter().chain(&db.lost).copied().collect();
+    // Lock words on the blades a failover took out are lost too; a joining
+    // blade's copies are written (restores reach them) but not read: its
+    // copies may not be made yet.
+    let lost: Vec<u16> = lost.iter().chain(&db.lost).chain(&db.joining).copied().collect();
     let lost = &lost[..];
     let now = now_ms(ctx);
     let mut out = Vec::new();
@@ -305,19 +307,24 @@ async fn recover_slot(ctx: &Ctx, db: &Db, s: &SlotInfo, lost: &[u16], fenced: Fe
     }
     for t in &db.tables {
         let mut locks = Vec::new();
-        let found = |v: &SlotView<'_>| {
+        let found = &mut |v: &SlotView<'_>| {
             let lock = layout::lock_of(v.recs[0]);
             if Owner::of(lock).is_some_and(|o| o.blade == s.slot) {
                 locks.push((v.primary(), lock));
             }
         };
-        // On the primary in use (a backup promoted while a blade is out:
-        // `Db::without`).
-        scan_past(ctx, &t.primary_only(), 1, found, |_| {
-            rep.chains_cut += 1;
-            Ok(())
-        })
-        .await?;
+        // On every replica read, each walked on its own: a lock is taken
+        // on the primary in use, which a view change moves (a backup
+        // promoted while a blade is out, `Db::without`; replica 0 primary
+        // again once it is back), and the registration may have run under
+        // another view than this one. Backups' lock words are 0.
+        for v in 0..t.live {
+            scan_past(ctx, &t.replica_only(v), 1, &mut *found, |_| {
+                rep.chains_cut += 1;
+                Ok(())
+            })
+            .await?;
+        }
         for (at, lock) in locks {
             if ctx.cas(at.add(layout::LOCK), lock, 0).await? == lock {
                 rep.released += 1;
@@ -852,6 +859,7 @@ mod tests {
             registry: GlobalAddr::new(0, 8192),
             max_value: 8,
             lost: Vec::new(),
+            joining: Vec::new(),
         }
     }
 

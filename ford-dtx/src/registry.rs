@@ -216,10 +216,11 @@ pub(crate) async fn claim(
         }
         let bytes = (threads * coroutines) as u64 * ring_bytes(db);
         let n = ctx.blades().len();
-        // On the blades in use only (all but those a failover took out:
-        // [`Db::without`]), each copy on another.
+        // On the blades read only (all but those a failover took out,
+        // [`Db::without`], and those joining, [`Db::view`]: recovery reads
+        // logs only where it reads records), each copy on another.
         let homes: Vec<u16> =
-            (0..n).map(|j| ((s.slot as usize + j) % n) as u16).filter(|b| db.uses(*b)).take(db.replicas).collect();
+            (0..n).map(|j| ((s.slot as usize + j) % n) as u16).filter(|b| db.reads(*b)).take(db.replicas).collect();
         let copies = homes.len();
         // A slot's earlier log areas are reused when there are as many, on
         // the blades this slot's copies go to, each large enough: recovery

@@ -810,6 +810,9 @@ impl Txn {
             // Before the commit point: a fenced transaction writes nothing
             // (its locks are recovery's to release).
             self.fenced()?;
+            if !self.d.0.db.joining.is_empty() {
+                self.copies_known().await?;
+            }
         }
         match self.validate_and_log(validate, writes).await {
             Ok(()) => {}
@@ -835,6 +838,27 @@ impl Txn {
             cache.insert(self.d.0.db.table(it.table), it.key, it.hash, it.loc);
         }
         Ok(())
+    }
+
+    /// While a blade joins ([`Db::view`]): every written item's copy there
+    /// must be known, or the blade's copy would miss this write (a bucket
+    /// added while the blade was out has no copy there until the
+    /// re-replication makes one, and an address read before that names
+    /// none). Aborts otherwise, its locks released and the item's cached
+    /// address forgotten, so that the retry reads the bucket's header anew.
+    #[cold]
+    async fn copies_known(&mut self) -> Result<(), TxnError> {
+        let db = self.d.0.db.clone();
+        let unknown = self.items[..self.n]
+            .iter()
+            .filter(|it| it.kind != Kind::Read)
+            .find(|it| (0..db.table(it.table).writes).any(|v| it.loc[v].is_null()))
+            .map(|it| (it.table, it.key));
+        let Some((table, key)) = unknown else { return Ok(()) };
+        self.d.0.cache.borrow_mut().forget(db.table(table), key);
+        self.d.0.stats.borrow_mut().copies_unknown += 1;
+        self.release().await?;
+        Err(TxnError::Abort(Abort::Validation))
     }
 
     /// Round 1 of the commit: the log entry WRITE and the read items'
@@ -956,7 +980,7 @@ impl Txn {
                 _ => (state::LIVE, &it.new),
             };
             let home = it.loc[t.home_pos()];
-            for r in 0..t.live {
+            for r in 0..t.writes {
                 let out = &mut self.images[(i * MAX_REPLICAS + r) * rb_max..][..t.record_bytes()];
                 let lock = if r == 0 { lw } else { 0 };
                 layout::encode(out, t.value_size, u64::from(it.table), it.key, home, it.version + 1, lock, st, value);
@@ -970,7 +994,7 @@ impl Txn {
             }
             let t = db.table(it.table);
             let rb = t.record_bytes();
-            for r in 0..t.live {
+            for r in 0..t.writes {
                 // Room for the flush READ too.
                 let (batch, b) = round.batch(it.loc[r].blade(), 2, rb + 8)?;
                 b.write(it.loc[r], &self.images[(i * MAX_REPLICAS + r) * rb_max..][..rb]);

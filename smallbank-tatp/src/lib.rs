@@ -28,7 +28,7 @@
 //!     ..RunConfig::default()
 //! };
 //! let bank = SmallBank { accounts: 1000, hot: 100, ledger: true, mix: smallbank::MIX };
-//! let d = DtxConfig { db: "doc".into(), replicas: 2, retry_aborts: false, lease: Duration::from_secs(5), halt: None, fence_tag: None, fence_recorded: None, lost: vec![], settle: vec![] };
+//! let d = DtxConfig { db: "doc".into(), replicas: 2, retry_aborts: false, lease: Duration::from_secs(5), halt: None, fence_tag: None, fence_recorded: None, lost: vec![], joining: vec![], settle: vec![] };
 //! let report = smallbank_tatp::run(t.clone(), &cfg, &bank, &d).unwrap();
 //! assert!(report.counts.total_attempted() > 0);
 //! let audit = smallbank_tatp::audit(&*t, &cfg, "doc", true).unwrap();

@@ -144,6 +144,10 @@ pub struct DtxConfig {
     /// whose primary was there ([`Db::without`]). The database must exist,
     /// loaded. Empty: every blade is in.
     pub lost: Vec<u16>,
+    /// Memory blades joining the configuration: written by every
+    /// transaction, read by none, while their copies are made
+    /// ([`Db::view`], `ford_dtx::rejoin`).
+    pub joining: Vec<u16>,
     /// The registrations (fence tags) of the compute blades of the earlier
     /// configuration epoch, fenced by the failover: their transactions are
     /// settled ([`recovery::settle`]) before this run registers.
@@ -308,7 +312,7 @@ pub fn open<W: Workload>(
     let mut rt = Runtime::new(transport, 0, cfg.runtime.clone())?;
     let ctx = rt.ctx();
     let spec = spec(w, d);
-    if !d.lost.is_empty() {
+    if !d.lost.is_empty() || !d.joining.is_empty() || !d.settle.is_empty() {
         return open_without(&mut rt, cfg, d);
     }
     let (db, existed, mut recovered) = rt.block_on(async move {
@@ -321,14 +325,16 @@ pub fn open<W: Workload>(
     Ok(Opened { db, existed, load, recovered })
 }
 
-/// [`open`] after a failover took memory blades `d.lost` out: the database
-/// as transactions use it without them ([`Db::without`]), once the earlier
+/// [`open`] after a failover took memory blades `d.lost` out (or a later
+/// change of the configuration: blades `d.joining` joining, or taken in
+/// again): the database as transactions use it in that view ([`Db::view`]),
+/// once the earlier
 /// epoch's transactions are settled (waiting for those another compute
 /// blade is settling, and taking them over if it died: up to recovery's
 /// hold and grace, plus twice the lease).
 fn open_without(rt: &mut Runtime, cfg: &RunConfig, d: &DtxConfig) -> Result<Opened, WorkloadError> {
     let ctx = rt.ctx();
-    let (name, lost, settle) = (d.db.clone(), d.lost.clone(), d.settle.clone());
+    let (name, lost, joining, settle) = (d.db.clone(), d.lost.clone(), d.joining.clone(), d.settle.clone());
     let wait_ms = recovery::HOLD_MS + recovery::GRACE_MS + 2 * d.lease.as_millis() as u64;
     let (db, recovered) = rt.block_on(async move {
         let Some(whole) = Db::open(&ctx, &name).await? else {
@@ -337,22 +343,37 @@ fn open_without(rt: &mut Runtime, cfg: &RunConfig, d: &DtxConfig) -> Result<Open
         if !whole.is_loaded(&ctx).await? {
             return Err(DtxError::Config(format!("database {name:?} was never fully loaded: nothing to go on with")));
         }
-        let db = whole.without(&lost)?;
+        let db = whole.view(&lost, &joining)?;
         let mut rec = recovery::settle(&ctx, &db, &settle, wait_ms).await?;
         rec.extend(recovery::recover(&ctx, &db, Which::Expired).await?);
         Ok::<_, DtxError>((db, rec))
     })?;
-    if cfg.progress {
+    if cfg.progress && !(db.lost.is_empty() && db.joining.is_empty()) {
         let promoted: Vec<String> = db
             .tables
             .iter()
             .filter(|t| t.order[0] != 0)
             .map(|t| format!("table {} on memory blade {}", t.id, t.vbase[0].blade()))
             .collect();
+        let mut line = if db.lost.is_empty() {
+            "going on".to_string()
+        } else {
+            format!(
+                "going on without memory blade{} {}",
+                if db.lost.len() == 1 { "" } else { "s" },
+                ford_dtx::rebuild::blade_list(&db.lost)
+            )
+        };
+        if !db.joining.is_empty() {
+            line += &format!(
+                ", writing to memory blade{} {} as {} joins (read once its copies are made)",
+                if db.joining.len() == 1 { "" } else { "s" },
+                ford_dtx::rebuild::blade_list(&db.joining),
+                if db.joining.len() == 1 { "it" } else { "they" }
+            );
+        }
         eprintln!(
-            "going on without memory blade{} {}: {}{}",
-            if db.lost.len() == 1 { "" } else { "s" },
-            ford_dtx::rebuild::blade_list(&db.lost),
+            "{line}: {}{}",
             if promoted.is_empty() {
                 "no primary was there".to_string()
             } else {
@@ -648,7 +669,7 @@ pub fn run<W: Workload + Clone + 'static>(
     };
     let mut load_s = 0.0;
     if !load {
-        if cfg.progress && d.lost.is_empty() {
+        if cfg.progress && d.lost.is_empty() && d.joining.is_empty() && d.settle.is_empty() {
             eprintln!("note: database {:?} exists on the blades (an earlier run): running on it as it is", d.db);
         }
     } else {

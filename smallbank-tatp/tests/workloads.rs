@@ -38,6 +38,7 @@ fn dtx(name: &str) -> DtxConfig {
         fence_tag: None,
         fence_recorded: None,
         lost: Vec::new(),
+        joining: Vec::new(),
         settle: Vec::new(),
     }
 }

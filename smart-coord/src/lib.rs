@@ -85,6 +85,14 @@ pub enum BladeState {
         /// Why (for messages).
         why: String,
     },
+    /// A fresh blade in a removed one's place, receiving its copies while
+    /// transactions run (`compute-blade rebuild --online`) since `epoch`:
+    /// written by every transaction, read by none, until it is taken in
+    /// ([`Config::readmit`]).
+    Joining {
+        /// The epoch that made it joining.
+        epoch: u64,
+    },
 }
 
 /// A memory blade of the configuration (its index is its place in
@@ -97,7 +105,7 @@ pub struct Blade {
     /// region), as `0x…`: a blade restarted without its data has another.
     #[serde(with = "hex_u64")]
     pub identity: u64,
-    /// Active or removed.
+    /// Active, joining or removed.
     #[serde(flatten)]
     pub state: BladeState,
 }
@@ -155,7 +163,25 @@ impl Config {
 
     /// The indexes of the blades removed (out of the configuration).
     pub fn removed(&self) -> Vec<u16> {
-        (0..self.blades.len() as u16).filter(|i| self.blades[*i as usize].state != BladeState::Active).collect()
+        (0..self.blades.len() as u16)
+            .filter(|i| matches!(self.blades[*i as usize].state, BladeState::Removed { .. }))
+            .collect()
+    }
+
+    /// The indexes of the blades joining (receiving copies: written, not
+    /// read).
+    pub fn joining(&self) -> Vec<u16> {
+        (0..self.blades.len() as u16)
+            .filter(|i| matches!(self.blades[*i as usize].state, BladeState::Joining { .. }))
+            .collect()
+    }
+
+    /// The indexes of the blades a failure can take out: active and
+    /// joining.
+    pub fn in_use(&self) -> Vec<u16> {
+        (0..self.blades.len() as u16)
+            .filter(|i| !matches!(self.blades[*i as usize].state, BladeState::Removed { .. }))
+            .collect()
     }
 
     /// Checks that a run over `run` (each blade's address and identity, by
@@ -187,9 +213,9 @@ impl Config {
         }
         for (i, ((addr, identity), b)) in run.iter().zip(&self.blades).enumerate() {
             if absent.contains(&(i as u16)) {
-                if b.state == BladeState::Active {
+                if !matches!(b.state, BladeState::Removed { .. }) {
                     return Err(CoordError::Refused(format!(
-                        "memory blade {i} ({addr}) is active in the configuration (epoch {e}): a run does not go \
+                        "memory blade {i} ({addr}) is in use in the configuration (epoch {e}): a run does not go \
                          without it"
                     )));
                 }
@@ -210,7 +236,7 @@ impl Config {
                          again: `compute-blade rebuild --lost {i} --coordinator …`"
                     )));
                 }
-                BladeState::Active if *identity != b.identity => {
+                BladeState::Active | BladeState::Joining { .. } if *identity != b.identity => {
                     return Err(CoordError::Refused(format!(
                         "memory blade {i} ({addr}) has identity {identity:#018x}; the configuration (epoch {e}) \
                          names {:#018x} (at {}): it was restarted without its data, or replaced; rebuild it \
@@ -218,7 +244,7 @@ impl Config {
                         b.identity, b.addr
                     )));
                 }
-                BladeState::Active => {}
+                BladeState::Active | BladeState::Joining { .. } => {}
             }
         }
         Ok(())
@@ -228,13 +254,14 @@ impl Config {
     /// them).
     ///
     /// # Errors
-    /// [`CoordError::Refused`] if one is not an active blade, or no active
-    /// blade would be left.
+    /// [`CoordError::Refused`] if one is neither active nor joining, or no
+    /// active blade would be left.
     pub fn without(&self, blades: &[u16], why: &str) -> Result<Config> {
         let active = self.active();
-        if let Some(b) = blades.iter().find(|b| !active.contains(b)) {
+        let in_use = self.in_use();
+        if let Some(b) = blades.iter().find(|b| !in_use.contains(b)) {
             return Err(CoordError::Refused(format!(
-                "memory blade {b} is not an active blade of the configuration (epoch {}: {})",
+                "memory blade {b} is not a blade in use in the configuration (epoch {}: {})",
                 self.epoch,
                 self.describe_blades()
             )));
@@ -275,6 +302,32 @@ impl Config {
         Ok(next)
     }
 
+    /// This configuration with the removed blade `index` now the fresh blade
+    /// of `identity` at `addr`, joining: the next epoch. Transactions of it
+    /// write the blade's copies and read none, while they are copied there
+    /// (`compute-blade rebuild --online`); [`Config::readmit`] then takes it
+    /// in.
+    ///
+    /// # Errors
+    /// [`CoordError::Refused`] if the blade is not a removed one.
+    pub fn join(&self, index: u16, addr: &str, identity: u64) -> Result<Config> {
+        match self.blades.get(usize::from(index)).map(|b| &b.state) {
+            Some(BladeState::Removed { .. }) => {}
+            _ => {
+                return Err(CoordError::Refused(format!(
+                    "memory blade {index} is not a removed blade of the configuration (epoch {}: {})",
+                    self.epoch,
+                    self.describe_blades()
+                )))
+            }
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        next.blades[usize::from(index)] =
+            Blade { addr: addr.to_string(), identity, state: BladeState::Joining { epoch: next.epoch } };
+        Ok(next)
+    }
+
     /// The blades for messages: `0 127.0.0.1:7000 active, 1 … removed at epoch 2`.
     pub fn describe_blades(&self) -> String {
         self.blades
@@ -283,6 +336,7 @@ impl Config {
             .map(|(i, b)| match &b.state {
                 BladeState::Active => format!("{i} {} active", b.addr),
                 BladeState::Removed { epoch, .. } => format!("{i} {} removed at epoch {epoch}", b.addr),
+                BladeState::Joining { epoch } => format!("{i} {} joining since epoch {epoch}", b.addr),
             })
             .collect::<Vec<_>>()
             .join(", ")
@@ -873,12 +927,37 @@ mod tests {
         let e = removed.check_run_without(&run([0x11 << 16, 0, 0x99 << 16]), &[1]).unwrap_err().to_string();
         assert!(e.contains("memory blade 2 (c:1) has identity"), "{e}");
         let e = c.check_run_without(&run([0x11 << 16, 0, 0x33 << 16]), &[1]).unwrap_err().to_string();
-        assert!(e.contains("is active in the configuration"), "{e}");
+        assert!(e.contains("is in use in the configuration"), "{e}");
         let back = removed.readmit(&[(1, "b:2".into(), 0x77 << 16)]).unwrap();
         assert_eq!((back.epoch, back.active()), (3, vec![0, 1, 2]));
         back.check_run(&run([0x11 << 16, 0x77 << 16, 0x33 << 16])).unwrap();
         assert!(c.check_run(&run([1, 2, 3])[..2]).is_err(), "fewer blades");
         assert!(removed.without(&[1], "again").is_err());
         assert!(Config::new(&[("a:1".into(), 1 << 16)]).without(&[0], "last").is_err());
+    }
+
+    #[test]
+    fn a_fresh_blade_joins_then_is_taken_in() {
+        let run =
+            |ids: [u64; 3]| ["a:1", "b:2", "c:1"].iter().zip(ids).map(|(a, i)| (a.to_string(), i)).collect::<Vec<_>>();
+        let removed = cfg().without(&[1], "SIGKILLed").unwrap();
+        assert!(cfg().join(1, "b:2", 0x77 << 16).is_err(), "an active blade does not join");
+        let j = removed.join(1, "b:2", 0x77 << 16).unwrap();
+        assert_eq!(
+            (j.epoch, j.active(), j.joining(), j.removed(), j.in_use()),
+            (3, vec![0, 2], vec![1], vec![], vec![0, 1, 2])
+        );
+        assert!(j.describe_blades().contains("1 b:2 joining since epoch 3"), "{}", j.describe_blades());
+        assert_eq!(serde_json::from_str::<Config>(&serde_json::to_string(&j).unwrap()).unwrap(), j);
+        // A run during the join checks the joining blade's identity.
+        j.check_run(&run([0x11 << 16, 0x77 << 16, 0x33 << 16])).unwrap();
+        assert!(j.check_run(&run([0x11 << 16, 0x22 << 16, 0x33 << 16])).is_err());
+        assert!(j.check_run_without(&run([0x11 << 16, 0, 0x33 << 16]), &[1]).is_err(), "not absent");
+        assert!(j.join(1, "b:3", 0x88 << 16).is_err(), "joining already");
+        // A joining blade that fails is removed again.
+        let again = j.without(&[1], "died while joining").unwrap();
+        assert_eq!((again.epoch, again.removed()), (4, vec![1]));
+        let back = j.readmit(&[(1, "b:2".into(), 0x77 << 16)]).unwrap();
+        assert_eq!((back.epoch, back.active(), back.joining()), (4, vec![0, 1, 2], vec![]));
     }
 }

@@ -64,9 +64,9 @@ fn run(cli: &ComputeCli, cfg: Result<Config>) -> Result<i32> {
     // blades out (a failover, no rebuild yet) run without them: no
     // connection to them, and the configuration's identities check the
     // others (in `commands::dtx`) instead of the blade set's words.
-    let absent = match &cfg.job {
+    let (absent, joining) = match &cfg.job {
         Job::Dtx(d) if !d.audit_only => smart::coord::absent(&cfg.session)?,
-        _ => Vec::new(),
+        _ => (Vec::new(), Vec::new()),
     };
     let transport = if absent.is_empty() {
         cfg.session.blades.connect()?
@@ -83,7 +83,7 @@ fn run(cli: &ComputeCli, cfg: Result<Config>) -> Result<i32> {
     let outcome = match &cfg.job {
         Job::Micro(m) => commands::micro(&cfg.session, &*transport, m)?,
         Job::Ycsb(y) => commands::ycsb(&cfg.session, &*transport, y)?,
-        Job::Dtx(d) => commands::dtx(&cfg.session, transport.clone(), d, &absent)?,
+        Job::Dtx(d) => commands::dtx(&cfg.session, transport.clone(), d, &absent, &joining)?,
         Job::Recover(r) => commands::recover(&cfg.session, transport.clone(), r)?,
         Job::Rebuild(r) => commands::rebuild(&cfg.session, &*transport, r)?,
         Job::Table(j) => commands::table(&cfg.session, &*transport, j)?,

@@ -384,28 +384,101 @@ fn without_etcd_a_healthy_run_goes_on_and_a_failure_stops_with_a_message() {
 }
 
 #[test]
-fn a_blade_removed_by_hand_stops_the_compute_blades_of_the_old_epoch() {
+fn a_blade_removed_by_hand_is_gone_without_by_the_compute_blades() {
     let etcd = Etcd::start();
     let c = Cluster::start(&etcd, "byhand");
-    loaded(&c);
-    let r = start_run(&c, "fo-hand", "60");
-    std::thread::sleep(Duration::from_millis(500));
+    let before = loaded(&c);
+    let r = start_run(&c, "fo-hand", "5");
+    std::thread::sleep(Duration::from_millis(1000));
     let out =
         compute(&["coordinator", "remove", "--coordinator", &c.coordinator, "--blade", "1", "--why", "maintenance"]);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("epoch 2") && said.contains("1 compute blade of earlier epochs fenced"), "{said}");
-    let (st, err, _) = finish(r, Duration::from_secs(30), "the run did not stop");
-    assert!(!st.success());
-    assert!(["refuses this compute blade", "moved to epoch 2", "lapse"].iter().any(|w| err.contains(w)), "{err}");
+    // The run follows the configuration (no blade failed): it goes on
+    // without the blade, to its end.
+    let (st, err, rec) = finish(r, Duration::from_secs(60), "the run did not end");
+    assert!(st.success(), "{err}");
+    assert!(err.contains("the configuration moved to epoch 2"), "{err}");
+    assert!(err.contains("going on without memory blade 1: "), "{err}");
+    assert_eq!(rec["failovers"][0]["cause"], "reconfiguration", "{rec}");
+    assert_eq!(rec["coordinator"]["epoch"], 2, "{rec}");
     // Errors say what is wrong.
     let bad = compute(&["coordinator", "remove", "--coordinator", &c.coordinator, "--blade", "7"]);
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("memory blade 7 is not an active blade"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("memory blade 7 is not a blade in use"));
     let list = c.list();
     let ycsb = compute(&["ycsb", "--blades", &list, "--coordinator", &c.coordinator]);
     assert!(String::from_utf8_lossy(&ycsb.stderr).contains("--coordinator applies to smallbank, tatp and rebuild"));
     let embedded = compute(&["smallbank", "--coordinator", &c.coordinator]);
     assert!(String::from_utf8_lossy(&embedded.stderr).contains("--coordinator needs --blades"));
+    let online = compute(&["rebuild", "--lost", "1", "--online", "--blades", &list]);
+    assert!(String::from_utf8_lossy(&online.stderr).contains("--online needs --coordinator"));
+    let zero = compute(&c.args(&list, &["rebuild", "--lost", "0", "--online"]));
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("one memory blade other than 0"));
+    // The blade, alive and with its data, is not trusted again: an online
+    // rebuild wants a fresh one.
+    let same = compute(&c.args(&list, &["rebuild", "--lost", "1", "--online"]));
+    assert!(String::from_utf8_lossy(&same.stderr).contains("is the blade that was removed"), "{same:?}");
+    let _ = before;
+}
+
+/// `rebuild --online --lost i` under the coordinator: its output.
+fn rebuild_online(c: &Cluster, i: usize, rate: &str) -> String {
+    let list = c.list();
+    let lost = i.to_string();
+    let args = ["rebuild", "--lost", &lost, "--online", "--copy-rate", rate, "--lease", "2", "--request-timeout", "2"];
+    let out = Command::new(COMPUTE).args(c.args(&list, &args)).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "online rebuild of blade {i}: {text}");
+    text
+}
+
+#[test]
+fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_failure_is_survived() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd, "online");
+    let before = loaded(&c);
+    let (a, b) = (start_run(&c, "on-a", "16"), start_run(&c, "on-b", "16"));
+    std::thread::sleep(Duration::from_millis(1500));
+    kill9(&mut c.blades[1].child);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(show(&c)["config"]["epoch"], 2);
+    // A fresh blade in its place, copied while both run on.
+    c.replace(1);
+    let out = rebuild_online(&c, 1, "1");
+    eprintln!("{out}");
+    assert!(out.contains("memory blade 1 joins: epoch 3"), "{out}");
+    assert!(out.contains("smallbank: copied to memory blade 1 while transactions ran"), "{out}");
+    assert!(out.contains("taken into the configuration: epoch 4"), "{out}");
+    let cfg = &show(&c)["config"];
+    assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][1]["state"].as_str()), (Some(4), Some("active")), "{cfg}");
+    // A second failure, of another blade: survived (blade 1's copies are
+    // whole again).
+    std::thread::sleep(Duration::from_millis(2000));
+    kill9(&mut c.blades[2].child);
+    let (sa, ea, ra) = finish(a, Duration::from_secs(90), "compute blade a did not end");
+    let (sb, eb, rb) = finish(b, Duration::from_secs(90), "compute blade b did not end");
+    for (st, e, r) in [(sa, &ea, &ra), (sb, &eb, &rb)] {
+        assert!(st.success(), "{e}");
+        assert_eq!(r["coordinator"]["epoch"], 5, "{r}");
+        let causes: Vec<_> = r["failovers"].as_array().unwrap().iter().map(|f| f["cause"].clone()).collect();
+        assert_eq!(causes, ["failover", "reconfiguration", "reconfiguration", "failover"], "{r}");
+        assert_eq!(r["failovers"][1]["joining"], serde_json::json!([1]), "{r}");
+        assert_eq!(r["failovers"][3]["removed"], serde_json::json!([2]), "{r}");
+        assert!(e.contains("writing to memory blade 1 as it joins"), "{e}");
+        assert!(e.contains("going on without memory blade 2: "), "{e}");
+        // Transactions committed in every phase.
+        for f in r["failovers"].as_array().unwrap() {
+            assert!(f["resumed_after_s"].as_f64().unwrap() < 4.0, "{r}");
+        }
+    }
+    // Blade 2 rebuilt offline; everything committed is there.
+    let out = fresh_rebuilt(&mut c, 2);
+    assert!(out.contains("taken into the configuration: epoch 6"), "{out}");
+    let after = clean(&c, "after both rebuilds");
+    let committed = ledgered(&ra) + ledgered(&rb);
+    assert!(committed > 0);
+    assert!(after >= before + committed, "committed transactions lost: {before} + {committed} > {after}");
 }
 
 #[test]

@@ -8,6 +8,7 @@ mod failover;
 mod mirror;
 mod oracle;
 mod recovery;
+mod rejoin;
 mod serial;
 
 use std::sync::Arc;
