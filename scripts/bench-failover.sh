@@ -153,13 +153,25 @@ windows = {}
 for w in ("smallbank", "tatp"):
     recs = [json.load(open(os.path.join(out, f"{w}-{c}.json"))) for c in "ab"]
     audit = json.load(open(os.path.join(out, f"{w}-audit.json")))
-    # Committed transactions per 1 s window, both compute blades (each
-    # timeline's samples are Mtxn/s over the second ending at t_s).
+    # Committed transactions per 1 s window, both compute blades. Each
+    # timeline sample is Mtxn/s over the second ending at t_s, or over less
+    # (a phase's last sample ends where the phase did, and the next phase's
+    # first covers the second before it): its transactions are spread over
+    # the windows its interval overlaps.
     per = {}
     for r in recs:
+        prev = 0.0
         for s in r["timeline"]:
-            k = int(s["t_s"] + 0.999) - 1
-            per[k] = per.get(k, 0.0) + s["mops"] * 1e6
+            t = s["t_s"]
+            start = max(prev, t - 1.0)
+            txns = s["mops"] * 1e6 * (t - start)
+            k = int(start)
+            while k < t:
+                part = min(t, k + 1) - max(start, k)
+                if part > 0 and t > start:
+                    per[k] = per.get(k, 0.0) + txns * part / (t - start)
+                k += 1
+            prev = t
     windows[w] = per
     fo = [r["failovers"][0] for r in recs if r.get("failovers")]
     at = min(f["at_s"] for f in fo) if fo else None

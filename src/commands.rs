@@ -415,7 +415,8 @@ fn dtx_on<W: Workload + Clone + 'static>(
             let f: &mut serde_json::Value = f;
             f["resumed_after_s"] = json!(gap);
             if s.run.progress {
-                eprintln!("failover: transactions resumed {gap:.2} s after the measured time stopped");
+                let cause = f["cause"].as_str().unwrap_or("failover");
+                eprintln!("{cause}: transactions resumed {gap:.2} s after the measured time stopped");
             }
         }
         ended = Some(now);
