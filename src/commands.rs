@@ -1249,11 +1249,20 @@ fn rebuild_online(
     }
     let joined = crate::coord::join_blade(s, e, t, n)?;
     let (fenced, tags) = crate::coord::fence_earlier(s, &e.c, &joined)?;
-    println!(
-        "coordinator: memory blade {n} joins: epoch {} ({}); {fenced}",
-        joined.config.epoch,
-        joined.config.describe_blades()
-    );
+    if resuming {
+        println!(
+            "coordinator: memory blade {n} is joining since epoch {} (a copy to it stopped): copying again ({}); \
+             {fenced}",
+            joined.config.epoch,
+            joined.config.describe_blades()
+        );
+    } else {
+        println!(
+            "coordinator: memory blade {n} joins: epoch {} ({}); {fenced}",
+            joined.config.epoch,
+            joined.config.describe_blades()
+        );
+    }
     let member = crate::coord::join_under(e, &joined, format!("rebuild --online of memory blade {n}"), lease)?;
     let lost = joined.config.removed();
     let wait_ms = ford_dtx::recovery::HOLD_MS + ford_dtx::recovery::GRACE_MS + 2 * lease.as_millis() as u64;
@@ -1292,7 +1301,10 @@ fn rebuild_online(
         let (rec, copied) = crt.block_on(async move {
             // No transaction of the earlier epoch writes without the blade
             // once this returns.
-            let rec = ford_dtx::recovery::settle(&ctx, &v, &tags2, wait_ms).await?;
+            let mut rec = ford_dtx::recovery::settle(&ctx, &v, &tags2, wait_ms).await?;
+            // A copier that died here before (a copy that resumes) holds
+            // slot locks until its recovery: once its lease ran out.
+            rec.extend(ford_dtx::recovery::recover(&ctx, &v, ford_dtx::recovery::Which::Expired).await?);
             ford_dtx::mirror::ensure(&ctx, &v).await?;
             let added = ford_dtx::rejoin::add_copies(&ctx, &v, n).await?;
             let mut said = std::time::Instant::now();

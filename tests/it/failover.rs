@@ -438,16 +438,28 @@ fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd, "online");
     let before = loaded(&c);
-    let (a, b) = (start_run(&c, "on-a", "16"), start_run(&c, "on-b", "16"));
+    let (a, b) = (start_run(&c, "on-a", "22"), start_run(&c, "on-b", "22"));
     std::thread::sleep(Duration::from_millis(1500));
     kill9(&mut c.blades[1].child);
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(show(&c)["config"]["epoch"], 2);
-    // A fresh blade in its place, copied while both run on.
+    // A fresh blade in its place, copied while both run on: a first copy,
+    // slow, SIGKILLed mid-copy (its locks held), then one that resumes.
     c.replace(1);
+    let list = c.list();
+    let slow = ["rebuild", "--lost", "1", "--online", "--copy-rate", "0.2", "--lease", "2", "--request-timeout", "2"];
+    let mut first =
+        Command::new(COMPUTE).args(c.args(&list, &slow)).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
+    let joins = lines.next().unwrap().unwrap();
+    assert!(joins.contains("memory blade 1 joins: epoch 3"), "{joins}");
+    std::thread::sleep(Duration::from_millis(1000));
+    kill9(&mut first);
+    let cfg = &show(&c)["config"];
+    assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][1]["state"].as_str()), (Some(3), Some("joining")), "{cfg}");
     let out = rebuild_online(&c, 1, "1");
     eprintln!("{out}");
-    assert!(out.contains("memory blade 1 joins: epoch 3"), "{out}");
+    assert!(out.contains("memory blade 1 is joining since epoch 3 (a copy to it stopped): copying again"), "{out}");
     assert!(out.contains("smallbank: copied to memory blade 1 while transactions ran"), "{out}");
     assert!(out.contains("taken into the configuration: epoch 4"), "{out}");
     let cfg = &show(&c)["config"];
@@ -460,6 +472,7 @@ fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_
     let (sb, eb, rb) = finish(b, Duration::from_secs(90), "compute blade b did not end");
     for (st, e, r) in [(sa, &ea, &ra), (sb, &eb, &rb)] {
         assert!(st.success(), "{e}");
+        assert!(r["committed"].as_u64().unwrap() > 0, "{r}");
         assert_eq!(r["coordinator"]["epoch"], 5, "{r}");
         let causes: Vec<_> = r["failovers"].as_array().unwrap().iter().map(|f| f["cause"].clone()).collect();
         assert_eq!(causes, ["failover", "reconfiguration", "reconfiguration", "failover"], "{r}");
