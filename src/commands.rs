@@ -541,7 +541,7 @@ fn dtx_on<W: Workload + Clone + 'static>(
         eprintln!("audit: {why}");
     }
     let audited = if job.audit && audit_skipped.is_none() && !rep.run.interrupted && rep.run.first_error.is_none() {
-        let audit = smallbank_tatp::workload::audit_waiting(&*t, &s.run, &job.cfg.db, smallbank, job.audit_wait);
+        let audit = smallbank_tatp::workload::audit_waiting(&*phase_t, &s.run, &job.cfg.db, smallbank, job.audit_wait);
         Some(audit.with_context(|| format!("auditing {:?} after the timed run", job.cfg.db))?)
     } else {
         None

@@ -495,6 +495,54 @@ fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_
 }
 
 #[test]
+fn a_joining_blade_that_dies_mid_copy_is_taken_out_again_and_a_new_one_is_copied() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd, "rejoin2");
+    let before = loaded(&c);
+    let (a, b) = (start_run(&c, "rj-a", "14"), start_run(&c, "rj-b", "14"));
+    std::thread::sleep(Duration::from_millis(1500));
+    kill9(&mut c.blades[1].child);
+    std::thread::sleep(Duration::from_millis(2500));
+    // A fresh blade joins, slowly copied; it dies mid-copy.
+    c.replace(1);
+    let list = c.list();
+    let slow = ["rebuild", "--lost", "1", "--online", "--copy-rate", "0.2", "--lease", "2", "--request-timeout", "2"];
+    let mut copy =
+        Command::new(COMPUTE).args(c.args(&list, &slow)).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(copy.stdout.take().unwrap()).lines();
+    let joins = lines.next().unwrap().unwrap();
+    assert!(joins.contains("memory blade 1 joins: epoch 3"), "{joins}");
+    std::thread::sleep(Duration::from_millis(800));
+    kill9(&mut c.blades[1].child);
+    let st = wait_bounded(&mut copy, Duration::from_secs(90), "the copy to a dead blade did not end");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut copy.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!st.success(), "the copy to a dead blade succeeded: {err}");
+    // The compute blades take it out again (epoch 4) and go on; a new
+    // fresh blade joins (5) and is taken in (6).
+    std::thread::sleep(Duration::from_millis(1500));
+    let cfg = &show(&c)["config"];
+    assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][1]["state"].as_str()), (Some(4), Some("removed")), "{cfg}");
+    c.replace(1);
+    let out = rebuild_online(&c, 1, "1");
+    assert!(out.contains("memory blade 1 joins: epoch 5"), "{out}");
+    assert!(out.contains("taken into the configuration: epoch 6"), "{out}");
+    let (sa, ea, ra) = finish(a, Duration::from_secs(90), "compute blade a did not end");
+    let (sb, eb, rb) = finish(b, Duration::from_secs(90), "compute blade b did not end");
+    for (st, e, r) in [(sa, &ea, &ra), (sb, &eb, &rb)] {
+        assert!(st.success(), "{e}");
+        assert_eq!(r["coordinator"]["epoch"], 6, "{r}");
+        let causes: Vec<_> = r["failovers"].as_array().unwrap().iter().map(|f| f["cause"].clone()).collect();
+        assert_eq!(causes, ["failover", "reconfiguration", "failover", "reconfiguration", "reconfiguration"], "{r}");
+        assert_eq!(r["failovers"][2]["removed"], serde_json::json!([1]), "{r}");
+        assert!(e.contains("failover: memory blade 1 ("), "{e}");
+    }
+    let after = clean(&c, "after the second copy");
+    let committed = ledgered(&ra) + ledgered(&rb);
+    assert!(after >= before + committed, "committed transactions lost: {before} + {committed} > {after}");
+}
+
+#[test]
 fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd, "tatp");
