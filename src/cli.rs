@@ -148,6 +148,12 @@ pub enum CoordinatorAction {
     /// Take memory blade --blade out of the configuration (the next epoch)
     /// and fence the compute blades of earlier epochs on the others.
     Remove,
+    /// List the fresh memory blade at --addr as a spare: after a failover,
+    /// the compute blade whose proposal won starts `rebuild --online` onto
+    /// it in the removed blade's place.
+    Spare,
+    /// Take the spare at --addr off the list.
+    Unspare,
 }
 
 /// `compute-blade coordinator`.
@@ -165,6 +171,9 @@ pub struct CoordinatorArgs {
     /// Why it is removed (recorded in the configuration).
     #[arg(long, default_value = "removed by hand")]
     pub why: String,
+    /// The spare's address, HOST:PORT (spare and unspare).
+    #[arg(long)]
+    pub addr: Option<String>,
     /// The cluster secret, for fencing on blades that run with --secret-file.
     #[arg(long)]
     pub secret_file: Option<PathBuf>,

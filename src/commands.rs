@@ -450,8 +450,16 @@ fn dtx_on<W: Workload + Clone + 'static>(
         let cause = fo.as_ref().map(|f| f.cause);
         let left = s.run.duration.as_secs_f64() - measured;
         let epoch = fo.as_ref().map(|f| f.v.config.epoch);
+        let mut fo_spare = None;
         let next = match fo {
-            Some(fo) if left > 0.5 && rep.is_some() => go_on(s, &*phase_t, &fo, &job.cfg),
+            // A phase that failed before it ran (its fence tag not
+            // recorded before the configuration moved on) goes on too, once
+            // an earlier one ran.
+            Some(fo) if left > 0.5 && (rep.is_some() || total.is_some()) => {
+                let r = go_on(s, &*phase_t, &fo, &job.cfg);
+                fo_spare = Some(fo);
+                r
+            }
             Some(fo) => Err(anyhow::anyhow!(
                 "transactions stop ({}): {}",
                 if rep.is_none() { "the run failed before it ran" } else { "no time left" },
@@ -461,6 +469,13 @@ fn dtx_on<W: Workload + Clone + 'static>(
         };
         match next {
             Ok(GoOn { transport: t2, removed, joining: joined, fenced }) => {
+                // A spare listed: this compute blade, whose proposal took
+                // the blade out, starts its copy (a process of its own).
+                match fo_spare.as_ref().map(|fo| crate::coord::start_spare_copy(s, fo)) {
+                    Some(Ok(Some(said))) => eprintln!("{said}"),
+                    Some(Err(x)) => eprintln!("compute-blade: {x:#} (run `compute-blade rebuild --online` by hand)"),
+                    _ => {}
+                }
                 failovers.push(json!({
                     "at_s": measured,
                     "cause": cause,
@@ -1282,6 +1297,9 @@ fn rebuild_online(
         member.fence_tag.store(reg.fence_tag(), std::sync::atomic::Ordering::SeqCst);
         let until = std::time::Instant::now() + lease;
         while member.m.recorded_tag().load(std::sync::atomic::Ordering::SeqCst) != reg.fence_tag() {
+            if member.halt.load(std::sync::atomic::Ordering::SeqCst) {
+                anyhow::bail!("the configuration moved on before the copier's fence tag was recorded: run it again");
+            }
             if std::time::Instant::now() > until {
                 anyhow::bail!("the coordinator did not record the copier's fence tag within its lease ({lease:?})");
             }

@@ -276,6 +276,9 @@ pub struct FailedOver {
     /// "failover" (a blade failed) or "reconfiguration" (the configuration
     /// moved otherwise: [`moved`]), for messages and records.
     pub cause: &'static str,
+    /// This compute blade's proposal made the change (it starts the copy
+    /// onto a spare, if one is listed).
+    pub proposed: bool,
 }
 
 impl FailedOver {
@@ -367,7 +370,7 @@ pub fn fail_over(
             e.v.config.epoch,
         )
     };
-    Ok(Some(FailedOver { said, v, fenced: tags, cause: "failover" }))
+    Ok(Some(FailedOver { said, v, fenced: tags, cause: "failover", proposed }))
 }
 
 /// After a run was halted with no blade found dead: if the configuration
@@ -391,7 +394,48 @@ pub fn moved(s: &Session, e: &Entered) -> Result<Option<FailedOver>> {
         v.config.describe_blades(),
         e.v.config.epoch
     );
-    Ok(Some(FailedOver { said, v, fenced: tags, cause: "reconfiguration" }))
+    Ok(Some(FailedOver { said, v, fenced: tags, cause: "reconfiguration", proposed: false }))
+}
+
+/// After failover `fo` that this compute blade proposed: if the
+/// configuration lists a spare and no blade joins, starts `compute-blade
+/// rebuild --online` (this executable, a process of its own that outlives
+/// this run) onto the first spare, in the place of the first blade `fo`
+/// removed (not blade 0). Its output goes to a file; returns what to tell
+/// the user, `None` if nothing was started.
+///
+/// # Errors
+/// The process cannot be started.
+pub fn start_spare_copy(s: &Session, fo: &FailedOver) -> Result<Option<String>> {
+    let c = &fo.v.config;
+    let (Some(url), Blades::Remote { secret_file, .. }) = (&s.coordinator, &s.blades) else { return Ok(None) };
+    let Some(spare) = c.spares.first() else { return Ok(None) };
+    let Some(&n) = c.removed().iter().find(|b| **b != 0) else { return Ok(None) };
+    if !fo.proposed || !c.joining().is_empty() {
+        return Ok(None);
+    }
+    let mut addrs: Vec<String> = c.blades.iter().map(|b| b.addr.clone()).collect();
+    addrs[usize::from(n)] = spare.clone();
+    let log = std::env::temp_dir().join(format!("smart-rs-spare-{}-{n}.log", std::process::id()));
+    let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["rebuild", "--online", "--lost", &n.to_string(), "--blades", &addrs.join(","), "--coordinator", url]);
+    cmd.args(["--request-timeout", &timeout(s).as_secs_f64().to_string()]);
+    if let Some(f) = secret_file {
+        cmd.arg("--secret-file").arg(f);
+    }
+    let child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .context("starting `compute-blade rebuild --online` onto the spare")?;
+    Ok(Some(format!(
+        "spare: copying memory blade {n} onto the spare {spare}: `compute-blade rebuild --online` started (pid {}, \
+         output in {})",
+        child.id(),
+        log.display()
+    )))
 }
 
 /// What to do once transactions stopped for the blades `removed`: start a
@@ -618,6 +662,9 @@ pub fn command(a: &crate::cli::CoordinatorArgs) -> Result<i32> {
             if a.blade.is_some() {
                 bail!("--blade applies to `coordinator remove`");
             }
+            if a.addr.is_some() {
+                bail!("--addr applies to `coordinator spare` and `unspare`");
+            }
             let v = c.load()?;
             let members = c.members()?;
             match &v {
@@ -631,6 +678,9 @@ pub fn command(a: &crate::cli::CoordinatorArgs) -> Result<i32> {
                             BladeState::Joining { epoch } => format!("joining since epoch {epoch}"),
                         };
                         println!("  memory blade {i}: {} identity {:#018x} {state}", b.addr, b.identity);
+                    }
+                    for s in &v.config.spares {
+                        println!("  spare memory blade: {s}");
                     }
                     for (name, order) in &v.config.databases {
                         let o: Vec<String> = order.iter().map(|r| format!("{r:?}")).collect();
@@ -651,7 +701,27 @@ pub fn command(a: &crate::cli::CoordinatorArgs) -> Result<i32> {
             }
             Ok(0)
         }
+        CoordinatorAction::Spare | CoordinatorAction::Unspare => {
+            let Some(addr) = &a.addr else { bail!("coordinator spare and unspare need --addr HOST:PORT") };
+            if a.blade.is_some() {
+                bail!("--blade applies to `coordinator remove`");
+            }
+            let add = matches!(a.action, CoordinatorAction::Spare);
+            if add && addr.to_socket_addrs().map_or(true, |mut x| x.next().is_none()) {
+                bail!("--addr {addr}: not a HOST:PORT that resolves");
+            }
+            let v = c.update(|cfg| if add { cfg.with_spare(addr) } else { cfg.without_spare(addr) }.map(Some))?;
+            println!(
+                "spares of the configuration (epoch {}): {}",
+                v.config.epoch,
+                if v.config.spares.is_empty() { "none".to_string() } else { v.config.spares.join(", ") }
+            );
+            Ok(0)
+        }
         CoordinatorAction::Remove => {
+            if a.addr.is_some() {
+                bail!("--addr applies to `coordinator spare` and `unspare`");
+            }
             let Some(b) = a.blade else { bail!("coordinator remove needs --blade N") };
             let v = c.update(|cfg| cfg.without(&[b], &a.why).map(Some))?;
             let (fenced, _) = fence_members(&c, &v, a.secret_file.as_deref(), t)?;

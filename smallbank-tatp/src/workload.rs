@@ -631,7 +631,8 @@ pub fn run<W: Workload + Clone + 'static>(
         }
     }
     let halt = d.halt.clone().unwrap_or_default();
-    let reg = Registration::register_halting(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease, halt)?;
+    let reg =
+        Registration::register_halting(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease, halt.clone())?;
     if let Some(t) = &d.fence_tag {
         t.store(reg.fence_tag(), Ordering::SeqCst);
         // Before the first lock, the coordinator knows the tag: a failover
@@ -639,6 +640,13 @@ pub fn run<W: Workload + Clone + 'static>(
         if let Some(r) = &d.fence_recorded {
             let until = Instant::now() + d.lease;
             while r.load(Ordering::SeqCst) != reg.fence_tag() {
+                // Halted (the configuration moved on before the tag was
+                // recorded under its epoch): no lock under it.
+                if halt.load(Ordering::SeqCst) {
+                    return Err(WorkloadError::Load(
+                        "the configuration moved on before this compute blade's fence tag was recorded".into(),
+                    ));
+                }
                 if Instant::now() > until {
                     return Err(WorkloadError::Load(format!(
                         "the coordinator did not record this compute blade's fence tag within its lease ({:?})",

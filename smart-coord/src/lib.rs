@@ -122,6 +122,12 @@ pub struct Config {
     /// coordinator.
     #[serde(default)]
     pub databases: BTreeMap<String, Vec<Vec<u16>>>,
+    /// Fresh memory blades (addresses) waiting to take a removed blade's
+    /// place: the compute blade whose failover proposal wins starts an
+    /// online re-replication onto the first (`compute-blade rebuild
+    /// --online`). Listing one does not move the epoch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spares: Vec<String>,
 }
 
 /// A configuration with the etcd revision it was read at.
@@ -153,7 +159,39 @@ impl Config {
                 .map(|(addr, identity)| Blade { addr: addr.clone(), identity: *identity, state: BladeState::Active })
                 .collect(),
             databases: BTreeMap::new(),
+            spares: Vec::new(),
         }
+    }
+
+    /// This configuration with `addr` listed as a spare (the same epoch).
+    ///
+    /// # Errors
+    /// [`CoordError::Refused`] if it is listed already, or is a blade's.
+    pub fn with_spare(&self, addr: &str) -> Result<Config> {
+        if self.spares.iter().any(|a| a == addr) || self.blades.iter().any(|b| b.addr == addr) {
+            return Err(CoordError::Refused(format!(
+                "{addr} is already in the configuration (epoch {}: {}; spares {:?})",
+                self.epoch,
+                self.describe_blades(),
+                self.spares
+            )));
+        }
+        let mut next = self.clone();
+        next.spares.push(addr.to_string());
+        Ok(next)
+    }
+
+    /// This configuration without the spare `addr` (the same epoch).
+    ///
+    /// # Errors
+    /// [`CoordError::Refused`] if it is not listed.
+    pub fn without_spare(&self, addr: &str) -> Result<Config> {
+        if !self.spares.iter().any(|a| a == addr) {
+            return Err(CoordError::Refused(format!("{addr} is not a spare (spares {:?})", self.spares)));
+        }
+        let mut next = self.clone();
+        next.spares.retain(|a| a != addr);
+        Ok(next)
     }
 
     /// The indexes of the active blades.
@@ -325,6 +363,8 @@ impl Config {
         next.epoch += 1;
         next.blades[usize::from(index)] =
             Blade { addr: addr.to_string(), identity, state: BladeState::Joining { epoch: next.epoch } };
+        // A spare that joins is one no more.
+        next.spares.retain(|a| a != addr);
         Ok(next)
     }
 
@@ -464,6 +504,26 @@ impl Coordinator {
         r.kvs().first().map(|kv| parse(&key, kv.value(), kv.mod_revision())).transpose()
     }
 
+    /// Writes the configuration's epoch alone under `epoch` if it is not
+    /// there (a configuration stored by an older version): what fence tags
+    /// are recorded against.
+    ///
+    /// # Errors
+    /// etcd errors.
+    fn ensure_epoch_key(&self) -> Result<()> {
+        let Some(v) = self.load()? else { return Ok(()) };
+        let ek = self.key("epoch");
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(ek.clone(), CompareOp::Equal, 0),
+                Compare::mod_revision(self.key("config"), CompareOp::Equal, v.revision),
+            ])
+            .and_then([TxnOp::put(ek, v.config.epoch.to_string(), None)]);
+        let mut c = self.client.clone();
+        self.call("recording the epoch", c.txn(txn))?;
+        Ok(())
+    }
+
     /// The stored configuration, or `initial`, stored if there was none.
     /// Returns it and whether it was created now.
     ///
@@ -472,9 +532,10 @@ impl Coordinator {
     pub fn create_or_load(&self, initial: &Config) -> Result<(Versioned, bool)> {
         let key = self.key("config");
         let value = serde_json::to_vec(initial).expect("a configuration serializes");
+        let epoch = TxnOp::put(self.key("epoch"), initial.epoch.to_string(), None);
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), value, None), TxnOp::get(key.clone(), None)])
+            .and_then([TxnOp::put(key.clone(), value, None), epoch, TxnOp::get(key.clone(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
         let mut c = self.client.clone();
         let r = self.call("creating the configuration", c.txn(txn))?;
@@ -497,9 +558,12 @@ impl Coordinator {
         }
         let key = self.key("config");
         let value = serde_json::to_vec(to).expect("a configuration serializes");
+        // The epoch alone too, in the same transaction: members record their
+        // fence tags only while it is theirs (`record_txn`).
+        let epoch = TxnOp::put(self.key("epoch"), to.epoch.to_string(), None);
         let txn = Txn::new()
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, from.revision)])
-            .and_then([TxnOp::put(key.clone(), value, None), TxnOp::get(key.clone(), None)])
+            .and_then([TxnOp::put(key.clone(), value, None), epoch, TxnOp::get(key.clone(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
         let mut c = self.client.clone();
         let r = self.call("changing the configuration", c.txn(txn))?;
@@ -551,12 +615,14 @@ impl Coordinator {
         fence_tag: Arc<AtomicU64>,
     ) -> Result<Membership> {
         let ttl_s = ttl.as_secs().max(2) as i64;
+        self.ensure_epoch_key()?;
         let mut c = self.client.clone();
         let lease = self.call("granting a lease", c.lease_grant(ttl_s, None))?.id();
         let key = self.key(&format!("members/{lease:016x}"));
         let record = Member { epoch, lease, fence_tag: fence_tag.load(Ordering::SeqCst), ..member.clone() };
         let mut c = self.client.clone();
-        self.call("recording the membership", c.txn(record_txn(&key, &self.key("tags/"), &record)))?;
+        let epoch_key = self.key("epoch");
+        self.call("recording the membership", c.txn(record_txn(&key, &self.key("tags/"), &epoch_key, &record)))?;
         let shared = Arc::new(MemberShared {
             halt,
             why: Mutex::new(None),
@@ -572,6 +638,7 @@ impl Coordinator {
                 config_key: self.key("config"),
                 member_key: key,
                 tags_prefix: self.key("tags/"),
+                epoch_key,
                 record,
                 fence_tag,
                 url: self.url.clone(),
@@ -655,13 +722,21 @@ fn txn_get(key: &str, ops: &[TxnOpResponse]) -> Result<Versioned> {
 /// and, once it has a fence tag, under `tags_prefix` + the tag without one
 /// (a member whose lease lapses, a paused process, is still fenced by the
 /// next failover).
-fn record_txn(member_key: &str, tags_prefix: &str, rec: &Member) -> Txn {
+/// The transaction that records member `rec` (and its fence tag, if it
+/// has one). A fence tag is recorded only while the configuration's epoch
+/// is still the member's: one that moved on may have fenced the earlier
+/// epoch's tags already, and a tag recorded after that fencing would let a
+/// registration of the old epoch lock under a view that is no longer the
+/// cluster's (write without a joining blade, say). The transaction then
+/// fails, and the member does not lock.
+fn record_txn(member_key: &str, tags_prefix: &str, epoch_key: &str, rec: &Member) -> Txn {
     let value = serde_json::to_vec(rec).expect("a member record serializes");
     let mut ops = vec![TxnOp::put(member_key, value.clone(), Some(PutOptions::new().with_lease(rec.lease)))];
-    if rec.fence_tag != 0 {
-        ops.push(TxnOp::put(format!("{tags_prefix}{:016x}", rec.fence_tag), value, None));
+    if rec.fence_tag == 0 {
+        return Txn::new().and_then(ops);
     }
-    Txn::new().and_then(ops)
+    ops.push(TxnOp::put(format!("{tags_prefix}{:016x}", rec.fence_tag), value, None));
+    Txn::new().when([Compare::value(epoch_key, CompareOp::Equal, rec.epoch.to_string())]).and_then(ops)
 }
 
 struct MemberShared {
@@ -766,6 +841,8 @@ impl Drop for Membership {
 const TICK: Duration = Duration::from_millis(50);
 
 struct KeepArgs {
+    /// The key holding the configuration's epoch alone.
+    epoch_key: String,
     lease: i64,
     ttl: Duration,
     epoch: u64,
@@ -809,10 +886,19 @@ async fn keep_member(mut client: Client, mut a: KeepArgs) {
         tokio::time::sleep(TICK.min(next.saturating_duration_since(tokio::time::Instant::now()))).await;
         let tag = a.fence_tag.load(Ordering::SeqCst);
         if tag != a.record.fence_tag {
-            let txn = record_txn(&a.member_key, &a.tags_prefix, &Member { fence_tag: tag, ..a.record.clone() });
-            if let Ok(Ok(_)) = tokio::time::timeout(a.timeout.min(period), client.txn(txn)).await {
+            let rec = Member { fence_tag: tag, ..a.record.clone() };
+            let txn = record_txn(&a.member_key, &a.tags_prefix, &a.epoch_key, &rec);
+            if let Ok(Ok(r)) = tokio::time::timeout(a.timeout.min(period), client.txn(txn)).await {
                 a.record.fence_tag = tag;
-                a.shared.recorded.store(tag, Ordering::SeqCst);
+                if r.succeeded() {
+                    a.shared.recorded.store(tag, Ordering::SeqCst);
+                } else {
+                    a.shared.halt(format!(
+                        "the configuration moved past epoch {} before this compute blade's fence tag was recorded: \
+                         it does not lock under that epoch",
+                        a.epoch
+                    ));
+                }
             }
         }
         if tokio::time::Instant::now() < next {
@@ -954,6 +1040,14 @@ mod tests {
         assert!(j.check_run(&run([0x11 << 16, 0x22 << 16, 0x33 << 16])).is_err());
         assert!(j.check_run_without(&run([0x11 << 16, 0, 0x33 << 16]), &[1]).is_err(), "not absent");
         assert!(j.join(1, "b:3", 0x88 << 16).is_err(), "joining already");
+        // Spares: listed at the same epoch, taken off when they join.
+        let sp = removed.with_spare("d:1").unwrap();
+        assert_eq!((sp.epoch, sp.spares.clone()), (removed.epoch, vec!["d:1".to_string()]));
+        assert!(sp.with_spare("d:1").is_err() && sp.with_spare("a:1").is_err());
+        assert_eq!(serde_json::from_str::<Config>(&serde_json::to_string(&sp).unwrap()).unwrap(), sp);
+        assert!(sp.join(1, "d:1", 0x99 << 16).unwrap().spares.is_empty());
+        assert!(sp.without_spare("d:1").unwrap().spares.is_empty());
+        assert!(removed.without_spare("d:1").is_err());
         // A joining blade that fails is removed again.
         let again = j.without(&[1], "died while joining").unwrap();
         assert_eq!((again.epoch, again.removed()), (4, vec![1]));

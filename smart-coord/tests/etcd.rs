@@ -139,3 +139,28 @@ fn connecting_to_no_etcd_fails_in_time_and_says_where() {
     let e = Coordinator::connect("127.0.0.1:2379", T).unwrap_err().to_string();
     assert!(e.contains("not an http:// URL"), "{e}");
 }
+
+#[test]
+fn a_fence_tag_is_not_recorded_once_the_epoch_moved_past_its_member() {
+    let etcd = Etcd::start();
+    let c = Coordinator::connect(&format!("{}/late", etcd.url), T).unwrap();
+    let (v, _) = c.create_or_load(&Config::new(&blades())).unwrap();
+    let (halt, tag) = (Arc::new(AtomicBool::new(false)), Arc::new(std::sync::atomic::AtomicU64::new(0)));
+    let m = c.join(&member(), Duration::from_secs(2), v.config.epoch, halt.clone(), tag.clone()).unwrap();
+    // The next epoch is made (and its fencing reads the tags) before this
+    // member of epoch 1 registered: its tag, set now, is not recorded, and
+    // it halts at once.
+    c.update(|cfg| cfg.without(&[2], "gone").map(Some)).unwrap();
+    tag.store(9, Ordering::SeqCst);
+    assert!(within(5, || halt.load(Ordering::SeqCst)), "no halt");
+    let why = m.why().unwrap();
+    // (Its epoch check, a period later, says that the epoch moved.)
+    assert!(why.contains("fence tag was recorded") || why.contains("moved to epoch 2"), "{why}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(m.recorded_tag().load(Ordering::SeqCst), 0);
+    assert!(c.fence_records().unwrap().is_empty(), "{:?}", c.fence_records());
+    // A member of the current epoch records its tag.
+    let m2 = c.join(&member(), Duration::from_secs(2), 2, Arc::default(), Arc::new(7.into())).unwrap();
+    assert!(within(5, || m2.recorded_tag().load(Ordering::SeqCst) == 7));
+    assert_eq!(c.fence_records().unwrap().iter().map(|r| r.fence_tag).collect::<Vec<_>>(), vec![7]);
+}

@@ -543,6 +543,55 @@ fn a_joining_blade_that_dies_mid_copy_is_taken_out_again_and_a_new_one_is_copied
 }
 
 #[test]
+fn a_listed_spare_takes_a_failed_blades_place_while_the_compute_blades_run() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd, "spare");
+    let before = loaded(&c);
+    let spare = Blade::start(&["--size", "64MiB"]);
+    let out = compute(&["coordinator", "spare", "--coordinator", &c.coordinator, "--addr", &spare.addr]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(show(&c)["config"]["spares"], serde_json::json!([spare.addr]));
+    let bad = compute(&["coordinator", "spare", "--coordinator", &c.coordinator, "--addr", &spare.addr]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("already in the configuration"), "{bad:?}");
+    let (a, b) = (start_run(&c, "sp-a", "10"), start_run(&c, "sp-b", "10"));
+    std::thread::sleep(Duration::from_millis(1500));
+    kill9(&mut c.blades[1].child);
+    let (sa, ea, ra) = finish(a, Duration::from_secs(60), "compute blade a did not end");
+    let (sb, eb, rb) = finish(b, Duration::from_secs(60), "compute blade b did not end");
+    // The proposer (one of them) started the copy onto the spare.
+    let both = format!("{ea}\n{eb}");
+    let started: Vec<&str> = both.lines().filter(|l| l.starts_with("spare: copying memory blade 1 onto")).collect();
+    assert_eq!(started.len(), 1, "{both}");
+    let pid: u32 = started[0].split("(pid ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+    let log = started[0].split("output in ").nth(1).unwrap().trim_end_matches(')').to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        panic!("the copy onto the spare did not end: {}", std::fs::read_to_string(&log).unwrap_or_default());
+    }
+    let copied = std::fs::read_to_string(&log).unwrap();
+    std::fs::remove_file(&log).unwrap();
+    assert!(copied.contains("taken into the configuration: epoch 4"), "{copied}");
+    for (st, e, r) in [(sa, &ea, &ra), (sb, &eb, &rb)] {
+        assert!(st.success(), "{e}");
+        assert_eq!(r["coordinator"]["epoch"], 4, "{r}");
+        let causes: Vec<_> = r["failovers"].as_array().unwrap().iter().map(|f| f["cause"].clone()).collect();
+        assert_eq!(causes, ["failover", "reconfiguration", "reconfiguration"], "{r}");
+    }
+    let cfg = &show(&c)["config"];
+    assert_eq!(cfg["blades"][1]["addr"], spare.addr.as_str(), "{cfg}");
+    assert_eq!(cfg["blades"][1]["state"], "active", "{cfg}");
+    assert!(cfg.get("spares").is_none_or(|s| s.as_array().is_some_and(Vec::is_empty)), "{cfg}");
+    c.blades[1] = spare;
+    let after = clean(&c, "after the spare took blade 1's place");
+    let committed = ledgered(&ra) + ledgered(&rb);
+    assert!(after >= before + committed, "committed transactions lost: {before} + {committed} > {after}");
+}
+
+#[test]
 fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd, "tatp");
