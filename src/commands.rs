@@ -705,9 +705,7 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
     let mut rt = smart_core::Runtime::new(&*t2, 0, s.run.runtime.clone())?;
     let ctx = rt.ctx();
     let (name, lost, joins, tags) = (d.db.clone(), removed.clone(), joining.clone(), fo.fenced.clone());
-    // Long enough to take over a settling that another compute blade began
-    // and died in.
-    let wait_ms = ford_dtx::recovery::HOLD_MS + ford_dtx::recovery::GRACE_MS + 2 * d.lease.as_millis() as u64;
+    let wait_ms = ford_dtx::recovery::settle_wait_ms(d.lease);
     let rec = rt
         .block_on(async move {
             let Some(whole) = ford_dtx::db::Db::open(&ctx, &name).await? else {
@@ -1264,23 +1262,16 @@ fn rebuild_online(
     }
     let joined = crate::coord::join_blade(s, e, t, n)?;
     let (fenced, tags) = crate::coord::fence_earlier(s, &e.c, &joined)?;
-    if resuming {
-        println!(
-            "coordinator: memory blade {n} is joining since epoch {} (a copy to it stopped): copying again ({}); \
-             {fenced}",
-            joined.config.epoch,
-            joined.config.describe_blades()
-        );
+    let (epoch, blades) = (joined.config.epoch, joined.config.describe_blades());
+    let what = if resuming {
+        format!("is joining since epoch {epoch} (a copy to it stopped): copying again")
     } else {
-        println!(
-            "coordinator: memory blade {n} joins: epoch {} ({}); {fenced}",
-            joined.config.epoch,
-            joined.config.describe_blades()
-        );
-    }
+        format!("joins: epoch {epoch}")
+    };
+    println!("coordinator: memory blade {n} {what} ({blades}); {fenced}");
     let member = crate::coord::join_under(e, &joined, format!("rebuild --online of memory blade {n}"), lease)?;
     let lost = joined.config.removed();
-    let wait_ms = ford_dtx::recovery::HOLD_MS + ford_dtx::recovery::GRACE_MS + 2 * lease.as_millis() as u64;
+    let wait_ms = ford_dtx::recovery::settle_wait_ms(lease);
     let transport: Arc<dyn Transport> = s.blades.at(&e.addrs).connect_without(&lost, Some(t.blades()))?;
     let mut records = Vec::new();
     let mut copied_bytes = 0u64;
@@ -1295,16 +1286,7 @@ fn rebuild_online(
             member.halt.clone(),
         )?;
         member.fence_tag.store(reg.fence_tag(), std::sync::atomic::Ordering::SeqCst);
-        let until = std::time::Instant::now() + lease;
-        while member.m.recorded_tag().load(std::sync::atomic::Ordering::SeqCst) != reg.fence_tag() {
-            if member.halt.load(std::sync::atomic::Ordering::SeqCst) {
-                anyhow::bail!("the configuration moved on before the copier's fence tag was recorded: run it again");
-            }
-            if std::time::Instant::now() > until {
-                anyhow::bail!("the coordinator did not record the copier's fence tag within its lease ({lease:?})");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        reg.await_recorded(&member.m.recorded_tag(), lease).context("the copier (run the rebuild again)")?;
         let mut crt = smart_core::Runtime::new(&*transport, 0, reg.runtime_config(&s.run.runtime))?;
         let ctx = crt.ctx();
         let who = ford_dtx::rejoin::Copier {
@@ -1375,12 +1357,11 @@ fn rebuild_online(
     let v = crate::coord::take_in(e, n, &joined)?;
     let (fenced, tags) = crate::coord::fence_earlier(s, &e.c, &v)?;
     let _ = member.m.leave();
-    let settle_ms = wait_ms;
     for db in &dbs {
         let view = db.view(&lost, &[n])?;
         let ctx = rt.ctx();
         let tags = tags.clone();
-        let rec = rt.block_on(async move { ford_dtx::recovery::settle(&ctx, &view, &tags, settle_ms).await })?;
+        let rec = rt.block_on(async move { ford_dtx::recovery::settle(&ctx, &view, &tags, wait_ms).await })?;
         print_recovered(&db.name, &rec);
     }
     let secs = started.elapsed().as_secs_f64();

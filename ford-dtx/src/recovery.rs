@@ -47,6 +47,13 @@ pub const GRACE_MS: u64 = 2_000;
 /// recovery that dies is taken over once this (and [`GRACE_MS`]) ran out.
 pub const HOLD_MS: u64 = 60_000;
 
+/// How long [`settle`] waits, for compute blades of leases `lease`: long
+/// enough to take over a settling that another compute blade began and died
+/// in (recovery's hold and grace, plus twice the lease).
+pub fn settle_wait_ms(lease: std::time::Duration) -> u64 {
+    HOLD_MS + GRACE_MS + 2 * lease.as_millis() as u64
+}
+
 /// What recovery did for one dead compute blade.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Recovered {

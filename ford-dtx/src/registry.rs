@@ -472,6 +472,33 @@ impl Registration {
         self.info.claim
     }
 
+    /// Waits, before the first lock, until `recorded` holds this
+    /// registration's fence tag (a coordinator recorded it, so that a
+    /// failover from then on fences this compute blade, however it stalls),
+    /// at most `within`.
+    ///
+    /// # Errors
+    /// [`DtxError::Config`] if its lost flag rose meanwhile (the
+    /// configuration moved on before the tag was recorded under its epoch:
+    /// no lock under it), or the time ran out.
+    pub fn await_recorded(&self, recorded: &std::sync::atomic::AtomicU64, within: Duration) -> Result<()> {
+        let until = std::time::Instant::now() + within;
+        while recorded.load(Ordering::SeqCst) != self.fence_tag() {
+            if self.lease_lost() {
+                return Err(DtxError::Config(
+                    "the configuration moved on before this compute blade's fence tag was recorded".into(),
+                ));
+            }
+            if std::time::Instant::now() > until {
+                return Err(DtxError::Config(format!(
+                    "the coordinator did not record this compute blade's fence tag within {within:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
     /// `base` with this registration's [`Registration::fence_tag`]: the
     /// configuration of every runtime whose transactions use it.
     pub fn runtime_config(&self, base: &RuntimeConfig) -> RuntimeConfig {

@@ -335,7 +335,7 @@ pub fn open<W: Workload>(
 fn open_without(rt: &mut Runtime, cfg: &RunConfig, d: &DtxConfig) -> Result<Opened, WorkloadError> {
     let ctx = rt.ctx();
     let (name, lost, joining, settle) = (d.db.clone(), d.lost.clone(), d.joining.clone(), d.settle.clone());
-    let wait_ms = recovery::HOLD_MS + recovery::GRACE_MS + 2 * d.lease.as_millis() as u64;
+    let wait_ms = recovery::settle_wait_ms(d.lease);
     let (db, recovered) = rt.block_on(async move {
         let Some(whole) = Db::open(&ctx, &name).await? else {
             return Err(DtxError::Config(format!("database {name:?} does not exist: nothing to go on with")));
@@ -631,30 +631,13 @@ pub fn run<W: Workload + Clone + 'static>(
         }
     }
     let halt = d.halt.clone().unwrap_or_default();
-    let reg =
-        Registration::register_halting(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease, halt.clone())?;
+    let reg = Registration::register_halting(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease, halt)?;
     if let Some(t) = &d.fence_tag {
         t.store(reg.fence_tag(), Ordering::SeqCst);
         // Before the first lock, the coordinator knows the tag: a failover
         // from then on fences this compute blade, however it stalls.
         if let Some(r) = &d.fence_recorded {
-            let until = Instant::now() + d.lease;
-            while r.load(Ordering::SeqCst) != reg.fence_tag() {
-                // Halted (the configuration moved on before the tag was
-                // recorded under its epoch): no lock under it.
-                if halt.load(Ordering::SeqCst) {
-                    return Err(WorkloadError::Load(
-                        "the configuration moved on before this compute blade's fence tag was recorded".into(),
-                    ));
-                }
-                if Instant::now() > until {
-                    return Err(WorkloadError::Load(format!(
-                        "the coordinator did not record this compute blade's fence tag within its lease ({:?})",
-                        d.lease
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            reg.await_recorded(r, d.lease).map_err(|e| WorkloadError::Load(e.to_string()))?;
         }
     }
     if cfg.progress {

@@ -422,15 +422,40 @@ fn a_blade_removed_by_hand_is_gone_without_by_the_compute_blades() {
     let _ = before;
 }
 
-/// `rebuild --online --lost i` under the coordinator: its output.
-fn rebuild_online(c: &Cluster, i: usize, rate: &str) -> String {
-    let list = c.list();
-    let lost = i.to_string();
+/// `rebuild --online --lost i --copy-rate RATE` under the coordinator.
+fn online(c: &Cluster, i: usize, rate: &str) -> Command {
+    let (list, lost) = (c.list(), i.to_string());
     let args = ["rebuild", "--lost", &lost, "--online", "--copy-rate", rate, "--lease", "2", "--request-timeout", "2"];
-    let out = Command::new(COMPUTE).args(c.args(&list, &args)).output().unwrap();
+    let mut cmd = Command::new(COMPUTE);
+    cmd.args(c.args(&list, &args));
+    cmd
+}
+
+/// [`online`] run to its end: its output.
+fn rebuild_online(c: &Cluster, i: usize, rate: &str) -> String {
+    let out = online(c, i, rate).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "online rebuild of blade {i}: {text}");
     text
+}
+
+/// Two SmallBank runs of `secs` (`NAME-a`, `NAME-b`); blade 1 SIGKILLed
+/// 1.5 s in and failed over (epoch 2); a fresh blade in its place, and a
+/// slow `rebuild --online` (0.2 MB/s) onto it, once it said that the blade
+/// joins (epoch 3): the runs and the copy (its stdout read past that line).
+fn a_blade_joining(c: &mut Cluster, name: &str, secs: &str) -> (Run, Run, Child) {
+    let (a, b) = (start_run(c, &format!("{name}-a"), secs), start_run(c, &format!("{name}-b"), secs));
+    std::thread::sleep(Duration::from_millis(1500));
+    kill9(&mut c.blades[1].child);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(show(c)["config"]["epoch"], 2);
+    c.replace(1);
+    let mut copy = online(c, 1, "0.2").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Read through the child's own handle: the pipe stays open for what it
+    // prints later.
+    let joins = BufReader::new(copy.stdout.as_mut().unwrap()).lines().next().unwrap().unwrap();
+    assert!(joins.contains("memory blade 1 joins: epoch 3"), "{joins}");
+    (a, b, copy)
 }
 
 #[test]
@@ -438,21 +463,9 @@ fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd, "online");
     let before = loaded(&c);
-    let (a, b) = (start_run(&c, "on-a", "22"), start_run(&c, "on-b", "22"));
-    std::thread::sleep(Duration::from_millis(1500));
-    kill9(&mut c.blades[1].child);
-    std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(show(&c)["config"]["epoch"], 2);
-    // A fresh blade in its place, copied while both run on: a first copy,
-    // slow, SIGKILLed mid-copy (its locks held), then one that resumes.
-    c.replace(1);
-    let list = c.list();
-    let slow = ["rebuild", "--lost", "1", "--online", "--copy-rate", "0.2", "--lease", "2", "--request-timeout", "2"];
-    let mut first =
-        Command::new(COMPUTE).args(c.args(&list, &slow)).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
-    let joins = lines.next().unwrap().unwrap();
-    assert!(joins.contains("memory blade 1 joins: epoch 3"), "{joins}");
+    // A fresh blade in blade 1's place, copied while both run on: a first
+    // copy, slow, SIGKILLed mid-copy, then one that resumes.
+    let (a, b, mut first) = a_blade_joining(&mut c, "on", "22");
     std::thread::sleep(Duration::from_millis(1000));
     kill9(&mut first);
     let cfg = &show(&c)["config"];
@@ -499,19 +512,8 @@ fn a_joining_blade_that_dies_mid_copy_is_taken_out_again_and_a_new_one_is_copied
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd, "rejoin2");
     let before = loaded(&c);
-    let (a, b) = (start_run(&c, "rj-a", "14"), start_run(&c, "rj-b", "14"));
-    std::thread::sleep(Duration::from_millis(1500));
-    kill9(&mut c.blades[1].child);
-    std::thread::sleep(Duration::from_millis(2500));
     // A fresh blade joins, slowly copied; it dies mid-copy.
-    c.replace(1);
-    let list = c.list();
-    let slow = ["rebuild", "--lost", "1", "--online", "--copy-rate", "0.2", "--lease", "2", "--request-timeout", "2"];
-    let mut copy =
-        Command::new(COMPUTE).args(c.args(&list, &slow)).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(copy.stdout.take().unwrap()).lines();
-    let joins = lines.next().unwrap().unwrap();
-    assert!(joins.contains("memory blade 1 joins: epoch 3"), "{joins}");
+    let (a, b, mut copy) = a_blade_joining(&mut c, "rj", "14");
     std::thread::sleep(Duration::from_millis(800));
     kill9(&mut c.blades[1].child);
     let st = wait_bounded(&mut copy, Duration::from_secs(90), "the copy to a dead blade did not end");

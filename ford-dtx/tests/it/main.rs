@@ -93,6 +93,30 @@ fn u(v: &[u8]) -> u64 {
     u64::from_le_bytes(v[..8].try_into().unwrap())
 }
 
+/// The audit of the whole database (every replica read): no violation, and
+/// every copy naming replica 0's as its home (what repairs check),
+/// whichever replica was primary when it was written. Returns the sum of
+/// every value (wrapping: balances may go below 0).
+async fn audited(ctx: &smart_core::Ctx, db: &Db, what: &str) -> u64 {
+    let mut sum = 0u64;
+    let rep = ford_dtx::recovery::audit(ctx, db, |_, _, v| sum = sum.wrapping_add(u(v))).await.unwrap();
+    assert_eq!(rep.violations(), 0, "{what}: {rep:?}");
+    for t in &db.tables {
+        let mut homes = Vec::new();
+        ford_dtx::recovery::scan(ctx, t, db.replicas, |v| {
+            for r in 0..db.replicas {
+                if let Ok(rec) = ford_dtx::layout::decode(v.recs[r], t.value_size) {
+                    homes.push((rec.home, v.at[0].raw()));
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert!(homes.iter().all(|(h, want)| h == want), "{what}: table {} has records of another home", t.id);
+    }
+    sum
+}
+
 fn abort_of<T: std::fmt::Debug>(r: Result<T, TxnError>) -> ford_dtx::Abort {
     match r {
         Err(TxnError::Abort(a)) => a,

@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use ford_dtx::db::Db;
 use ford_dtx::layout::Owner;
-use ford_dtx::recovery::{audit, settle};
+use ford_dtx::recovery::settle;
 use ford_dtx::rejoin::{self, Copied, Copier};
 use ford_dtx::{Registration, TxnError};
-use smart_core::{Ctx, Runtime, RuntimeConfig, Transport};
+use smart_core::{Runtime, RuntimeConfig, Transport};
 use smart_testkit::backends;
 use smart_testkit::die::Die;
 
-use crate::{insert_one, open, spec, u};
+use crate::{audited, insert_one, open, spec, u};
 
 const ACCOUNTS: u64 = 6;
 const START: u64 = 1_000;
@@ -93,29 +93,6 @@ async fn transfers(dtx: &ford_dtx::Dtx, stop: &AtomicBool, at_least: u64) -> (u6
     (done, dtx.stats().copies_unknown)
 }
 
-/// The audit of the whole database (every replica read): no violation, the
-/// balances' sum (with wrapping: transfers may go below 0) and every copy
-/// naming replica 0's as its home.
-async fn audited(ctx: &Ctx, db: &Db) -> u64 {
-    let mut sum = 0u64;
-    let rep = audit(ctx, db, |_, _, v| sum = sum.wrapping_add(u(v))).await.unwrap();
-    assert_eq!(rep.violations(), 0, "{rep:?}");
-    for t in &db.tables {
-        let mut homes = Vec::new();
-        ford_dtx::recovery::scan(ctx, t, db.replicas, |v| {
-            for r in 0..db.replicas {
-                if let Ok(rec) = ford_dtx::layout::decode(v.recs[r], t.value_size) {
-                    homes.push((rec.home, v.at[0].raw()));
-                }
-            }
-        })
-        .await
-        .unwrap();
-        assert!(homes.iter().all(|(h, want)| h == want), "table {} has records of another home", t.id);
-    }
-    sum
-}
-
 fn copier(reg: &Registration) -> Copier {
     let lock = Owner { blade: reg.slot(), thread: 0, coroutine: 0 }.lock_word(0);
     Copier { lock, patience_ms: 200, give_up_ms: 20_000 }
@@ -168,7 +145,7 @@ fn a_blade_copied_while_transactions_write_on_is_whole_in_the_next_view() {
     // conserved, homes right.
     let mut rt = Runtime::new(&*t, 0, RuntimeConfig::default()).unwrap();
     let (ctx, d) = (rt.ctx(), db.clone());
-    let sum = rt.block_on(async move { audited(&ctx, &d).await });
+    let sum = rt.block_on(async move { audited(&ctx, &d, "the next view").await });
     assert_eq!(sum, money.wrapping_add(0), "money conserved ({done} transfers, {copied:?})");
 }
 
@@ -204,6 +181,7 @@ fn a_copier_killed_mid_copy_leaves_no_lock_and_the_copy_made_again_is_whole() {
         assert_eq!(copied.busy, 0, "{polls} polls: a lock was left ({copied:?})");
         again.close(&*t).unwrap();
         let (ctx, d) = (rt.ctx(), db.clone());
-        assert_eq!(rt.block_on(async move { audited(&ctx, &d).await }), money, "{polls} polls");
+        let w = format!("{polls} polls");
+        assert_eq!(rt.block_on(async move { audited(&ctx, &d, &w).await }), money, "{polls} polls");
     }
 }
