@@ -90,6 +90,12 @@ pub(crate) struct LocalLocks {
 }
 
 impl LocalLocks {
+    /// Whether no lock has a local queue (none held or waited for).
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queues.is_empty()
+    }
+
     fn ticket(&mut self, id: u64) -> u64 {
         let q = self.queues.entry(id).or_default();
         q.next += 1;
@@ -189,9 +195,9 @@ impl Drop for Turn<'_> {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Held {
     pub(crate) page: GlobalAddr,
-    word: GlobalAddr,
+    pub(crate) word: GlobalAddr,
     /// The global word's value: the tag of the acquisition that took it.
-    tag: u64,
+    pub(crate) tag: u64,
     /// When the tag was written (this thread's clock, ns).
     since: u64,
     /// The page's sequence number as read under the lock.

@@ -21,6 +21,12 @@ pub(crate) struct Pair {
     left: (GlobalAddr, Held, PageBuf),
     /// The right page; `None` for its lock when it shares the left's.
     right: (GlobalAddr, Option<Held>, PageBuf),
+    /// The locks (left, right) a waiter took over while this client
+    /// stalled ([`ShermanError::LeaseLost`]): their local turns were passed
+    /// on then, so [`ShermanBt::release_pair`] must not release them again
+    /// (a second release would advance their local queue past a waiter's
+    /// ticket: two local holders, then a ticket never served).
+    lost: (bool, bool),
 }
 
 impl ShermanBt {
@@ -40,7 +46,7 @@ impl ShermanBt {
                 let _ = self.release(h, false).await;
                 return Err(e);
             }
-            return Ok(Pair { left: (l, h, lp), right: (r, None, self.page.clone()) });
+            return Ok(Pair { left: (l, h, lp), right: (r, None, self.page.clone()), lost: (false, false) });
         }
         let (first, second) = if wl.raw() < wr.raw() { (l, r) } else { (r, l) };
         let h1 = self.lock_read(first, op).await?;
@@ -54,15 +60,15 @@ impl ShermanBt {
         };
         let p2 = self.page.clone();
         Ok(if first == l {
-            Pair { left: (l, h1, p1), right: (r, Some(h2), p2) }
+            Pair { left: (l, h1, p1), right: (r, Some(h2), p2), lost: (false, false) }
         } else {
-            Pair { left: (l, h2, p2), right: (r, Some(h1), p1) }
+            Pair { left: (l, h2, p2), right: (r, Some(h1), p1), lost: (false, false) }
         })
     }
 
     async fn release_pair(&mut self, p: Pair) -> Result<()> {
-        let a = self.release(p.left.1, false).await;
-        if let Some(h) = p.right.1 {
+        let a = if p.lost.0 { Ok(()) } else { self.release(p.left.1, false).await };
+        if let (Some(h), false) = (p.right.1, p.lost.1) {
             self.release(h, false).await?;
         }
         a
@@ -73,7 +79,18 @@ impl ShermanBt {
     async fn write_locked(&mut self, pair: &mut Pair, left: bool) -> Result<()> {
         let shared = pair.right.1.is_none();
         let held = if left || shared { pair.left.1 } else { pair.right.1.expect("its own lock") };
-        let held = self.still_held(held).await?;
+        let held = match self.still_held(held).await {
+            Ok(h) => h,
+            Err(e @ ShermanError::LeaseLost(_)) => {
+                if left || shared {
+                    pair.lost.0 = true;
+                } else {
+                    pair.lost.1 = true;
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         if left || shared {
             pair.left.1 = held;
         } else {
@@ -345,5 +362,54 @@ impl ShermanBt {
             self.unlink(level, sep, r, op).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::LOCK_LEASE;
+    use smart_core::{Runtime, RuntimeConfig};
+
+    /// A merger whose lock on one page of the pair a waiter took over (it
+    /// stalled) releases only the other: the lost lock's local turn was
+    /// passed on already. Released twice, it would skip a local waiter's
+    /// ticket (two local holders, then a ticket never served: a coroutine
+    /// waiting forever with no verb in flight), or find its queue gone.
+    #[test]
+    fn a_merger_that_lost_one_lock_of_its_pair_releases_only_the_other() {
+        let b = smart_testkit::backends::embedded(1);
+        let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            let (mut t, _) = ShermanBt::open_or_create(&ctx, "pair").await.unwrap();
+            for k in 0..2_000u64 {
+                t.insert_u64(k, k).await.unwrap();
+            }
+            let (level, root) = t.root().await.unwrap();
+            assert!(level > 0, "the leaves split");
+            let (l, r) = with_page(&ctx, &t.local, &t.read, (root, t.f), |p| (p.leftmost(), p.child(0))).await.unwrap();
+            assert_ne!(t.lock_word(l).unwrap(), t.lock_word(r).unwrap(), "two lock words");
+            for lose_left in [true, false] {
+                let mut op = ctx.op().await;
+                let mut pair = t.lock_pair(l, r, &mut op).await.unwrap();
+                // Held for half a lease (a stall), then taken over.
+                ctx.sleep_ns(LOCK_LEASE.as_nanos() as u64 / 2).await;
+                let (lost, kept) =
+                    if lose_left { (pair.left.1, pair.right.1.unwrap()) } else { (pair.right.1.unwrap(), pair.left.1) };
+                assert_eq!(ctx.cas(lost.word, lost.tag, 0xdead_beef).await.unwrap(), lost.tag);
+                let w = t.write_locked(&mut pair, lose_left).await;
+                assert!(matches!(w, Err(ShermanError::LeaseLost(_))), "{w:?}");
+                t.release_pair(pair).await.unwrap();
+                assert!(t.local.borrow().locks.is_empty(), "a local queue left behind");
+                assert_eq!(ctx.read_u64(kept.word).await.unwrap(), 0, "the kept lock released");
+                assert_eq!(ctx.read_u64(lost.word).await.unwrap(), 0xdead_beef, "the new holder's word untouched");
+                ctx.write(lost.word, &0u64.to_le_bytes()).await.unwrap();
+                // Both lock again, and release.
+                let pair = t.lock_pair(l, r, &mut op).await.unwrap();
+                t.release_pair(pair).await.unwrap();
+                assert!(t.local.borrow().locks.is_empty());
+            }
+        });
     }
 }

@@ -46,8 +46,31 @@ impl Drop for Blade {
 }
 
 pub(crate) fn compute(args: &[&str]) -> Output {
-    Command::new(COMPUTE).args(args).output().expect("run compute-blade")
+    // Bounded: a run that hangs fails its test (killed, by its PID) instead
+    // of holding the suite.
+    let mut child = Command::new(COMPUTE)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run compute-blade");
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(child.stdout.take().map(|o| Box::new(o) as _));
+    let err = drain(child.stderr.take().map(|e| Box::new(e) as _));
+    let status = wait_bounded(&mut child, COMPUTE_LIMIT, &format!("compute-blade {args:?} ran past {COMPUTE_LIMIT:?}"));
+    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
 }
+
+/// The longest a `compute-blade` command of a test may run.
+const COMPUTE_LIMIT: Duration = Duration::from_secs(600);
 
 /// Starts `compute-blade args`, its output discarded.
 pub(crate) fn spawn_compute(args: &[&str]) -> Child {
