@@ -683,20 +683,12 @@ struct GoOn {
 /// dead one's would be).
 ///
 /// # Errors
-/// Blade 0 out (transactions do not go on without it: not built); a link
-/// other than TCP; the settling's errors.
+/// A link other than TCP; the settling's errors.
 fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smallbank_tatp::DtxConfig) -> Result<GoOn> {
     let removed = fo.removed();
     let joining = fo.v.config.joining();
     let addrs: Vec<String> = fo.v.config.blades.iter().map(|b| b.addr.clone()).collect();
     let hint = || crate::coord::rebuild_hint(s, &removed);
-    if removed.contains(&0) {
-        anyhow::bail!(
-            "transactions stop: memory blade 0 holds the catalog and the registry of compute blades, and \
-             transactions do not go on without it (not built); {}",
-            hint()
-        );
-    }
     let t2 = s
         .blades
         .at(&addrs)
@@ -708,10 +700,11 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
     let wait_ms = ford_dtx::recovery::settle_wait_ms(d.lease);
     let rec = rt
         .block_on(async move {
-            let Some(whole) = ford_dtx::db::Db::open(&ctx, &name).await? else {
+            // Without blade 0, from the database's mirror on the first blade
+            // read (its registry there).
+            let Some(db) = ford_dtx::db::Db::open_view(&ctx, &name, &lost, &joins).await? else {
                 return Err(ford_dtx::DtxError::Config(format!("database {name:?} is gone")));
             };
-            let db = whole.view(&lost, &joins)?;
             ford_dtx::recovery::settle(&ctx, &db, &tags, wait_ms).await
         })
         .with_context(|| format!("transactions stop: settling the earlier epoch's transactions; {}", hint()))?;
@@ -736,8 +729,10 @@ fn record_order(s: &Session, t: &dyn Transport, e: &crate::coord::Entered, name:
     let order = (|| -> Result<Option<Vec<Vec<u16>>>> {
         let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
         let ctx = rt.ctx();
-        let n = name.to_string();
-        let Some(db) = rt.block_on(async move { ford_dtx::db::Db::open(&ctx, &n).await })? else { return Ok(None) };
+        let (n, out, joining) = (name.to_string(), e.v.config.removed(), e.v.config.joining());
+        let Some(db) = rt.block_on(async move { ford_dtx::db::Db::open_view(&ctx, &n, &out, &joining).await })? else {
+            return Ok(None);
+        };
         Ok(Some(db.tables.iter().map(|t| t.base[..db.replicas].iter().map(|b| b.blade()).collect()).collect()))
     })();
     match order {

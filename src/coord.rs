@@ -15,8 +15,9 @@
 //!   blades (their registrations are revoked there: none of their verbs
 //!   lands again). The run then settles the earlier epoch's transactions
 //!   and goes on without the blade, a backup promoted where a primary was
-//!   lost (the `smallbank`/`tatp` command's loop; not for blade 0, which
-//!   holds the registry); `compute-blade rebuild --lost N --coordinator
+//!   lost (the `smallbank`/`tatp` command's loop; without blade 0, the
+//!   database's mirror on the next blade stands for its catalog and
+//!   registry: [`ford_dtx::db::Db::open_view`]); `compute-blade rebuild --lost N --coordinator
 //!   URL` later writes a fresh blade's copies in the lost one's place and
 //!   takes it into the configuration ([`readmit`]).
 
@@ -92,9 +93,9 @@ pub fn enter(s: &Session, t: &dyn Transport, absent: &[u16]) -> Result<Option<En
 /// starts meanwhile: it goes on without the first, as the runs that failed
 /// over do (a transport without them: the blade set's check is the
 /// configuration's identities), and writes to the second. Empty without a
-/// coordinator or a configuration, for another number of blades, and when
-/// blade 0 is out (such runs are refused as before, by the configuration's
-/// check).
+/// coordinator or a configuration, and for another number of blades. With
+/// blade 0 out, the run finds the database through its mirror on the first
+/// blade read ([`ford_dtx::db::Db::open_view`]).
 ///
 /// # Errors
 /// etcd unreachable.
@@ -107,8 +108,7 @@ pub fn absent(s: &Session) -> Result<(Vec<u16>, Vec<u16>)> {
     if v.config.blades.len() != addrs.len() {
         return Ok((Vec::new(), Vec::new()));
     }
-    let out = v.config.removed();
-    Ok(if out.contains(&0) { (Vec::new(), Vec::new()) } else { (out, v.config.joining()) })
+    Ok((v.config.removed(), v.config.joining()))
 }
 
 /// Each blade's identity, read from its superblock (0 for the blades of
@@ -643,7 +643,50 @@ pub fn enter_rebuild(s: &Session, t: &dyn Transport, lost: &[u16], online: bool)
             (BladeState::Active, false) => {}
         }
     }
+    if lost.contains(&0) && matches!(v.config.blades[0].state, BladeState::Removed { .. }) {
+        blade0_quiet(s, &c, &v)?;
+    }
     Ok(Some(Entered { c, v, addrs: addrs.clone() }))
+}
+
+/// Before blade 0, which a failover took out, is rebuilt: the compute
+/// blades that went on without it registered in a database mirror and
+/// renew no lease on the blades (a lease the rebuild could wait out), so
+/// none may run (their memberships say which do), and every registration
+/// that did not leave cleanly is fenced on the blades in use: none of its
+/// verbs lands while, and after, the rebuild settles it.
+///
+/// # Errors
+/// Compute blades running; etcd errors; fencing that fails.
+fn blade0_quiet(s: &Session, c: &Coordinator, v: &Versioned) -> Result<()> {
+    let running = c.members()?;
+    if !running.is_empty() {
+        let who: Vec<String> =
+            running.iter().map(|m| format!("{} (pid {} on {}, epoch {})", m.what, m.pid, m.host, m.epoch)).collect();
+        bail!(
+            "--lost 0: {} compute blade{} run{} under the configuration (epoch {}): {}; without memory blade 0 they \
+             registered in its mirror and renew no lease a rebuild could wait out: stop them (or let them end), then \
+             rebuild",
+            running.len(),
+            if running.len() == 1 { "" } else { "s" },
+            if running.len() == 1 { "s" } else { "" },
+            v.config.epoch,
+            who.join(", ")
+        );
+    }
+    let mut tags: Vec<u64> = c.fence_records()?.into_iter().map(|m| m.fence_tag).filter(|t| *t != 0).collect();
+    tags.sort_unstable();
+    tags.dedup();
+    let secret = match &s.blades {
+        Blades::Remote { secret_file, .. } => secret_file.clone(),
+        _ => None,
+    };
+    for b in v.config.in_use() {
+        let addr = &v.config.blades[usize::from(b)].addr;
+        revoke_on(addr, &tags, secret.as_deref(), timeout(s))
+            .with_context(|| format!("fencing on memory blade {b} ({addr})"))?;
+    }
+    Ok(())
 }
 
 /// `compute-blade coordinator`.

@@ -344,6 +344,7 @@ mod tests {
             max_value: 8,
             lost: Vec::new(),
             joining: Vec::new(),
+            mirror: None,
         }
     }
 

@@ -177,7 +177,8 @@ pub struct Db {
     pub replicas: usize,
     /// Blades when created (the placement depends on it).
     pub blades: usize,
-    /// The registry of compute blades.
+    /// The registry of compute blades (on blade 0; in the mirror on the
+    /// first blade read while blade 0 is out: [`Db::mirror`]).
     pub registry: GlobalAddr,
     /// The largest value of any table (sizes log entries).
     pub max_value: usize,
@@ -188,6 +189,14 @@ pub struct Db {
     /// Memory blades joining the configuration ([`Db::view`]): written by
     /// every transaction, read by none. Empty but while one is.
     pub joining: Vec<u16>,
+    /// While blade 0 is out of the configuration ([`Db::open_view`]): the
+    /// mirror ([`crate::mirror`]) that stands for what blade 0 alone held.
+    /// Its catalog is the catalog, its load mark the load mark, and its
+    /// registrations the registry, whose slots keep a lease length in
+    /// place of an expiry and are never renewed: under a coordinator, a
+    /// compute blade's liveness is its membership there. `None` while
+    /// blade 0 is in.
+    pub mirror: Option<GlobalAddr>,
 }
 
 /// An address read from a blade (a replica's bucket array, a chain's next
@@ -322,6 +331,45 @@ impl Db {
         Db::open_unguarded(ctx, name).await
     }
 
+    /// Database `name` as transactions use it while memory blades `lost`
+    /// are out of the configuration and `joining` join it ([`Db::view`]);
+    /// `None` if it does not exist (with blade 0 in).
+    ///
+    /// With blade 0 out, what it alone held comes from the database's
+    /// mirror on the first blade read ([`Db::mirror`]): the catalog's copy
+    /// there, its load mark, and its registrations as the registry.
+    ///
+    /// # Errors
+    /// As [`Db::open`] and [`Db::view`]; with blade 0 out, a database that
+    /// keeps no mirror on that blade.
+    pub async fn open_view(ctx: &Ctx, name: &str, lost: &[u16], joining: &[u16]) -> Result<Option<Db>> {
+        if !lost.contains(&0) {
+            return match Db::open(ctx, name).await? {
+                Some(whole) => whole.view(lost, joining).map(Some),
+                None => Ok(None),
+            };
+        }
+        let n = ctx.blades().len() as u16;
+        let Some(h) = (1..n).find(|b| !lost.contains(b) && !joining.contains(b)) else {
+            return Err(DtxError::Config(format!("database {name}: no memory blade is read without blade 0")));
+        };
+        let Some(at) = crate::mirror::find(ctx, h, name).await? else {
+            // A database over one blade, made before mirrors were kept, or
+            // none of that name: nothing on the blades read says which.
+            return Err(DtxError::Config(format!(
+                "database {name}: no mirror of it on memory blade {h}, so nothing read without memory blade 0 says \
+                 where its tables are (it never existed, was made over one blade, or before mirrors were kept): \
+                 rebuild blade 0 (`compute-blade rebuild --lost 0`)"
+            )));
+        };
+        let mut c = vec![0u8; catalog::BYTES];
+        ctx.read(at.add(crate::layout::mirror::CATALOG as u64), &mut c).await?;
+        let mut db = Db::parse(ctx.blades(), name, &c, &format!("the mirror of {name} on memory blade {h}"))?;
+        db.registry = at.add(crate::layout::mirror::REGISTRY as u64);
+        db.mirror = Some(at);
+        db.view(lost, joining).map(Some)
+    }
+
     /// [`Db::open`] while a rebuild is in progress (for the rebuild).
     ///
     /// # Errors
@@ -388,6 +436,7 @@ impl Db {
             max_value: word(c, 56) as usize,
             lost: Vec::new(),
             joining: Vec::new(),
+            mirror: None,
         };
         db.check_catalog(run)?;
         Ok(db)
@@ -572,10 +621,17 @@ impl Db {
         let mut joining: Vec<u16> = joining.iter().copied().filter(|b| !lost.contains(b)).collect();
         joining.sort_unstable();
         joining.dedup();
-        if lost.contains(&0) || joining.contains(&0) {
+        if joining.contains(&0) {
             return Err(DtxError::Config(format!(
-                "database {}: memory blade 0 holds the catalog and the registry of compute blades; transactions do \
-                 not go on without it (not built): rebuild it",
+                "database {}: memory blade 0 cannot join online (it is rebuilt offline: `compute-blade rebuild --lost \
+                 0`)",
+                self.name
+            )));
+        }
+        if lost.contains(&0) && self.mirror.is_none() {
+            return Err(DtxError::Config(format!(
+                "database {}: memory blade 0 holds the catalog and the registry of compute blades: without it, open \
+                 the database from its mirror (Db::open_view)",
                 self.name
             )));
         }
@@ -638,6 +694,9 @@ impl Db {
     /// # Errors
     /// Verb errors.
     pub async fn is_loaded(&self, ctx: &Ctx) -> Result<bool> {
+        if let Some(m) = self.mirror {
+            return Ok(ctx.read_u64(m.add(16)).await? == 1);
+        }
         Ok(ctx.root(0, &loaded_root(&self.name)).await?.is_some())
     }
 

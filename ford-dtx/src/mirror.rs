@@ -25,6 +25,14 @@
 //! [`crate::registry::Registration`]), so a rebuild waits one lease and
 //! takes them all for dead.
 //!
+//! Under a coordinator, compute blades go on without blade 0: the mirror
+//! on the first blade read stands for what blade 0 held
+//! ([`Db::open_view`], [`Db::mirror`]). Its registrations are then the
+//! registry: settled and freed there, new ones claimed there (each also
+//! written to the other mirrors), with a lease length and no renewal (a
+//! recovery's hold there is an expiry, as on blade 0). A rebuild of blade
+//! 0 reads that mirror as any other.
+//!
 //! [`restore`] writes a mirror back onto a blade adopted as blade 0
 //! ([`smart_core::Ctx::adopt_blades`]) at the old addresses; the tables'
 //! copies there are then rebuilt as on any lost blade
@@ -288,9 +296,18 @@ impl Mirror {
         end
     }
 
-    /// The longest lease among the registrations it names (ms).
+    /// The longest lease among the registrations it names (ms). A slot a
+    /// recovery held while it stood for the registry ([`Db::mirror`])
+    /// keeps that recovery's hold, an expiry: it counts as one hold.
     pub fn longest_lease_ms(&self) -> u64 {
-        self.slots.iter().filter(|s| s.claim != 0).map(|s| s.expiry_ms).max().unwrap_or(0)
+        let lease = |s: &SlotInfo| {
+            if s.claim & registry::RECOVERING != 0 {
+                crate::recovery::HOLD_MS
+            } else {
+                s.expiry_ms
+            }
+        };
+        self.slots.iter().filter(|s| s.claim != 0).map(lease).max().unwrap_or(0)
     }
 }
 

@@ -151,7 +151,15 @@ pub async fn slots_and_hosts(ctx: &Ctx, db: &Db) -> Result<Vec<(SlotInfo, Option
             let b = &all[i as usize * registry::SLOT as usize..][..registry::SLOT as usize];
             let host = &b[HOST..HOST + 16];
             let end = host.iter().position(|&c| c == 0).unwrap_or(16);
-            (SlotInfo::parse(i, b), (end > 0).then(|| String::from_utf8_lossy(&host[..end]).into_owned()))
+            let mut s = SlotInfo::parse(i, b);
+            // A registry in a mirror ([`Db::mirror`]) keeps lease lengths,
+            // never renewed: whether its holder lives is the coordinator's
+            // to say, so it is not taken for dead by its expiry here. A
+            // recovery's hold is an expiry, as on blade 0.
+            if db.mirror.is_some() && s.claim != 0 && s.claim & registry::RECOVERING == 0 {
+                s.expiry_ms = u64::MAX;
+            }
+            (s, (end > 0).then(|| String::from_utf8_lossy(&host[..end]).into_owned()))
         })
         .collect())
 }
@@ -256,8 +264,9 @@ pub(crate) async fn claim(
             pid: u64::from(ctx.clock().pid()),
         };
         // All but the claim, which the CAS above wrote; then the host name
-        // (for messages).
-        ctx.write(db.registry_slot(s.slot).add(8), &info.bytes(me, info.expiry_ms)[8..]).await?;
+        // (for messages). A registry in a mirror keeps the lease's length.
+        let second = if db.mirror.is_some() { lease.as_millis() as u64 } else { info.expiry_ms };
+        ctx.write(db.registry_slot(s.slot).add(8), &info.bytes(me, second)[8..]).await?;
         ctx.write(db.registry_slot(s.slot).add(HOST as u64), &host_bytes(ctx)).await?;
         // Before the first lock: a rebuild of blade 0 finds this compute
         // blade's undo log through the mirror.
@@ -409,7 +418,13 @@ impl Registration {
         // elsewhere, could take them for dead. Tagged: once a recovery
         // revoked this registration, the blades refuse its renewals too.
         let cfg = RuntimeConfig { request_timeout: Some(lease / 2), fence_tag: tag, ..small_runtime() };
-        let heartbeat = if let Some(sim) = transport.simulation() {
+        let heartbeat = if db.mirror.is_some() {
+            // Registered in a mirror while blade 0 is out: nothing renews
+            // there. This compute blade acts under a coordinator's
+            // membership, whose lapse raises `halt`, and every failover
+            // fences its registration ([`Db::mirror`]).
+            None
+        } else if let Some(sim) = transport.simulation() {
             // A simulated compute blade renews on a simulated thread of its
             // own, in virtual time.
             let failed = Arc::new(std::sync::Mutex::new(None));
@@ -423,7 +438,7 @@ impl Registration {
                 })
             });
             let id = sim.spawn_background(0, cfg, task)?;
-            Heartbeat::Simulated { transport: transport.clone(), id, failed }
+            Some(Heartbeat::Simulated { transport: transport.clone(), id, failed })
         } else {
             let silence = transport.silence();
             let (st, lo, mut expires) = (stop.clone(), lost.clone(), expires);
@@ -458,10 +473,10 @@ impl Registration {
                     Ok(())
                 })
                 .map_err(|e| DtxError::Config(format!("starting the lease thread: {e}")))?;
-            Heartbeat::Thread { thread, at, silence }
+            Some(Heartbeat::Thread { thread, at, silence })
         };
         let prints = Arc::new(crate::cache::Prints::new(&db));
-        Ok(Registration { db, info, threads, coroutines, stop, lost, heartbeat: Some(heartbeat), prints })
+        Ok(Registration { db, info, threads, coroutines, stop, lost, heartbeat, prints })
     }
 
     /// The fence tag of this registration (its nonce): the runtimes that

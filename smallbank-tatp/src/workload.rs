@@ -337,13 +337,13 @@ fn open_without(rt: &mut Runtime, cfg: &RunConfig, d: &DtxConfig) -> Result<Open
     let (name, lost, joining, settle) = (d.db.clone(), d.lost.clone(), d.joining.clone(), d.settle.clone());
     let wait_ms = recovery::settle_wait_ms(d.lease);
     let (db, recovered) = rt.block_on(async move {
-        let Some(whole) = Db::open(&ctx, &name).await? else {
+        // Without blade 0, from its mirror on the first blade read.
+        let Some(db) = Db::open_view(&ctx, &name, &lost, &joining).await? else {
             return Err(DtxError::Config(format!("database {name:?} does not exist: nothing to go on with")));
         };
-        if !whole.is_loaded(&ctx).await? {
+        if !db.is_loaded(&ctx).await? {
             return Err(DtxError::Config(format!("database {name:?} was never fully loaded: nothing to go on with")));
         }
-        let db = whole.view(&lost, &joining)?;
         let mut rec = recovery::settle(&ctx, &db, &settle, wait_ms).await?;
         rec.extend(recovery::recover(&ctx, &db, Which::Expired).await?);
         Ok::<_, DtxError>((db, rec))

@@ -317,3 +317,108 @@ fn a_transaction_that_failed_its_validation_is_not_rolled_back_over_later_commit
     assert_eq!(got, (Some(START + 10), Some(START)), "C's commit was undone");
     reg.close(&*t).unwrap();
 }
+
+/// Blade 0 out (blade 1 standing for it through its mirror), the lost
+/// copies zeroed as a fresh blade's and the registry and catalog written
+/// back from that mirror, as `compute-blade rebuild --lost 0` does; then
+/// the copies rebuilt, the dead compute blades recovered, and the whole
+/// database audited: the sum of every balance.
+async fn rebuild_blade0_and_audit(ctx: &Ctx, db: &Db, what: &str) -> u64 {
+    for (at, bytes) in arrays_on(ctx, db, 0).await {
+        ctx.write_all(at, &vec![0u8; bytes.len()]).await.unwrap();
+    }
+    let registry = vec![0u8; (ford_dtx::layout::registry::SLOTS * ford_dtx::layout::registry::SLOT) as usize];
+    ctx.write_all(db.registry, &registry).await.unwrap();
+    let m = ford_dtx::mirror::list(ctx, 1).await.unwrap().into_iter().find(|m| m.db.name == db.name).unwrap();
+    ford_dtx::mirror::restore(ctx, &m).await.unwrap();
+    ford_dtx::rebuild::rebuild(ctx, db, &[0]).await.unwrap();
+    ford_dtx::recovery::recover_after_loss(ctx, db, &[0], ford_dtx::recovery::Which::Expired).await.unwrap();
+    crate::audited(ctx, db, what).await
+}
+
+#[test]
+fn without_blade_0_its_mirror_stands_for_the_catalog_and_the_registry() {
+    use ford_dtx::layout::{mirror, registry};
+    // Transfers between table 0 (its primary on blade 0) and table 2 (its
+    // backup there), cut short at several points.
+    let mut outcomes = [0u32; 2];
+    for polls in [2, 5, 8, 11] {
+        let (t, mut rt, db) = three_tables("blade0", accounts());
+        let old = join(&t, &db);
+        let nonce = old.fence_tag();
+        let dtx = old.open_thread(rt.ctx());
+        let died = rt.block_on(Die::after(polls, async move { transfer(&dtx, (0, 1), (2, 4)).await }));
+        drop(old);
+        let what = format!("died after {polls} polls ({})", if died.is_some() { "finished" } else { "cut short" });
+        let (ctx, d) = (rt.ctx(), db.clone());
+        let (view, before) = rt.block_on(async move {
+            let before = arrays_on(&ctx, &d, 0).await;
+            (Db::open_view(&ctx, "blade0", &[0], &[]).await.unwrap().unwrap(), before)
+        });
+        let view = Arc::new(view);
+        let m = view.mirror.expect("opened from the mirror");
+        assert_eq!((m.blade(), view.registry), (1, m.add(mirror::REGISTRY as u64)), "{what}");
+        assert_eq!((view.table(0).vbase[0].blade(), view.table(0).live), (1, 1), "{what}: table 0's backup promoted");
+        assert!(view.without(&[0]).is_ok() && db.view(&[0], &[]).is_err(), "only a view opened from a mirror");
+        // The earlier epoch's registration, in the mirror, is settled there.
+        let (ctx, v) = (rt.ctx(), view.clone());
+        let rec = rt.block_on(async move { settle(&ctx, &v, &[nonce], 5_000).await }).unwrap();
+        assert_eq!(rec.len(), 1, "{what}: {rec:?}");
+        // A registration in the mirror: no undo log copy on blade 0, a lease
+        // length in place of an expiry, never renewed.
+        let lease = std::time::Duration::from_millis(400);
+        let reg = Registration::register(t.clone(), view.clone(), 1, 1, lease).unwrap();
+        assert!(reg.info.logs.iter().all(|l| l.is_null() || l.blade() != 0), "{what}");
+        let second = view.registry_slot(reg.slot()).add(8);
+        std::thread::sleep(lease * 2);
+        assert!(!reg.lease_lost(), "{what}: nothing renews, nothing expires");
+        let dtx = reg.open_thread(rt.ctx());
+        let (ctx, d, what2) = (rt.ctx(), db.clone(), what.clone());
+        let n = rt.block_on(async move {
+            let what = what2;
+            assert_eq!(ctx.read_u64(second).await.unwrap(), 400, "{what}: the lease's length, not renewed");
+            // The transfer cut short is wholly there or wholly not.
+            let (a, c) = (crate::read_one(&dtx, 0, 1).await.unwrap(), crate::read_one(&dtx, 2, 4).await.unwrap());
+            let n = (START - a) / 7;
+            assert!(n <= 1 && (a, c) == (START - 7 * n, START + 7 * n), "{what}: {a} {c}");
+            for i in 0..24u64 {
+                let (ta, tb) = ((i % 3) as u32, ((i + 1) % 3) as u32);
+                transfer(&dtx, (ta, i % ACCOUNTS), (tb, (i * 5 + 1) % ACCOUNTS)).await.unwrap();
+            }
+            let mut sum = 0;
+            for table in 0..3 {
+                for k in 0..ACCOUNTS {
+                    sum += crate::read_one(&dtx, table, k).await.unwrap();
+                }
+            }
+            assert_eq!(sum, 3 * ACCOUNTS * START, "{what}");
+            assert!(arrays_on(&ctx, &d, 0).await == before, "{what}: a copy on blade 0 was written");
+            n
+        });
+        outcomes[usize::from(n > 0)] += 1;
+        assert!(n >= u64::from(died.is_some()), "{what}: an acknowledged transfer was lost");
+        // A compute blade of this view dies mid-transfer too: settled in
+        // the mirror, its slot freed there and in the other mirror.
+        let dying = Registration::register(t.clone(), view.clone(), 1, 1, lease).unwrap();
+        let (nonce, slot) = (dying.fence_tag(), dying.slot());
+        let dtx = dying.open_thread(rt.ctx());
+        rt.block_on(Die::after(polls, async move { transfer(&dtx, (0, 2), (1, 3)).await }));
+        drop(dying);
+        reg.close(&*t).unwrap();
+        let (ctx, v, w) = (rt.ctx(), view.clone(), what.clone());
+        rt.block_on(async move {
+            let what = w;
+            assert_eq!(settle(&ctx, &v, &[nonce], 5_000).await.unwrap().len(), 1, "{what}");
+            let other = ford_dtx::mirror::find(&ctx, 2, "blade0").await.unwrap().unwrap();
+            let off = mirror::REGISTRY as u64 + u64::from(slot) * registry::SLOT;
+            let claims =
+                (ctx.read_u64(v.registry_slot(slot)).await.unwrap(), ctx.read_u64(other.add(off)).await.unwrap());
+            assert_eq!(claims, (0, 0), "{what}: the slot freed in both mirrors");
+        });
+        let (ctx, d) = (rt.ctx(), db.clone());
+        let w = what.clone();
+        let sum = rt.block_on(async move { rebuild_blade0_and_audit(&ctx, &d, &w).await });
+        assert_eq!(sum, 3 * ACCOUNTS * START, "{what}: money conserved through blade 0's failover and rebuild");
+    }
+    assert!(outcomes[0] > 0 && outcomes[1] > 0, "both outcomes of the first transfer: {outcomes:?}");
+}
