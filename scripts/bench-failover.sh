@@ -14,8 +14,9 @@
 #
 #   scripts/bench-failover.sh [SECONDS] [KILL_AT] [BLADE] [REJOIN_AT]
 #
-# Defaults: 12 s, 4 s, blade 1 (blade 0 stops the compute blades: it holds
-# the registry). Prints, per workload, committed transactions per second in
+# Defaults: 12 s, 4 s, blade 1 (blade 0 fails over too, its databases'
+# mirrors on blade 1 standing for its catalog and registry; it is not
+# rebuilt online: no REJOIN_AT). Prints, per workload, committed transactions per second in
 # 1 s windows (both compute blades together), the time from the kill to
 # the next commits, and throughput before and after; writes the records,
 # $OUT/failover.md (the table), $OUT/failover.csv (the windows) and, if
