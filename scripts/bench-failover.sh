@@ -9,8 +9,10 @@
 # fresh blade is rebuilt in its place and the database audited. With
 # REJOIN_AT, the fresh blade is started REJOIN_AT seconds into the run and
 # rebuilt online (`compute-blade rebuild --online`, at COPY_RATE MB/s,
-# default 2) while both compute blades run on, and the database audited once
-# they end.
+# default 2, and with SHARE set, e.g. 0.8, `--foreground-share SHARE`: the
+# copy paced to keep the compute blades at that share of their throughput
+# before it) while both compute blades run on, and the database audited
+# once they end. WORKLOADS (default "smallbank tatp") picks the workloads.
 #
 #   scripts/bench-failover.sh [SECONDS] [KILL_AT] [BLADE] [REJOIN_AT]
 #
@@ -29,6 +31,12 @@ kill_at=${2:-4}
 lost=${3:-1}
 rejoin_at=${4:-}
 copy_rate=${COPY_RATE:-2}
+share=${SHARE:-}
+workloads=${WORKLOADS:-smallbank tatp}
+share_args=()
+if [ -n "$share" ]; then
+  share_args=(--foreground-share "$share")
+fi
 out=${OUT:-results/failover}
 . scripts/lib.sh
 need_seconds SECONDS "$secs"
@@ -76,7 +84,7 @@ for _ in $(seq 100); do
   curl -sf "http://127.0.0.1:$cport/health" >/dev/null 2>&1 && break
   sleep 0.1
 done
-for w in smallbank tatp; do
+for w in $workloads; do
   start_blades 3 "$out" --size 512MiB
   coord="http://127.0.0.1:$cport/bench-$w"
   size=(--accounts 20000)
@@ -114,8 +122,8 @@ for w in smallbank tatp; do
     fresh
     copy_from=$(since "$t0")
     echo "$w: rebuild --online of memory blade $lost at $copy_from s" >&2
-    "$bin/compute-blade" rebuild --lost "$lost" --online --copy-rate "$copy_rate" --lease 2 --request-timeout 2 \
-      --blades "$BLADES" --coordinator "$coord" --json "$out/$w-rebuild.json" >"$out/$w-rebuild.out" 2>&1
+    "$bin/compute-blade" rebuild --lost "$lost" --online --copy-rate "$copy_rate" ${share_args[@]+"${share_args[@]}"} \
+      --lease 2 --request-timeout 2 --blades "$BLADES" --coordinator "$coord" --json "$out/$w-rebuild.json" >"$out/$w-rebuild.out" 2>&1
     copy_to=$(since "$t0")
     echo "$w: taken in at $copy_to s" >&2
     echo "$copy_from $copy_to" >"$out/$w-copy.times"
@@ -151,7 +159,7 @@ else:
     print("| workload | committed txn/s before | after | resumed after (s) | window of the kill | audit after the rebuild |")
     print("|---|---|---|---|---|---|")
 windows = {}
-for w in ("smallbank", "tatp"):
+for w in [w for w in ("smallbank", "tatp") if os.path.exists(os.path.join(out, f"{w}-a.json"))]:
     recs = [json.load(open(os.path.join(out, f"{w}-{c}.json"))) for c in "ab"]
     audit = json.load(open(os.path.join(out, f"{w}-audit.json")))
     # Committed transactions per 1 s window, both compute blades. Each

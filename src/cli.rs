@@ -661,6 +661,14 @@ pub struct RebuildArgs {
     /// (the copy's pace, so that transactions keep most of the blades).
     #[arg(long, default_value_t = 16.0)]
     pub copy_rate: f64,
+    /// With --online: the share (0 to 1, e.g. 0.8) of their throughput
+    /// before the copy that the compute blades are to keep during it. The
+    /// copy then paces itself by what they publish in the registry: each
+    /// second below the share halves its rate (down to --copy-rate / 16, so
+    /// that it ends), each second at or above it adds --copy-rate / 8 (up to
+    /// --copy-rate). Without it, the copy goes at --copy-rate.
+    #[arg(long)]
+    pub foreground_share: Option<f64>,
     /// With --online: the copier's lease on the database and in the
     /// coordinator, in seconds (its locks are released once it lapses, if
     /// it dies).

@@ -1040,8 +1040,8 @@ pub fn rebuild(s: &Session, t: &dyn Transport, job: &RebuildJob) -> Result<Outco
     // Under a coordinator: the configuration must take the lost blades for
     // lost and trust the others; they are taken in again once rebuilt.
     let entered = crate::coord::enter_rebuild(s, t, lost, job.online.is_some())?;
-    if let (Some((rate, lease)), Some(e)) = (job.online, &entered) {
-        return rebuild_online(s, t, job, e, rate, lease);
+    if let (Some((rate, lease, share)), Some(e)) = (job.online, &entered) {
+        return rebuild_online(s, t, job, e, (rate, share), lease);
     }
     let started = std::time::Instant::now();
     let (names, out) = if lost[0] == 0 { rebuild_blade0(&mut rt, s, job)? } else { rebuild_blade(&mut rt, s, job)? };
@@ -1208,14 +1208,16 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
 /// next epoch with it joining (the compute blades follow: every transaction
 /// writes it); the earlier epoch settled; each database's copies made there
 /// (buckets added while it was out first, then every slot under its lock,
-/// at most `rate` bytes a second); then the next epoch with it active. Run
-/// again, it resumes where the configuration says it is.
+/// at most `rate` bytes a second, and holding the compute blades at `share`
+/// of their throughput before if one is given: [`crate::pace`]); then the
+/// next epoch with it active. Run again, it resumes where the configuration
+/// says it is.
 fn rebuild_online(
     s: &Session,
     t: &dyn Transport,
     job: &RebuildJob,
     e: &crate::coord::Entered,
-    rate: f64,
+    (rate, share): (f64, Option<f64>),
     lease: std::time::Duration,
 ) -> Result<Outcome> {
     use ford_dtx::db::Db;
@@ -1269,7 +1271,8 @@ fn rebuild_online(
     let wait_ms = ford_dtx::recovery::settle_wait_ms(lease);
     let transport: Arc<dyn Transport> = s.blades.at(&e.addrs).connect_without(&lost, Some(t.blades()))?;
     let mut records = Vec::new();
-    let mut copied_bytes = 0u64;
+    // Set before the first copy.
+    let mut pace: Option<crate::pace::Pace> = None;
     for db in &dbs {
         let view = Arc::new(db.view(&lost, &[n])?);
         let reg = ford_dtx::Registration::register_halting(
@@ -1290,10 +1293,8 @@ fn rebuild_online(
             give_up_ms: wait_ms,
         };
         let (v, tags2, name) = (view.clone(), tags.clone(), db.name.clone());
-        let (progress, halt) = (s.run.progress, member.halt.clone());
         let t0 = std::time::Instant::now();
-        let base = copied_bytes;
-        let (rec, copied) = crt.block_on(async move {
+        let (rec, added) = crt.block_on(async move {
             // No transaction of the earlier epoch writes without the blade
             // once this returns.
             let mut rec = ford_dtx::recovery::settle(&ctx, &v, &tags2, wait_ms).await?;
@@ -1302,23 +1303,53 @@ fn rebuild_online(
             rec.extend(ford_dtx::recovery::recover(&ctx, &v, ford_dtx::recovery::Which::Expired).await?);
             ford_dtx::mirror::ensure(&ctx, &v).await?;
             let added = ford_dtx::rejoin::add_copies(&ctx, &v, n).await?;
+            Ok::<_, ford_dtx::DtxError>((rec, added))
+        })?;
+        // With a share to hold: the compute blades' throughput with the
+        // blade joining (they followed the epoch: the earlier one is
+        // settled), before any copy; what the copy costs them is measured
+        // against it.
+        let pace = match (pace.as_ref(), share) {
+            (Some(p), _) => p,
+            (None, Some(f)) => {
+                let p = crate::pace::Pace::holding(transport.clone(), (*view).clone(), rate, f, s.run.progress)?;
+                pace.insert(p)
+            }
+            (None, None) => pace.insert(crate::pace::Pace::fixed(rate)),
+        };
+        let (v, ctx) = (view.clone(), crt.ctx());
+        let (progress, halt, pace) = (s.run.progress, member.halt.clone(), pace.now());
+        let copied = crt.block_on(async move {
             let mut said = std::time::Instant::now();
+            // When the bytes copied so far may be done at the pace's rate
+            // (seconds since `t0`), each bucket's at the rate of its time.
+            let (mut due, mut paced) = (0.0f64, 0u64);
             let mut c = ford_dtx::rejoin::copy(&ctx, &v, n, who, |c| {
                 if halt.load(std::sync::atomic::Ordering::SeqCst) {
                     return Err(ford_dtx::DtxError::Config(
                         "the copy stops: the configuration moved on (a failure?) or the copier's lease lapsed".into(),
                     ));
                 }
-                // The pace: at most `rate` bytes a second (sleeping this
-                // thread, which runs nothing else).
-                let ahead = (base + c.bytes) as f64 / rate - t0.elapsed().as_secs_f64();
-                if ahead > 0.0 {
-                    std::thread::sleep(std::time::Duration::from_secs_f64(ahead.min(1.0)));
+                // The pace (sleeping this thread, which runs nothing else);
+                // time not used is not made up for by more than half a
+                // second's bytes.
+                let now = t0.elapsed().as_secs_f64();
+                due = due.max(now - 0.5) + (c.bytes - paced) as f64 / pace.rate();
+                paced = c.bytes;
+                if due > now {
+                    std::thread::sleep(std::time::Duration::from_secs_f64((due - now).min(1.0)));
                 }
                 if progress && said.elapsed() > std::time::Duration::from_secs(2) {
+                    let kept = pace.kept().map_or(String::new(), |k| {
+                        format!(
+                            "; the compute blades at {:.0} % of before, the copy at {:.2} MB/s",
+                            k * 100.0,
+                            pace.rate() / 1e6
+                        )
+                    });
                     eprintln!(
                         "{name}: copying to memory blade {n}: {} buckets, {} bytes so far ({} slots held by \
-                         transactions, retried)",
+                         transactions, retried{kept})",
                         c.buckets, c.bytes, c.busy
                     );
                     said = std::time::Instant::now();
@@ -1327,11 +1358,10 @@ fn rebuild_online(
             })
             .await?;
             c.added = added;
-            Ok::<_, ford_dtx::DtxError>((rec, c))
+            Ok::<_, ford_dtx::DtxError>(c)
         })?;
         drop(crt);
         reg.close(&*transport)?;
-        copied_bytes += copied.bytes;
         println!(
             "{}: copied to memory blade {n} while transactions ran: {} buckets ({} added while it was out), {} slots \
              under their locks ({} held by transactions, retried), {} records given their home, {} bytes in {:.1} s",
@@ -1346,6 +1376,24 @@ fn rebuild_online(
         );
         print_recovered(&db.name, &rec);
         records.push(json!({ "db": db.name, "copied": copied, "recovered": rec }));
+    }
+    let paced = match pace {
+        Some(p) => p.finish()?,
+        None => None,
+    };
+    if let Some(p) = &paced {
+        println!(
+            "pace: the compute blades kept {:.0} % of their {:.0} txn/s before the copy (share {:.2}; below it {} of \
+             {} s); the copy ran at {:.2} MB/s on average (at least {:.2}, cap {:.2})",
+            p.during_txn_per_s / p.before_txn_per_s * 100.0,
+            p.before_txn_per_s,
+            p.share,
+            p.seconds_below,
+            p.seconds,
+            p.rate_mean / 1e6,
+            p.rate_min / 1e6,
+            rate / 1e6
+        );
     }
     // Taken in: the compute blades follow to the next epoch, settling this
     // one's transactions (this rebuild settles them too).
@@ -1362,7 +1410,8 @@ fn rebuild_online(
     let secs = started.elapsed().as_secs_f64();
     if let Some(p) = &s.json {
         let rec = json!({ "bench": "rebuild", "online": true, "lost": job.lost, "seconds": secs,
-            "copy_rate_bytes_per_s": rate, "epochs": [joined.config.epoch, v.config.epoch], "databases": records });
+            "copy_rate_bytes_per_s": rate, "pace": paced, "epochs": [joined.config.epoch, v.config.epoch],
+            "databases": records });
         std::fs::write(p, serde_json::to_string_pretty(&rec)? + "\n")?;
     }
     println!("rebuilt online in {secs:.1} s");

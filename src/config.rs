@@ -278,8 +278,8 @@ pub struct RebuildJob {
     /// Databases to rebuild (empty: every FORD database on the blades).
     pub dbs: Vec<String>,
     /// While compute blades run (`--online`): the copy's pace, bytes per
-    /// second, and the copier's lease.
-    pub online: Option<(f64, std::time::Duration)>,
+    /// second, the copier's lease, and the foreground's share to hold.
+    pub online: Option<(f64, std::time::Duration, Option<f64>)>,
 }
 
 /// A whole `compute-blade` command line, resolved.
@@ -377,8 +377,14 @@ impl Config {
                     if !(a.lease >= 2.0 && a.lease <= MAX_SECONDS) {
                         bail!("--lease must be 2 to {MAX_SECONDS} seconds (an etcd lease is at least 2 s)");
                     }
-                    Some((a.copy_rate * 1e6, std::time::Duration::from_secs_f64(a.lease)))
+                    if let Some(f) = a.foreground_share.filter(|f| !(*f > 0.0 && *f < 1.0)) {
+                        bail!("--foreground-share must be between 0 and 1 (a share of the throughput before the copy), not {f}");
+                    }
+                    Some((a.copy_rate * 1e6, std::time::Duration::from_secs_f64(a.lease), a.foreground_share))
                 } else {
+                    if a.foreground_share.is_some() {
+                        bail!("--foreground-share applies to --online (an offline rebuild runs alone)");
+                    }
                     None
                 };
                 Ok(Config { session, job: Job::Rebuild(RebuildJob { lost, dbs: a.db.clone(), online }) })
@@ -681,6 +687,7 @@ impl Session {
             interrupt: None,
             gate: None,
             idle: Duration::from_secs_f64(c.idle_us / 1e6),
+            published: None,
         };
         if let Some(b) = &c.barrier {
             if c.target.blades.is_empty() {

@@ -6,7 +6,8 @@
 //! ([`commands`]) and reports ([`report`]). [`merge`] combines the records
 //! of compute blades that ran together; [`verbs_info`] says what this host
 //! offers the verbs backend; [`coord`] runs the FORD subcommands under a
-//! coordinator's configuration (`--coordinator`). Both binaries share the
+//! coordinator's configuration (`--coordinator`); [`pace`] paces an online
+//! rebuild's copy. Both binaries share the
 //! transport flags ([`cli::LinkFlags`]).
 
 #![warn(missing_docs)]
@@ -16,5 +17,6 @@ pub mod commands;
 pub mod config;
 pub mod coord;
 pub mod merge;
+pub mod pace;
 pub mod report;
 pub mod verbs_info;

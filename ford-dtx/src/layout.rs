@@ -404,7 +404,9 @@ pub mod catalog {
 ///       @48 host u8 × 16 (the holder's host name, its first 16 bytes, zero-padded;
 ///           not mirrored)
 ///       @64 undo log area, copies 1..3, GlobalAddr u64 × 3 (0 past the k-th)
-///       @88..@128 0
+///       @88 progress u64 (the holder's transactions committed in its measured
+///           time so far, written with each renewal; not mirrored)
+///       @96..@128 0
 /// ```
 /// The undo log area has one copy per replica (k), copy `j` on blade
 /// `(slot + j) mod n`: a transaction writes its log entry to every copy in
@@ -423,6 +425,9 @@ pub mod registry {
     pub const HOST: usize = 48;
     /// Offset of the undo log's copies 1..[`MAX_REPLICAS`](super::MAX_REPLICAS).
     pub const LOG_COPIES: usize = 64;
+    /// Offset of the holder's progress (transactions committed so far),
+    /// which an online copy reads to hold the foreground's share.
+    pub const PROGRESS: usize = 88;
     /// Bytes of a slot's words that a registration writes and a mirror
     /// keeps (the host name in them zero).
     pub const WORDS: usize = LOG_COPIES + 8 * (super::MAX_REPLICAS - 1);
@@ -554,5 +559,6 @@ mod tests {
     fn the_registry_layout_is_pinned() {
         assert_eq!(catalog::MAGIC.to_le_bytes(), *b"FORDCAT3");
         assert_eq!((registry::SLOT, registry::HOST, registry::LOG_COPIES, registry::WORDS), (128, 48, 64, 88));
+        assert_eq!(registry::PROGRESS, registry::WORDS, "right after what a mirror keeps");
     }
 }

@@ -3,7 +3,7 @@
 //! time a heartbeat thread keeps pushing forward. A slot whose lease
 //! expired belongs to a dead compute blade, for [`crate::recovery`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -336,9 +336,9 @@ async fn renew_until_stopped(
     ctx: &Ctx,
     at: GlobalAddr,
     mut expires: u64,
-    lease: Duration,
-    every: Duration,
+    (lease, every): (Duration, Duration),
     stop: &AtomicBool,
+    progress: &AtomicU64,
 ) -> std::result::Result<(), String> {
     let every_ns = every.as_nanos() as u64;
     // Wakes in steps of at most 5 ms, to notice the stop.
@@ -352,7 +352,7 @@ async fn renew_until_stopped(
                 return Err(format!("lease expired {} ms before its renewal", now - expires));
             }
             let new = now + lease.as_millis() as u64;
-            ctx.write(at, &new.to_le_bytes()).await.map_err(|e| e.to_string())?;
+            renew(ctx, at, new, progress.load(Ordering::Relaxed)).await.map_err(|e| e.to_string())?;
             expires = new;
             next += every_ns;
         }
@@ -361,7 +361,18 @@ async fn renew_until_stopped(
     Ok(())
 }
 
-/// Heartbeat runtimes are small: one 8-byte WRITE at a time.
+/// One renewal: the new expiry at `at` (a slot's expiry word) and the
+/// holder's progress in the same slot, in one doorbell.
+async fn renew(ctx: &Ctx, at: GlobalAddr, expiry: u64, progress: u64) -> smart_core::Result<()> {
+    let (e, p) = (expiry.to_le_bytes(), progress.to_le_bytes());
+    let mut b = ctx.batch();
+    b.write(at, &e);
+    b.write(at.add((registry::PROGRESS - 8) as u64), &p);
+    b.post().await?;
+    Ok(())
+}
+
+/// Heartbeat runtimes are small: two 8-byte WRITEs at a time.
 fn small_runtime() -> RuntimeConfig {
     RuntimeConfig { slots: 4, slot_bytes: 4096, coroutines: 1, ..RuntimeConfig::default() }
 }
@@ -397,6 +408,26 @@ impl Registration {
         lease: Duration,
         halt: Arc<AtomicBool>,
     ) -> Result<Registration> {
+        Self::register_publishing(transport, db, (threads, coroutines), lease, halt, Arc::new(AtomicU64::new(0)))
+    }
+
+    /// [`Registration::register_halting`] that publishes `progress` (the
+    /// transactions this compute blade committed so far: e.g. a timed
+    /// run's [`published`](smart_bench::RunConfig::published) count) in its
+    /// slot with each renewal ([`registry::PROGRESS`]), where an online
+    /// copy reads it to hold the foreground's share
+    /// ([`crate::rejoin::foreground`]).
+    ///
+    /// # Errors
+    /// As [`Registration::register`].
+    pub fn register_publishing(
+        transport: Arc<dyn Transport>,
+        db: Arc<Db>,
+        (threads, coroutines): (usize, usize),
+        lease: Duration,
+        halt: Arc<AtomicBool>,
+        progress: Arc<AtomicU64>,
+    ) -> Result<Registration> {
         let mut rt = Runtime::new(&*transport, 0, small_runtime())?;
         let ctx = rt.ctx();
         let d = db.clone();
@@ -428,10 +459,10 @@ impl Registration {
             // A simulated compute blade renews on a simulated thread of its
             // own, in virtual time.
             let failed = Arc::new(std::sync::Mutex::new(None));
-            let (st, lo, fa) = (stop.clone(), lost.clone(), failed.clone());
+            let (st, lo, fa, pr) = (stop.clone(), lost.clone(), failed.clone(), progress.clone());
             let task: smart_core::backend::BackgroundTask = Box::new(move |ctx: Ctx| {
                 Box::pin(async move {
-                    if let Err(e) = renew_until_stopped(&ctx, at, expires, lease, every, &st).await {
+                    if let Err(e) = renew_until_stopped(&ctx, at, expires, (lease, every), &st, &pr).await {
                         lo.store(true, Ordering::SeqCst);
                         *fa.lock().expect("not poisoned") = Some(e);
                     }
@@ -441,7 +472,7 @@ impl Registration {
             Some(Heartbeat::Simulated { transport: transport.clone(), id, failed })
         } else {
             let silence = transport.silence();
-            let (st, lo, mut expires) = (stop.clone(), lost.clone(), expires);
+            let (st, lo, mut expires, pr) = (stop.clone(), lost.clone(), expires, progress.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("lease-{}", info.slot))
                 .spawn(move || {
@@ -462,8 +493,8 @@ impl Registration {
                                 return Err(fence(format!("lease expired {} ms before its renewal", now - expires)));
                             }
                             let new = now + lease.as_millis() as u64;
-                            let c = ctx.clone();
-                            rt.block_on(async move { c.write(at, &new.to_le_bytes()).await })
+                            let (c, done) = (ctx.clone(), pr.load(Ordering::Relaxed));
+                            rt.block_on(async move { renew(&c, at, new, done).await })
                                 .map_err(|e| fence(e.to_string()))?;
                             expires = new;
                             next += every;

@@ -365,3 +365,148 @@ async fn write_slots(
     out.slots += locked.len() as u64;
     Ok(())
 }
+
+/// The foreground's progress as its compute blades publish it: per
+/// registry slot, its registration's nonce and the transactions it
+/// committed in its measured time so far ([`layout::registry::PROGRESS`],
+/// written with each lease renewal: [`crate::Registration::register_publishing`]).
+/// One READ of the registry.
+///
+/// # Errors
+/// Verb errors.
+pub async fn foreground(ctx: &Ctx, db: &Db) -> Result<Vec<(u16, u64, u64)>> {
+    use layout::registry;
+    let mut all = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
+    ctx.read_all(db.registry, &mut all).await?;
+    let word = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    Ok((1..registry::SLOTS as u16)
+        .filter_map(|i| {
+            let b = &all[usize::from(i) * registry::SLOT as usize..][..registry::SLOT as usize];
+            let claim = word(b, 0) & !registry::RECOVERING;
+            (claim != 0).then(|| (i, claim, word(b, registry::PROGRESS)))
+        })
+        .collect())
+}
+
+/// The foreground's throughput from successive readings of [`foreground`]:
+/// the transactions committed between them, summed over the registrations
+/// seen in both (a registration is counted from its first reading on; one
+/// whose count went back is read anew).
+#[derive(Debug, Default)]
+pub struct Throughput {
+    last: rustc_hash::FxHashMap<(u16, u64), u64>,
+    /// (seconds, transactions counted so far) per reading.
+    seen: std::collections::VecDeque<(f64, u64)>,
+    total: u64,
+}
+
+impl Throughput {
+    /// Adds the reading `slots` taken at `t_s` seconds.
+    pub fn observe(&mut self, t_s: f64, slots: &[(u16, u64, u64)]) {
+        let mut next = rustc_hash::FxHashMap::default();
+        for &(slot, nonce, done) in slots {
+            if let Some(&before) = self.last.get(&(slot, nonce)) {
+                self.total += done.saturating_sub(before);
+            }
+            next.insert((slot, nonce), done);
+        }
+        self.last = next;
+        self.seen.push_back((t_s, self.total));
+        while self.seen.len() > 64 {
+            self.seen.pop_front();
+        }
+    }
+
+    /// The transactions counted so far (from each registration's first
+    /// reading on).
+    pub fn counted(&self) -> u64 {
+        self.total
+    }
+
+    /// Transactions a second over the last `window_s` seconds of readings
+    /// (from the latest reading at least that old); `None` before two
+    /// readings that far apart.
+    pub fn rate(&self, window_s: f64) -> Option<f64> {
+        let &(t1, n1) = self.seen.back()?;
+        let &(t0, n0) = self.seen.iter().rev().find(|(t, _)| t1 - t >= window_s)?;
+        Some((n1 - n0) as f64 / (t1 - t0))
+    }
+}
+
+/// The copy's pace under a foreground share (`rebuild --online
+/// --foreground-share`): additive increase, multiplicative decrease, as
+/// TCP's congestion control. Each second the foreground's throughput is
+/// compared with `share` × its throughput before the copy: below it, the
+/// copy's rate halves (down to `cap` / 64, so that the copy always ends);
+/// at or above it, the rate grows by `cap` / 16 (up to `cap`).
+#[derive(Clone, Copy, Debug)]
+pub struct Throttle {
+    /// The most bytes a second (`--copy-rate`).
+    pub cap: f64,
+    /// The share of `before` the foreground is to keep.
+    pub share: f64,
+    /// The foreground's transactions a second before the copy.
+    pub before: f64,
+    /// The copy's bytes a second now.
+    pub rate: f64,
+}
+
+impl Throttle {
+    /// Starts at a quarter of the cap.
+    pub fn new(cap: f64, share: f64, before: f64) -> Throttle {
+        Throttle { cap, share, before, rate: cap / 4.0 }
+    }
+
+    /// The lowest rate.
+    pub fn floor(&self) -> f64 {
+        self.cap / 64.0
+    }
+
+    /// The rate after a second in which the foreground ran `now`
+    /// transactions a second.
+    pub fn adjust(&mut self, now: f64) -> f64 {
+        self.rate = if now < self.share * self.before {
+            (self.rate / 2.0).max(self.floor())
+        } else {
+            (self.rate + self.cap / 16.0).min(self.cap)
+        };
+        self.rate
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throughput_counts_each_registration_from_its_first_reading() {
+        let mut t = Throughput::default();
+        t.observe(0.0, &[(1, 7, 100)]);
+        assert_eq!(t.rate(0.5), None, "one reading");
+        t.observe(1.0, &[(1, 7, 400), (2, 9, 5_000)]);
+        assert_eq!(t.rate(1.0), Some(300.0), "slot 2 counted from its first reading");
+        // Slot 1 re-registered (another nonce): counted anew; slot 2 on.
+        t.observe(2.0, &[(1, 8, 50), (2, 9, 5_600)]);
+        assert_eq!(t.rate(1.0), Some(600.0));
+        assert_eq!(t.rate(2.0), Some(450.0));
+        // A count that went back (a new timed run under the same nonce).
+        t.observe(3.0, &[(1, 8, 10), (2, 9, 5_600)]);
+        assert_eq!(t.rate(1.0), Some(0.0));
+    }
+
+    #[test]
+    fn the_throttle_halves_below_the_share_and_grows_back_to_its_cap() {
+        let mut th = Throttle::new(16e6, 0.8, 1_000.0);
+        assert_eq!(th.rate, 4e6);
+        assert_eq!(th.adjust(700.0), 2e6, "below 80 %: halved");
+        for _ in 0..10 {
+            th.adjust(100.0);
+        }
+        assert_eq!(th.rate, 0.25e6, "never below cap / 64");
+        assert_eq!(th.adjust(800.0), 1.25e6, "at the share: + cap / 16");
+        for _ in 0..20 {
+            th.adjust(900.0);
+        }
+        assert_eq!(th.rate, 16e6, "never above the cap");
+    }
+}

@@ -631,7 +631,17 @@ pub fn run<W: Workload + Clone + 'static>(
         }
     }
     let halt = d.halt.clone().unwrap_or_default();
-    let reg = Registration::register_halting(transport.clone(), db, cfg.threads, cfg.coroutines, d.lease, halt)?;
+    // The timed run's committed transactions, published in the registry
+    // slot with each renewal (an online copy throttles by them).
+    let published = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let reg = Registration::register_publishing(
+        transport.clone(),
+        db,
+        (cfg.threads, cfg.coroutines),
+        d.lease,
+        halt,
+        published.clone(),
+    )?;
     if let Some(t) = &d.fence_tag {
         t.store(reg.fence_tag(), Ordering::SeqCst);
         // Before the first lock, the coordinator knows the tag: a failover
@@ -646,7 +656,7 @@ pub fn run<W: Workload + Clone + 'static>(
     // Every runtime that locks or commits for this registration names it, so
     // that a recovery that takes this compute blade for dead fences it on
     // the memory blades.
-    let cfg = &RunConfig { runtime: reg.runtime_config(&cfg.runtime), ..cfg.clone() };
+    let cfg = &RunConfig { runtime: reg.runtime_config(&cfg.runtime), published: Some(published), ..cfg.clone() };
     let counts = Mutex::new(Counts::new(w.types().len()));
     let stats = Mutex::new(DtxStats::default());
     let phase = |load| Phase {

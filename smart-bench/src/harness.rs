@@ -68,6 +68,14 @@ pub struct RunConfig {
     /// Idle time of each coroutine between its operations (zero: none), to
     /// offer less than the full load ([`Worker::idle`]).
     pub idle: Duration,
+    /// Where the timed run keeps the operations its threads have completed
+    /// in its measured time so far (all threads; as the per-second lines
+    /// count them, within 16 operations a thread), updated every few
+    /// milliseconds by the thread that samples the timeline, never by the
+    /// workers: for a reader outside the run (e.g. a ford-dtx registration
+    /// that publishes it on its blade, for an online copy to throttle by).
+    /// Not kept under a simulation.
+    pub published: Option<Arc<AtomicU64>>,
 }
 
 /// The duration of a load phase: bounded by its work, not by time.
@@ -99,6 +107,7 @@ impl Default for RunConfig {
             interrupt: None,
             gate: None,
             idle: Duration::ZERO,
+            published: None,
         }
     }
 }
@@ -106,10 +115,17 @@ impl Default for RunConfig {
 impl RunConfig {
     /// The configuration of a load phase before this run: the same threads,
     /// coroutines, runtime and interrupt, bounded by the work (not by time),
-    /// with no warm-up, no start gate and no idling (those belong to the
-    /// timed run).
+    /// with no warm-up, no start gate, no idling and nothing published
+    /// (those belong to the timed run).
     pub fn for_load(&self) -> RunConfig {
-        RunConfig { duration: LOAD_DURATION, warmup: Duration::ZERO, gate: None, idle: Duration::ZERO, ..self.clone() }
+        RunConfig {
+            duration: LOAD_DURATION,
+            warmup: Duration::ZERO,
+            gate: None,
+            idle: Duration::ZERO,
+            published: None,
+            ..self.clone()
+        }
     }
 
     /// Whether this is a load's configuration ([`RunConfig::for_load`]).
@@ -658,8 +674,15 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                 eprintln!("warming up for {:.1}s", cfg.warmup.as_secs_f64());
             }
             let warm_until = Instant::now() + cfg.warmup;
+            // The operations so far, for a reader outside the run.
+            let publish = |progress: &[CachePadded<Published>]| {
+                if let Some(p) = &cfg.published {
+                    p.store(progress.iter().map(|p| p.ops.load(Ordering::Relaxed)).sum(), Ordering::Relaxed);
+                }
+            };
             while Instant::now() < warm_until && !cfg.interrupted() {
                 std::thread::sleep(warm_until.saturating_duration_since(Instant::now()).min(Duration::from_millis(5)));
+                publish(&progress);
             }
             phase.store(MEASURE, Ordering::Relaxed);
             let t0 = Instant::now();
@@ -675,6 +698,7 @@ pub fn run_bench<B: Bench>(transport: &dyn Transport, cfg: &RunConfig, bench: &B
                     && !cfg.interrupted()
                 {
                     std::thread::sleep(next.saturating_duration_since(Instant::now()).min(Duration::from_millis(5)));
+                    publish(&progress);
                 }
                 let total: u64 = progress.iter().map(|p| p.ops.load(Ordering::Relaxed)).sum();
                 let elapsed = t0.elapsed();

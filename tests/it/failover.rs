@@ -409,6 +409,10 @@ fn a_blade_removed_by_hand_is_gone_without_by_the_compute_blades() {
     assert!(String::from_utf8_lossy(&online.stderr).contains("--online needs --coordinator"));
     let zero = compute(&c.args(&list, &["rebuild", "--lost", "0", "--online"]));
     assert!(String::from_utf8_lossy(&zero.stderr).contains("one memory blade other than 0"));
+    let share = compute(&c.args(&list, &["rebuild", "--lost", "1", "--online", "--foreground-share", "1.5"]));
+    assert!(String::from_utf8_lossy(&share.stderr).contains("--foreground-share must be between 0 and 1"));
+    let offline = compute(&c.args(&list, &["rebuild", "--lost", "1", "--foreground-share", "0.8"]));
+    assert!(String::from_utf8_lossy(&offline.stderr).contains("--foreground-share applies to --online"));
     // The blade, alive and with its data, is not trusted again: an online
     // rebuild wants a fresh one.
     let same = compute(&c.args(&list, &["rebuild", "--lost", "1", "--online"]));
@@ -464,9 +468,15 @@ fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_
     kill9(&mut first);
     let cfg = &show(&c)["config"];
     assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][1]["state"].as_str()), (Some(3), Some("joining")), "{cfg}");
-    let out = rebuild_online(&c, 1, "1");
+    // Resumed, holding the compute blades at half their throughput before
+    // the copy (the pace reads what they publish in the registry).
+    let done = online(&c, 1, "1").args(["--foreground-share", "0.5"]).output().unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&done.stdout), String::from_utf8_lossy(&done.stderr));
+    assert!(done.status.success(), "{out}");
     eprintln!("{out}");
     assert!(out.contains("memory blade 1 is joining since epoch 3 (a copy to it stopped): copying again"), "{out}");
+    assert!(out.contains("txn/s with the blade joining, before the copy"), "the foreground published: {out}");
+    assert!(out.contains("pace: the compute blades kept"), "{out}");
     assert!(out.contains("smallbank: copied to memory blade 1 while transactions ran"), "{out}");
     assert!(out.contains("taken into the configuration: epoch 4"), "{out}");
     let cfg = &show(&c)["config"];
