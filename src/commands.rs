@@ -1381,7 +1381,10 @@ fn rebuild_online(
         Some(p) => p.finish()?,
         None => None,
     };
-    if let Some(p) = &paced {
+    if let Some(p) = paced.as_ref().filter(|p| p.seconds == 0) {
+        println!("pace: no compute blade committed during the copy (share {:.2}): it went at the cap", p.share);
+    }
+    if let Some(p) = paced.as_ref().filter(|p| p.seconds > 0) {
         println!(
             "pace: the compute blades kept {:.0} % of their {:.0} txn/s before the copy (share {:.2}; below it {} of \
              {} s); the copy ran at {:.2} MB/s on average (at least {:.2}, cap {:.2})",

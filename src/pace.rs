@@ -33,11 +33,12 @@ pub struct Summary {
     pub share: f64,
     /// Its transactions a second before the copy.
     pub before_txn_per_s: f64,
-    /// Its transactions a second from then to the copy's end.
+    /// Its transactions a second during the copy (in the seconds it ran).
     pub during_txn_per_s: f64,
     /// Seconds of the copy with the foreground below its share.
     pub seconds_below: u64,
-    /// Seconds the pace was adjusted in.
+    /// Seconds of the copy with a foreground (compute blades committing:
+    /// without any, the copy goes at the cap).
     pub seconds: u64,
     /// The lowest and the mean rate of the copy, bytes a second.
     pub rate_min: f64,
@@ -113,27 +114,36 @@ impl Pace {
             .name("pace".into())
             .spawn(move || -> Result<Summary> {
                 let mut rt = Runtime::new(&*transport, 0, rcfg)?;
-                let (from, counted) = (t0.elapsed().as_secs_f64(), tp.counted());
                 let mut next = Instant::now() + Duration::from_secs(1);
                 let (mut seconds, mut below, mut rate_min, mut rate_sum) = (0u64, 0u64, th.rate, 0.0);
+                let (mut counted, mut during) = (tp.counted(), 0u64);
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(READ_EVERY);
                     read(&mut rt, &db, &mut tp, t0)?;
                     if Instant::now() >= next {
                         next += Duration::from_secs(1);
                         let now = tp.rate(0.9).unwrap_or(0.0);
+                        let second = tp.counted() - counted;
+                        counted = tp.counted();
+                        if tp.live() == 0 {
+                            // The compute blades ended: nothing to hold.
+                            th.rate = th.cap;
+                            rate.store(th.rate.to_bits(), Ordering::Relaxed);
+                            kept.store(f64::NAN.to_bits(), Ordering::Relaxed);
+                            continue;
+                        }
                         kept.store((now / before).to_bits(), Ordering::Relaxed);
                         below += u64::from(now < share * before);
                         let r = th.adjust(now);
                         rate.store(r.to_bits(), Ordering::Relaxed);
-                        (seconds, rate_min, rate_sum) = (seconds + 1, rate_min.min(r), rate_sum + r);
+                        (seconds, rate_min, rate_sum, during) =
+                            (seconds + 1, rate_min.min(r), rate_sum + r, during + second);
                     }
                 }
-                let span = t0.elapsed().as_secs_f64() - from;
                 Ok(Summary {
                     share,
                     before_txn_per_s: before,
-                    during_txn_per_s: (tp.counted() - counted) as f64 / span.max(1e-9),
+                    during_txn_per_s: during as f64 / (seconds as f64).max(1e-9),
                     seconds_below: below,
                     seconds,
                     rate_min,

@@ -398,12 +398,15 @@ pub struct Throughput {
     /// (seconds, transactions counted so far) per reading.
     seen: std::collections::VecDeque<(f64, u64)>,
     total: u64,
+    /// Registrations of the latest reading that committed a transaction.
+    live: usize,
 }
 
 impl Throughput {
     /// Adds the reading `slots` taken at `t_s` seconds.
     pub fn observe(&mut self, t_s: f64, slots: &[(u16, u64, u64)]) {
         let mut next = rustc_hash::FxHashMap::default();
+        self.live = slots.iter().filter(|s| s.2 > 0).count();
         for &(slot, nonce, done) in slots {
             if let Some(&before) = self.last.get(&(slot, nonce)) {
                 self.total += done.saturating_sub(before);
@@ -415,6 +418,13 @@ impl Throughput {
         while self.seen.len() > 64 {
             self.seen.pop_front();
         }
+    }
+
+    /// The registrations of the latest reading that have committed
+    /// transactions (0: no foreground to hold a share of; a copier's own
+    /// registration publishes none).
+    pub fn live(&self) -> usize {
+        self.live
     }
 
     /// The transactions counted so far (from each registration's first
@@ -483,8 +493,9 @@ mod tests {
         let mut t = Throughput::default();
         t.observe(0.0, &[(1, 7, 100)]);
         assert_eq!(t.rate(0.5), None, "one reading");
-        t.observe(1.0, &[(1, 7, 400), (2, 9, 5_000)]);
+        t.observe(1.0, &[(1, 7, 400), (2, 9, 5_000), (3, 4, 0)]);
         assert_eq!(t.rate(1.0), Some(300.0), "slot 2 counted from its first reading");
+        assert_eq!(t.live(), 2, "slot 3 committed nothing");
         // Slot 1 re-registered (another nonce): counted anew; slot 2 on.
         t.observe(2.0, &[(1, 8, 50), (2, 9, 5_600)]);
         assert_eq!(t.rate(1.0), Some(600.0));
