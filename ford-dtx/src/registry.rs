@@ -413,7 +413,7 @@ impl Registration {
 
     /// [`Registration::register_halting`] that publishes `progress` (the
     /// transactions this compute blade committed so far: e.g. a timed
-    /// run's [`published`](smart_bench::RunConfig::published) count) in its
+    /// run's `published` count, `smart_bench::RunConfig::published`) in its
     /// slot with each renewal ([`registry::PROGRESS`]), where an online
     /// copy reads it to hold the foreground's share
     /// ([`crate::rejoin::foreground`]).
