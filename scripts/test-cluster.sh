@@ -285,7 +285,13 @@ for p in parts:
     merged.add(HdrHistogram.decode(h["hdr"]))
     mx = max(mx, h["max"])
 p99 = min(merged.get_value_at_percentile(99.0), mx) / 1000
-assert abs(m["latency_us"]["p99"] - p99) < 1e-9, (m["latency_us"], p99)
+# The two libraries round the rank at a percentile differently (Rust's
+# hdrhistogram and Python's hdrh gave 1277.951 and 1275.903 us for one
+# merged histogram: neighbouring values of it), so the record's p99 must lie
+# between the merged histogram's values at 98.9 and 99.1 %.
+lo = min(merged.get_value_at_percentile(98.9), mx) / 1000
+hi = min(merged.get_value_at_percentile(99.1), mx) / 1000
+assert lo - 1e-9 <= m["latency_us"]["p99"] <= hi + 1e-9, (m["latency_us"], lo, p99, hi)
 print(f"test-cluster: merged ops {m['ops']} = {' + '.join(str(p['ops']) for p in parts)}; p99 {p99} us from the merged histograms")
 PY
 leftovers() { pgrep -f "memory-blade --listen 127.0.0.1:($p1|$p2)|smart-rs-[0-9]+-run-|$work/client_key" || true; }
