@@ -456,11 +456,15 @@ pub fn rebuild_hint(s: &Session, removed: &[u16]) -> String {
 /// # Errors
 /// etcd errors; a blade that cannot be reached or refuses.
 pub fn fence_earlier(s: &Session, c: &Coordinator, v: &Versioned) -> Result<(String, Vec<u64>)> {
-    let secret = match &s.blades {
+    fence_members(c, v, secret_of(s).as_deref(), timeout(s))
+}
+
+/// The secret file of the session's blades, if it names one.
+fn secret_of(s: &Session) -> Option<std::path::PathBuf> {
+    match &s.blades {
         Blades::Remote { secret_file, .. } => secret_file.clone(),
         _ => None,
-    };
-    fence_members(c, v, secret.as_deref(), timeout(s))
+    }
 }
 
 /// The fence tags of the registrations of epochs before `v`'s (members,
@@ -493,11 +497,7 @@ fn fence_members(
     if tags.is_empty() {
         return Ok(("no compute blade of an earlier epoch had registered to fence".into(), tags));
     }
-    let active = v.config.in_use();
-    for b in &active {
-        let addr = &v.config.blades[usize::from(*b)].addr;
-        revoke_on(addr, &tags, secret, t).with_context(|| format!("fencing on memory blade {b} ({addr})"))?;
-    }
+    let active = revoke_in_use(v, &tags, secret, t)?;
     let said = format!(
         "{} compute blade{} of earlier epochs fenced on memory blade{} {}",
         tags.len(),
@@ -506,6 +506,16 @@ fn fence_members(
         active.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
     );
     Ok((said, tags))
+}
+
+/// Revokes `tags` on every memory blade `v` has in use; returns those.
+fn revoke_in_use(v: &Versioned, tags: &[u64], secret: Option<&std::path::Path>, t: Duration) -> Result<Vec<u16>> {
+    let active = v.config.in_use();
+    for b in &active {
+        let addr = &v.config.blades[usize::from(*b)].addr;
+        revoke_on(addr, tags, secret, t).with_context(|| format!("fencing on memory blade {b} ({addr})"))?;
+    }
+    Ok(active)
 }
 
 /// Revokes `tags` on the memory blade at `addr` (a connection of its own).
@@ -677,15 +687,7 @@ fn blade0_quiet(s: &Session, c: &Coordinator, v: &Versioned) -> Result<()> {
     let mut tags: Vec<u64> = c.fence_records()?.into_iter().map(|m| m.fence_tag).filter(|t| *t != 0).collect();
     tags.sort_unstable();
     tags.dedup();
-    let secret = match &s.blades {
-        Blades::Remote { secret_file, .. } => secret_file.clone(),
-        _ => None,
-    };
-    for b in v.config.in_use() {
-        let addr = &v.config.blades[usize::from(b)].addr;
-        revoke_on(addr, &tags, secret.as_deref(), timeout(s))
-            .with_context(|| format!("fencing on memory blade {b} ({addr})"))?;
-    }
+    revoke_in_use(v, &tags, secret_of(s).as_deref(), timeout(s))?;
     Ok(())
 }
 

@@ -362,12 +362,7 @@ impl Db {
                  rebuild blade 0 (`compute-blade rebuild --lost 0`)"
             )));
         };
-        let mut c = vec![0u8; catalog::BYTES];
-        ctx.read(at.add(crate::layout::mirror::CATALOG as u64), &mut c).await?;
-        let mut db = Db::parse(ctx.blades(), name, &c, &format!("the mirror of {name} on memory blade {h}"))?;
-        db.registry = at.add(crate::layout::mirror::REGISTRY as u64);
-        db.mirror = Some(at);
-        db.view(lost, joining).map(Some)
+        crate::mirror::stand_in(ctx, at, h, name).await?.view(lost, joining).map(Some)
     }
 
     /// [`Db::open`] while a rebuild is in progress (for the rebuild).
@@ -695,7 +690,7 @@ impl Db {
     /// Verb errors.
     pub async fn is_loaded(&self, ctx: &Ctx) -> Result<bool> {
         if let Some(m) = self.mirror {
-            return Ok(ctx.read_u64(m.add(16)).await? == 1);
+            return crate::mirror::loaded(ctx, m).await;
         }
         Ok(ctx.root(0, &loaded_root(&self.name)).await?.is_some())
     }

@@ -455,6 +455,8 @@ pub mod mirror {
     pub const MAGIC: u64 = u64::from_le_bytes(*b"FORDMIR2");
     /// Bytes of the header.
     pub const HEADER: usize = 64;
+    /// Offset of the load mark (1 once the load completed).
+    pub const LOADED: usize = 16;
     /// Offset of the catalog's copy.
     pub const CATALOG: usize = HEADER;
     /// Offset of the registry's copy.

@@ -247,13 +247,36 @@ pub(crate) async fn unregister(ctx: &Ctx, db: &Db, slot: u16, nonce: u64) -> Res
     Ok(())
 }
 
+/// Database `name` as its mirror at `at` (on blade `blade`) stands for
+/// what blade 0 held ([`Db::mirror`]): its catalog's copy parsed, its
+/// registrations as the registry.
+///
+/// # Errors
+/// A catalog copy that is not one; verb errors.
+pub(crate) async fn stand_in(ctx: &Ctx, at: GlobalAddr, blade: u16, name: &str) -> Result<Db> {
+    let mut c = vec![0u8; catalog::BYTES];
+    ctx.read(at.add(mirror::CATALOG as u64), &mut c).await?;
+    let mut db = Db::parse(ctx.blades(), name, &c, &format!("the mirror of {name} on memory blade {blade}"))?;
+    db.registry = at.add(mirror::REGISTRY as u64);
+    db.mirror = Some(at);
+    Ok(db)
+}
+
+/// Whether the database whose mirror is at `at` completed its load.
+///
+/// # Errors
+/// Verb errors.
+pub(crate) async fn loaded(ctx: &Ctx, at: GlobalAddr) -> Result<bool> {
+    Ok(ctx.read_u64(at.add(mirror::LOADED as u64)).await? == 1)
+}
+
 /// Records in `db`'s mirrors that its load completed.
 ///
 /// # Errors
 /// Verb errors.
 pub(crate) async fn mark_loaded(ctx: &Ctx, db: &Db) -> Result<()> {
     for m in all(ctx, db).await? {
-        ctx.write(m.add(16), &1u64.to_le_bytes()).await?;
+        ctx.write(m.add(mirror::LOADED as u64), &1u64.to_le_bytes()).await?;
     }
     Ok(())
 }
@@ -346,7 +369,7 @@ pub async fn list(ctx: &Ctx, blade: u16) -> Result<Vec<Mirror>> {
         let slots = (1..registry::SLOTS as u16)
             .map(|i| SlotInfo::parse(i, &m[slot_offset(i)..][..registry::SLOT as usize]))
             .collect();
-        out.push(Mirror { at, db, catalog_at, loaded: word(&m, 16) == 1, slots });
+        out.push(Mirror { at, db, catalog_at, loaded: word(&m, mirror::LOADED) == 1, slots });
     }
     Ok(out)
 }

@@ -69,6 +69,22 @@ async fn transfer(dtx: &ford_dtx::Dtx, (ta, a): (u32, u64), (tb, b): (u32, u64))
     tx.commit().await
 }
 
+/// `n` transfers across the three tables, then the sum of every balance
+/// (each read in a transaction of its own).
+async fn transfers_then_sum(dtx: &ford_dtx::Dtx, n: u64) -> u64 {
+    for i in 0..n {
+        let (ta, tb) = ((i % 3) as u32, ((i + 1) % 3) as u32);
+        transfer(dtx, (ta, i % ACCOUNTS), (tb, (i * 5 + 1) % ACCOUNTS)).await.unwrap();
+    }
+    let mut sum = 0;
+    for table in 0..3 {
+        for k in 0..ACCOUNTS {
+            sum += crate::read_one(dtx, table, k).await.unwrap();
+        }
+    }
+    sum
+}
+
 /// The lost blade's copies written again from the others (zeroed first, as
 /// a fresh blade's), then the whole database audited: no violation, and
 /// the sum of every balance.
@@ -95,18 +111,8 @@ fn transactions_go_on_with_a_backup_promoted_and_leave_the_lost_blade_untouched(
     let dtx = reg.open_thread(rt.ctx());
     let (ctx, d) = (rt.ctx(), db.clone());
     rt.block_on(async move {
-        for i in 0..30u64 {
-            let (ta, tb) = ((i % 3) as u32, ((i + 1) % 3) as u32);
-            transfer(&dtx, (ta, i % ACCOUNTS), (tb, (i * 5 + 1) % ACCOUNTS)).await.unwrap();
-        }
         // Reads through the promoted copies see the writes.
-        let mut sum = 0;
-        for table in 0..3 {
-            for k in 0..ACCOUNTS {
-                sum += crate::read_one(&dtx, table, k).await.unwrap();
-            }
-        }
-        assert_eq!(sum, 3 * ACCOUNTS * START);
+        assert_eq!(transfers_then_sum(&dtx, 30).await, 3 * ACCOUNTS * START);
         assert!(arrays_on(&ctx, &d, 1).await == before, "a copy on the lost blade was written");
         // Inserts that fill table 1's chains (2 buckets of 22 slots): its
         // new overflow buckets have no copy on the lost blade.
@@ -381,17 +387,7 @@ fn without_blade_0_its_mirror_stands_for_the_catalog_and_the_registry() {
             let (a, c) = (crate::read_one(&dtx, 0, 1).await.unwrap(), crate::read_one(&dtx, 2, 4).await.unwrap());
             let n = (START - a) / 7;
             assert!(n <= 1 && (a, c) == (START - 7 * n, START + 7 * n), "{what}: {a} {c}");
-            for i in 0..24u64 {
-                let (ta, tb) = ((i % 3) as u32, ((i + 1) % 3) as u32);
-                transfer(&dtx, (ta, i % ACCOUNTS), (tb, (i * 5 + 1) % ACCOUNTS)).await.unwrap();
-            }
-            let mut sum = 0;
-            for table in 0..3 {
-                for k in 0..ACCOUNTS {
-                    sum += crate::read_one(&dtx, table, k).await.unwrap();
-                }
-            }
-            assert_eq!(sum, 3 * ACCOUNTS * START, "{what}");
+            assert_eq!(transfers_then_sum(&dtx, 24).await, 3 * ACCOUNTS * START, "{what}");
             assert!(arrays_on(&ctx, &d, 0).await == before, "{what}: a copy on blade 0 was written");
             n
         });
