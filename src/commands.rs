@@ -1271,8 +1271,8 @@ fn rebuild_online(
     let wait_ms = ford_dtx::recovery::settle_wait_ms(lease);
     let transport: Arc<dyn Transport> = s.blades.at(&e.addrs).connect_without(&lost, Some(t.blades()))?;
     let mut records = Vec::new();
-    // Set before the first copy.
-    let mut pace: Option<crate::pace::Pace> = None;
+    // With a share to hold, measured before the first copy (below).
+    let (mut pace, mut measured) = (crate::pace::Pace::fixed(rate), share.is_none());
     for db in &dbs {
         let view = Arc::new(db.view(&lost, &[n])?);
         let reg = ford_dtx::Registration::register_halting(
@@ -1309,48 +1309,30 @@ fn rebuild_online(
         // blade joining (they followed the epoch: the earlier one is
         // settled), before any copy; what the copy costs them is measured
         // against it.
-        let pace = match (pace.as_ref(), share) {
-            (Some(p), _) => p,
-            (None, Some(f)) => {
-                let p = crate::pace::Pace::holding(transport.clone(), (*view).clone(), rate, f, s.run.progress)?;
-                pace.insert(p)
-            }
-            (None, None) => pace.insert(crate::pace::Pace::fixed(rate)),
-        };
+        if let (Some(f), false) = (share, measured) {
+            pace = crate::pace::Pace::holding(transport.clone(), (*view).clone(), rate, f, s.run.progress)?;
+            measured = true;
+        }
         let (v, ctx) = (view.clone(), crt.ctx());
-        let (progress, halt, pace) = (s.run.progress, member.halt.clone(), pace.now());
+        let (progress, halt, mut pacer) = (s.run.progress, member.halt.clone(), pace.pacer());
         let copied = crt.block_on(async move {
             let mut said = std::time::Instant::now();
-            // When the bytes copied so far may be done at the pace's rate
-            // (seconds since `t0`), each bucket's at the rate of its time.
-            let (mut due, mut paced) = (0.0f64, 0u64);
             let mut c = ford_dtx::rejoin::copy(&ctx, &v, n, who, |c| {
                 if halt.load(std::sync::atomic::Ordering::SeqCst) {
                     return Err(ford_dtx::DtxError::Config(
                         "the copy stops: the configuration moved on (a failure?) or the copier's lease lapsed".into(),
                     ));
                 }
-                // The pace (sleeping this thread, which runs nothing else);
-                // time not used is not made up for by more than half a
-                // second's bytes.
-                let now = t0.elapsed().as_secs_f64();
-                due = due.max(now - 0.5) + (c.bytes - paced) as f64 / pace.rate();
-                paced = c.bytes;
-                if due > now {
-                    std::thread::sleep(std::time::Duration::from_secs_f64((due - now).min(1.0)));
-                }
+                // Sleeping this thread, which runs nothing else.
+                pacer.after(c.bytes);
                 if progress && said.elapsed() > std::time::Duration::from_secs(2) {
-                    let kept = pace.kept().map_or(String::new(), |k| {
-                        format!(
-                            "; the compute blades at {:.0} % of before, the copy at {:.2} MB/s",
-                            k * 100.0,
-                            pace.rate() / 1e6
-                        )
-                    });
                     eprintln!(
                         "{name}: copying to memory blade {n}: {} buckets, {} bytes so far ({} slots held by \
-                         transactions, retried{kept})",
-                        c.buckets, c.bytes, c.busy
+                         transactions, retried{})",
+                        c.buckets,
+                        c.bytes,
+                        c.busy,
+                        pacer.said()
                     );
                     said = std::time::Instant::now();
                 }
@@ -1377,26 +1359,9 @@ fn rebuild_online(
         print_recovered(&db.name, &rec);
         records.push(json!({ "db": db.name, "copied": copied, "recovered": rec }));
     }
-    let paced = match pace {
-        Some(p) => p.finish()?,
-        None => None,
-    };
-    if let Some(p) = paced.as_ref().filter(|p| p.seconds == 0) {
-        println!("pace: no compute blade committed during the copy (share {:.2}): it went at the cap", p.share);
-    }
-    if let Some(p) = paced.as_ref().filter(|p| p.seconds > 0) {
-        println!(
-            "pace: the compute blades kept {:.0} % of their {:.0} txn/s before the copy (share {:.2}; below it {} of \
-             {} s); the copy ran at {:.2} MB/s on average (at least {:.2}, cap {:.2})",
-            p.during_txn_per_s / p.before_txn_per_s * 100.0,
-            p.before_txn_per_s,
-            p.share,
-            p.seconds_below,
-            p.seconds,
-            p.rate_mean / 1e6,
-            p.rate_min / 1e6,
-            rate / 1e6
-        );
+    let paced = pace.finish()?;
+    if let Some(p) = &paced {
+        println!("pace: {}", p.said(rate));
     }
     // Taken in: the compute blades follow to the next epoch, settling this
     // one's transactions (this rebuild settles them too).

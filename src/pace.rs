@@ -46,10 +46,31 @@ pub struct Summary {
     pub rate_mean: f64,
 }
 
+impl Summary {
+    /// What the pace did, for people (`cap`: `--copy-rate`, bytes a
+    /// second).
+    pub fn said(&self, cap: f64) -> String {
+        if self.seconds == 0 {
+            return format!("no compute blade committed during the copy (share {:.2}): it went at the cap", self.share);
+        }
+        format!(
+            "the compute blades kept {:.0} % of their {:.0} txn/s before the copy (share {:.2}; below it {} of {} s); \
+             the copy ran at {:.2} MB/s on average (at least {:.2}, cap {:.2})",
+            self.during_txn_per_s / self.before_txn_per_s * 100.0,
+            self.before_txn_per_s,
+            self.share,
+            self.seconds_below,
+            self.seconds,
+            self.rate_mean / 1e6,
+            self.rate_min / 1e6,
+            cap / 1e6
+        )
+    }
+}
+
 /// The copy's pace.
 #[derive(Debug)]
 pub struct Pace {
-    cap: f64,
     /// The rate now (f64 bits), set by the thread.
     rate: Arc<AtomicU64>,
     /// The foreground's share of its throughput before (f64 bits; NaN
@@ -63,7 +84,6 @@ impl Pace {
     /// At `cap` bytes a second.
     pub fn fixed(cap: f64) -> Pace {
         Pace {
-            cap,
             rate: Arc::new(AtomicU64::new(cap.to_bits())),
             kept: Arc::new(AtomicU64::new(f64::NAN.to_bits())),
             stop: Arc::new(AtomicBool::new(false)),
@@ -155,14 +175,10 @@ impl Pace {
         Ok(pace)
     }
 
-    /// What the copy reads, for a thread or a future of its own.
-    pub fn now(&self) -> PaceNow {
-        PaceNow { rate: self.rate.clone(), kept: self.kept.clone() }
-    }
-
-    /// The cap (`--copy-rate`).
-    pub fn cap(&self) -> f64 {
-        self.cap
+    /// What paces one copy (from now on), for a thread or a future of its
+    /// own.
+    pub fn pacer(&self) -> Pacer {
+        Pacer { rate: self.rate.clone(), kept: self.kept.clone(), t0: Instant::now(), due: 0.0, paced: 0 }
     }
 
     /// Stops adjusting; what it did, if it held a share.
@@ -178,24 +194,41 @@ impl Pace {
     }
 }
 
-/// A [`Pace`] as the copy reads it.
-#[derive(Clone, Debug)]
-pub struct PaceNow {
+/// One copy's pacing ([`Pace::pacer`]).
+#[derive(Debug)]
+pub struct Pacer {
     rate: Arc<AtomicU64>,
     kept: Arc<AtomicU64>,
+    t0: Instant,
+    /// When (seconds since `t0`) the bytes paced so far may be done, each
+    /// bucket's at the rate of its time.
+    due: f64,
+    paced: u64,
 }
 
-impl PaceNow {
-    /// The copy's bytes a second now.
-    pub fn rate(&self) -> f64 {
-        f64::from_bits(self.rate.load(Ordering::Relaxed))
+impl Pacer {
+    /// After the copy reached `bytes` copied: sleeps until they may be done
+    /// at the pace's rate (at most a second at a time). Time not used is
+    /// not made up for by more than half a second's bytes.
+    pub fn after(&mut self, bytes: u64) {
+        let now = self.t0.elapsed().as_secs_f64();
+        let rate = f64::from_bits(self.rate.load(Ordering::Relaxed));
+        self.due = self.due.max(now - 0.5) + bytes.saturating_sub(self.paced) as f64 / rate;
+        self.paced = bytes;
+        if self.due > now {
+            std::thread::sleep(Duration::from_secs_f64((self.due - now).min(1.0)));
+        }
     }
 
-    /// The foreground's throughput in the last second over its throughput
-    /// before the copy; `None` without a share to hold or before a second
-    /// passed.
-    pub fn kept(&self) -> Option<f64> {
-        Some(f64::from_bits(self.kept.load(Ordering::Relaxed))).filter(|k| !k.is_nan())
+    /// For a progress line: the share the compute blades kept in the last
+    /// second and the rate, if a share is held (else empty).
+    pub fn said(&self) -> String {
+        let kept = f64::from_bits(self.kept.load(Ordering::Relaxed));
+        if kept.is_nan() {
+            return String::new();
+        }
+        let rate = f64::from_bits(self.rate.load(Ordering::Relaxed));
+        format!("; the compute blades at {:.0} % of before, the copy at {:.2} MB/s", kept * 100.0, rate / 1e6)
     }
 }
 
