@@ -79,18 +79,11 @@ impl ShermanBt {
     async fn write_locked(&mut self, pair: &mut Pair, left: bool) -> Result<()> {
         let shared = pair.right.1.is_none();
         let held = if left || shared { pair.left.1 } else { pair.right.1.expect("its own lock") };
-        let held = match self.still_held(held).await {
-            Ok(h) => h,
-            Err(e @ ShermanError::LeaseLost(_)) => {
-                if left || shared {
-                    pair.lost.0 = true;
-                } else {
-                    pair.lost.1 = true;
-                }
-                return Err(e);
+        let held = self.still_held(held).await.inspect_err(|e| {
+            if matches!(e, ShermanError::LeaseLost(_)) {
+                *(if left || shared { &mut pair.lost.0 } else { &mut pair.lost.1 }) = true;
             }
-            Err(e) => return Err(e),
-        };
+        })?;
         if left || shared {
             pair.left.1 = held;
         } else {
