@@ -76,6 +76,9 @@ impl ShermanBt {
         let bad = |m: String| Err(ShermanError::Corrupt(m));
         for level in (0..=top).rev() {
             let mut below: FxHashMap<u64, Key> = FxHashMap::default();
+            // Pages that pages of this chain are absorbing (a merge cut
+            // between the absorbing page's WRITE and the merged one's).
+            let mut absorbed: Vec<GlobalAddr> = Vec::new();
             let (mut at, mut expect_low, mut pages, mut next_first) = (Some(first), Key::EMPTY, 0u64, None);
             while let Some(a) = at {
                 pages += 1;
@@ -93,6 +96,9 @@ impl ShermanBt {
                 }
                 if p.merge_flags() != 0 {
                     shape.merging += 1;
+                }
+                if p.merge_flags() == crate::layout::FLAG_ABSORBING {
+                    absorbed.push(p.link());
                 }
                 if p.level() != level {
                     return bad(format!("page {a} on the chain of level {level} says level {}", p.level()));
@@ -149,16 +155,21 @@ impl ShermanBt {
                 }
             }
             // Named but not on the chain: only a page merged away whose
-            // separator is still in its parent may be.
+            // separator is still in its parent may be, or one a page of
+            // the chain is absorbing (still marked merging).
             for (&a, _) in named.iter() {
                 let a = GlobalAddr::from_raw(a);
-                let dead =
-                    with_page(&self.ctx, &self.local, &self.read, (a, self.f), |p| p.is_dead() && p.level() == level)
-                        .await?;
-                if !dead {
+                let (dead, merging) = with_page(&self.ctx, &self.local, &self.read, (a, self.f), |p| {
+                    (p.is_dead() && p.level() == level, p.merge_flags() == crate::layout::FLAG_MERGING)
+                })
+                .await?;
+                if merging && absorbed.contains(&a) {
+                    shape.merging += 1;
+                } else if dead {
+                    shape.dead_named += 1;
+                } else {
                     return bad(format!("page {a} named by level {} is not on level {level}'s chain", level + 1));
                 }
-                shape.dead_named += 1;
                 shape.live_bytes += self.f.page as u64;
                 if let Some(c) = all.as_deref_mut() {
                     c.pages.push(a);

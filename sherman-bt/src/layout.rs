@@ -334,6 +334,23 @@ impl Key {
     pub fn as_slice(&self) -> &[u8] {
         &self.b[..usize::from(self.len)]
     }
+
+    /// The greatest key of at most `max` bytes that orders before this one
+    /// (`None` for the empty key, the least): no key of a tree whose keys
+    /// are at most `max` long lies strictly between the two.
+    pub fn before(&self, max: usize) -> Option<Key> {
+        let k = self.as_slice();
+        let (&last, head) = k.split_last()?;
+        if last == 0 {
+            return Some(Key::new(head));
+        }
+        let mut out = Key::new(k);
+        out.b[k.len() - 1] = last - 1;
+        let end = max.clamp(k.len(), MAX_KEY);
+        out.b[k.len()..end].fill(0xff);
+        out.len = end as u16;
+        Some(out)
+    }
 }
 
 impl PartialEq for Key {

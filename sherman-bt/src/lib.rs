@@ -66,7 +66,10 @@
 //!   the merge ends, and both hold the same entries for R's range), and
 //!   pass from a dead page to the page its link names, which covers its
 //!   range. A writer that locks a marked page finishes the merge first (or
-//!   undoes it, if L took inserts since and R no longer fits).
+//!   undoes it, if L took inserts since and R no longer fits, or L is in a
+//!   merge of its own), finding R's left neighbour by its keys, not
+//!   through R's link (L may have split, or been merged away and freed,
+//!   since the merger that marked R died).
 //! * **Freeing**: a page merged away and unlinked from its parent is
 //!   counted in the tree meta (pages freed), then retired to smart-core's
 //!   reclamation ([`smart_core::reclaim`]): reused, as a page or a block,

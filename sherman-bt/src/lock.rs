@@ -284,14 +284,14 @@ impl ShermanBt {
                     }
                     drop(done);
                     self.local.borrow_mut().stats.torn += 1;
-                    return self.read_locked(at).await.map(|()| since);
+                    return self.read_acquired(at, word, tag).await.map(|()| since);
                 }
                 expect = done.old(c);
             } else {
                 let done = b.post().await?;
                 if done.old(c) == expect {
                     drop(done);
-                    return self.read_locked(at).await.map(|()| since);
+                    return self.read_acquired(at, word, tag).await.map(|()| since);
                 }
                 expect = done.old(c);
             }
@@ -319,6 +319,17 @@ impl ShermanBt {
                 pause = (pause * 2).min(100_000);
             }
         }
+    }
+
+    /// [`ShermanBt::read_locked`] of a page just acquired (`word` holds
+    /// `tag`): if no copy validates (no page is there any more), the word
+    /// is released again before the error, not left to its lease.
+    async fn read_acquired(&mut self, at: GlobalAddr, word: GlobalAddr, tag: u64) -> Result<()> {
+        let r = self.read_locked(at).await;
+        if r.is_err() {
+            let _ = self.ctx.cas(word, tag, 0).await;
+        }
+        r
     }
 
     /// READs page `at` (locked by this client) into `self.page`, re-reading

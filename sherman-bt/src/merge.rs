@@ -142,14 +142,22 @@ impl ShermanBt {
         }
         let (lv, rv) = (pair.left.2.view(), pair.right.2.view());
         let linked = lv.sibling() == Some(r) && lv.highest() == Some(rv.lowest()) && lv.level() == rv.level();
-        if (!absorbing && (lf != 0 || !linked)) || (fresh && (rf != 0 || !self.fits(lv, rv))) {
+        if !absorbing && (!linked || lf == FLAG_DEAD) {
+            // L is not R's left neighbour (any more).
             return Ok(false);
         }
-        if !absorbing && !self.fits(lv, rv) {
-            // A merge a dead client began, and L took inserts since: undone.
-            pair.right.2.set_merge(0, GlobalAddr::NULL);
-            pair.right.2.seal_after(r_seq);
-            self.write_locked(pair, false).await?;
+        if fresh && (lf != 0 || rf != 0 || !self.fits(lv, rv)) {
+            return Ok(false);
+        }
+        if !absorbing && (lf != 0 || !self.fits(lv, rv)) {
+            // A merge a dead client began, and since then L took inserts
+            // (R no longer fits) or is in a merge of its own: undone. L is
+            // live and linked to R, so no page holds R's entries but R.
+            if rf == FLAG_MERGING {
+                pair.right.2.set_merge(0, GlobalAddr::NULL);
+                pair.right.2.seal_after(r_seq);
+                self.write_locked(pair, false).await?;
+            }
             return Ok(false);
         }
         let mut r_seq = r_seq;
@@ -260,6 +268,9 @@ impl ShermanBt {
                 // The parent was merged away: on to the page that took it.
                 let l = p.link();
                 self.unlock(held, false).await?;
+                if !self.is_page(l).await? {
+                    return Ok(None);
+                }
                 (at, min_low) = (l, Key::EMPTY);
                 continue;
             }
@@ -305,6 +316,42 @@ impl ShermanBt {
         Ok(())
     }
 
+    /// The left neighbour of page `at` (`v`, marked merging): the page on
+    /// its level that links to it or absorbs it, found by its keys (a
+    /// descent to the greatest key before `at`'s range, then right). Not
+    /// through the mark's link: the page it names may have split, or been
+    /// merged away and freed, since the client that marked `at` died.
+    /// `None` if `at` is no longer marked merging.
+    async fn left_of(&mut self, at: GlobalAddr, v: PageRef<'_>, op: &mut OpGuard<'_>) -> Result<Option<GlobalAddr>> {
+        let (low, level) = (v.lowest(), v.level());
+        let Some(before) = low.before(self.f.key_max) else {
+            return Err(ShermanError::Corrupt(format!("page {at}, the first of level {level}, is marked merging")));
+        };
+        let mut l = self.descend(before.as_slice(), level, Some(&mut *op)).await?;
+        for _ in 0..MAX_HOPS {
+            let step = with_page(&self.ctx, &self.local, &self.read, (l, self.f), |q| {
+                let leads = q.sibling() == Some(at) || (q.merge_flags() == FLAG_ABSORBING && q.link() == at);
+                (leads, q.sibling(), q.lowest_cmp(low.as_slice()) == std::cmp::Ordering::Less)
+            })
+            .await?;
+            match step {
+                (true, ..) => return Ok(Some(l)),
+                (false, Some(s), true) => l = s,
+                _ => break,
+            }
+        }
+        let marked = with_page(&self.ctx, &self.local, &self.read, (at, self.f), |p| {
+            p.merge_flags() == FLAG_MERGING && p.lowest() == low
+        })
+        .await?;
+        if marked {
+            return Err(ShermanError::Corrupt(format!(
+                "page {at} of level {level} is marked merging but no page on its level leads to it"
+            )));
+        }
+        Ok(None)
+    }
+
     /// A writer found page `at` (locked, now released) in a merge a client
     /// left unfinished: finishes it (or undoes it), so that the writer can
     /// go on.
@@ -313,30 +360,11 @@ impl ShermanBt {
         let (l, r) = if v.merge_flags() == FLAG_ABSORBING {
             (at, v.link())
         } else {
-            // Merging: the left neighbour is the link, or right of it.
-            let mut l = v.link();
-            let mut found = false;
-            for _ in 0..MAX_HOPS {
-                let sib = with_page(&self.ctx, &self.local, &self.read, (l, self.f), |q| {
-                    (q.sibling(), q.merge_flags() == FLAG_ABSORBING && q.link() == at)
-                })
-                .await?;
-                if sib.0 == Some(at) || sib.1 {
-                    found = true;
-                    break;
-                }
-                match sib.0 {
-                    Some(s) => l = s,
-                    None => break,
-                }
+            match self.left_of(at, v, op).await? {
+                Some(l) => (l, at),
+                // Finished or undone meanwhile.
+                None => return Ok(()),
             }
-            if !found {
-                return Err(ShermanError::Corrupt(format!(
-                    "page {at} is being merged into {} but no page on its level leads to it",
-                    v.link()
-                )));
-            }
-            (l, at)
         };
         let sep = v.lowest();
         let level = v.level();
@@ -363,6 +391,79 @@ mod tests {
     use super::*;
     use crate::lock::LOCK_LEASE;
     use smart_core::{Runtime, RuntimeConfig};
+
+    /// Marks `r` merging into `l` as a merger would, then stops (dies).
+    async fn mark_merging(t: &mut ShermanBt, l: GlobalAddr, r: GlobalAddr) {
+        let ctx = t.ctx.clone();
+        let mut op = ctx.op().await;
+        let mut pair = t.lock_pair(l, r, &mut op).await.unwrap();
+        let seq = pair.right.2.view().seq();
+        pair.right.2.set_merge(FLAG_MERGING, l);
+        pair.right.2.seal_after(seq);
+        t.write_locked(&mut pair, false).await.unwrap();
+        t.release_pair(pair).await.unwrap();
+    }
+
+    /// A merger that died after marking R merging into L (before L took
+    /// R's entries) leaves L plain: L may then be merged into its own left
+    /// neighbour LL and freed, or be marked merging into LL by another
+    /// merger that died too. The next writer to R finds R's left neighbour
+    /// by its keys, not through the mark's link, and finishes R's merge
+    /// (into LL) or undoes it (L is in a merge of its own); the tree walks
+    /// clean and keeps every key.
+    #[test]
+    fn a_merge_whose_left_page_was_merged_away_since_is_finished_by_the_next_writer() {
+        let b = smart_testkit::backends::embedded(1);
+        let mut rt = Runtime::new(&*b.transport, 0, RuntimeConfig::default()).unwrap();
+        let ctx = rt.ctx();
+        rt.block_on(async move {
+            for l_merged_away in [true, false] {
+                let name = if l_merged_away { "orphan" } else { "chained" };
+                let (mut t, _) = ShermanBt::open_or_create(&ctx, name).await.unwrap();
+                let n = 3_000u64;
+                for k in 0..n {
+                    t.insert_u64(k, k).await.unwrap();
+                }
+                let parent = t.descend(&0u64.to_be_bytes(), 1, None).await.unwrap();
+                let (ll, l, r, l_low, r_low) = with_page(&ctx, &t.local, &t.read, (parent, t.f), |p| {
+                    (p.leftmost(), p.child(0), p.child(1), p.key(0), p.key(1))
+                })
+                .await
+                .unwrap();
+                let key = |k: &Key| u64::from_be_bytes(k.as_slice().try_into().unwrap());
+                let (l_low, r_low) = (key(&l_low), key(&r_low));
+                mark_merging(&mut t, l, r).await;
+                let mut kept = n;
+                if l_merged_away {
+                    // Deletes empty LL and L: L is merged into LL and freed.
+                    for k in 0..r_low {
+                        assert!(t.delete_u64(k).await.unwrap(), "key {k}");
+                    }
+                    kept -= r_low;
+                    let dead = with_page(&ctx, &t.local, &t.read, (l, t.f), |p| p.is_dead()).await.unwrap();
+                    assert!(dead, "L ({l}, keys from {l_low}) merged into LL ({ll})");
+                } else {
+                    mark_merging(&mut t, ll, l).await;
+                }
+                // A writer to R: it finishes or undoes R's merge first.
+                assert!(t.update_u64(r_low, 7).await.unwrap(), "R's first key updated");
+                let marked = with_page(&ctx, &t.local, &t.read, (r, t.f), |p| p.merge_flags()).await.unwrap();
+                if l_merged_away {
+                    assert_eq!(marked, FLAG_DEAD, "R merged into LL");
+                } else {
+                    assert_eq!(marked, 0, "R's merge undone: L is in one of its own");
+                    // A writer to L finishes L's.
+                    assert!(t.update_u64(l_low, 8).await.unwrap());
+                    assert_eq!(t.get_u64(l_low).await.unwrap(), Some(8));
+                }
+                let (shape, keys) = t.walk().await.unwrap();
+                assert_eq!(shape.merging, 0, "no page left in a merge");
+                assert_eq!(keys.len() as u64, kept, "every key kept");
+                assert_eq!(t.get_u64(r_low).await.unwrap(), Some(7));
+                assert_eq!(t.get_u64(n - 1).await.unwrap(), Some(n - 1));
+            }
+        });
+    }
 
     /// A merger whose lock on one page of the pair a waiter took over (it
     /// stalled) releases only the other: the lost lock's local turn was

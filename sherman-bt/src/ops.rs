@@ -9,7 +9,7 @@ use smart_core::GlobalAddr;
 
 use crate::layout::{self, show_key, Field, Key, PageBuf, PageRef, Value, INLINE_MAX, LINE};
 use crate::lock::Held;
-use crate::read::with_page;
+use crate::read::with_linked_page;
 use crate::{Result, ShermanBt, ShermanError};
 
 /// Restarts from the root before an operation gives up.
@@ -161,12 +161,14 @@ impl ShermanBt {
     /// whole.
     async fn lookup_leaf(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Found>> {
         let mut at = self.leaf_for(key, None).await?;
-        let (mut restarts, mut min_low) = (0, Key::EMPTY);
+        let (mut restarts, mut min_low, mut linked) = (0, Key::EMPTY, false);
         loop {
-            let step = with_page(&self.ctx, &self.local, &self.read, (at, self.f), |p| {
+            let step = with_linked_page(&self.ctx, &self.local, &self.read, (at, self.f), linked, |p| {
                 at_leaf(p, key, &min_low, |p| p.find(key).map(|i| (i, take_value(p, i, out))))
             })
-            .await?;
+            .await?
+            .unwrap_or(AtLeaf::Restart);
+            linked = matches!(step, AtLeaf::Left(_));
             match step {
                 AtLeaf::Here(found) => {
                     self.remember(key, found.as_ref().map(|(i, _)| (at, *i)));
@@ -353,11 +355,11 @@ impl ShermanBt {
     ) -> Result<()> {
         let mut at = self.leaf_for(start, None).await?;
         let (mut from, mut first, mut restarts, mut min_low) = (Key::new(start), true, 0, Key::EMPTY);
-        let mut stale = 0;
+        let (mut stale, mut linked) = (0, false);
         loop {
             es.clear();
             let want = count - out.len();
-            let step = with_page(&self.ctx, &self.local, &self.read, (at, self.f), |p| {
+            let step = with_linked_page(&self.ctx, &self.local, &self.read, (at, self.f), linked, |p| {
                 at_leaf(p, from.as_slice(), &min_low, |p| {
                     // The entries from `from`, sorted in place by index; when
                     // their keys and values lie in the page, straight out
@@ -409,6 +411,12 @@ impl ShermanBt {
                 })
             })
             .await?;
+            let Some(step) = step else {
+                // A link to memory reused since: from the root.
+                (at, min_low, linked) = (self.restart(from.as_slice(), &mut restarts, None).await?, Key::EMPTY, false);
+                continue;
+            };
+            linked = matches!(step, AtLeaf::Left(_));
             match step {
                 AtLeaf::Here((high, sibling)) => {
                     es.truncate(count - out.len());
@@ -640,7 +648,11 @@ impl ShermanBt {
                 }
                 AtLeaf::Left(l) => {
                     self.unlock(held, false).await?;
-                    (at, min_low) = (self.moved_left(key, l, &mut restarts, Some(&mut op)).await?, Key::EMPTY);
+                    at = self.moved_left(key, l, &mut restarts, Some(&mut op)).await?;
+                    if !self.is_page(at).await? {
+                        at = self.restart(key, &mut restarts, Some(&mut op)).await?;
+                    }
+                    min_low = Key::EMPTY;
                     continue;
                 }
                 AtLeaf::Restart => {
@@ -812,7 +824,7 @@ impl ShermanBt {
                     self.unlock(held, false).await?;
                     (at, min_low) = (l, Key::EMPTY);
                     restarts += 1;
-                    if restarts > MAX_RESTARTS {
+                    if restarts > MAX_RESTARTS || !self.is_page(l).await? {
                         break None;
                     }
                     continue;

@@ -43,6 +43,24 @@ pub(crate) async fn with_page<T>(
     Err(ShermanError::Torn(at))
 }
 
+/// [`with_page`] for a page reached through a dead page's link when
+/// `linked`: the page the link named may have been merged away, freed and
+/// reused (as a block) since, so a copy that never validates is `None`
+/// (the caller starts again from the root), not [`ShermanError::Torn`].
+pub(crate) async fn with_linked_page<T>(
+    ctx: &Ctx,
+    local: &RefCell<Local>,
+    read: &Cell<u64>,
+    (at, fmt): (GlobalAddr, Format),
+    linked: bool,
+    f: impl FnOnce(PageRef<'_>) -> T,
+) -> Result<Option<T>> {
+    match with_page(ctx, local, read, (at, fmt), f).await {
+        Err(ShermanError::Torn(_)) if linked => Ok(None),
+        r => r.map(Some),
+    }
+}
+
 /// `Err` unless the page address `at`, read from a page or the root word
 /// (remote memory any client can write), lies whole in a blade's heap.
 ///
@@ -102,9 +120,11 @@ impl ShermanBt {
             let mut min_low = Key::EMPTY;
             // A dead page reached from its parent: its address and lowest.
             let (mut came_down, mut via_dead) = (false, None);
+            // Whether `at` is a dead page's link.
+            let mut linked = false;
             loop {
                 let local = &self.local;
-                let step = with_page(&self.ctx, local, &self.read, (at, self.f), |p| {
+                let step = with_linked_page(&self.ctx, local, &self.read, (at, self.f), linked, |p| {
                     use std::cmp::Ordering::{Greater, Less};
                     if p.is_dead() && p.level() == lvl {
                         Step::Left(p.link(), p.lowest())
@@ -127,13 +147,14 @@ impl ShermanBt {
                         Step::Down(p.child_for(key))
                     }
                 })
-                .await?;
+                .await?
+                .unwrap_or(Step::Restart);
                 match step {
                     Step::Here => return Ok(at),
                     Step::Down(c) => {
                         (at, min_low) = (c, Key::EMPTY);
                         lvl -= 1;
-                        (came_down, via_dead) = (true, None);
+                        (came_down, via_dead, linked) = (true, None, false);
                     }
                     Step::Left(l, dead_low) => {
                         // Bounded like restarts: a link cannot send a
@@ -149,10 +170,10 @@ impl ShermanBt {
                         if came_down {
                             via_dead = Some((at, dead_low));
                         }
-                        (at, min_low, came_down) = (l, Key::EMPTY, false);
+                        (at, min_low, came_down, linked) = (l, Key::EMPTY, false, true);
                     }
                     Step::Right(s, high) => {
-                        came_down = false;
+                        (came_down, linked) = (false, false);
                         min_low = high;
                         self.local.borrow_mut().stats.sibling_hops += 1;
                         if lvl == top {
@@ -191,6 +212,13 @@ impl ShermanBt {
                 }
             }
         }
+    }
+
+    /// Whether `at`, a dead page's link, still holds a page (of any kind):
+    /// read lock-free before a writer locks it, since the page the link
+    /// named may have been freed and reused as a block since.
+    pub(crate) async fn is_page(&self, at: GlobalAddr) -> Result<bool> {
+        Ok(with_linked_page(&self.ctx, &self.local, &self.read, (at, self.f), true, |_| ()).await?.is_some())
     }
 
     /// Counts `n` bytes this handle read (a lookup's bytes are the

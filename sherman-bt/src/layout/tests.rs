@@ -159,3 +159,20 @@ fn meta_and_root_word_round_trip() {
         (0..LOCK_SLOTS).map(|i| lock_slot(GlobalAddr::new(0, 4096 + i * 1024))).collect();
     assert!(slots.len() as u64 > LOCK_SLOTS / 2, "{} distinct slots", slots.len());
 }
+
+#[test]
+fn the_key_before_another_is_the_greatest_one_less_than_it() {
+    // Every key of at most two bytes, in order: each one's predecessor.
+    let mut all: Vec<Vec<u8>> = vec![vec![]];
+    all.extend((0..=255u8).map(|a| vec![a]));
+    all.extend((0..=255u8).flat_map(|a| (0..=255u8).map(move |b| vec![a, b])));
+    all.sort();
+    assert_eq!(Key::EMPTY.before(2), None);
+    for w in all.windows(2) {
+        let got = Key::new(&w[1]).before(2).expect("a key before");
+        assert_eq!(got.as_slice(), &w[0][..], "before {:?}", w[1]);
+    }
+    // Longer trees: the tail fills with 0xff up to the longest key.
+    assert_eq!(Key::new(&[7, 3]).before(5).unwrap().as_slice(), &[7, 2, 0xff, 0xff, 0xff]);
+    assert_eq!(Key::new(&[7, 0]).before(5).unwrap().as_slice(), &[7]);
+}

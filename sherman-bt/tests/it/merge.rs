@@ -231,6 +231,13 @@ fn a_merge_left_half_done_is_finished_by_the_next_writer() {
             let mut out = Vec::new();
             tree.scan_u64(0, 500, &mut out).await.unwrap();
             assert_eq!(out.iter().map(|e| e.0).collect::<Vec<_>>(), present, "stop after {stop_after}");
+            // The structural walk passes in either state, and counts the
+            // pages in the merge: R merging; then L absorbing and R (off
+            // the chain) merging; then L absorbing and R dead.
+            let (shape, keys) = tree.walk().await.unwrap();
+            assert_eq!(keys.len(), present.len(), "stop after {stop_after}");
+            let want = [(1, 0), (2, 0), (1, 1)][stop_after - 1];
+            assert_eq!((shape.merging, shape.dead_named), want, "stop after {stop_after}: {shape:?}");
             // A writer into either page finishes the merge first.
             tree.update_u64(25, value(25, 1)).await.unwrap();
             tree.update_u64(9, value(9, 1)).await.unwrap();
@@ -246,11 +253,18 @@ fn a_merge_left_half_done_is_finished_by_the_next_writer() {
 
 /// A page merged away whose separator is still in its parent (its merger
 /// died before removing it), and whose link no longer leads to its keys
-/// (the page it names was merged away in turn and its memory reused): the
-/// first descent that meets it removes the separator (`dead_repairs`), and
-/// every key reads back.
+/// (the page it names was merged away in turn and its memory reused, as
+/// another page or as a value block): the first descent that meets it
+/// removes the separator (`dead_repairs`), and every key reads back, is
+/// updated and scanned.
 #[test]
 fn a_dead_page_still_named_whose_link_went_stale_is_removed_from_its_parent() {
+    for reused_as_block in [false, true] {
+        dead_page_with_a_stale_link(reused_as_block);
+    }
+}
+
+fn dead_page_with_a_stale_link(reused_as_block: bool) {
     let t = EmbeddedTransport::new(1, 32 << 20).unwrap();
     let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
     let ctx = rt.ctx();
@@ -284,7 +298,15 @@ fn a_dead_page_still_named_whose_link_went_stale_is_removed_from_its_parent() {
         ctx.write(a, &a2.b).await.unwrap();
         let hi = bv.highest();
         let mut dead = PageBuf::new(f, 0, bv.lowest().as_slice(), hi.as_ref().map(|h| h.as_slice()), bv.sibling());
-        dead.set_merge(layout::FLAG_DEAD, c);
+        // Reused as a block: bytes that never validate as a page.
+        let link = if reused_as_block {
+            let junk = ctx.alloc(0, f.page as u64, 64).await.unwrap();
+            ctx.write(junk, &vec![0xa5; f.page]).await.unwrap();
+            junk
+        } else {
+            c
+        };
+        dead.set_merge(layout::FLAG_DEAD, link);
         dead.seal_after(bv.seq());
         ctx.write(b, &dead.b).await.unwrap();
         let (mut fresh, _) = ShermanBt::open_or_create(&ctx, "stale").await.unwrap();
@@ -294,5 +316,64 @@ fn a_dead_page_still_named_whose_link_went_stale_is_removed_from_its_parent() {
         assert_eq!(fresh.counters().dead_repairs, 1, "{:?}", fresh.counters());
         let (shape, keys) = fresh.walk().await.unwrap();
         assert_eq!((keys.len(), shape.dead_named), (60, 0), "{shape:?}");
+        // Writers and scans through the repaired parent.
+        let k = bv.live().map(|i| u64::from_be_bytes(bv.key(i).as_slice().try_into().unwrap())).min().unwrap();
+        assert!(fresh.update_u64(k, value(k, 1)).await.unwrap());
+        let mut out = Vec::new();
+        fresh.scan_u64(0, 60, &mut out).await.unwrap();
+        assert_eq!(out.len(), 60);
+        assert!(out.contains(&(k, value(k, 1))));
+    });
+}
+
+/// The same dead page met by a writer and a scan first (through a leaf
+/// address of the index cache, not a descent): the link that never
+/// validates sends them back to the root, whose descent repairs the
+/// parent; nothing is reported torn.
+#[test]
+fn writers_and_scans_that_meet_a_link_reused_as_a_block_start_again() {
+    let t = EmbeddedTransport::new(1, 32 << 20).unwrap();
+    let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
+    let ctx = rt.ctx();
+    rt.block_on(async move {
+        let (mut tree, _) = ShermanBt::open_or_create(&ctx, "junk").await.unwrap();
+        for k in 0..60u64 {
+            tree.insert_u64(k, value(k, 0)).await.unwrap();
+        }
+        let (m, f) = tree_meta(&ctx, "junk").await;
+        let (_, root) = layout::unpack_root(m.root);
+        let rootp = read_page(&ctx, f, root).await;
+        let b = rootp.view().child(0);
+        let bp = read_page(&ctx, f, b).await;
+        let bv = bp.view();
+        let keys: Vec<u64> = bv.live().map(|i| u64::from_be_bytes(bv.key(i).as_slice().try_into().unwrap())).collect();
+        // B dead (its keys gone: as if merged and then deleted), linked to
+        // memory reused as a block, still named by the root; the tree's
+        // index cache still names the root, so the first operation on B's
+        // keys reaches B without a descent.
+        let junk = ctx.alloc(0, f.page as u64, 64).await.unwrap();
+        ctx.write(junk, &vec![0x5a; f.page]).await.unwrap();
+        let hi = bv.highest();
+        let mut dead = PageBuf::new(f, 0, bv.lowest().as_slice(), hi.as_ref().map(|h| h.as_slice()), bv.sibling());
+        dead.set_merge(layout::FLAG_DEAD, junk);
+        dead.seal_after(bv.seq());
+        // A (left of B) takes B's range: B's keys are gone from the tree.
+        let a = rootp.view().leftmost();
+        let mut ap = read_page(&ctx, f, a).await;
+        ap.set_highest(hi.as_ref().map(|h| h.as_slice()));
+        ap.set_sibling(bv.sibling());
+        ap.seal_next();
+        ctx.write(a, &ap.b).await.unwrap();
+        ctx.write(b, &dead.b).await.unwrap();
+        let (k, kmax) = (*keys.iter().min().unwrap(), *keys.iter().max().unwrap());
+        assert!(!tree.update_u64(k, 1).await.unwrap(), "B's keys are gone");
+        assert!(tree.insert_u64(k, value(k, 2)).await.unwrap(), "and go into A");
+        let mut out = Vec::new();
+        tree.scan_u64(k, 60, &mut out).await.unwrap();
+        assert_eq!(out[0], (k, value(k, 2)));
+        let want: Vec<u64> = std::iter::once(k).chain(kmax + 1..60).collect();
+        assert_eq!(out.iter().map(|e| e.0).collect::<Vec<_>>(), want);
+        let (shape, live) = tree.walk().await.unwrap();
+        assert_eq!((live.len(), shape.dead_named), (60 - keys.len() + 1, 0), "{shape:?}");
     });
 }
