@@ -22,9 +22,11 @@
 # SIM_BLADE_SIZE, default 1GiB) with one
 # fault drawn from the seed (--sim-fault-seed: a compute blade killed, a
 # memory blade down and back, a memory blade or a thread stalled, a QP
-# dropped), then the
+# dropped; for smallbank and tatp, whose tables are replicated, also a
+# memory blade lost with its memory), then the
 # application's recovery and its own invariant checks on the blades the
-# run left (smallbank/tatp: recover, --audit-only; race: table repair,
+# run left (smallbank/tatp: recover, or rebuild --lost B after a blade
+# lost, then --audit-only; race: table repair,
 # table check, ycsb --no-load --verify; sherman: table check, ycsb
 # --no-load --verify). The seed picks the workload too. The run may fail
 # with a transport error or die (that is the fault); a panic, a failed
@@ -104,6 +106,11 @@ if [ "${1:-}" = --sim ]; then
     step "the run" "0 1 137" "${run[@]}" --threads "$threads" --coroutines "$coroutines" --duration 0.004 --warmup 0.001 \
       --seed "$seed" --sim-fault-seed "$seed" --quiet "${sim[@]}" || ok=0
     fault=$(grep -o -- "--sim-fault [^ ]*" "$log" | head -1 | sed 's/--sim-fault //' || true)
+    # A memory blade lost: a fresh one is in its place; the database's
+    # copies come back from the others, and the dead run is recovered.
+    if [[ $fault =~ ^blade-lost@[0-9.]+:([0-9]+)$ ]]; then
+      recover=(rebuild --lost "${BASH_REMATCH[1]}" --sim-advance 12)
+    fi
     [ "$ok" = 1 ] && { step "recovery" "0" "${recover[@]}" "${sim[@]}" || ok=0; }
     for c in "${checks[@]}"; do
       [ "$ok" = 1 ] || break

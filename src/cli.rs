@@ -391,6 +391,7 @@ pub struct SimRunFlags {
     pub sim_app_ns: Option<u64>,
     /// Inject a fault, counted in virtual ms from the start of the timed run:
     /// kill@MS (this compute blade dies, exit status 137), blade-down@MS:BLADE:FOR_MS,
+    /// blade-lost@MS:BLADE (with its memory: then `rebuild --lost BLADE`),
     /// blade-stall@MS:BLADE:FOR_MS, stall@MS:THREAD:FOR_MS, drop-qp@MS:THREAD:BLADE.
     /// Repeatable.
     #[arg(long, help_heading = "Simulation (--transport sim)")]
@@ -643,8 +644,10 @@ pub struct RecoverArgs {
 #[derive(Args, Debug)]
 pub struct RebuildArgs {
     /// The places in --blades of the lost memory blades, where fresh ones
-    /// now listen (blade 0 too: its catalogs and registries come back from
-    /// their mirrors on the other blades). Several lost blades are rebuilt together
+    /// now listen (or, with --transport sim --sim-blade-dir, the simulated
+    /// blades lost to --sim-fault blade-lost@MS:B) (blade 0 too: its
+    /// catalogs and registries come back from their mirrors on the other
+    /// blades). Several lost blades are rebuilt together
     /// (`--lost 1,2`), each copy from a replica on none of them.
     #[arg(long, value_delimiter = ',', required = true)]
     pub lost: Vec<u16>,

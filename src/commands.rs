@@ -50,14 +50,25 @@ impl Outcome {
 /// Checks, before a subcommand reads anything, that remote memory blades
 /// are, in the order listed, the set they were when first used together
 /// ([`smart_core::Ctx::check_blade_set`]), and records the set on blades
-/// used for the first time. Embedded blades are made by this process and
-/// need no check.
+/// used for the first time; so do simulated blades kept in a
+/// `--sim-blade-dir` (one may be lost and replaced by a fresh one:
+/// `--sim-fault blade-lost@MS:B`). Embedded blades, and simulated ones
+/// without a directory, are made by this process and need no check.
 ///
 /// # Errors
 /// A blade restarted without its backing file, replaced, listed in another
 /// order, or from another set, named with its address; verb errors.
 pub fn check_blade_set(s: &Session, t: &dyn Transport) -> Result<()> {
-    let Blades::Remote { addrs, .. } = &s.blades else { return Ok(()) };
+    let addrs: Vec<String> = match &s.blades {
+        Blades::Remote { addrs, .. } => addrs.clone(),
+        Blades::Simulated(cfg) => match &cfg.blade_dir {
+            Some(d) => (0..cfg.memory_blades)
+                .map(|b| format!("simulated, {}", d.join(format!("blade-{b}.img")).display()))
+                .collect(),
+            None => return Ok(()),
+        },
+        Blades::Embedded { .. } => return Ok(()),
+    };
     let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
     let ctx = rt.ctx();
     rt.block_on(async move { ctx.check_blade_set().await }).map_err(|e| match e {
@@ -66,7 +77,7 @@ pub fn check_blade_set(s: &Session, t: &dyn Transport) -> Result<()> {
             // A lost blade whose FORD databases' copies can come back.
             let hint = if what.contains("restarted without its backing file or replaced") {
                 " (the FORD databases' copies and catalogs it held can be rebuilt on a fresh blade in its place: \
-                 `compute-blade rebuild --lost I[,J…]`, see the README's \"Transactions\")"
+                 `compute-blade rebuild --lost I[,J…]`, see the guide's Operations, \"A lost memory blade\")"
             } else {
                 ""
             };
@@ -1568,7 +1579,9 @@ fn rebuild_blade0(
                     wait as f64 / 1e3
                 );
             }
-            std::thread::sleep(std::time::Duration::from_millis(wait));
+            // The runtime's clock: virtual on the simulator.
+            let ctx = rt.ctx();
+            rt.block_on(async move { ctx.sleep_ns(wait * 1_000_000).await });
         }
     }
     let ctx = rt.ctx();

@@ -341,20 +341,31 @@ impl Config {
                 if a.db.iter().any(String::is_empty) {
                     bail!("--db has an empty name");
                 }
-                let Blades::Remote { addrs, .. } = &session.blades else {
-                    bail!("rebuild needs --blades: embedded blades live and die with their process");
+                // A simulated cluster kept in a directory loses a blade to
+                // `--sim-fault blade-lost@MS:B`, and finds a fresh one there.
+                let (count, places) = match &session.blades {
+                    Blades::Remote { addrs, .. } => (addrs.len(), "in --blades of the lost blades, where fresh ones now listen"),
+                    Blades::Simulated(cfg) if cfg.blade_dir.is_some() => {
+                        (cfg.memory_blades, "of the lost simulated blades (fresh ones are in their place)")
+                    }
+                    Blades::Simulated(_) => bail!(
+                        "rebuild on the simulator needs --sim-blade-dir: the directory of the cluster that lost a blade"
+                    ),
+                    Blades::Embedded { .. } => {
+                        bail!("rebuild needs --blades: embedded blades live and die with their process")
+                    }
                 };
                 let mut lost = a.lost.clone();
                 lost.sort_unstable();
                 lost.dedup();
-                if let Some(i) = lost.iter().find(|i| addrs.len() < 2 || usize::from(**i) >= addrs.len()) {
+                if let Some(i) = lost.iter().find(|i| count < 2 || usize::from(**i) >= count) {
                     bail!(
-                        "--lost {i}: give the places (0 to {}) in --blades of the lost blades, where fresh ones now \
-                         listen (a set of at least 2 blades: with one, nothing else keeps a copy)",
-                        addrs.len().saturating_sub(1)
+                        "--lost {i}: give the places (0 to {}) {places} (a set of at least 2 blades: with one, \
+                         nothing else keeps a copy)",
+                        count.saturating_sub(1)
                     );
                 }
-                if lost.len() >= addrs.len() {
+                if lost.len() >= count {
                     bail!("--lost names every blade of the list: nothing is left to rebuild them from");
                 }
                 if lost[0] == 0 && !a.db.is_empty() {
@@ -638,6 +649,7 @@ impl Session {
                 app_ns: c.sim_run.sim_app_ns.unwrap_or(0),
                 faults,
                 fault_seed: c.sim_run.sim_fault_seed,
+                survives_loss: false,
                 fault_span_ns: ((c.warmup + c.duration) * 1e9) as u64,
                 advance_ns: (c.target.sim.sim_advance * 1e9) as u64,
             }))
@@ -873,6 +885,11 @@ fn dtx_config(c: &Common, f: &DtxFlags, db: &str, workload: DtxWorkload) -> Resu
             cfg.memory_blades = f.replicas
         }
         _ => {}
+    }
+    if let Blades::Simulated(cfg) = &mut session.blades {
+        // Replicated, the database survives a memory blade lost (then
+        // `rebuild --lost B`): a drawn fault may be one.
+        cfg.survives_loss = f.replicas >= 2;
     }
     let blades = match &session.blades {
         Blades::Embedded { count, .. } => *count,

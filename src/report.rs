@@ -22,7 +22,8 @@ pub fn clocksource() -> Option<String> {
 
 /// Clocksources that user space cannot read without a system call (and a
 /// device read, under emulation): every clock read of the runtimes is then
-/// one, which slows them down (see README, "The guest's clock").
+/// one, which slows them down (see the guide's "Soft-RoCE in a VM", "What
+/// the script does").
 pub const SLOW_CLOCKSOURCES: [&str; 5] = ["hpet", "acpi_pm", "pit", "jiffies", "refined-jiffies"];
 
 /// The warning for a slow clocksource `c`, if it is one.
@@ -30,7 +31,7 @@ pub fn slow_clock_warning(c: &str) -> Option<String> {
     SLOW_CLOCKSOURCES.contains(&c).then(|| {
         format!(
             "compute-blade: the kernel keeps time with {c}, not the TSC: every clock read is a system call, \
-             and throughput will be lower (see README, 'The guest's clock')"
+             and throughput will be lower (boot with clocksource=tsc: see the guide's 'Soft-RoCE in a VM')"
         )
     })
 }

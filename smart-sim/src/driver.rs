@@ -180,6 +180,17 @@ impl SimTransport {
                                     *d = (at, at + down_ns);
                                 }
                             }
+                            FaultKind::BladeLost { blade } => {
+                                if let Some(d) = w.blade_down.get_mut(blade as usize) {
+                                    *d = (at, u64::MAX);
+                                    eprintln!(
+                                        "smart-sim: fault {fault}: memory blade {blade} is lost at {:.6} s (virtual), \
+                                         and its memory with it",
+                                        at as f64 / 1e9
+                                    );
+                                    self.empty_blade_image(blade);
+                                }
+                            }
                             FaultKind::BladeStall { blade, pause_ns } => {
                                 if let Some(d) = w.blade_stall.get_mut(blade as usize) {
                                     *d = (at, at + pause_ns);

@@ -1,7 +1,7 @@
 //! Faults injected at virtual instants (deterministic simulation testing,
 //! after FoundationDB's): a compute blade killed, a memory blade down for a
-//! while and back on its memory, a memory blade or a simulated thread
-//! stalled, a QP broken.
+//! while and back on its memory, a memory blade lost with its memory, a
+//! memory blade or a simulated thread stalled, a QP broken.
 //! After one, the application's own invariants are checked by the next
 //! commands (`recover`, `--audit-only`, `table check`, `ycsb --no-load
 //! --verify`); `scripts/soak.sh --sim SEEDS` runs many seeds.
@@ -29,6 +29,16 @@ pub enum FaultKind {
         blade: u16,
         /// How long it is down (virtual ns).
         down_ns: u64,
+    },
+    /// Memory blade `blade` dies and its memory with it (its host lost):
+    /// WRs that reach it from then on fail with a transport error, for the
+    /// rest of the run; with `--sim-blade-dir`, its image is emptied, so
+    /// that the next command finds a fresh, unformatted blade in its place
+    /// (formatted with a new identity), as when a new memory-blade process
+    /// replaces a lost one.
+    BladeLost {
+        /// The memory blade.
+        blade: u16,
     },
     /// Memory blade `blade` stalls for `pause_ns` (its host paused, its
     /// NIC's firmware busy): requests that reach it meanwhile wait and run
@@ -77,6 +87,7 @@ impl fmt::Display for Fault {
             FaultKind::BladeDown { blade, down_ns } => {
                 write!(f, "blade-down@{}:{blade}:{}", ms(self.at_ns), ms(down_ns))
             }
+            FaultKind::BladeLost { blade } => write!(f, "blade-lost@{}:{blade}", ms(self.at_ns)),
             FaultKind::BladeStall { blade, pause_ns } => {
                 write!(f, "blade-stall@{}:{blade}:{}", ms(self.at_ns), ms(pause_ns))
             }
@@ -87,7 +98,7 @@ impl fmt::Display for Fault {
 }
 
 impl Fault {
-    /// Parses `kill@MS`, `blade-down@MS:BLADE:FOR_MS`,
+    /// Parses `kill@MS`, `blade-down@MS:BLADE:FOR_MS`, `blade-lost@MS:BLADE`,
     /// `blade-stall@MS:BLADE:FOR_MS`, `stall@MS:THREAD:FOR_MS` or
     /// `drop-qp@MS:THREAD:BLADE` (times in virtual milliseconds, fractions
     /// allowed).
@@ -97,8 +108,8 @@ impl Fault {
     pub fn parse(s: &str) -> Result<Fault, String> {
         let bad = || {
             format!(
-                "--sim-fault {s:?}: expected kill@MS, blade-down@MS:BLADE:FOR_MS, blade-stall@MS:BLADE:FOR_MS, \
-                 stall@MS:THREAD:FOR_MS or drop-qp@MS:THREAD:BLADE"
+                "--sim-fault {s:?}: expected kill@MS, blade-down@MS:BLADE:FOR_MS, blade-lost@MS:BLADE, \
+                 blade-stall@MS:BLADE:FOR_MS, stall@MS:THREAD:FOR_MS or drop-qp@MS:THREAD:BLADE"
             )
         };
         let (kind, rest) = s.split_once('@').ok_or_else(bad)?;
@@ -115,6 +126,7 @@ impl Fault {
         let kind = match (kind, parts.len()) {
             ("kill", 1) => FaultKind::Kill,
             ("blade-down", 3) => FaultKind::BladeDown { blade: int(parts[1])? as u16, down_ns: ns(parts[2])? },
+            ("blade-lost", 2) => FaultKind::BladeLost { blade: int(parts[1])? as u16 },
             ("blade-stall", 3) => FaultKind::BladeStall { blade: int(parts[1])? as u16, pause_ns: ns(parts[2])? },
             ("stall", 3) => FaultKind::Stall { thread: int(parts[1])? as usize, pause_ns: ns(parts[2])? },
             ("drop-qp", 3) => FaultKind::DropQp { thread: int(parts[1])? as usize, blade: int(parts[2])? as u16 },
@@ -125,8 +137,16 @@ impl Fault {
 
     /// One fault drawn from `seed`, at an instant within the first
     /// `span_ns` of a run of `threads` threads over `blades` memory blades.
-    pub fn draw(seed: u64, span_ns: u64, threads: usize, blades: usize) -> Fault {
+    /// A memory blade lost is drawn (one seed in six) only if the run's
+    /// data survives one (`survives_loss`: replicated on other blades);
+    /// the other seeds draw as if it could not, so that a seed's fault
+    /// stays what it was.
+    pub fn draw(seed: u64, span_ns: u64, threads: usize, blades: usize, survives_loss: bool) -> Fault {
         let r = |i: u64| smart_core::hash::mix64(seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        if survives_loss && blades > 1 && r(7) % 6 == 0 {
+            let at_ns = span_ns / 10 + r(1) % (span_ns * 8 / 10).max(1);
+            return Fault { at_ns, kind: FaultKind::BladeLost { blade: (r(3) % blades as u64) as u16 } };
+        }
         let at_ns = span_ns / 10 + r(1) % (span_ns * 8 / 10).max(1);
         let thread = (r(2) % threads.max(1) as u64) as usize;
         let blade = (r(3) % blades.max(1) as u64) as u16;
@@ -149,23 +169,40 @@ mod tests {
 
     #[test]
     fn faults_parse_and_print_back() {
-        for s in ["kill@1.5", "blade-down@2:1:0.5", "blade-stall@2:0:1.5", "stall@0.25:7:3000", "drop-qp@1:3:0"] {
+        for s in [
+            "kill@1.5",
+            "blade-down@2:1:0.5",
+            "blade-lost@1:2",
+            "blade-stall@2:0:1.5",
+            "stall@0.25:7:3000",
+            "drop-qp@1:3:0",
+        ] {
             let f = Fault::parse(s).unwrap();
             assert_eq!(Fault::parse(&f.to_string()).unwrap(), f, "{s}");
         }
         assert_eq!(Fault::parse("kill@2").unwrap(), Fault { at_ns: 2_000_000, kind: FaultKind::Kill });
         assert!(Fault::parse("explode@1").is_err());
         assert!(Fault::parse("stall@1:2").is_err());
+        assert!(Fault::parse("blade-lost@1:2:3").is_err());
         assert!(Fault::parse("kill@-1").is_err());
     }
 
     #[test]
     fn drawn_faults_depend_on_the_seed_only_and_fall_in_the_span() {
-        let a: Vec<Fault> = (0..50).map(|s| Fault::draw(s, 2_000_000, 96, 2)).collect();
-        let b: Vec<Fault> = (0..50).map(|s| Fault::draw(s, 2_000_000, 96, 2)).collect();
+        let a: Vec<Fault> = (0..50).map(|s| Fault::draw(s, 2_000_000, 96, 2, false)).collect();
+        let b: Vec<Fault> = (0..50).map(|s| Fault::draw(s, 2_000_000, 96, 2, false)).collect();
         assert_eq!(a, b);
         assert!(a.iter().all(|f| (200_000..1_800_000).contains(&f.at_ns)));
         let kinds: std::collections::HashSet<_> = a.iter().map(|f| std::mem::discriminant(&f.kind)).collect();
-        assert_eq!(kinds.len(), 5, "every kind comes up");
+        assert_eq!(kinds.len(), 5, "every kind but a blade lost comes up");
+        // Where a blade lost is survivable, some seeds draw it; the others
+        // draw what they drew before.
+        let c: Vec<Fault> = (0..50).map(|s| Fault::draw(s, 2_000_000, 96, 2, true)).collect();
+        let lost = c.iter().filter(|f| matches!(f.kind, FaultKind::BladeLost { .. })).count();
+        assert!((3..=15).contains(&lost), "{lost} of 50 lost");
+        for (x, y) in a.iter().zip(&c) {
+            assert!(x == y || matches!(y.kind, FaultKind::BladeLost { blade } if blade < 2), "{x} became {y}");
+        }
+        assert_eq!(Fault::draw(3, 2_000_000, 96, 1, true), Fault::draw(3, 2_000_000, 96, 1, false), "one blade");
     }
 }

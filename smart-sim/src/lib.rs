@@ -130,6 +130,10 @@ pub struct SimConfig {
     /// One more fault, drawn from this seed ([`Fault::draw`]) over the
     /// first `fault_span_ns` of the timed run.
     pub fault_seed: Option<u64>,
+    /// Whether the run's data survives a memory blade lost (it keeps
+    /// replicas on other blades): only then is one drawn from
+    /// `fault_seed`.
+    pub survives_loss: bool,
     /// See `fault_seed`.
     pub fault_span_ns: u64,
     /// Virtual time that passes before this run starts, after the last run
@@ -151,6 +155,7 @@ impl Default for SimConfig {
             app_ns: 0,
             faults: Vec::new(),
             fault_seed: None,
+            survives_loss: false,
             fault_span_ns: 0,
             advance_ns: 0,
         }
@@ -193,6 +198,13 @@ impl SimTransport {
             return Err(Error::Unsupported("a simulated cluster needs compute blades with threads".into()));
         }
         cfg.profile.check().map_err(Error::Unsupported)?;
+        // Virtual time goes on from where the last run on these blades left
+        // it, as a wall clock would: leases recorded on them then mean what
+        // they meant.
+        let clock = cfg.blade_dir.as_ref().and_then(|dir| {
+            let b = std::fs::read(dir.join(CLOCK_FILE)).ok()?;
+            Some(u64::from_le_bytes(<[u8; 8]>::try_from(b.as_slice()).ok()?))
+        });
         let mut regions = Vec::with_capacity(cfg.memory_blades);
         for b in 0..cfg.memory_blades {
             let r = match &cfg.blade_dir {
@@ -211,8 +223,12 @@ impl SimTransport {
             if formatted {
                 // A blade identity from the seed instead of a random one, so
                 // that a run leaves the same bytes every time (top 48 bits
-                // not all zero, as the layout requires).
-                let id = smart_core::hash::mix64(cfg.seed ^ 0x1d3a_5f7b ^ ((b as u64) << 48)) | (1 << 63);
+                // not all zero, as the layout requires); and from the
+                // virtual time, so that a blade made in the place of a lost
+                // one is not taken for it.
+                let id = smart_core::hash::mix64(
+                    cfg.seed ^ 0x1d3a_5f7b ^ ((b as u64) << 48) ^ clock.map_or(0, smart_core::hash::mix64),
+                ) | (1 << 63);
                 r.store_u64(smart_core::layout::OFF_IDENTITY, id).expect("the superblock is in bounds");
             }
             regions.push(Arc::new(r));
@@ -222,24 +238,17 @@ impl SimTransport {
         let infos = regions.iter().zip(&rkeys).map(|(r, &rkey)| BladeInfo { size: r.len(), rkey }).collect();
         let mut world = World::new(cfg.profile.clone(), regions, rkeys, cfg.compute_blades, cfg.threads_per_blade);
         world.app_ns = cfg.app_ns;
-        if let Some(dir) = &cfg.blade_dir {
-            // Virtual time goes on from where the last run on these blades
-            // left it, as a wall clock would: leases recorded on them then
-            // mean what they meant.
-            if let Ok(b) = std::fs::read(dir.join(CLOCK_FILE)) {
-                if let Ok(b) = <[u8; 8]>::try_from(b.as_slice()) {
-                    world.now = u64::from_le_bytes(b);
-                }
-            }
-        }
-        world.now += cfg.advance_ns;
+        world.now = clock.unwrap_or(0) + cfg.advance_ns;
         let mut faults = cfg.faults.clone();
         if let Some(seed) = cfg.fault_seed {
-            let f = Fault::draw(seed, cfg.fault_span_ns, cfg.compute_blades * cfg.threads_per_blade, cfg.memory_blades);
+            let threads = cfg.compute_blades * cfg.threads_per_blade;
+            let f = Fault::draw(seed, cfg.fault_span_ns, threads, cfg.memory_blades, cfg.survives_loss);
             eprintln!("smart-sim: fault drawn from seed {seed}: --sim-fault {f}");
             faults.push(f);
         }
-        faults.sort_by_key(|f| std::cmp::Reverse(f.at_ns));
+        // Taken from the end: the earliest first, and of one instant, a
+        // kill last (a memory blade lost with the compute blade is lost).
+        faults.sort_by_key(|f| std::cmp::Reverse((f.at_ns, f.kind == fault::FaultKind::Kill)));
         Ok(SimTransport {
             world: Arc::new(Mutex::new(world)),
             infos,
@@ -288,6 +297,24 @@ impl SimTransport {
                 .map_err(|e| Error::Io { peer: dir.display().to_string(), cause: e })?;
         }
         Ok(())
+    }
+
+    /// Empties memory blade `blade`'s image in the blade directory (a lost
+    /// blade's memory is gone): truncated to nothing and extended again,
+    /// so the next command finds an unformatted blade of the same size in
+    /// its place, and formats it with a new identity. The mapping this
+    /// process holds reads zeros from then on (no WR reaches the blade).
+    pub(crate) fn empty_blade_image(&self, blade: u16) {
+        let Some(dir) = &self.cfg.blade_dir else { return };
+        let path = dir.join(format!("blade-{blade}.img"));
+        let emptied = std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| {
+            let len = f.metadata()?.len();
+            f.set_len(0)?;
+            f.set_len(len)
+        });
+        if let Err(e) = emptied {
+            eprintln!("smart-sim: emptying the image of lost memory blade {blade} ({}): {e}", path.display());
+        }
     }
 
     pub(crate) fn save_clock_at(&self, now: u64) {

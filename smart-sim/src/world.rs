@@ -420,7 +420,12 @@ impl World {
         let e = &self.eps[rec.ep as usize];
         let blade = rec.blade as usize;
         let (down_from, down_until) = self.blade_down[blade];
-        let r = if begun_rest {
+        // A blade lost (down for good) takes nothing more, not even the
+        // rest of a WR whose packet had reached it: its memory is gone.
+        let lost = down_until == u64::MAX && self.now >= down_from;
+        let r = if lost {
+            Err(WcStatus::Transport)
+        } else if begun_rest {
             Ok(())
         } else if (down_from..down_until).contains(&self.now) {
             Err(WcStatus::Transport)
