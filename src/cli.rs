@@ -162,7 +162,9 @@ pub struct CoordinatorArgs {
     /// What to do.
     #[arg(value_enum)]
     pub action: CoordinatorAction,
-    /// The coordinator: http://HOST:PORT[/CLUSTER].
+    /// The coordinator: http://HOST:PORT[/CLUSTER], or
+    /// http://HOST:PORT,HOST:PORT,…[/CLUSTER] (every member of an etcd
+    /// cluster).
     #[arg(long, required = true)]
     pub coordinator: String,
     /// The memory blade to remove (its index).
@@ -315,7 +317,8 @@ pub struct BladeArgs {
     #[arg(long, help_heading = "Memory blades")]
     pub secret_file: Option<PathBuf>,
     /// The coordinator (etcd) holding the cluster's configuration:
-    /// http://HOST:PORT[/CLUSTER]. smallbank, tatp and rebuild then run
+    /// http://HOST:PORT[/CLUSTER], or http://HOST:PORT,HOST:PORT,…[/CLUSTER]
+    /// (every member of an etcd cluster). smallbank, tatp and rebuild then run
     /// only on the blades it trusts, as members under an etcd lease; a run
     /// whose blade fails removes it from the configuration and fences the
     /// other compute blades.

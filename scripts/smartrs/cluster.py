@@ -230,7 +230,7 @@ def load_cluster(path: str | Path | None) -> Cluster:
         raise LaunchError(f"{p}: secret_file is a path, not {secret!r}")
     coordinator = defaults.get("coordinator", "")
     if not isinstance(coordinator, str) or (coordinator and not coordinator.startswith("http://")):
-        raise LaunchError(f"{p}: coordinator is etcd's URL, http://HOST:PORT[/CLUSTER], not {coordinator!r}")
+        raise LaunchError(f"{p}: coordinator is etcd's URL, http://HOST:PORT[,HOST:PORT…][/CLUSTER], not {coordinator!r}")
     return Cluster(p, hashlib.sha256(raw).hexdigest(), mem, comp, transport, secret, coordinator)
 
 

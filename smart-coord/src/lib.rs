@@ -419,37 +419,59 @@ impl std::fmt::Debug for Coordinator {
     }
 }
 
-/// Splits `http://HOST:PORT[/CLUSTER]` into the endpoint and the cluster.
+/// Splits `http://HOST:PORT[,HOST:PORT…][/CLUSTER]` into the endpoints
+/// (each `http://HOST:PORT`: the members of one etcd cluster, any of which
+/// answers) and the cluster.
 ///
 /// # Errors
 /// [`CoordError::Url`] for anything else.
-pub fn parse_url(spec: &str) -> Result<(String, String)> {
-    let bad =
-        |why: &str| CoordError::Url(format!("{spec:?}: {why} (expected http://HOST:PORT or http://HOST:PORT/CLUSTER)"));
-    let rest = spec.strip_prefix("http://").ok_or_else(|| bad("not an http:// URL"))?;
-    let (host, cluster) = match rest.split_once('/') {
-        Some((h, c)) => (h, c.trim_end_matches('/')),
-        None => (rest, ""),
+pub fn parse_url(spec: &str) -> Result<(Vec<String>, String)> {
+    let bad = |why: &str| {
+        CoordError::Url(format!(
+            "{spec:?}: {why} (expected http://HOST:PORT[,HOST:PORT…][/CLUSTER]: one etcd member or several of one \
+             etcd cluster)"
+        ))
     };
-    let (name, port) = host.rsplit_once(':').ok_or_else(|| bad("no port"))?;
-    if name.is_empty() || port.parse::<u16>().is_err() {
-        return Err(bad("a host and a port are needed"));
+    let rest = spec.strip_prefix("http://").ok_or_else(|| bad("not an http:// URL"))?;
+    // Each member may be written as a URL of its own.
+    let rest = rest.replace(",http://", ",");
+    let (hosts, cluster) = match rest.split_once('/') {
+        Some((h, c)) => (h, c.trim_end_matches('/')),
+        None => (rest.as_str(), ""),
+    };
+    let mut endpoints = Vec::new();
+    for host in hosts.split(',') {
+        let (name, port) = host.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+        if name.is_empty() || port.parse::<u16>().is_err() {
+            return Err(bad("a host and a port are needed"));
+        }
+        let e = format!("http://{host}");
+        if endpoints.contains(&e) {
+            return Err(bad(&format!("{host} is listed twice")));
+        }
+        endpoints.push(e);
     }
     if !cluster.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
         return Err(bad("a cluster name is letters, digits, - and _"));
     }
     let cluster = if cluster.is_empty() { DEFAULT_CLUSTER } else { cluster };
-    Ok((format!("http://{host}"), cluster.to_string()))
+    Ok((endpoints, cluster.to_string()))
 }
 
 impl Coordinator {
-    /// Connects to etcd at `spec` (`http://HOST:PORT[/CLUSTER]`); every
+    /// Connects to etcd at `spec` (`http://HOST:PORT[,HOST:PORT…][/CLUSTER]`:
+    /// with several members of one etcd cluster, requests go to those that
+    /// answer, so the coordinator outlives a minority of them); every
     /// request is bounded by `timeout`.
     ///
     /// # Errors
     /// A bad URL; etcd not answering within `timeout`.
     pub fn connect(spec: &str, timeout: Duration) -> Result<Coordinator> {
-        let (url, cluster) = parse_url(spec)?;
+        let (endpoints, cluster) = parse_url(spec)?;
+        let url = match endpoints.as_slice() {
+            [one] => one.clone(),
+            _ => format!("http://{}", endpoints.iter().map(|e| &e["http://".len()..]).collect::<Vec<_>>().join(",")),
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("coordinator")
@@ -458,7 +480,7 @@ impl Coordinator {
             .map_err(|e| CoordError::Etcd { url: url.clone(), why: format!("no runtime: {e}") })?;
         let opts = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout);
         let client = rt
-            .block_on(async { tokio::time::timeout(timeout, Client::connect([url.as_str()], Some(opts))).await })
+            .block_on(async { tokio::time::timeout(timeout, Client::connect(&endpoints, Some(opts))).await })
             .map_err(|_| CoordError::Etcd { url: url.clone(), why: format!("no answer within {timeout:?}") })?
             .map_err(|e| CoordError::Etcd { url: url.clone(), why: e.to_string() })?;
         let c = Coordinator { rt: Arc::new(rt), client, url, cluster, timeout };
@@ -481,16 +503,17 @@ impl Coordinator {
         format!("/smart-rs/{}/{what}", self.cluster)
     }
 
-    fn call<T, F>(&self, what: &str, f: F) -> Result<T>
+    /// One request, `f` (called again for each try), bounded by the time-out
+    /// and sent again to another member while none could be reached
+    /// ([`retried`]).
+    fn call<T, F, Fut>(&self, what: &str, kind: Kind, f: F) -> Result<T>
     where
-        F: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
-        let t = self.timeout;
-        match self.rt.block_on(async { tokio::time::timeout(t, f).await }) {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(CoordError::Etcd { url: self.url.clone(), why: format!("{what}: {e}") }),
-            Err(_) => Err(CoordError::Etcd { url: self.url.clone(), why: format!("{what}: no answer within {t:?}") }),
-        }
+        self.rt
+            .block_on(retried(self.timeout, kind, &self.client, f))
+            .map_err(|why| CoordError::Etcd { url: self.url.clone(), why: format!("{what}: {why}") })
     }
 
     /// The stored configuration, if any.
@@ -499,8 +522,10 @@ impl Coordinator {
     /// etcd errors; a configuration that does not parse.
     pub fn load(&self) -> Result<Option<Versioned>> {
         let key = self.key("config");
-        let mut c = self.client.clone();
-        let r = self.call("reading the configuration", c.get(key.clone(), None))?;
+        let r = self.call("reading the configuration", Kind::Read, |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        })?;
         r.kvs().first().map(|kv| parse(&key, kv.value(), kv.mod_revision())).transpose()
     }
 
@@ -519,8 +544,10 @@ impl Coordinator {
                 Compare::mod_revision(self.key("config"), CompareOp::Equal, v.revision),
             ])
             .and_then([TxnOp::put(ek, v.config.epoch.to_string(), None)]);
-        let mut c = self.client.clone();
-        self.call("recording the epoch", c.txn(txn))?;
+        self.call("recording the epoch", Kind::Write, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })?;
         Ok(())
     }
 
@@ -537,14 +564,20 @@ impl Coordinator {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), value, None), epoch, TxnOp::get(key.clone(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let mut c = self.client.clone();
-        let r = self.call("creating the configuration", c.txn(txn))?;
+        let r = self.call("creating the configuration", Kind::Write, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })?;
         let got = txn_get(&key, &r.op_responses())?;
         Ok((got, r.succeeded()))
     }
 
     /// Replaces configuration `from` by `to` if nothing changed it since
-    /// `from` was read (an etcd transaction on its revision).
+    /// `from` was read (an etcd transaction on its revision). A transaction
+    /// sent but unanswered (its etcd member, or the cluster's leader, died
+    /// meanwhile) is resolved by reading the configuration back: unchanged,
+    /// it is sent again; holding `to`, it is taken as won (another
+    /// proposal of exactly the same configuration would be taken so too).
     ///
     /// # Errors
     /// [`CoordError::Refused`] if `to` would move the epoch back; etcd
@@ -565,10 +598,32 @@ impl Coordinator {
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, from.revision)])
             .and_then([TxnOp::put(key.clone(), value, None), epoch, TxnOp::get(key.clone(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let mut c = self.client.clone();
-        let r = self.call("changing the configuration", c.txn(txn))?;
-        let got = txn_get(&key, &r.op_responses())?;
-        Ok(if r.succeeded() { Replaced::Won(got) } else { Replaced::Lost(got) })
+        let end = std::time::Instant::now() + self.timeout;
+        for _ in 0..3 {
+            let sent = self.call("changing the configuration", Kind::Write, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            });
+            let r = match sent {
+                Ok(r) => r,
+                // Sent, and no answer (the member died, or its leader did):
+                // the outcome is read back. Unchanged, it did not apply;
+                // `to` stored, it did.
+                Err(e) => match self.load() {
+                    Ok(Some(now)) if now.revision == from.revision && std::time::Instant::now() < end => continue,
+                    Ok(Some(now)) if now.revision == from.revision => return Err(e),
+                    Ok(Some(now)) if now.config == *to => return Ok(Replaced::Won(now)),
+                    Ok(Some(now)) => return Ok(Replaced::Lost(now)),
+                    _ => return Err(e),
+                },
+            };
+            let got = txn_get(&key, &r.op_responses())?;
+            return Ok(if r.succeeded() { Replaced::Won(got) } else { Replaced::Lost(got) });
+        }
+        Err(CoordError::Etcd {
+            url: self.url.clone(),
+            why: "changing the configuration: three tries went unanswered, and it is unchanged".into(),
+        })
     }
 
     /// Applies `change` to the stored configuration until it sticks (other
@@ -616,13 +671,16 @@ impl Coordinator {
     ) -> Result<Membership> {
         let ttl_s = ttl.as_secs().max(2) as i64;
         self.ensure_epoch_key()?;
-        let mut c = self.client.clone();
-        let lease = self.call("granting a lease", c.lease_grant(ttl_s, None))?.id();
+        let lease =
+            self.call("granting a lease", Kind::Write, |mut c| async move { c.lease_grant(ttl_s, None).await })?.id();
         let key = self.key(&format!("members/{lease:016x}"));
         let record = Member { epoch, lease, fence_tag: fence_tag.load(Ordering::SeqCst), ..member.clone() };
-        let mut c = self.client.clone();
         let epoch_key = self.key("epoch");
-        self.call("recording the membership", c.txn(record_txn(&key, &self.key("tags/"), &epoch_key, &record)))?;
+        let txn = record_txn(&key, &self.key("tags/"), &epoch_key, &record);
+        self.call("recording the membership", Kind::Write, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })?;
         let shared = Arc::new(MemberShared {
             halt,
             why: Mutex::new(None),
@@ -666,8 +724,10 @@ impl Coordinator {
     /// etcd errors; a record that does not parse.
     pub fn fence_records(&self) -> Result<Vec<Member>> {
         let prefix = self.key("tags/");
-        let mut c = self.client.clone();
-        let r = self.call("reading the fence tags", c.get(prefix, Some(GetOptions::new().with_prefix())))?;
+        let r = self.call("reading the fence tags", Kind::Read, |mut c| {
+            let prefix = prefix.clone();
+            async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+        })?;
         r.kvs()
             .iter()
             .map(|kv| {
@@ -685,8 +745,10 @@ impl Coordinator {
     /// etcd errors.
     pub fn members(&self) -> Result<Vec<Member>> {
         let prefix = self.key("members/");
-        let mut c = self.client.clone();
-        let r = self.call("reading the members", c.get(prefix, Some(GetOptions::new().with_prefix())))?;
+        let r = self.call("reading the members", Kind::Read, |mut c| {
+            let prefix = prefix.clone();
+            async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+        })?;
         let mut out = Vec::new();
         for kv in r.kvs() {
             let mut m: Member = serde_json::from_slice(kv.value()).map_err(|e| CoordError::Corrupt {
@@ -837,6 +899,57 @@ impl Drop for Membership {
     }
 }
 
+/// Whether error `e` is gRPC's UNAVAILABLE: no connection to the member
+/// the client's balancer chose, or that member without a leader (an
+/// election after the leader died).
+fn unavailable(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() as i32 == 14)
+}
+
+/// Whether error `e` says that the request never left this host: no
+/// connection to the etcd member the balancer chose (killed, or not
+/// started). Such a request can be sent again, to another member, with no
+/// risk of applying it twice (etcd's own client retries writes only then).
+fn unsent(e: &etcd_client::Error) -> bool {
+    unavailable(e) && matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("connect"))
+}
+
+/// What may be sent again after an error: a write only if it was not
+/// sent ([`unsent`]); a read (it changes nothing) after any UNAVAILABLE.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Read,
+    Write,
+}
+
+/// Runs one request, `f` (given a client, called again for each try), until
+/// it is answered, fails otherwise than its `kind` may be sent again, or
+/// `t` passes: with several members, the balancer's next pick may be one
+/// that answers, and an election ends within a second or two. The error
+/// says why (the last error, if time ran out after one).
+async fn retried<T, F, Fut>(t: Duration, kind: Kind, client: &Client, mut f: F) -> std::result::Result<T, String>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let end = tokio::time::Instant::now() + t;
+    let mut last = None;
+    loop {
+        let left = end.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(last.map_or_else(|| format!("no answer within {t:?}"), |e: etcd_client::Error| e.to_string()));
+        }
+        match tokio::time::timeout(left, f(client.clone())).await {
+            Err(_) => return Err(format!("no answer within {t:?}")),
+            Ok(Err(e)) if unsent(&e) || (kind == Kind::Read && unavailable(&e)) => {
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(20).min(left)).await;
+            }
+            Ok(r) => return r.map_err(|e| e.to_string()),
+        }
+    }
+}
+
 /// How often a membership looks for its fence tag.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -859,20 +972,19 @@ struct KeepArgs {
 /// One keep-alive of `lease`: `Some(ttl)` as etcd answered (≤ 0: the
 /// lease is gone), `None` if etcd did not answer (in time).
 async fn keep_once(client: &mut Client, lease: i64, timeout: Duration) -> Option<i64> {
-    let mut c = client.clone();
-    let once = async {
-        let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.ok()?;
-        keeper.keep_alive().await.ok()?;
-        stream.message().await.ok().flatten().map(|r| r.ttl())
-    };
-    match tokio::time::timeout(timeout, once).await.ok().flatten() {
-        Some(ttl) if ttl > 0 => Some(ttl),
+    let once = retried(timeout, Kind::Read, client, |mut c| async move {
+        let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
+        keeper.keep_alive().await?;
+        Ok(stream.message().await?.map(|r| r.ttl()))
+    });
+    match once.await {
+        Ok(Some(ttl)) if ttl > 0 => Some(ttl),
         // A keep-alive of a lease that is gone may end its stream instead
         // of answering TTL 0: ask for the lease itself (-1: not found).
-        _ => {
-            let ask = client.lease_time_to_live(lease, None);
-            tokio::time::timeout(timeout, ask).await.ok().and_then(|r| r.ok()).map(|r| r.ttl())
-        }
+        _ => retried(timeout, Kind::Read, client, |mut c| async move { c.lease_time_to_live(lease, None).await })
+            .await
+            .ok()
+            .map(|r| r.ttl()),
     }
 }
 
@@ -888,7 +1000,11 @@ async fn keep_member(mut client: Client, mut a: KeepArgs) {
         if tag != a.record.fence_tag {
             let rec = Member { fence_tag: tag, ..a.record.clone() };
             let txn = record_txn(&a.member_key, &a.tags_prefix, &a.epoch_key, &rec);
-            if let Ok(Ok(r)) = tokio::time::timeout(a.timeout.min(period), client.txn(txn)).await {
+            let sent = retried(a.timeout.min(period), Kind::Write, &client, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            });
+            if let Ok(r) = sent.await {
                 a.record.fence_tag = tag;
                 if r.succeeded() {
                     a.shared.recorded.store(tag, Ordering::SeqCst);
@@ -932,8 +1048,12 @@ async fn keep_member(mut client: Client, mut a: KeepArgs) {
                 continue;
             }
         }
-        let get = tokio::time::timeout(a.timeout.min(period), client.get(a.config_key.clone(), None)).await;
-        if let Ok(Ok(r)) = get {
+        let key = a.config_key.clone();
+        let get = retried(a.timeout.min(period), Kind::Read, &client, |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        });
+        if let Ok(r) = get.await {
             if let Some(kv) = r.kvs().first() {
                 if let Ok(v) = parse(&a.config_key, kv.value(), kv.mod_revision()) {
                     if v.config.epoch > a.epoch {
@@ -969,10 +1089,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_name_an_endpoint_and_a_cluster() {
-        assert_eq!(parse_url("http://127.0.0.1:2379").unwrap(), ("http://127.0.0.1:2379".into(), "default".into()));
-        assert_eq!(parse_url("http://h:1/lab/").unwrap(), ("http://h:1".into(), "lab".into()));
-        for bad in ["127.0.0.1:2379", "http://h", "http://:1", "http://h:x", "http://h:1/a/b", "https://h:1"] {
+    fn urls_name_endpoints_and_a_cluster() {
+        let one = |e: &str| vec![e.to_string()];
+        assert_eq!(parse_url("http://127.0.0.1:2379").unwrap(), (one("http://127.0.0.1:2379"), "default".into()));
+        assert_eq!(parse_url("http://h:1/lab/").unwrap(), (one("http://h:1"), "lab".into()));
+        let three = vec!["http://a:1".to_string(), "http://b:2".into(), "http://c:3".into()];
+        assert_eq!(parse_url("http://a:1,b:2,c:3/lab").unwrap(), (three.clone(), "lab".into()));
+        assert_eq!(parse_url("http://a:1,http://b:2,c:3").unwrap(), (three, "default".into()));
+        for bad in [
+            "127.0.0.1:2379",
+            "http://h",
+            "http://:1",
+            "http://h:x",
+            "http://h:1/a/b",
+            "https://h:1",
+            "http://a:1,",
+            "http://a:1,b",
+            "http://a:1,a:1",
+        ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
     }

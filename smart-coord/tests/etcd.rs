@@ -164,3 +164,48 @@ fn a_fence_tag_is_not_recorded_once_the_epoch_moved_past_its_member() {
     assert!(within(5, || m2.recorded_tag().load(Ordering::SeqCst) == 7));
     assert_eq!(c.fence_records().unwrap().iter().map(|r| r.fence_tag).collect::<Vec<_>>(), vec![7]);
 }
+
+/// An etcd cluster of three members, all named in the URL: with any one of
+/// them killed, a membership runs on (its keep-alives reach the others),
+/// the configuration is read and a proposal wins; with two killed (no
+/// quorum), a proposal fails within its time-out and says so, and the
+/// membership, which cannot tell that from a coordinator away, runs on.
+#[test]
+fn a_coordinator_of_several_etcd_members_outlives_any_one_of_them() {
+    let mut cluster = Etcd::cluster(3);
+    let url = format!("{}/ha", Etcd::urls(&cluster));
+    let c = Coordinator::connect(&url, T).unwrap();
+    assert_eq!(c.url(), Etcd::urls(&cluster));
+    let (v, _) = c.create_or_load(&Config::new(&blades())).unwrap();
+    // Longer than the shortest (2 s): an election under a loaded machine
+    // may take a second or two of it.
+    let ttl = Duration::from_secs(4);
+    let halt = Arc::new(AtomicBool::new(false));
+    let m = c.join(&member(), ttl, v.config.epoch, halt.clone(), Arc::default()).unwrap();
+    let mut epoch = v.config.epoch;
+    for (i, member) in cluster.iter_mut().enumerate() {
+        member.kill();
+        // Past a lease length with member i down: the lease was kept alive.
+        std::thread::sleep(ttl + Duration::from_millis(1500));
+        assert!(!halt.load(Ordering::SeqCst), "halted with member {i} down: {:?}", m.why());
+        assert_eq!(c.members().unwrap().len(), 1, "member {i} down");
+        let now = c.load().unwrap().unwrap();
+        assert_eq!(now.config.epoch, epoch);
+        let fresh = Coordinator::connect(&url, T).unwrap();
+        assert_eq!(fresh.load().unwrap().unwrap().config.epoch, epoch, "a new client with member {i} down");
+        member.restart();
+    }
+    // A proposal with one member down wins.
+    cluster[1].kill();
+    let won = c.update(|cfg| cfg.without(&[2], "gone").map(Some)).unwrap();
+    epoch += 1;
+    assert_eq!(won.config.epoch, epoch);
+    assert!(within(10, || halt.load(Ordering::SeqCst)), "the member of epoch 1 halts once the epoch moved");
+    drop(m);
+    // No quorum: a proposal fails in time, naming the coordinator.
+    cluster[2].kill();
+    let t0 = Instant::now();
+    let e = c.update(|cfg| cfg.without(&[1], "gone").map(Some)).unwrap_err().to_string();
+    assert!(t0.elapsed() < 3 * T, "{:?}", t0.elapsed());
+    assert!(e.contains(&Etcd::urls(&cluster)), "{e}");
+}

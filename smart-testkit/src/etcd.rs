@@ -1,7 +1,8 @@
-//! A single-member etcd server on loopback for tests of the coordinator:
-//! started from Debian's `etcd-server` package (`etcd` on the `PATH`, or
-//! `SMART_ETCD`), on free loopback ports, in a data directory of its own,
-//! and killed by its process id when dropped.
+//! etcd on loopback for tests of the coordinator, one member or a cluster
+//! of several ([`Etcd::cluster`]): started from Debian's `etcd-server`
+//! package (`etcd` on the `PATH`, or `SMART_ETCD`), on free loopback
+//! ports, each member in a data directory of its own, and killed by its
+//! process id when dropped.
 //!
 //! A test that needs etcd fails (it is not skipped) where etcd is not
 //! installed: the message says how to install it.
@@ -19,6 +20,9 @@ pub struct Etcd {
     pub url: String,
     client: SocketAddr,
     peer: u16,
+    /// Its member name, and the cluster's members (`NAME=PEER_URL,…`).
+    name: String,
+    initial: String,
     dir: PathBuf,
     log: PathBuf,
 }
@@ -37,30 +41,67 @@ impl Etcd {
     /// # Panics
     /// If etcd is not installed or does not come up (its log is printed).
     pub fn start() -> Etcd {
-        let dir = std::env::temp_dir().join(format!("smart-etcd-{}-{}", std::process::id(), free_port()));
-        std::fs::create_dir_all(&dir).expect("a data directory");
-        let (client, peer) = (free_port(), free_port());
-        let mut e = Etcd {
-            child: None,
-            url: format!("http://127.0.0.1:{client}"),
-            client: SocketAddr::from(([127, 0, 0, 1], client)),
-            peer,
-            log: dir.with_extension("log"),
-            dir,
-        };
-        e.spawn();
-        e
+        Etcd::cluster(1).pop().expect("one member")
+    }
+
+    /// Starts an etcd cluster of `n` members and waits (up to 20 s) until
+    /// each serves clients. [`Etcd::urls`] names them all for a client.
+    ///
+    /// # Panics
+    /// As [`Etcd::start`].
+    pub fn cluster(n: usize) -> Vec<Etcd> {
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> =
+            ports.iter().enumerate().map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}")).collect();
+        let mut members: Vec<Etcd> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(client, peer))| {
+                let dir = std::env::temp_dir().join(format!("smart-etcd-{}-{client}", std::process::id()));
+                std::fs::create_dir_all(&dir).expect("a data directory");
+                Etcd {
+                    child: None,
+                    url: format!("http://127.0.0.1:{client}"),
+                    client: SocketAddr::from(([127, 0, 0, 1], client)),
+                    peer,
+                    name: format!("m{i}"),
+                    initial: initial.join(","),
+                    log: dir.with_extension("log"),
+                    dir,
+                }
+            })
+            .collect();
+        // All at once: a member of several serves once a quorum is up.
+        for m in &mut members {
+            m.launch();
+        }
+        for m in &mut members {
+            m.wait_serving();
+        }
+        members
+    }
+
+    /// The client URL of every member of `cluster`, for a coordinator
+    /// (`http://127.0.0.1:A,127.0.0.1:B,…`).
+    pub fn urls(cluster: &[Etcd]) -> String {
+        let hosts: Vec<String> = cluster.iter().map(|m| m.client.to_string()).collect();
+        format!("http://{}", hosts.join(","))
     }
 
     fn spawn(&mut self) {
+        self.launch();
+        self.wait_serving();
+    }
+
+    fn launch(&mut self) {
         let peer = format!("http://127.0.0.1:{}", self.peer);
         let log = std::fs::File::create(&self.log).expect("a log file");
         let child = Command::new(binary())
-            .args(["--name", "t", "--data-dir"])
+            .args(["--name", &self.name, "--data-dir"])
             .arg(&self.dir)
             .args(["--listen-client-urls", &self.url, "--advertise-client-urls", &self.url])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("t={peer}"), "--log-level", "warn"])
+            .args(["--initial-cluster", &self.initial, "--initial-cluster-state", "new", "--log-level", "warn"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("a log file"))
             .stderr(log)
@@ -72,6 +113,9 @@ impl Etcd {
                 )
             });
         self.child = Some(child);
+    }
+
+    fn wait_serving(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if TcpStream::connect_timeout(&self.client, Duration::from_millis(200)).is_ok() && self.healthy() {

@@ -29,7 +29,7 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(etcd: &Etcd, name: &str) -> Cluster {
+    fn start(etcd: &str, name: &str) -> Cluster {
         let files: Vec<PathBuf> = (0..3).map(|i| tmp(&format!("fo-{name}-{i}"))).collect();
         let blades = files
             .iter()
@@ -38,7 +38,7 @@ impl Cluster {
                 Blade::start(&["--size", "64MiB", "--backing-file", f.to_str().unwrap()])
             })
             .collect();
-        Cluster { blades, files, coordinator: format!("{}/{name}", etcd.url) }
+        Cluster { blades, files, coordinator: format!("{etcd}/{name}") }
     }
 
     fn list(&self) -> String {
@@ -207,7 +207,7 @@ fn loaded(c: &Cluster) -> u64 {
 fn a_memory_blade_killed_under_two_compute_blades_is_failed_over_and_nothing_committed_is_lost() {
     let etcd = Etcd::start();
     for lost in [1, 2, 0] {
-        let mut c = Cluster::start(&etcd, &format!("each{lost}"));
+        let mut c = Cluster::start(&etcd.url, &format!("each{lost}"));
         let before = loaded(&c);
         // Both runs go on (a backup promoted where a primary was lost) to
         // the end of their 7 s; without blade 0, the database's mirror on
@@ -291,7 +291,7 @@ fn a_memory_blade_killed_under_two_compute_blades_is_failed_over_and_nothing_com
 #[test]
 fn a_compute_blade_and_the_memory_blade_of_its_first_log_copy_killed_together_are_recovered() {
     let etcd = Etcd::start();
-    let mut c = Cluster::start(&etcd, "together");
+    let mut c = Cluster::start(&etcd.url, "together");
     let before = loaded(&c);
     let (mut a, b) = (start_run(&c, "fo-ta", "60"), start_run(&c, "fo-tb", "6"));
     // A's undo log: copy j on blade (slot + j) mod 3; its first copy's
@@ -317,7 +317,7 @@ fn a_compute_blade_and_the_memory_blade_of_its_first_log_copy_killed_together_ar
 #[test]
 fn a_paused_compute_blade_of_the_old_epoch_is_refused_when_it_wakes() {
     let etcd = Etcd::start();
-    let mut c = Cluster::start(&etcd, "paused");
+    let mut c = Cluster::start(&etcd.url, "paused");
     let before = loaded(&c);
     let (a, b) = (start_run(&c, "fo-pa", "9"), start_run(&c, "fo-pb", "9"));
     std::thread::sleep(Duration::from_millis(800));
@@ -354,7 +354,7 @@ fn a_paused_compute_blade_of_the_old_epoch_is_refused_when_it_wakes() {
 #[test]
 fn without_etcd_a_healthy_run_goes_on_and_a_failure_stops_with_a_message() {
     let mut etcd = Etcd::start();
-    let mut c = Cluster::start(&etcd, "away");
+    let mut c = Cluster::start(&etcd.url, "away");
     loaded(&c);
     // etcd stopped mid-run: the run finishes, audited.
     let r = start_run(&c, "fo-away", "4");
@@ -377,10 +377,32 @@ fn without_etcd_a_healthy_run_goes_on_and_a_failure_stops_with_a_message() {
     assert_eq!(show(&c)["config"]["epoch"], 1, "no configuration change without etcd");
 }
 
+/// The coordinator named as three etcd members: one killed mid-run, then a
+/// memory blade. The failover's proposal goes through the other two, the
+/// run goes on under epoch 2, and nothing committed is lost.
+#[test]
+fn with_three_etcd_members_a_failover_outlives_one_of_them() {
+    let mut etcd = Etcd::cluster(3);
+    let mut c = Cluster::start(&Etcd::urls(&etcd), "three");
+    let before = loaded(&c);
+    let r = start_run(&c, "fo-three", "6");
+    std::thread::sleep(Duration::from_millis(1000));
+    etcd[0].kill();
+    std::thread::sleep(Duration::from_millis(500));
+    kill9(&mut c.blades[2].child);
+    let (st, err, rec) = finish(r, Duration::from_secs(60), "the run did not end");
+    assert!(st.success(), "{err}");
+    assert!(err.contains("failover: memory blade 2") && err.contains("going on without memory blade 2"), "{err}");
+    assert_eq!(rec["coordinator"]["epoch"], 2, "{rec}");
+    fresh_rebuilt(&mut c, 2);
+    let after = clean(&c, "after the rebuild");
+    assert!(after >= before + ledgered(&rec), "committed transactions lost");
+}
+
 #[test]
 fn a_blade_removed_by_hand_is_gone_without_by_the_compute_blades() {
     let etcd = Etcd::start();
-    let c = Cluster::start(&etcd, "byhand");
+    let c = Cluster::start(&etcd.url, "byhand");
     let before = loaded(&c);
     let r = start_run(&c, "fo-hand", "5");
     std::thread::sleep(Duration::from_millis(1000));
@@ -459,7 +481,7 @@ fn a_blade_joining(c: &mut Cluster, name: &str, secs: &str) -> (Run, Run, Child)
 #[test]
 fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_failure_is_survived() {
     let etcd = Etcd::start();
-    let mut c = Cluster::start(&etcd, "online");
+    let mut c = Cluster::start(&etcd.url, "online");
     let before = loaded(&c);
     // A fresh blade in blade 1's place, copied while both run on: a first
     // copy, slow, SIGKILLed mid-copy, then one that resumes.
@@ -514,7 +536,7 @@ fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_
 #[test]
 fn a_joining_blade_that_dies_mid_copy_is_taken_out_again_and_a_new_one_is_copied() {
     let etcd = Etcd::start();
-    let mut c = Cluster::start(&etcd, "rejoin2");
+    let mut c = Cluster::start(&etcd.url, "rejoin2");
     let before = loaded(&c);
     // A fresh blade joins, slowly copied; it dies mid-copy.
     let (a, b, mut copy) = a_blade_joining(&mut c, "rj", "14");
@@ -551,7 +573,7 @@ fn a_joining_blade_that_dies_mid_copy_is_taken_out_again_and_a_new_one_is_copied
 #[test]
 fn a_listed_spare_takes_a_failed_blades_place_while_the_compute_blades_run() {
     let etcd = Etcd::start();
-    let mut c = Cluster::start(&etcd, "spare");
+    let mut c = Cluster::start(&etcd.url, "spare");
     let before = loaded(&c);
     let spare = Blade::start(&["--size", "64MiB"]);
     let out = compute(&["coordinator", "spare", "--coordinator", &c.coordinator, "--addr", &spare.addr]);
@@ -600,7 +622,7 @@ fn a_listed_spare_takes_a_failed_blades_place_while_the_compute_blades_run() {
 #[test]
 fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
     let etcd = Etcd::start();
-    let mut c = Cluster::start(&etcd, "tatp");
+    let mut c = Cluster::start(&etcd.url, "tatp");
     let list = c.list();
     let tatp =
         ["tatp", "--subscribers", "2000", "--threads", "1", "--coroutines", "4", "--warmup", "0", "--lease", "2"];
@@ -642,7 +664,7 @@ fn a_tatp_run_fails_over_and_its_database_comes_back_clean() {
 #[test]
 fn a_proposer_killed_right_after_its_proposal_leaves_the_others_to_fence_settle_and_go_on() {
     let etcd = Etcd::start();
-    let mut c = Cluster::start(&etcd, "proposer");
+    let mut c = Cluster::start(&etcd.url, "proposer");
     let before = loaded(&c);
     // a proposes first and dies right after its etcd transaction, before
     // fencing anyone; b proposes 1.5 s after it noticed.
@@ -671,7 +693,7 @@ fn a_proposer_killed_right_after_its_proposal_leaves_the_others_to_fence_settle_
 #[test]
 fn a_compute_blade_killed_after_the_failover_is_recovered_by_the_rebuild() {
     let etcd = Etcd::start();
-    let mut c = Cluster::start(&etcd, "later");
+    let mut c = Cluster::start(&etcd.url, "later");
     let before = loaded(&c);
     let (mut a, b) = (start_run(&c, "fo-la", "60"), start_run(&c, "fo-lb", "8"));
     std::thread::sleep(Duration::from_millis(1200));
