@@ -480,9 +480,9 @@ fn dtx_on<W: Workload + Clone + 'static>(
         };
         match next {
             Ok(GoOn { transport: t2, removed, joining: joined, fenced }) => {
-                // A spare listed: this compute blade, whose proposal took
-                // the blade out, starts its copy (a process of its own).
-                match fo_spare.as_ref().map(|fo| crate::coord::start_spare_copy(s, fo)) {
+                // A spare listed: the compute blade that claims the copy
+                // (one of those going on) starts it, a process of its own.
+                match fo_spare.as_ref().map(|fo| crate::coord::start_spare_copy(s, &e.c, fo)) {
                     Some(Ok(Some(said))) => eprintln!("{said}"),
                     Some(Err(x)) => eprintln!("compute-blade: {x:#} (run `compute-blade rebuild --online` by hand)"),
                     _ => {}

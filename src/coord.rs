@@ -276,8 +276,7 @@ pub struct FailedOver {
     /// "failover" (a blade failed) or "reconfiguration" (the configuration
     /// moved otherwise: [`moved`]), for messages and records.
     pub cause: &'static str,
-    /// This compute blade's proposal made the change (it starts the copy
-    /// onto a spare, if one is listed).
+    /// This compute blade's proposal made the change.
     pub proposed: bool,
 }
 
@@ -397,21 +396,29 @@ pub fn moved(s: &Session, e: &Entered) -> Result<Option<FailedOver>> {
     Ok(Some(FailedOver { said, v, fenced: tags, cause: "reconfiguration", proposed: false }))
 }
 
-/// After failover `fo` that this compute blade proposed: if the
-/// configuration lists a spare and no blade joins, starts `compute-blade
-/// rebuild --online` (this executable, a process of its own that outlives
-/// this run) onto the first spare, in the place of the first blade `fo`
-/// removed (not blade 0). Its output goes to a file; returns what to tell
-/// the user, `None` if nothing was started.
+/// After failover `fo` (this compute blade's proposal, or another's): if
+/// the configuration lists a spare and no blade joins, claims the copy in
+/// etcd (`claims/spare-copy-N@EPOCH`: of the compute blades that go on
+/// after the failover, one does, so that the copy starts even when the
+/// proposer died right after its proposal), and the one that did starts
+/// `compute-blade rebuild --online` (this executable, a process of its own
+/// that outlives this run) onto the first spare, in the place of the first
+/// blade `fo` removed (not blade 0). Its output goes to a file; returns
+/// what to tell the user, `None` if nothing was started here.
 ///
 /// # Errors
-/// The process cannot be started.
-pub fn start_spare_copy(s: &Session, fo: &FailedOver) -> Result<Option<String>> {
+/// The claim or the process cannot be made.
+pub fn start_spare_copy(s: &Session, coordinator: &Coordinator, fo: &FailedOver) -> Result<Option<String>> {
     let c = &fo.v.config;
     let (Some(url), Blades::Remote { secret_file, .. }) = (&s.coordinator, &s.blades) else { return Ok(None) };
     let Some(spare) = c.spares.first() else { return Ok(None) };
     let Some(&n) = c.removed().iter().find(|b| **b != 0) else { return Ok(None) };
-    if !fo.proposed || !c.joining().is_empty() {
+    if !c.joining().is_empty() {
+        return Ok(None);
+    }
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "this host".into());
+    let me = format!("compute blade pid {} on {host}", std::process::id());
+    if !coordinator.claim(&format!("spare-copy-{n}@{}", c.epoch), &me).context("claiming the copy onto the spare")? {
         return Ok(None);
     }
     let mut addrs: Vec<String> = c.blades.iter().map(|b| b.addr.clone()).collect();

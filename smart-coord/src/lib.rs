@@ -716,6 +716,39 @@ impl Coordinator {
         })
     }
 
+    /// Claims task `what` for `by` (`claims/WHAT`, written once, kept):
+    /// whether this call got it. Of several compute blades that try, one
+    /// does; an answer lost on the way is read back (the claim holding
+    /// `by` is this one's).
+    ///
+    /// # Errors
+    /// etcd errors (the claim then may or may not be held by another).
+    pub fn claim(&self, what: &str, by: &str) -> Result<bool> {
+        let key = self.key(&format!("claims/{what}"));
+        let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+            key.clone(),
+            by,
+            None,
+        )]);
+        let sent = self.call("claiming a task", Kind::Write, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        });
+        match sent {
+            Ok(r) => Ok(r.succeeded()),
+            Err(e) => {
+                let held = self.call("reading a claim", Kind::Read, |mut c| {
+                    let key = key.clone();
+                    async move { c.get(key, None).await }
+                });
+                match held {
+                    Ok(r) => Ok(r.kvs().first().is_some_and(|kv| kv.value() == by.as_bytes())),
+                    Err(_) => Err(e),
+                }
+            }
+        }
+    }
+
     /// Every member's record kept under its fence tag (`tags/`), lease or
     /// not: those that registered and did not leave (a failover fences
     /// them all).

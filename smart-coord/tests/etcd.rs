@@ -209,3 +209,21 @@ fn a_coordinator_of_several_etcd_members_outlives_any_one_of_them() {
     assert!(t0.elapsed() < 3 * T, "{:?}", t0.elapsed());
     assert!(e.contains(&Etcd::urls(&cluster)), "{e}");
 }
+
+#[test]
+fn of_several_claims_of_a_task_one_wins() {
+    let etcd = Etcd::start();
+    let c = Coordinator::connect(&format!("{}/claims", etcd.url), T).unwrap();
+    let won: Vec<bool> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|i| {
+                let url = format!("{}/claims", etcd.url);
+                s.spawn(move || Coordinator::connect(&url, T).unwrap().claim("copy-2@3", &format!("c{i}")).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
+    assert!(!c.claim("copy-2@3", "late").unwrap(), "claimed already");
+    assert!(c.claim("copy-2@4", "late").unwrap(), "another task");
+}

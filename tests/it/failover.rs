@@ -148,7 +148,8 @@ fn ledgered(r: &Value) -> u64 {
 
 /// `--audit-only` under the coordinator: exit code, stdout+stderr, record.
 fn audit(c: &Cluster, name: &str) -> (Option<i32>, String, Value) {
-    let j = tmp(name);
+    // One file per cluster: tests run in parallel.
+    let j = tmp(&format!("{}-{name}", c.coordinator.rsplit('/').next().unwrap()));
     let list = c.list();
     let a = c.args(&list, &["smallbank", "--accounts", "2000", "--hot", "50", "--audit-only", "--quiet"]);
     let out = Command::new(COMPUTE).args(&a).args(["--json", j.to_str().unwrap()]).output().unwrap();
@@ -168,7 +169,9 @@ fn clean(c: &Cluster, when: &str) -> u64 {
 }
 
 fn show(c: &Cluster) -> Value {
-    let j = tmp("fo-show.json");
+    // One file per cluster: tests run in parallel.
+    let cluster = c.coordinator.rsplit('/').next().unwrap();
+    let j = tmp(&format!("fo-show-{cluster}.json"));
     let out = compute(&["coordinator", "show", "--coordinator", &c.coordinator, "--json", j.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r = record(&j);
@@ -570,6 +573,61 @@ fn a_joining_blade_that_dies_mid_copy_is_taken_out_again_and_a_new_one_is_copied
     assert!(after >= before + committed, "committed transactions lost: {before} + {committed} > {after}");
 }
 
+/// The one copy onto a spare of blade `n` that the compute blades'
+/// stderr `said` started: waits (up to 60 s) for it to end, and returns
+/// its output.
+fn spare_copied(said: &str, n: u16) -> String {
+    let what = format!("spare: copying memory blade {n} onto");
+    let started: Vec<&str> = said.lines().filter(|l| l.starts_with(&what)).collect();
+    assert_eq!(started.len(), 1, "{said}");
+    let pid: u32 = started[0].split("(pid ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+    let log = started[0].split("output in ").nth(1).unwrap().trim_end_matches(')').to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        panic!("the copy onto the spare did not end: {}", std::fs::read_to_string(&log).unwrap_or_default());
+    }
+    let copied = std::fs::read_to_string(&log).unwrap();
+    std::fs::remove_file(&log).unwrap();
+    copied
+}
+
+/// A spare listed, and the proposer killed right after its proposal,
+/// before it could start the copy: the other compute blade claims it and
+/// starts it, and the spare takes the lost blade's place.
+#[test]
+fn the_copy_onto_a_spare_starts_even_when_the_proposer_dies_right_after_proposing() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd.url, "spare-orphan");
+    let before = loaded(&c);
+    let spare = Blade::start(&["--size", "64MiB"]);
+    let out = compute(&["coordinator", "spare", "--coordinator", &c.coordinator, "--addr", &spare.addr]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let a = start_run_with(&c, "sp-oa", "10", &[("SMART_RS_TEST_PROPOSAL", "die")]);
+    let b = start_run_with(&c, "sp-ob", "10", &[("SMART_RS_TEST_PROPOSAL", "delay:1500")]);
+    std::thread::sleep(Duration::from_millis(1500));
+    kill9(&mut c.blades[2].child);
+    let (sa, ea, _) = finish(a, Duration::from_secs(30), "the proposer did not die");
+    assert!(!sa.success() && ea.contains("aborting right after proposing epoch 2"), "{ea}");
+    assert!(!ea.contains("spare: copying"), "{ea}");
+    let (sb, eb, rb) = finish(b, Duration::from_secs(60), "compute blade b did not end");
+    assert!(sb.success(), "{eb}");
+    let copied = spare_copied(&eb, 2);
+    assert!(copied.contains("taken into the configuration: epoch 4"), "{copied}");
+    let cfg = &show(&c)["config"];
+    assert_eq!(
+        (&cfg["blades"][2]["addr"], &cfg["blades"][2]["state"]),
+        (&Value::from(spare.addr.as_str()), &Value::from("active")),
+        "{cfg}"
+    );
+    c.blades[2] = spare;
+    let after = clean(&c, "after the spare took blade 2's place");
+    assert!(after >= before + ledgered(&rb), "committed transactions lost");
+}
+
 #[test]
 fn a_listed_spare_takes_a_failed_blades_place_while_the_compute_blades_run() {
     let etcd = Etcd::start();
@@ -586,22 +644,8 @@ fn a_listed_spare_takes_a_failed_blades_place_while_the_compute_blades_run() {
     kill9(&mut c.blades[1].child);
     let (sa, ea, ra) = finish(a, Duration::from_secs(60), "compute blade a did not end");
     let (sb, eb, rb) = finish(b, Duration::from_secs(60), "compute blade b did not end");
-    // The proposer (one of them) started the copy onto the spare.
-    let both = format!("{ea}\n{eb}");
-    let started: Vec<&str> = both.lines().filter(|l| l.starts_with("spare: copying memory blade 1 onto")).collect();
-    assert_eq!(started.len(), 1, "{both}");
-    let pid: u32 = started[0].split("(pid ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
-    let log = started[0].split("output in ").nth(1).unwrap().trim_end_matches(')').to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-        panic!("the copy onto the spare did not end: {}", std::fs::read_to_string(&log).unwrap_or_default());
-    }
-    let copied = std::fs::read_to_string(&log).unwrap();
-    std::fs::remove_file(&log).unwrap();
+    // The one that claimed the copy (one of them) started it onto the spare.
+    let copied = spare_copied(&format!("{ea}\n{eb}"), 1);
     assert!(copied.contains("taken into the configuration: epoch 4"), "{copied}");
     for (st, e, r) in [(sa, &ea, &ra), (sb, &eb, &rb)] {
         assert!(st.success(), "{e}");
