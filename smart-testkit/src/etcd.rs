@@ -1,8 +1,9 @@
 //! etcd on loopback for tests of the coordinator, one member or a cluster
 //! of several ([`Etcd::cluster`]): started from Debian's `etcd-server`
 //! package (`etcd` on the `PATH`, or `SMART_ETCD`), on free loopback
-//! ports, each member in a data directory of its own, and killed by its
-//! process id when dropped.
+//! ports, each member in a data directory of its own (in `/dev/shm` where
+//! there is one: see `data_dir`), and killed by its process id when
+//! dropped.
 //!
 //! A test that needs etcd fails (it is not skipped) where etcd is not
 //! installed: the message says how to install it.
@@ -31,6 +32,22 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("a loopback port").local_addr().expect("its address").port()
 }
 
+/// Where members keep their data: in memory (`/dev/shm`) where there is
+/// one. On the disk, etcd's fsyncs waited behind the test suite's own
+/// writes (backing files, rebuilds) long enough that a 2 s membership
+/// lease expired while its keep-alives waited (seen twice in CI
+/// rehearsals); the tests are of this project's use of etcd, not of its
+/// durability.
+fn data_dir(name: &str) -> PathBuf {
+    let shm = std::path::Path::new("/dev/shm").join(name);
+    if std::fs::create_dir_all(&shm).is_ok() {
+        return shm;
+    }
+    let dir = std::env::temp_dir().join(name);
+    std::fs::create_dir_all(&dir).expect("a data directory");
+    dir
+}
+
 fn binary() -> String {
     std::env::var("SMART_ETCD").unwrap_or_else(|_| "etcd".into())
 }
@@ -57,8 +74,7 @@ impl Etcd {
             .iter()
             .enumerate()
             .map(|(i, &(client, peer))| {
-                let dir = std::env::temp_dir().join(format!("smart-etcd-{}-{client}", std::process::id()));
-                std::fs::create_dir_all(&dir).expect("a data directory");
+                let dir = data_dir(&format!("smart-etcd-{}-{client}", std::process::id()));
                 Etcd {
                     child: None,
                     url: format!("http://127.0.0.1:{client}"),
