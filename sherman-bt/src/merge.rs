@@ -146,10 +146,11 @@ impl ShermanBt {
             // L is not R's left neighbour (any more).
             return Ok(false);
         }
-        if fresh && (lf != 0 || rf != 0 || !self.fits(lv, rv)) {
+        let fits = self.fits(lv, rv);
+        if fresh && (lf != 0 || rf != 0 || !fits) {
             return Ok(false);
         }
-        if !absorbing && (lf != 0 || !self.fits(lv, rv)) {
+        if !absorbing && (lf != 0 || !fits) {
             // A merge a dead client began, and since then L took inserts
             // (R no longer fits) or is in a merge of its own: undone. L is
             // live and linked to R, so no page holds R's entries but R.

@@ -193,7 +193,6 @@ fn a_merge_left_half_done_is_finished_by_the_next_writer() {
             let (l, r) = (rootp.view().leftmost(), rootp.view().child(0));
             let (lp, rp) = (page(l).await, page(r).await);
             assert_eq!(lp.view().sibling(), Some(r), "two leaves");
-            let sep = rp.view().lowest();
             // The merge's steps as its client would have written them.
             let mut r1 = rp.clone();
             r1.set_merge(layout::FLAG_MERGING, l);
@@ -216,12 +215,7 @@ fn a_merge_left_half_done_is_finished_by_the_next_writer() {
                 ctx.write(l, &l1.b).await.unwrap();
             }
             if stop_after >= 3 {
-                let rv = rp.view();
-                let hi = rv.highest();
-                let mut d = PageBuf::new(f, 0, sep.as_slice(), hi.as_ref().map(|h| h.as_slice()), rv.sibling());
-                d.set_merge(layout::FLAG_DEAD, l);
-                d.seal_after(r1.view().seq());
-                ctx.write(r, &d.b).await.unwrap();
+                ctx.write(r, &dead_copy(f, r1.view(), l).b).await.unwrap();
             }
             // Readers see every key in either state.
             for k in 0..31u64 {
@@ -264,6 +258,29 @@ fn a_dead_page_still_named_whose_link_went_stale_is_removed_from_its_parent() {
     }
 }
 
+/// Page `v` (a leaf) as its merger leaves it: dead (empty, its range and
+/// sibling kept), linked to `link`, sealed as its next version.
+fn dead_copy(f: Format, v: layout::PageRef<'_>, link: GlobalAddr) -> PageBuf {
+    let hi = v.highest();
+    let mut dead = PageBuf::new(f, 0, v.lowest().as_slice(), hi.as_ref().map(|h| h.as_slice()), v.sibling());
+    dead.set_merge(layout::FLAG_DEAD, link);
+    dead.seal_after(v.seq());
+    dead
+}
+
+/// A page's worth of memory reused as a block: bytes that never validate
+/// as a page.
+async fn junk_block(ctx: &smart_core::Ctx, f: Format) -> GlobalAddr {
+    let junk = ctx.alloc(0, f.page as u64, 64).await.unwrap();
+    ctx.write(junk, &vec![0xa5; f.page]).await.unwrap();
+    junk
+}
+
+/// The keys of leaf `v`, as numbers.
+fn keys_of(v: layout::PageRef<'_>) -> Vec<u64> {
+    v.live().map(|i| u64::from_be_bytes(v.key(i).as_slice().try_into().unwrap())).collect()
+}
+
 fn dead_page_with_a_stale_link(reused_as_block: bool) {
     let t = EmbeddedTransport::new(1, 32 << 20).unwrap();
     let mut rt = Runtime::new(&t, 0, RuntimeConfig::default()).unwrap();
@@ -296,19 +313,8 @@ fn dead_page_with_a_stale_link(reused_as_block: bool) {
         a2.set_sibling(bv.sibling());
         a2.seal_next();
         ctx.write(a, &a2.b).await.unwrap();
-        let hi = bv.highest();
-        let mut dead = PageBuf::new(f, 0, bv.lowest().as_slice(), hi.as_ref().map(|h| h.as_slice()), bv.sibling());
-        // Reused as a block: bytes that never validate as a page.
-        let link = if reused_as_block {
-            let junk = ctx.alloc(0, f.page as u64, 64).await.unwrap();
-            ctx.write(junk, &vec![0xa5; f.page]).await.unwrap();
-            junk
-        } else {
-            c
-        };
-        dead.set_merge(layout::FLAG_DEAD, link);
-        dead.seal_after(bv.seq());
-        ctx.write(b, &dead.b).await.unwrap();
+        let link = if reused_as_block { junk_block(&ctx, f).await } else { c };
+        ctx.write(b, &dead_copy(f, bv, link).b).await.unwrap();
         let (mut fresh, _) = ShermanBt::open_or_create(&ctx, "stale").await.unwrap();
         for k in 0..60u64 {
             assert_eq!(fresh.get_u64(k).await.unwrap(), Some(value(k, 0)), "key {k}");
@@ -317,7 +323,7 @@ fn dead_page_with_a_stale_link(reused_as_block: bool) {
         let (shape, keys) = fresh.walk().await.unwrap();
         assert_eq!((keys.len(), shape.dead_named), (60, 0), "{shape:?}");
         // Writers and scans through the repaired parent.
-        let k = bv.live().map(|i| u64::from_be_bytes(bv.key(i).as_slice().try_into().unwrap())).min().unwrap();
+        let k = *keys_of(bv).iter().min().unwrap();
         assert!(fresh.update_u64(k, value(k, 1)).await.unwrap());
         let mut out = Vec::new();
         fresh.scan_u64(0, 60, &mut out).await.unwrap();
@@ -346,21 +352,16 @@ fn writers_and_scans_that_meet_a_link_reused_as_a_block_start_again() {
         let b = rootp.view().child(0);
         let bp = read_page(&ctx, f, b).await;
         let bv = bp.view();
-        let keys: Vec<u64> = bv.live().map(|i| u64::from_be_bytes(bv.key(i).as_slice().try_into().unwrap())).collect();
+        let keys = keys_of(bv);
         // B dead (its keys gone: as if merged and then deleted), linked to
         // memory reused as a block, still named by the root; the tree's
         // index cache still names the root, so the first operation on B's
         // keys reaches B without a descent.
-        let junk = ctx.alloc(0, f.page as u64, 64).await.unwrap();
-        ctx.write(junk, &vec![0x5a; f.page]).await.unwrap();
-        let hi = bv.highest();
-        let mut dead = PageBuf::new(f, 0, bv.lowest().as_slice(), hi.as_ref().map(|h| h.as_slice()), bv.sibling());
-        dead.set_merge(layout::FLAG_DEAD, junk);
-        dead.seal_after(bv.seq());
+        let dead = dead_copy(f, bv, junk_block(&ctx, f).await);
         // A (left of B) takes B's range: B's keys are gone from the tree.
         let a = rootp.view().leftmost();
         let mut ap = read_page(&ctx, f, a).await;
-        ap.set_highest(hi.as_ref().map(|h| h.as_slice()));
+        ap.set_highest(bv.highest().as_ref().map(|h| h.as_slice()));
         ap.set_sibling(bv.sibling());
         ap.seal_next();
         ctx.write(a, &ap.b).await.unwrap();
