@@ -35,7 +35,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, PutOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
+};
 
 /// What went wrong.
 #[derive(Debug, thiserror::Error)]
@@ -503,17 +506,20 @@ impl Coordinator {
         format!("/smart-rs/{}/{what}", self.cluster)
     }
 
-    /// One request, `f` (called again for each try), bounded by the time-out
-    /// and sent again to another member while none could be reached
-    /// ([`retried`]).
-    fn call<T, F, Fut>(&self, what: &str, kind: Kind, f: F) -> Result<T>
-    where
-        F: FnMut(Client) -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        self.rt
-            .block_on(retried(self.timeout, kind, &self.client, f))
-            .map_err(|why| CoordError::Etcd { url: self.url.clone(), why: format!("{what}: {why}") })
+    /// Waits for request `f` (bounded by the time-out: [`retried`]), its
+    /// error told as `what` failing at this coordinator.
+    fn wait<T>(&self, what: &str, f: impl std::future::Future<Output = std::result::Result<T, String>>) -> Result<T> {
+        self.rt.block_on(f).map_err(|why| CoordError::Etcd { url: self.url.clone(), why: format!("{what}: {why}") })
+    }
+
+    /// Transaction `txn` ([`send_txn`]).
+    fn txn(&self, what: &str, txn: &Txn) -> Result<TxnResponse> {
+        self.wait(what, send_txn(self.timeout, &self.client, txn))
+    }
+
+    /// The value of `key`, or with `prefix` of every key under it ([`get`]).
+    fn get(&self, what: &str, key: &str, prefix: bool) -> Result<GetResponse> {
+        self.wait(what, get(self.timeout, &self.client, key, prefix))
     }
 
     /// The stored configuration, if any.
@@ -522,10 +528,7 @@ impl Coordinator {
     /// etcd errors; a configuration that does not parse.
     pub fn load(&self) -> Result<Option<Versioned>> {
         let key = self.key("config");
-        let r = self.call("reading the configuration", Kind::Read, |mut c| {
-            let key = key.clone();
-            async move { c.get(key, None).await }
-        })?;
+        let r = self.get("reading the configuration", &key, false)?;
         r.kvs().first().map(|kv| parse(&key, kv.value(), kv.mod_revision())).transpose()
     }
 
@@ -544,10 +547,7 @@ impl Coordinator {
                 Compare::mod_revision(self.key("config"), CompareOp::Equal, v.revision),
             ])
             .and_then([TxnOp::put(ek, v.config.epoch.to_string(), None)]);
-        self.call("recording the epoch", Kind::Write, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })?;
+        self.txn("recording the epoch", &txn)?;
         Ok(())
     }
 
@@ -564,10 +564,7 @@ impl Coordinator {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), value, None), epoch, TxnOp::get(key.clone(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let r = self.call("creating the configuration", Kind::Write, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })?;
+        let r = self.txn("creating the configuration", &txn)?;
         let got = txn_get(&key, &r.op_responses())?;
         Ok((got, r.succeeded()))
     }
@@ -600,10 +597,7 @@ impl Coordinator {
             .or_else([TxnOp::get(key.clone(), None)]);
         let end = std::time::Instant::now() + self.timeout;
         for _ in 0..3 {
-            let sent = self.call("changing the configuration", Kind::Write, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            });
+            let sent = self.txn("changing the configuration", &txn);
             let r = match sent {
                 Ok(r) => r,
                 // Sent, and no answer (the member died, or its leader did):
@@ -671,16 +665,14 @@ impl Coordinator {
     ) -> Result<Membership> {
         let ttl_s = ttl.as_secs().max(2) as i64;
         self.ensure_epoch_key()?;
-        let lease =
-            self.call("granting a lease", Kind::Write, |mut c| async move { c.lease_grant(ttl_s, None).await })?.id();
+        let grant =
+            retried(self.timeout, Kind::Write, &self.client, |mut c| async move { c.lease_grant(ttl_s, None).await });
+        let lease = self.wait("granting a lease", grant)?.id();
         let key = self.key(&format!("members/{lease:016x}"));
         let record = Member { epoch, lease, fence_tag: fence_tag.load(Ordering::SeqCst), ..member.clone() };
         let epoch_key = self.key("epoch");
         let txn = record_txn(&key, &self.key("tags/"), &epoch_key, &record);
-        self.call("recording the membership", Kind::Write, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })?;
+        self.txn("recording the membership", &txn)?;
         let shared = Arc::new(MemberShared {
             halt,
             why: Mutex::new(None),
@@ -730,17 +722,11 @@ impl Coordinator {
             by,
             None,
         )]);
-        let sent = self.call("claiming a task", Kind::Write, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        });
+        let sent = self.txn("claiming a task", &txn);
         match sent {
             Ok(r) => Ok(r.succeeded()),
             Err(e) => {
-                let held = self.call("reading a claim", Kind::Read, |mut c| {
-                    let key = key.clone();
-                    async move { c.get(key, None).await }
-                });
+                let held = self.get("reading a claim", &key, false);
                 match held {
                     Ok(r) => Ok(r.kvs().first().is_some_and(|kv| kv.value() == by.as_bytes())),
                     Err(_) => Err(e),
@@ -757,10 +743,7 @@ impl Coordinator {
     /// etcd errors; a record that does not parse.
     pub fn fence_records(&self) -> Result<Vec<Member>> {
         let prefix = self.key("tags/");
-        let r = self.call("reading the fence tags", Kind::Read, |mut c| {
-            let prefix = prefix.clone();
-            async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
-        })?;
+        let r = self.get("reading the fence tags", &prefix, true)?;
         r.kvs()
             .iter()
             .map(|kv| {
@@ -778,10 +761,7 @@ impl Coordinator {
     /// etcd errors.
     pub fn members(&self) -> Result<Vec<Member>> {
         let prefix = self.key("members/");
-        let r = self.call("reading the members", Kind::Read, |mut c| {
-            let prefix = prefix.clone();
-            async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
-        })?;
+        let r = self.get("reading the members", &prefix, true)?;
         let mut out = Vec::new();
         for kv in r.kvs() {
             let mut m: Member = serde_json::from_slice(kv.value()).map_err(|e| CoordError::Corrupt {
@@ -983,6 +963,25 @@ where
     }
 }
 
+/// Transaction `txn`, sent again only if it was not sent ([`retried`]).
+async fn send_txn(t: Duration, client: &Client, txn: &Txn) -> std::result::Result<TxnResponse, String> {
+    retried(t, Kind::Write, client, |mut c| {
+        let txn = txn.clone();
+        async move { c.txn(txn).await }
+    })
+    .await
+}
+
+/// A read of `key`, or with `prefix` of every key under it ([`retried`]).
+async fn get(t: Duration, client: &Client, key: &str, prefix: bool) -> std::result::Result<GetResponse, String> {
+    retried(t, Kind::Read, client, |mut c| {
+        let opts = prefix.then(|| GetOptions::new().with_prefix());
+        let key = key.to_string();
+        async move { c.get(key, opts).await }
+    })
+    .await
+}
+
 /// How often a membership looks for its fence tag.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -1033,11 +1032,7 @@ async fn keep_member(mut client: Client, mut a: KeepArgs) {
         if tag != a.record.fence_tag {
             let rec = Member { fence_tag: tag, ..a.record.clone() };
             let txn = record_txn(&a.member_key, &a.tags_prefix, &a.epoch_key, &rec);
-            let sent = retried(a.timeout.min(period), Kind::Write, &client, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            });
-            if let Ok(r) = sent.await {
+            if let Ok(r) = send_txn(a.timeout.min(period), &client, &txn).await {
                 a.record.fence_tag = tag;
                 if r.succeeded() {
                     a.shared.recorded.store(tag, Ordering::SeqCst);
@@ -1081,12 +1076,7 @@ async fn keep_member(mut client: Client, mut a: KeepArgs) {
                 continue;
             }
         }
-        let key = a.config_key.clone();
-        let get = retried(a.timeout.min(period), Kind::Read, &client, |mut c| {
-            let key = key.clone();
-            async move { c.get(key, None).await }
-        });
-        if let Ok(r) = get.await {
+        if let Ok(r) = get(a.timeout.min(period), &client, &a.config_key, false).await {
             if let Some(kv) = r.kvs().first() {
                 if let Ok(v) = parse(&a.config_key, kv.value(), kv.mod_revision()) {
                     if v.config.epoch > a.epoch {
