@@ -595,6 +595,14 @@ fn spare_copied(said: &str, n: u16) -> String {
     copied
 }
 
+/// A fresh memory blade, listed as a spare of `c`'s configuration.
+fn listed_spare(c: &Cluster) -> Blade {
+    let spare = Blade::start(&["--size", "64MiB"]);
+    let out = compute(&["coordinator", "spare", "--coordinator", &c.coordinator, "--addr", &spare.addr]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    spare
+}
+
 /// A spare listed, and the proposer killed right after its proposal,
 /// before it could start the copy: the other compute blade claims it and
 /// starts it, and the spare takes the lost blade's place.
@@ -603,9 +611,7 @@ fn the_copy_onto_a_spare_starts_even_when_the_proposer_dies_right_after_proposin
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd.url, "spare-orphan");
     let before = loaded(&c);
-    let spare = Blade::start(&["--size", "64MiB"]);
-    let out = compute(&["coordinator", "spare", "--coordinator", &c.coordinator, "--addr", &spare.addr]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let spare = listed_spare(&c);
     let a = start_run_with(&c, "sp-oa", "10", &[("SMART_RS_TEST_PROPOSAL", "die")]);
     let b = start_run_with(&c, "sp-ob", "10", &[("SMART_RS_TEST_PROPOSAL", "delay:1500")]);
     std::thread::sleep(Duration::from_millis(1500));
@@ -633,9 +639,7 @@ fn a_listed_spare_takes_a_failed_blades_place_while_the_compute_blades_run() {
     let etcd = Etcd::start();
     let mut c = Cluster::start(&etcd.url, "spare");
     let before = loaded(&c);
-    let spare = Blade::start(&["--size", "64MiB"]);
-    let out = compute(&["coordinator", "spare", "--coordinator", &c.coordinator, "--addr", &spare.addr]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let spare = listed_spare(&c);
     assert_eq!(show(&c)["config"]["spares"], serde_json::json!([spare.addr]));
     let bad = compute(&["coordinator", "spare", "--coordinator", &c.coordinator, "--addr", &spare.addr]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("already in the configuration"), "{bad:?}");
