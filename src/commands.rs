@@ -63,7 +63,7 @@ pub fn check_blade_set(s: &Session, t: &dyn Transport) -> Result<()> {
         Blades::Remote { addrs, .. } => addrs.clone(),
         Blades::Simulated(cfg) => match &cfg.blade_dir {
             Some(d) => (0..cfg.memory_blades)
-                .map(|b| format!("simulated, {}", d.join(format!("blade-{b}.img")).display()))
+                .map(|b| format!("simulated, {}", smart_sim::blade_image(d, b).display()))
                 .collect(),
             None => return Ok(()),
         },

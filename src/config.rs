@@ -605,7 +605,7 @@ impl Session {
                 .sim
                 .sim_blade_dir
                 .as_ref()
-                .map_or(0, |d| (0..).take_while(|b| d.join(format!("blade-{b}.img")).exists()).count());
+                .map_or(0, |d| (0..).take_while(|b| smart_sim::blade_image(d, *b).exists()).count());
             let memory_blades = c.target.sim.sim_memory_blades.unwrap_or(kept.max(1));
             if memory_blades == 0 || memory_blades > smart_core::addr::MAX_BLADES {
                 bail!("--sim-memory-blades must be 1 to {}", smart_core::addr::MAX_BLADES);

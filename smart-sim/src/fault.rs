@@ -143,13 +143,12 @@ impl Fault {
     /// stays what it was.
     pub fn draw(seed: u64, span_ns: u64, threads: usize, blades: usize, survives_loss: bool) -> Fault {
         let r = |i: u64| smart_core::hash::mix64(seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        if survives_loss && blades > 1 && r(7) % 6 == 0 {
-            let at_ns = span_ns / 10 + r(1) % (span_ns * 8 / 10).max(1);
-            return Fault { at_ns, kind: FaultKind::BladeLost { blade: (r(3) % blades as u64) as u16 } };
-        }
         let at_ns = span_ns / 10 + r(1) % (span_ns * 8 / 10).max(1);
         let thread = (r(2) % threads.max(1) as u64) as usize;
         let blade = (r(3) % blades.max(1) as u64) as u16;
+        if survives_loss && blades > 1 && r(7) % 6 == 0 {
+            return Fault { at_ns, kind: FaultKind::BladeLost { blade } };
+        }
         let long = span_ns / 4 + r(4) % span_ns.max(1);
         let kind = match r(0) % 5 {
             0 => FaultKind::Kill,

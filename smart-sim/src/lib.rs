@@ -162,6 +162,12 @@ impl Default for SimConfig {
     }
 }
 
+/// In a `--sim-blade-dir` (`SimConfig::blade_dir`): memory blade `b`'s
+/// image.
+pub fn blade_image(dir: &std::path::Path, b: usize) -> PathBuf {
+    dir.join(format!("blade-{b}.img"))
+}
+
 /// In a `--sim-blade-dir`: the virtual time the last run ended at (ns).
 const CLOCK_FILE: &str = "clock";
 
@@ -212,7 +218,7 @@ impl SimTransport {
                 Some(dir) => {
                     std::fs::create_dir_all(dir)
                         .map_err(|e| Error::Io { peer: dir.display().to_string(), cause: e })?;
-                    let path = dir.join(format!("blade-{b}.img"));
+                    let path = blade_image(dir, b);
                     let size = if path.exists() { None } else { Some(cfg.blade_bytes) };
                     Region::file_backed(&path, size)
                 }
@@ -306,7 +312,7 @@ impl SimTransport {
     /// process holds reads zeros from then on (no WR reaches the blade).
     pub(crate) fn empty_blade_image(&self, blade: u16) {
         let Some(dir) = &self.cfg.blade_dir else { return };
-        let path = dir.join(format!("blade-{blade}.img"));
+        let path = blade_image(dir, usize::from(blade));
         let emptied = std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| {
             let len = f.metadata()?.len();
             f.set_len(0)?;
