@@ -145,8 +145,7 @@ pub fn join(e: &Entered, what: String, lease: Duration) -> Result<Member> {
 /// etcd errors.
 pub fn join_under(e: &Entered, v: &Versioned, what: String, lease: Duration) -> Result<Member> {
     let (halt, fence_tag) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-    let host =
-        std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown".into(), |h| h.trim().into());
+    let host = crate::report::host_name();
     let me = smart_coord::Member { what, host, pid: std::process::id(), epoch: 0, fence_tag: 0, lease: 0 };
     let m = e.c.join(&me, lease, v.config.epoch, halt.clone(), fence_tag.clone())?;
     Ok(Member { halt, fence_tag, m })
@@ -416,8 +415,7 @@ pub fn start_spare_copy(s: &Session, coordinator: &Coordinator, fo: &FailedOver)
     if !c.joining().is_empty() {
         return Ok(None);
     }
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "this host".into());
-    let me = format!("compute blade pid {} on {host}", std::process::id());
+    let me = format!("compute blade pid {} on {}", std::process::id(), crate::report::host_name());
     if !coordinator.claim(&format!("spare-copy-{n}@{}", c.epoch), &me).context("claiming the copy onto the spare")? {
         return Ok(None);
     }

@@ -20,6 +20,16 @@ pub fn clocksource() -> Option<String> {
         .filter(|c| !c.is_empty())
 }
 
+/// This host's name (the kernel's, else `HOSTNAME`, else "unknown"): for
+/// records and for what a compute blade says of itself in etcd.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
 /// Clocksources that user space cannot read without a system call (and a
 /// device read, under emulation): every clock read of the runtimes is then
 /// one, which slows them down (see the guide's "Soft-RoCE in a VM", "What
@@ -42,11 +52,7 @@ pub fn slow_clock_warning(c: &str) -> Option<String> {
 /// (`SMART_RS_CLUSTER_SHA256`, set by `scripts/cluster`; null when run by
 /// hand).
 pub fn provenance() -> Value {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown".into());
+    let host = host_name();
     let mut features = Vec::new();
     if cfg!(feature = "verbs") {
         features.push("verbs");
