@@ -25,6 +25,10 @@ use smart_core::{Runtime, Transport};
 const READ_EVERY: Duration = Duration::from_millis(250);
 /// How long the throughput before the copy is measured.
 const BEFORE: Duration = Duration::from_secs(2);
+/// How long "before" waits for registered compute blades that commit
+/// nothing yet (stalled behind a dead copier's locks, or following a new
+/// epoch) to commit again.
+const BEFORE_MAX: Duration = Duration::from_secs(10);
 
 /// What the pace did, for the record.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -92,7 +96,8 @@ impl Pace {
     }
 
     /// Measures the foreground's throughput on `db` (its registry) for two
-    /// seconds, then keeps adjusting the rate (at most `cap`) so that it
+    /// seconds (up to ten while compute blades that committed before commit
+    /// nothing), then keeps adjusting the rate (at most `cap`) so that it
     /// stays at `share` of that, until [`Pace::finish`]. With no
     /// transaction committed meanwhile, the rate is `cap` (said if
     /// `progress`).
@@ -106,7 +111,8 @@ impl Pace {
         let mut tp = Throughput::default();
         let db = Arc::new(db);
         read(&mut rt, &db, &mut tp, t0).context("reading the compute blades' progress")?;
-        while t0.elapsed() < BEFORE {
+        let stalled = |tp: &Throughput| tp.live() > 0 && tp.rate(BEFORE.as_secs_f64() - 0.1).unwrap_or(0.0) <= 0.0;
+        while t0.elapsed() < BEFORE || (stalled(&tp) && t0.elapsed() < BEFORE_MAX) {
             std::thread::sleep(READ_EVERY);
             read(&mut rt, &db, &mut tp, t0).context("reading the compute blades' progress")?;
         }
