@@ -149,8 +149,8 @@ pub enum CoordinatorAction {
     /// and fence the compute blades of earlier epochs on the others.
     Remove,
     /// List the fresh memory blade at --addr as a spare: after a failover,
-    /// the compute blade whose proposal won starts `rebuild --online` onto
-    /// it in the removed blade's place.
+    /// a compute blade that goes on (the one that claims the copy in etcd)
+    /// starts `rebuild --online` onto it in the removed blade's place.
     Spare,
     /// Take the spare at --addr off the list.
     Unspare,
@@ -657,10 +657,11 @@ pub struct RebuildArgs {
     /// Databases to rebuild (default: every FORD database on the blades).
     #[arg(long, value_delimiter = ',')]
     pub db: Vec<String>,
-    /// Copy while compute blades run (under --coordinator, one blade other
-    /// than 0, removed by a failover): the fresh blade joins (every
-    /// transaction writes it), each slot is copied under its lock, then it
-    /// is taken in. Run again, it resumes.
+    /// Copy while compute blades run (under --coordinator, one blade
+    /// removed by a failover; blade 0 gets its catalogs back from the
+    /// mirrors): the fresh blade joins (every transaction writes it), each
+    /// slot is copied under its lock, then it is taken in. Run again, it
+    /// resumes.
     #[arg(long)]
     pub online: bool,
     /// With --online: the most bytes of buckets copied per second, in MB/s

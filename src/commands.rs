@@ -707,7 +707,15 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
         .with_context(|| format!("transactions stop; {}", hint()))?;
     let mut rt = smart_core::Runtime::new(&*t2, 0, s.run.runtime.clone())?;
     let ctx = rt.ctx();
-    let (name, lost, joins, tags) = (d.db.clone(), removed.clone(), joining.clone(), fo.fenced.clone());
+    // The earlier epoch's registrations are in the registry it used: its
+    // mirror while blade 0 was out or joining. Blade 0 taken in since is
+    // settled as joining (written, its registry not read).
+    let mut joins = joining.clone();
+    let out = |b: &[u16], j: &[u16]| b.contains(&0) || j.contains(&0);
+    if out(&d.lost, &d.joining) && !out(&removed, &joining) {
+        joins.push(0);
+    }
+    let (name, lost, tags) = (d.db.clone(), removed.clone(), fo.fenced.clone());
     let wait_ms = ford_dtx::recovery::settle_wait_ms(d.lease);
     let rec = rt
         .block_on(async move {
@@ -1212,8 +1220,8 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
     Ok((names, out))
 }
 
-/// `rebuild --online --lost N` (blade N other than 0, removed by a
-/// failover, a fresh blade in its place) while compute blades run, under
+/// `rebuild --online --lost N` (blade N removed by a failover, a fresh
+/// blade in its place) while compute blades run, under
 /// the coordinator of `e` (see `ford_dtx::rejoin`): the fresh blade adopted
 /// at its place, its heap reserved past what the databases had there; the
 /// next epoch with it joining (the compute blades follow: every transaction
@@ -1223,6 +1231,11 @@ fn rebuild_blade(rt: &mut smart_core::Runtime, s: &Session, job: &RebuildJob) ->
 /// of their throughput before if one is given: [`crate::pace`]); then the
 /// next epoch with it active. Run again, it resumes where the configuration
 /// says it is.
+///
+/// Blade 0 is found through the mirrors, and gets back each catalog and
+/// named root before it joins, its registry empty: the mirror on blade 1
+/// stays the registry until it is taken in (the compute blades then settle
+/// that epoch's registrations there, and register on blade 0 again).
 fn rebuild_online(
     s: &Session,
     t: &dyn Transport,
@@ -1236,7 +1249,10 @@ fn rebuild_online(
     let n = job.lost[0];
     let started = std::time::Instant::now();
     let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
-    let names = rebuilt_dbs(&mut rt, job)?;
+    // Blade 0's databases are found through their mirrors, and opened as
+    // they stand for it (its catalog and registry) until it is taken in.
+    let mirrors = if n == 0 { blade0_mirrors(&mut rt, job)? } else { Vec::new() };
+    let names = if n == 0 { mirrors.iter().map(|m| m.db.name.clone()).collect() } else { rebuilt_dbs(&mut rt, job)? };
     if names.is_empty() {
         anyhow::bail!("no FORD database on these blades: nothing to rebuild");
     }
@@ -1245,27 +1261,39 @@ fn rebuild_online(
     let dbs = rt.block_on(async move {
         let mut dbs = Vec::new();
         for name in &n2 {
-            dbs.push(
-                Db::open(&ctx, name)
-                    .await?
-                    .ok_or_else(|| ford_dtx::DtxError::Config(format!("no database {name:?} on these blades")))?,
-            );
+            let db = if n == 0 { Db::open_view(&ctx, name, &[0], &[]).await? } else { Db::open(&ctx, name).await? };
+            dbs.push(db.ok_or_else(|| ford_dtx::DtxError::Config(format!("no database {name:?} on these blades")))?);
         }
         Ok::<_, ford_dtx::DtxError>(dbs)
     })?;
     let resuming = matches!(e.v.config.blades[usize::from(n)].state, BladeState::Joining { .. });
     if !resuming {
         let ctx = rt.ctx();
-        let all = dbs.clone();
+        let (all, ms) = (dbs.clone(), mirrors.clone());
         rt.block_on(async move {
             let mut end = 0;
             for db in &all {
                 end = end.max(ford_dtx::rebuild::extents_on(&ctx, &db.without(&[n])?, &[n]).await?[0]);
             }
+            // Blade 0's catalogs, registries and the log areas there.
+            end = ms.iter().map(ford_dtx::mirror::Mirror::end_on_blade0).fold(end, u64::max);
             let target = end.max(smart_core::layout::HEAP_START).next_multiple_of(4096);
             fits(&ctx, &[n], &[target])?;
             ctx.adopt_blades(&[n]).await?;
             reserve_lost(&ctx, &[n], &[target]).await
+        })?;
+    }
+    if n == 0 {
+        // Each catalog and named root back on blade 0, its registry empty:
+        // the mirrors stay the registry while it joins (nothing on it is
+        // read), and the registrations of those epochs are settled there
+        // once it is taken in.
+        let (ctx, ms) = (rt.ctx(), mirrors.clone());
+        rt.block_on(async move {
+            for m in &ms {
+                ford_dtx::mirror::restore_joining(&ctx, m).await?;
+            }
+            Ok::<_, ford_dtx::DtxError>(())
         })?;
     }
     let joined = crate::coord::join_blade(s, e, t, n)?;
@@ -1400,6 +1428,27 @@ fn rebuild_online(
         v.config.describe_blades()
     );
     Ok(Outcome::of(true, false))
+}
+
+/// The mirrors of the databases `job` rebuilds on blade 0 (all, without
+/// `--db`), read on the first blade of the set that keeps them.
+///
+/// # Errors
+/// A database named that keeps no mirror there; verb errors.
+fn blade0_mirrors(rt: &mut smart_core::Runtime, job: &RebuildJob) -> Result<Vec<ford_dtx::mirror::Mirror>> {
+    let (ctx, wanted) = (rt.ctx(), job.dbs.clone());
+    Ok(rt.block_on(async move {
+        let from = ford_dtx::mirror::blades(&ctx).next().ok_or_else(|| {
+            ford_dtx::DtxError::Config("one memory blade: nothing else says what blade 0 held".into())
+        })?;
+        let mirrors = ford_dtx::mirror::list(&ctx, from).await?;
+        if let Some(w) = wanted.iter().find(|w| !mirrors.iter().any(|m| &m.db.name == *w)) {
+            return Err(ford_dtx::DtxError::Config(format!("no mirror of a database {w:?} on memory blade {from}")));
+        }
+        Ok::<_, ford_dtx::DtxError>(
+            mirrors.into_iter().filter(|m| wanted.is_empty() || wanted.contains(&m.db.name)).collect(),
+        )
+    })?)
 }
 
 /// Refuses a fresh blade of `lost` too small for what was lost there (up

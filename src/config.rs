@@ -375,10 +375,10 @@ impl Config {
                     if session.coordinator.is_none() {
                         bail!("--online needs --coordinator: the compute blades learn from it that a blade joins");
                     }
-                    if lost.len() > 1 || lost[0] == 0 {
+                    if lost.len() > 1 {
                         bail!(
-                            "--online rebuilds one memory blade other than 0 (blade 0 holds the catalog and the \
-                             registry: it is rebuilt offline); --lost {}",
+                            "--online rebuilds one memory blade at a time (each joins under an epoch of its own); \
+                             --lost {}",
                             ford_dtx::rebuild::blade_list(&lost)
                         );
                     }

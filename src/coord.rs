@@ -402,7 +402,7 @@ pub fn moved(s: &Session, e: &Entered) -> Result<Option<FailedOver>> {
 /// proposer died right after its proposal), and the one that did starts
 /// `compute-blade rebuild --online` (this executable, a process of its own
 /// that outlives this run) onto the first spare, in the place of the first
-/// blade `fo` removed (not blade 0). Its output goes to a file; returns
+/// blade `fo` removed. Its output goes to a file; returns
 /// what to tell the user, `None` if nothing was started here.
 ///
 /// # Errors
@@ -411,7 +411,7 @@ pub fn start_spare_copy(s: &Session, coordinator: &Coordinator, fo: &FailedOver)
     let c = &fo.v.config;
     let (Some(url), Blades::Remote { secret_file, .. }) = (&s.coordinator, &s.blades) else { return Ok(None) };
     let Some(spare) = c.spares.first() else { return Ok(None) };
-    let Some(&n) = c.removed().iter().find(|b| **b != 0) else { return Ok(None) };
+    let Some(&n) = c.removed().first() else { return Ok(None) };
     if !c.joining().is_empty() {
         return Ok(None);
     }
@@ -658,7 +658,8 @@ pub fn enter_rebuild(s: &Session, t: &dyn Transport, lost: &[u16], online: bool)
             (BladeState::Active, false) => {}
         }
     }
-    if lost.contains(&0) && matches!(v.config.blades[0].state, BladeState::Removed { .. }) {
+    // Online, the compute blades follow the epochs of the copy instead.
+    if !online && lost.contains(&0) && matches!(v.config.blades[0].state, BladeState::Removed { .. }) {
         blade0_quiet(s, &c, &v)?;
     }
     Ok(Some(Entered { c, v, addrs: addrs.clone() }))

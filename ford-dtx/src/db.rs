@@ -189,13 +189,14 @@ pub struct Db {
     /// Memory blades joining the configuration ([`Db::view`]): written by
     /// every transaction, read by none. Empty but while one is.
     pub joining: Vec<u16>,
-    /// While blade 0 is out of the configuration ([`Db::open_view`]): the
-    /// mirror ([`crate::mirror`]) that stands for what blade 0 alone held.
-    /// Its catalog is the catalog, its load mark the load mark, and its
-    /// registrations the registry, whose slots keep a lease length in
-    /// place of an expiry and are never renewed: under a coordinator, a
-    /// compute blade's liveness is its membership there. `None` while
-    /// blade 0 is in.
+    /// While blade 0 is out of the configuration or joining it
+    /// ([`Db::open_view`]): the mirror ([`crate::mirror`]) that stands for
+    /// what blade 0 alone held. Its catalog is the catalog, its load mark
+    /// the load mark, and its registrations the registry, whose slots keep
+    /// a lease length in place of an expiry and are never renewed: under a
+    /// coordinator, a compute blade's liveness is its membership there.
+    /// `None` while blade 0 is in (once taken in again, its registry is
+    /// blade 0's: see [`crate::rejoin`] for how the registrations move).
     pub mirror: Option<GlobalAddr>,
 }
 
@@ -335,15 +336,16 @@ impl Db {
     /// are out of the configuration and `joining` join it ([`Db::view`]);
     /// `None` if it does not exist (with blade 0 in).
     ///
-    /// With blade 0 out, what it alone held comes from the database's
-    /// mirror on the first blade read ([`Db::mirror`]): the catalog's copy
-    /// there, its load mark, and its registrations as the registry.
+    /// With blade 0 out or joining (its copies being made: nothing on it
+    /// is read), what it alone held comes from the database's mirror on
+    /// the first blade read ([`Db::mirror`]): the catalog's copy there, its
+    /// load mark, and its registrations as the registry.
     ///
     /// # Errors
     /// As [`Db::open`] and [`Db::view`]; with blade 0 out, a database that
     /// keeps no mirror on that blade.
     pub async fn open_view(ctx: &Ctx, name: &str, lost: &[u16], joining: &[u16]) -> Result<Option<Db>> {
-        if !lost.contains(&0) {
+        if !lost.contains(&0) && !joining.contains(&0) {
             return match Db::open(ctx, name).await? {
                 Some(whole) => whole.view(lost, joining).map(Some),
                 None => Ok(None),
@@ -607,8 +609,12 @@ impl Db {
     /// out, before the re-replication gave it one) aborts instead of going
     /// without it ([`crate::Abort::Validation`]).
     ///
+    /// Blade 0 joins only in a database opened from its mirror
+    /// ([`Db::open_view`]): its catalog and registry are the mirror's until
+    /// it is taken in.
+    ///
     /// # Errors
-    /// As [`Db::without`]; blade 0 joining (it is rebuilt offline only).
+    /// As [`Db::without`]; blade 0 joining a database opened through it.
     pub fn view(&self, lost: &[u16], joining: &[u16]) -> Result<Db> {
         let mut lost = lost.to_vec();
         lost.sort_unstable();
@@ -616,10 +622,10 @@ impl Db {
         let mut joining: Vec<u16> = joining.iter().copied().filter(|b| !lost.contains(b)).collect();
         joining.sort_unstable();
         joining.dedup();
-        if joining.contains(&0) {
+        if joining.contains(&0) && self.mirror.is_none() {
             return Err(DtxError::Config(format!(
-                "database {}: memory blade 0 cannot join online (it is rebuilt offline: `compute-blade rebuild --lost \
-                 0`)",
+                "database {}: memory blade 0 joins only in the database as its mirror stands for it (Db::open_view): \
+                 nothing on blade 0 is read before it is taken in",
                 self.name
             )));
         }

@@ -31,7 +31,8 @@
 //! registry: settled and freed there, new ones claimed there (each also
 //! written to the other mirrors), with a lease length and no renewal (a
 //! recovery's hold there is an expiry, as on blade 0). A rebuild of blade
-//! 0 reads that mirror as any other.
+//! 0 reads that mirror as any other. It stays the registry while a fresh
+//! blade 0 joins online, until it is taken in ([`crate::rejoin`]).
 //!
 //! [`restore`] writes a mirror back onto a blade adopted as blade 0
 //! ([`smart_core::Ctx::adopt_blades`]) at the old addresses; the tables'
@@ -235,6 +236,24 @@ pub(crate) async fn register(ctx: &Ctx, db: &Db, s: &SlotInfo, lease_ms: u64) ->
     Ok(())
 }
 
+/// Whether a mirror of `db` records a registration in slot `slot`: one
+/// claimed there while blade 0 was out or joining ([`Db::mirror`]) and not
+/// settled yet, or one of blade 0's own between its claim there and its
+/// release here. A compute blade claiming blade 0's slot `slot` leaves it
+/// then, so that it never writes over the mirror's record of another
+/// registration ([`crate::rejoin`]).
+///
+/// # Errors
+/// Verb errors.
+pub(crate) async fn records_slot(ctx: &Ctx, db: &Db, slot: u16) -> Result<bool> {
+    for m in all(ctx, db).await? {
+        if ctx.read_u64(m.add(slot_offset(slot) as u64)).await? != 0 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Clears slot `slot` in `db`'s mirrors that still record registration
 /// `nonce` (after the slot was freed).
 ///
@@ -381,11 +400,27 @@ pub async fn list(ctx: &Ctx, blade: u16) -> Result<Vec<Mirror>> {
 /// # Errors
 /// Verb errors.
 pub async fn restore(ctx: &Ctx, m: &Mirror) -> Result<()> {
+    restore_with(ctx, m, true).await
+}
+
+/// [`restore`] for a blade 0 that joins while compute blades run
+/// ([`crate::rejoin`]): the registry written empty. The mirror stays the
+/// registry until blade 0 is taken in; then the registrations it holds
+/// are all of earlier epochs, settled there, and the next ones claim
+/// blade 0's slots. Idempotent while blade 0 joins (nothing reads it).
+///
+/// # Errors
+/// Verb errors.
+pub async fn restore_joining(ctx: &Ctx, m: &Mirror) -> Result<()> {
+    restore_with(ctx, m, false).await
+}
+
+async fn restore_with(ctx: &Ctx, m: &Mirror, registrations: bool) -> Result<()> {
     let mut c = vec![0u8; catalog::BYTES];
     ctx.read(m.at.add(mirror::CATALOG as u64), &mut c).await?;
     ctx.write_all(m.catalog_at, &c).await?;
     let mut r = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
-    for s in m.slots.iter().filter(|s| s.claim != 0) {
+    for s in m.slots.iter().filter(|s| registrations && s.claim != 0) {
         r[usize::from(s.slot) * registry::SLOT as usize..][..registry::WORDS].copy_from_slice(&s.bytes(s.claim, 0));
     }
     ctx.write_all(m.db.registry, &r).await?;

@@ -222,6 +222,13 @@ pub(crate) async fn claim(
         if s.claim != 0 || ctx.cas(db.registry_slot(s.slot), 0, me).await? != 0 {
             continue;
         }
+        // On blade 0, a slot some mirror still records is left: a
+        // registration of the epochs when the mirror stood for the registry
+        // (blade 0 out, then joining), not settled yet, holds it there.
+        if db.mirror.is_none() && crate::mirror::records_slot(ctx, db, s.slot).await? {
+            ctx.cas(db.registry_slot(s.slot), me, 0).await?;
+            continue;
+        }
         let bytes = (threads * coroutines) as u64 * ring_bytes(db);
         let n = ctx.blades().len();
         // On the blades read only (all but those a failover took out,

@@ -33,6 +33,18 @@
 //! `compute-blade rebuild --online` command then takes the blade into the
 //! cluster's configuration).
 //!
+//! **Blade 0** joins the same way, with what it alone held put back first:
+//! each catalog and named root, written from the mirrors
+//! ([`crate::mirror::restore_joining`]), and an empty registry. While it
+//! joins, the database is opened from its mirror
+//! ([`crate::db::Db::open_view`] with blade 0 joining): the mirror on blade
+//! 1 stays the registry, as while blade 0 was out. Once it is taken in,
+//! every registration that mirror holds is of an earlier epoch, fenced,
+//! and is settled there (in a view where blade 0 joins); the next ones
+//! claim blade 0's slots, leaving a slot a mirror still records
+//! (`mirror::records_slot`), whose registration is not settled yet:
+//! its own copy in the mirrors would write over that registration's.
+//!
 //! The copier locks as a registered compute blade ([`crate::Registration`]):
 //! if it dies, recovery releases its locks like any dead compute blade's
 //! (it logs nothing: it changes no record's value), and the copy is made

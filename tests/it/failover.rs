@@ -432,8 +432,8 @@ fn a_blade_removed_by_hand_is_gone_without_by_the_compute_blades() {
     assert!(String::from_utf8_lossy(&embedded.stderr).contains("--coordinator needs --blades"));
     let online = compute(&["rebuild", "--lost", "1", "--online", "--blades", &list]);
     assert!(String::from_utf8_lossy(&online.stderr).contains("--online needs --coordinator"));
-    let zero = compute(&c.args(&list, &["rebuild", "--lost", "0", "--online"]));
-    assert!(String::from_utf8_lossy(&zero.stderr).contains("one memory blade other than 0"));
+    let two = compute(&c.args(&list, &["rebuild", "--lost", "0,1", "--online"]));
+    assert!(String::from_utf8_lossy(&two.stderr).contains("--online rebuilds one memory blade at a time"), "{two:?}");
     let share = compute(&c.args(&list, &["rebuild", "--lost", "1", "--online", "--foreground-share", "1.5"]));
     assert!(String::from_utf8_lossy(&share.stderr).contains("--foreground-share must be between 0 and 1"));
     let offline = compute(&c.args(&list, &["rebuild", "--lost", "1", "--foreground-share", "0.8"]));
@@ -462,23 +462,65 @@ fn rebuild_online(c: &Cluster, i: usize, rate: &str) -> String {
     text
 }
 
-/// Two SmallBank runs of `secs` (`NAME-a`, `NAME-b`); blade 1 SIGKILLed
+/// Two SmallBank runs of `secs` (`NAME-a`, `NAME-b`); blade `i` SIGKILLed
 /// 1.5 s in and failed over (epoch 2); a fresh blade in its place, and a
-/// slow `rebuild --online` (0.2 MB/s) onto it, once it said that the blade
+/// `rebuild --online` at `rate` MB/s onto it, once it said that the blade
 /// joins (epoch 3): the runs and the copy (its stdout read past that line).
-fn a_blade_joining(c: &mut Cluster, name: &str, secs: &str) -> (Run, Run, Child) {
+fn a_blade_joining(c: &mut Cluster, name: &str, secs: &str, i: usize, rate: &str) -> (Run, Run, Child) {
     let (a, b) = (start_run(c, &format!("{name}-a"), secs), start_run(c, &format!("{name}-b"), secs));
     std::thread::sleep(Duration::from_millis(1500));
-    kill9(&mut c.blades[1].child);
+    kill9(&mut c.blades[i].child);
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(show(c)["config"]["epoch"], 2);
-    c.replace(1);
-    let mut copy = online(c, 1, "0.2").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    c.replace(i);
+    let mut copy = online(c, i, rate).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     // Read through the child's own handle: the pipe stays open for what it
     // prints later.
-    let joins = BufReader::new(copy.stdout.as_mut().unwrap()).lines().next().unwrap().unwrap();
-    assert!(joins.contains("memory blade 1 joins: epoch 3"), "{joins}");
+    let Some(Ok(joins)) = BufReader::new(copy.stdout.as_mut().unwrap()).lines().next() else {
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut copy.stderr.take().unwrap(), &mut err).unwrap();
+        let _ = copy.kill();
+        let _ = copy.wait();
+        panic!("the online rebuild of blade {i} said nothing: {err}");
+    };
+    assert!(joins.contains(&format!("memory blade {i} joins: epoch 3")), "{joins}");
     (a, b, copy)
+}
+
+/// After blade `i` was lost, copied online and taken in (epochs 2 to 4)
+/// under runs `a` and `b`, blade 2 is SIGKILLed: both runs go through the
+/// four changes to their end (epoch 5), with commits after each; then blade
+/// 2 is rebuilt offline, and the audit is clean with every committed ledger
+/// transaction there.
+fn a_second_failure_survived(mut c: Cluster, (a, b): (Run, Run), i: usize, before: u64) {
+    std::thread::sleep(Duration::from_millis(2000));
+    kill9(&mut c.blades[2].child);
+    let (sa, ea, ra) = finish(a, Duration::from_secs(90), "compute blade a did not end");
+    let (sb, eb, rb) = finish(b, Duration::from_secs(90), "compute blade b did not end");
+    for (st, e, r) in [(sa, &ea, &ra), (sb, &eb, &rb)] {
+        assert!(st.success(), "{e}");
+        assert!(r["committed"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["coordinator"]["epoch"], 5, "{r}");
+        let causes: Vec<_> = r["failovers"].as_array().unwrap().iter().map(|f| f["cause"].clone()).collect();
+        assert_eq!(causes, ["failover", "reconfiguration", "reconfiguration", "failover"], "{r}");
+        assert_eq!(r["failovers"][1]["joining"], serde_json::json!([i]), "{r}");
+        assert_eq!(r["failovers"][3]["removed"], serde_json::json!([2]), "{r}");
+        assert!(e.contains(&format!("going on without memory blade {i}: ")), "{e}");
+        assert!(e.contains(&format!("writing to memory blade {i} as it joins")), "{e}");
+        assert!(e.contains("going on without memory blade 2: "), "{e}");
+        // Transactions committed in every phase.
+        for f in r["failovers"].as_array().unwrap() {
+            assert!(f["resumed_after_s"].as_f64().unwrap() < 4.0, "{r}");
+        }
+    }
+    // Blade 2 rebuilt offline; everything committed is there (the audit
+    // also compares the mirrors with blade 0's registry).
+    let out = fresh_rebuilt(&mut c, 2);
+    assert!(out.contains("taken into the configuration: epoch 6"), "{out}");
+    let after = clean(&c, "after both rebuilds");
+    let committed = ledgered(&ra) + ledgered(&rb);
+    assert!(committed > 0);
+    assert!(after >= before + committed, "committed transactions lost: {before} + {committed} > {after}");
 }
 
 #[test]
@@ -488,7 +530,7 @@ fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_
     let before = loaded(&c);
     // A fresh blade in blade 1's place, copied while both run on: a first
     // copy, slow, SIGKILLed mid-copy, then one that resumes.
-    let (a, b, mut first) = a_blade_joining(&mut c, "on", "22");
+    let (a, b, mut first) = a_blade_joining(&mut c, "on", "22", 1, "0.2");
     std::thread::sleep(Duration::from_millis(1000));
     kill9(&mut first);
     let cfg = &show(&c)["config"];
@@ -508,32 +550,29 @@ fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_
     assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][1]["state"].as_str()), (Some(4), Some("active")), "{cfg}");
     // A second failure, of another blade: survived (blade 1's copies are
     // whole again).
-    std::thread::sleep(Duration::from_millis(2000));
-    kill9(&mut c.blades[2].child);
-    let (sa, ea, ra) = finish(a, Duration::from_secs(90), "compute blade a did not end");
-    let (sb, eb, rb) = finish(b, Duration::from_secs(90), "compute blade b did not end");
-    for (st, e, r) in [(sa, &ea, &ra), (sb, &eb, &rb)] {
-        assert!(st.success(), "{e}");
-        assert!(r["committed"].as_u64().unwrap() > 0, "{r}");
-        assert_eq!(r["coordinator"]["epoch"], 5, "{r}");
-        let causes: Vec<_> = r["failovers"].as_array().unwrap().iter().map(|f| f["cause"].clone()).collect();
-        assert_eq!(causes, ["failover", "reconfiguration", "reconfiguration", "failover"], "{r}");
-        assert_eq!(r["failovers"][1]["joining"], serde_json::json!([1]), "{r}");
-        assert_eq!(r["failovers"][3]["removed"], serde_json::json!([2]), "{r}");
-        assert!(e.contains("writing to memory blade 1 as it joins"), "{e}");
-        assert!(e.contains("going on without memory blade 2: "), "{e}");
-        // Transactions committed in every phase.
-        for f in r["failovers"].as_array().unwrap() {
-            assert!(f["resumed_after_s"].as_f64().unwrap() < 4.0, "{r}");
-        }
-    }
-    // Blade 2 rebuilt offline; everything committed is there.
-    let out = fresh_rebuilt(&mut c, 2);
-    assert!(out.contains("taken into the configuration: epoch 6"), "{out}");
-    let after = clean(&c, "after both rebuilds");
-    let committed = ledgered(&ra) + ledgered(&rb);
-    assert!(committed > 0);
-    assert!(after >= before + committed, "committed transactions lost: {before} + {committed} > {after}");
+    a_second_failure_survived(c, (a, b), 1, before);
+}
+
+#[test]
+fn blade_0_rebuilt_online_under_running_compute_blades_takes_back_the_registry_and_a_second_failure_is_survived() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd.url, "online0");
+    let before = loaded(&c);
+    // Blade 0 lost: the compute blades go on from the mirror on blade 1
+    // (its catalog and registry), and a fresh blade 0 is copied while they
+    // run; taken in, its registry is blade 0's again.
+    let (a, b, copy) = a_blade_joining(&mut c, "on0", "20", 0, "1");
+    let done = copy.wait_with_output().unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&done.stdout), String::from_utf8_lossy(&done.stderr));
+    assert!(done.status.success(), "{out}");
+    eprintln!("{out}");
+    assert!(out.contains("smallbank: copied to memory blade 0 while transactions ran"), "{out}");
+    assert!(out.contains("taken into the configuration: epoch 4"), "{out}");
+    let cfg = &show(&c)["config"];
+    assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][0]["state"].as_str()), (Some(4), Some("active")), "{cfg}");
+    // A second failure, of another blade: survived (blade 0's copies and
+    // its registry serve again; the mirror on blade 2 is lost with it).
+    a_second_failure_survived(c, (a, b), 0, before);
 }
 
 #[test]
@@ -542,7 +581,7 @@ fn a_joining_blade_that_dies_mid_copy_is_taken_out_again_and_a_new_one_is_copied
     let mut c = Cluster::start(&etcd.url, "rejoin2");
     let before = loaded(&c);
     // A fresh blade joins, slowly copied; it dies mid-copy.
-    let (a, b, mut copy) = a_blade_joining(&mut c, "rj", "14");
+    let (a, b, mut copy) = a_blade_joining(&mut c, "rj", "14", 1, "0.2");
     std::thread::sleep(Duration::from_millis(800));
     kill9(&mut c.blades[1].child);
     let st = wait_bounded(&mut copy, Duration::from_secs(90), "the copy to a dead blade did not end");
@@ -643,13 +682,15 @@ fn a_listed_spare_takes_a_failed_blades_place_while_the_compute_blades_run() {
     assert_eq!(show(&c)["config"]["spares"], serde_json::json!([spare.addr]));
     let bad = compute(&["coordinator", "spare", "--coordinator", &c.coordinator, "--addr", &spare.addr]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("already in the configuration"), "{bad:?}");
+    // Blade 0 lost: the spare takes its place (its catalogs and roots from
+    // the mirrors) while the compute blades run from the mirror on blade 1.
     let (a, b) = (start_run(&c, "sp-a", "10"), start_run(&c, "sp-b", "10"));
     std::thread::sleep(Duration::from_millis(1500));
-    kill9(&mut c.blades[1].child);
+    kill9(&mut c.blades[0].child);
     let (sa, ea, ra) = finish(a, Duration::from_secs(60), "compute blade a did not end");
     let (sb, eb, rb) = finish(b, Duration::from_secs(60), "compute blade b did not end");
     // The one that claimed the copy (one of them) started it onto the spare.
-    let copied = spare_copied(&format!("{ea}\n{eb}"), 1);
+    let copied = spare_copied(&format!("{ea}\n{eb}"), 0);
     assert!(copied.contains("taken into the configuration: epoch 4"), "{copied}");
     for (st, e, r) in [(sa, &ea, &ra), (sb, &eb, &rb)] {
         assert!(st.success(), "{e}");
@@ -658,11 +699,11 @@ fn a_listed_spare_takes_a_failed_blades_place_while_the_compute_blades_run() {
         assert_eq!(causes, ["failover", "reconfiguration", "reconfiguration"], "{r}");
     }
     let cfg = &show(&c)["config"];
-    assert_eq!(cfg["blades"][1]["addr"], spare.addr.as_str(), "{cfg}");
-    assert_eq!(cfg["blades"][1]["state"], "active", "{cfg}");
+    assert_eq!(cfg["blades"][0]["addr"], spare.addr.as_str(), "{cfg}");
+    assert_eq!(cfg["blades"][0]["state"], "active", "{cfg}");
     assert!(cfg.get("spares").is_none_or(|s| s.as_array().is_some_and(Vec::is_empty)), "{cfg}");
-    c.blades[1] = spare;
-    let after = clean(&c, "after the spare took blade 1's place");
+    c.blades[0] = spare;
+    let after = clean(&c, "after the spare took blade 0's place");
     let committed = ledgered(&ra) + ledgered(&rb);
     assert!(after >= before + committed, "committed transactions lost: {before} + {committed} > {after}");
 }

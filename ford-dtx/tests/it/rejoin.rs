@@ -23,6 +23,20 @@ const ACCOUNTS: u64 = 6;
 const START: u64 = 1_000;
 const LEASE: Duration = Duration::from_secs(30);
 
+/// The accounts of every table at START, and keys 100..160 of tables 0 and
+/// 1 at 0, past their arrays (2 buckets of 22 slots): overflow buckets.
+async fn load(dtx: &ford_dtx::Dtx) {
+    for table in 0..3 {
+        for k in 0..ACCOUNTS {
+            insert_one(dtx, table, k, START).await.unwrap();
+        }
+    }
+    for k in 100..160 {
+        insert_one(dtx, 0, k, 0).await.unwrap();
+        insert_one(dtx, 1, k, 0).await.unwrap();
+    }
+}
+
 /// Three embedded blades, three tables, k = 2 (blade 1 holds table 0's
 /// backup and table 1's primary). Blade 1 goes out; transactions go on
 /// without it and add overflow buckets to tables 0 and 1 (none there); then
@@ -37,16 +51,7 @@ fn after_a_failover(name: &str) -> (Arc<dyn Transport>, Runtime, Arc<Db>, u64) {
     let dtx = reg.open_thread(rt.ctx());
     let (ctx, d) = (rt.ctx(), db.clone());
     rt.block_on(async move {
-        for table in 0..3 {
-            for k in 0..ACCOUNTS {
-                insert_one(&dtx, table, k, START).await.unwrap();
-            }
-        }
-        // Past the arrays of tables 0 and 1 (2 buckets of 22 slots).
-        for k in 100..160 {
-            insert_one(&dtx, 0, k, 0).await.unwrap();
-            insert_one(&dtx, 1, k, 0).await.unwrap();
-        }
+        load(&dtx).await;
         assert!(dtx.stats().chains_extended >= 2, "the chains grew");
         for t in &d.tables {
             for r in (0..d.replicas).filter(|r| t.base[*r].blade() == 1) {
@@ -179,6 +184,89 @@ fn a_copier_killed_mid_copy_leaves_no_lock_and_the_copy_made_again_is_whole() {
             rejoin::copy(&ctx, &v, 1, who, |_| Ok(())).await.unwrap()
         });
         assert_eq!(copied.busy, 0, "{polls} polls: a lock was left ({copied:?})");
+        again.close(&*t).unwrap();
+        let (ctx, d) = (rt.ctx(), db.clone());
+        let w = format!("{polls} polls");
+        assert_eq!(rt.block_on(async move { audited(&ctx, &d, &w).await }), money, "{polls} polls");
+    }
+}
+
+/// Blade 0 joins again while compute blades run from its mirror on blade
+/// 1 (`Db::open_view`): a fresh blade 0 gets its catalog and roots back
+/// with an empty registry (`mirror::restore_joining`), its copies are made
+/// as any joining blade's, and a compute blade of that epoch dies
+/// mid-transfer, registered in the mirror. Once blade 0 is taken in, a
+/// registration on its registry leaves the slot that the mirror still
+/// records (so the dead one is still found and settled, in the view the
+/// compute blades settle the earlier epoch in: blade 0 joining), and then
+/// takes it; the whole database audits clean.
+#[test]
+fn blade_0_joining_keeps_its_mirror_as_the_registry_until_the_mirror_s_registrations_are_settled() {
+    for polls in [4, 9, 14] {
+        let t: Arc<dyn Transport> = backends::embedded(3).transport;
+        let (mut rt, db, first) = open(&t, &spec("rejoin0", &[8, 8, 8], 16, 2), 1, 1);
+        let dtx = first.open_thread(rt.ctx());
+        rt.block_on(async move { load(&dtx).await });
+        first.close(&*t).unwrap();
+        let money = 3 * ACCOUNTS * START;
+        // Blade 0 fresh: its copies and its registry zeroed, then the
+        // catalog and the roots written back with the registry empty.
+        let (ctx, d) = (rt.ctx(), db.clone());
+        let joining = rt.block_on(async move {
+            for t in &d.tables {
+                for r in (0..d.replicas).filter(|r| t.base[*r].blade() == 0) {
+                    ctx.write_all(t.base[r], &vec![0u8; (t.buckets * t.bucket_bytes()) as usize]).await.unwrap();
+                }
+            }
+            // (Its overflow buckets keep their bytes: the copy writes every
+            // bucket there again.)
+            let slots = ford_dtx::layout::registry::SLOTS * ford_dtx::layout::registry::SLOT;
+            ctx.write_all(d.registry, &vec![0u8; slots as usize]).await.unwrap();
+            let m = ford_dtx::mirror::list(&ctx, 1).await.unwrap().into_iter().find(|m| m.db.name == d.name).unwrap();
+            ford_dtx::mirror::restore_joining(&ctx, &m).await.unwrap();
+            Arc::new(Db::open_view(&ctx, "rejoin0", &[], &[0]).await.unwrap().unwrap())
+        });
+        let m = joining.mirror.expect("blade 0 joins in the database as its mirror stands for it");
+        assert_eq!(m.blade(), 1, "{polls} polls");
+        assert!(db.view(&[], &[0]).is_err(), "blade 0 joins only through its mirror");
+        // Its copies made under their locks.
+        let copy = Registration::register(t.clone(), joining.clone(), 1, 1, LEASE).unwrap();
+        let (ctx, v, who) = (rt.ctx(), joining.clone(), copier(&copy));
+        rt.block_on(async move {
+            rejoin::add_copies(&ctx, &v, 0).await.unwrap();
+            rejoin::copy(&ctx, &v, 0, who, |_| Ok(())).await.unwrap()
+        });
+        copy.close(&*t).unwrap();
+        // A compute blade of the joining epoch dies mid-transfer.
+        let dying = Registration::register(t.clone(), joining.clone(), 1, 1, LEASE).unwrap();
+        let (nonce, slot) = (dying.fence_tag(), dying.slot());
+        let dtx = dying.open_thread(rt.ctx());
+        rt.block_on(Die::after(polls, async move {
+            let mut tx = dtx.txn(0);
+            tx.begin();
+            let (x, y) = (tx.update(0, 1), tx.update(2, 4));
+            tx.execute().await.unwrap();
+            let (vx, vy) = (u(tx.value(x)), u(tx.value(y)));
+            tx.write(x, &(vx - 7).to_le_bytes());
+            tx.write(y, &(vy + 7).to_le_bytes());
+            tx.commit().await
+        }));
+        drop(dying);
+        // Taken in: registrations claim blade 0's registry again, but not
+        // the slot the mirror still records.
+        let ctx = rt.ctx();
+        let whole = Arc::new(rt.block_on(async move { Db::open(&ctx, "rejoin0").await }).unwrap().unwrap());
+        assert!(whole.mirror.is_none());
+        let next = Registration::register(t.clone(), whole.clone(), 1, 1, LEASE).unwrap();
+        assert_ne!(next.slot(), slot, "{polls} polls: a slot the mirror records was claimed on blade 0");
+        let (ctx, v) = (rt.ctx(), joining.clone());
+        let rec = rt.block_on(async move { settle(&ctx, &v, &[nonce], 5_000).await }).unwrap();
+        assert_eq!(rec.len(), 1, "{polls} polls: the dead registration settled in the mirror");
+        let again = Registration::register(t.clone(), whole.clone(), 1, 1, LEASE).unwrap();
+        assert_eq!(again.slot(), slot, "{polls} polls: the slot settled is free again");
+        let dtx = again.open_thread(rt.ctx());
+        rt.block_on(async move { transfers(&dtx, &AtomicBool::new(true), 10).await });
+        next.close(&*t).unwrap();
         again.close(&*t).unwrap();
         let (ctx, d) = (rt.ctx(), db.clone());
         let w = format!("{polls} polls");
