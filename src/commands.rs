@@ -372,7 +372,11 @@ fn dtx_on<W: Workload + Clone + 'static>(
     // settling them right now).
     let settle0 = match &entered {
         Some(e) if !absent.is_empty() || !joining.is_empty() => crate::coord::earlier_tags(&e.c, &e.v)?,
-        _ => Vec::new(),
+        Some(e) => {
+            settle_mirror_leftovers(s, &*t, e, &job.cfg)?;
+            Vec::new()
+        }
+        None => Vec::new(),
     };
     let (mut lost, mut joins, mut settle) = (absent.to_vec(), joining.to_vec(), settle0);
     let mut total: Option<smallbank_tatp::DtxReport> = None;
@@ -741,6 +745,56 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
         );
     }
     Ok(GoOn { transport: t2, removed, joining, fenced: fo.fenced.clone() })
+}
+
+/// Before a run with every blade in (under a coordinator): registrations
+/// that blade 0's mirror still records from the epochs when it stood for
+/// the registry, not settled when blade 0 was taken in
+/// ([`ford_dtx::mirror::unsettled`]: everything that would have settled
+/// them died first), are fenced on the blades in use (their tags revoked:
+/// none of their verbs lands again, should one still run) and settled in
+/// the mirror, so that their locks go and their slots serve again.
+///
+/// # Errors
+/// Unreachable blades; fencing or settling that fails.
+fn settle_mirror_leftovers(
+    s: &Session,
+    t: &dyn Transport,
+    e: &crate::coord::Entered,
+    d: &smallbank_tatp::DtxConfig,
+) -> Result<()> {
+    let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
+    let (ctx, name) = (rt.ctx(), d.db.clone());
+    let left = rt.block_on(async move {
+        match ford_dtx::db::Db::open(&ctx, &name).await? {
+            Some(db) => ford_dtx::mirror::unsettled(&ctx, &db).await,
+            None => Ok(Vec::new()),
+        }
+    })?;
+    if left.is_empty() {
+        return Ok(());
+    }
+    let fenced = crate::coord::revoke_tags(s, &e.v, &left)?;
+    let (ctx, name) = (rt.ctx(), d.db.clone());
+    let (tags, wait_ms) = (left.clone(), ford_dtx::recovery::settle_wait_ms(d.lease));
+    let rec = rt.block_on(async move {
+        let Some(db) = ford_dtx::db::Db::open_view(&ctx, &name, &[], &[0]).await? else { return Ok(Vec::new()) };
+        ford_dtx::recovery::settle(&ctx, &db, &tags, wait_ms).await
+    })?;
+    let sum = |f: fn(&ford_dtx::recovery::Recovered) -> u64| rec.iter().map(f).sum::<u64>();
+    eprintln!(
+        "{}: {} registration{} left in blade 0's mirror from before it was taken in (nothing settled {}): fenced on \
+         memory blades {} and settled there ({} rolled back, {} rolled forward, {} locks released)",
+        d.db,
+        left.len(),
+        if left.len() == 1 { "" } else { "s" },
+        if left.len() == 1 { "it" } else { "them" },
+        ford_dtx::rebuild::blade_list(&fenced),
+        sum(|r| r.rolled_back),
+        sum(|r| r.rolled_forward),
+        sum(|r| r.released)
+    );
+    Ok(())
 }
 
 /// Records database `name`'s replica order in the configuration (once).
@@ -1354,29 +1408,49 @@ fn rebuild_online(
         }
         let (v, ctx) = (view.clone(), crt.ctx());
         let (progress, halt, mut pacer) = (s.run.progress, member.halt.clone(), pace.pacer());
+        // Compute blades that die during the copy hold their locks: in a
+        // mirror (blade 0 joining) nothing expires, so those whose
+        // membership lapsed are fenced and settled when the copy waits on
+        // them.
+        let (s2, c2, v2) = (s.clone(), e.c.clone(), joined.clone());
+        let dead = move || match crate::coord::reap(&s2, &c2, &v2) {
+            Ok(tags) => tags,
+            Err(x) => {
+                eprintln!("note: finding dead compute blades in the coordinator: {x:#}");
+                Vec::new()
+            }
+        };
         let copied = crt.block_on(async move {
             let mut said = std::time::Instant::now();
-            let mut c = ford_dtx::rejoin::copy(&ctx, &v, n, who, |c| {
-                if halt.load(std::sync::atomic::Ordering::SeqCst) {
-                    return Err(ford_dtx::DtxError::Config(
-                        "the copy stops: the configuration moved on (a failure?) or the copier's lease lapsed".into(),
-                    ));
-                }
-                // Sleeping this thread, which runs nothing else.
-                pacer.after(c.bytes);
-                if progress && said.elapsed() > std::time::Duration::from_secs(2) {
-                    eprintln!(
-                        "{name}: copying to memory blade {n}: {} buckets, {} bytes so far ({} slots held by \
+            let mut c = ford_dtx::rejoin::copy_reaping(
+                &ctx,
+                &v,
+                n,
+                who,
+                |c| {
+                    if halt.load(std::sync::atomic::Ordering::SeqCst) {
+                        return Err(ford_dtx::DtxError::Config(
+                            "the copy stops: the configuration moved on (a failure?) or the copier's lease lapsed"
+                                .into(),
+                        ));
+                    }
+                    // Sleeping this thread, which runs nothing else.
+                    pacer.after(c.bytes);
+                    if progress && said.elapsed() > std::time::Duration::from_secs(2) {
+                        eprintln!(
+                            "{name}: copying to memory blade {n}: {} buckets, {} bytes so far ({} slots held by \
                          transactions, retried{})",
-                        c.buckets,
-                        c.bytes,
-                        c.busy,
-                        pacer.said()
-                    );
-                    said = std::time::Instant::now();
-                }
-                Ok(())
-            })
+                            c.buckets,
+                            c.bytes,
+                            c.busy,
+                            pacer.said()
+                        );
+                        said = std::time::Instant::now();
+                    }
+                    Ok(())
+                },
+                dead,
+            )
             .await?;
             c.added = added;
             Ok::<_, ford_dtx::DtxError>(c)
@@ -1385,12 +1459,14 @@ fn rebuild_online(
         reg.close(&*transport)?;
         println!(
             "{}: copied to memory blade {n} while transactions ran: {} buckets ({} added while it was out), {} slots \
-             under their locks ({} held by transactions, retried), {} records given their home, {} bytes in {:.1} s",
+             under their locks ({} held by transactions, retried; {} dead compute blades' registrations settled), {} \
+             records given their home, {} bytes in {:.1} s",
             db.name,
             copied.buckets,
             copied.added,
             copied.slots,
             copied.busy,
+            copied.reaped,
             copied.rehomed,
             copied.bytes,
             t0.elapsed().as_secs_f64()
@@ -1404,7 +1480,19 @@ fn rebuild_online(
     }
     // Taken in: the compute blades follow to the next epoch, settling this
     // one's transactions (this rebuild settles them too).
+    // For tests: `SMART_RS_TEST_TAKE_IN=die-after:MS` waits MS ms once the
+    // copies are made, then aborts right after the take-in landed, before
+    // this rebuild fences and settles the earlier epochs.
+    let hook = std::env::var("SMART_RS_TEST_TAKE_IN").unwrap_or_default();
+    let die = hook.strip_prefix("die-after:").and_then(|ms| ms.parse().ok());
+    if let Some(ms) = die {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     let v = crate::coord::take_in(e, n, &joined)?;
+    if die.is_some() {
+        eprintln!("compute-blade: SMART_RS_TEST_TAKE_IN: aborting right after taking memory blade {n} in");
+        std::process::abort();
+    }
     let (fenced, tags) = crate::coord::fence_earlier(s, &e.c, &v)?;
     let _ = member.m.leave();
     for db in &dbs {

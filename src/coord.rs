@@ -513,6 +513,36 @@ fn fence_members(
     Ok((said, tags))
 }
 
+/// The fence tags of compute blades that registered and whose membership
+/// is gone without their leaving: dead, or halted (a compute blade whose
+/// etcd lease lapses stops locking and committing before it could have
+/// expired), or paused. Revoked on every memory blade `v` has in use, so
+/// that none of their verbs lands again, and returned: their
+/// registrations may then be settled like a failover's earlier epoch.
+///
+/// # Errors
+/// etcd errors; a blade that cannot be reached or refuses.
+pub fn reap(s: &Session, c: &Coordinator, v: &Versioned) -> Result<Vec<u64>> {
+    let live: std::collections::HashSet<u64> = c.members()?.iter().map(|m| m.fence_tag).collect();
+    let mut dead: Vec<u64> =
+        c.fence_records()?.into_iter().map(|m| m.fence_tag).filter(|t| *t != 0 && !live.contains(t)).collect();
+    dead.sort_unstable();
+    dead.dedup();
+    if !dead.is_empty() {
+        revoke_tags(s, v, &dead)?;
+    }
+    Ok(dead)
+}
+
+/// Revokes `tags` on every memory blade `v` has in use (a connection of
+/// its own to each); returns those.
+///
+/// # Errors
+/// A blade that cannot be reached or refuses.
+pub fn revoke_tags(s: &Session, v: &Versioned, tags: &[u64]) -> Result<Vec<u16>> {
+    revoke_in_use(v, tags, secret_of(s).as_deref(), timeout(s))
+}
+
 /// Revokes `tags` on every memory blade `v` has in use; returns those.
 fn revoke_in_use(v: &Versioned, tags: &[u64], secret: Option<&std::path::Path>, t: Duration) -> Result<Vec<u16>> {
     let active = v.config.in_use();

@@ -254,6 +254,34 @@ pub(crate) async fn records_slot(ctx: &Ctx, db: &Db, slot: u16) -> Result<bool> 
     Ok(false)
 }
 
+/// The registrations that the first of `db`'s mirrors records in a slot
+/// that blade 0's registry holds free: ones claimed while the mirror stood
+/// for the registry (blade 0 out, then joining: [`Db::mirror`]) that were
+/// not settled when blade 0 was taken in (every compute blade of those
+/// epochs and the copy died first), or one whose record outlived it (its
+/// compute blade killed between freeing its slot on blade 0 and clearing
+/// the mirrors). Their slots are left unused on blade 0 (`records_slot`)
+/// until they are settled in a view where blade 0 joins. Empty for a
+/// database opened from its mirror, and over one blade.
+///
+/// # Errors
+/// Verb errors.
+pub async fn unsettled(ctx: &Ctx, db: &Db) -> Result<Vec<u64>> {
+    if db.mirror.is_some() {
+        return Ok(Vec::new());
+    }
+    let Some(m) = all(ctx, db).await?.into_iter().next() else { return Ok(Vec::new()) };
+    let mut r = vec![0u8; (registry::SLOTS * registry::SLOT) as usize];
+    ctx.read_all(m.add(mirror::REGISTRY as u64), &mut r).await?;
+    Ok(crate::registry::slots(ctx, db)
+        .await?
+        .iter()
+        .filter(|s| s.claim == 0)
+        .map(|s| word(&r, usize::from(s.slot) * registry::SLOT as usize) & !registry::RECOVERING)
+        .filter(|n| *n != 0)
+        .collect())
+}
+
 /// Clears slot `slot` in `db`'s mirrors that still record registration
 /// `nonce` (after the slot was freed).
 ///

@@ -75,6 +75,9 @@ pub struct Copied {
     pub bytes: u64,
     /// Slot locks found held by a transaction, and retried.
     pub busy: u64,
+    /// Registrations of dead compute blades settled because they held
+    /// slots the copy waited for ([`copy_reaping`]).
+    pub reaped: u64,
 }
 
 /// The position in `t`'s order of its replica on the joining blade `n`, if
@@ -160,9 +163,27 @@ pub struct Copier {
 /// # Errors
 /// A bucket with no copy on `n` (run [`add_copies`] first); a slot held
 /// past `give_up_ms`; a lock lost (the copier was fenced); verb errors.
-pub async fn copy<P>(ctx: &Ctx, db: &Db, n: u16, who: Copier, mut pace: P) -> Result<Copied>
+pub async fn copy<P>(ctx: &Ctx, db: &Db, n: u16, who: Copier, pace: P) -> Result<Copied>
 where
     P: FnMut(&Copied) -> Result<()>,
+{
+    copy_reaping(ctx, db, n, who, pace, Vec::new).await
+}
+
+/// [`copy`], with `dead()` asked, when a slot stayed held past
+/// `who.patience_ms` and recovery of expired registrations did not free
+/// it, for registrations known dead otherwise (and fenced: none of their
+/// verbs lands again), which are then settled ([`recovery::settle`]).
+/// Under a coordinator these are the compute blades whose membership
+/// lapsed: a registration in a mirror ([`Db::mirror`], while blade 0 is out
+/// or joining) has no expiry that recovery could find run out.
+///
+/// # Errors
+/// As [`copy`].
+pub async fn copy_reaping<P, D>(ctx: &Ctx, db: &Db, n: u16, who: Copier, mut pace: P, mut dead: D) -> Result<Copied>
+where
+    P: FnMut(&Copied) -> Result<()>,
+    D: FnMut() -> Vec<u64>,
 {
     let mut out = Copied::default();
     let mut bucket = Vec::new();
@@ -175,7 +196,7 @@ where
             let mut array = true;
             let mut hops = 0;
             loop {
-                let next = copy_bucket(ctx, db, t, vj, &copies, array, who, &mut bucket, &mut out).await?;
+                let next = copy_bucket(ctx, db, t, vj, (&copies, array), who, &mut dead, &mut bucket, &mut out).await?;
                 pace(&out)?;
                 if next == 0 {
                     break;
@@ -225,9 +246,9 @@ async fn copy_bucket(
     db: &Db,
     t: &Table,
     vj: usize,
-    copies: &[GlobalAddr; MAX_REPLICAS],
-    array: bool,
+    (copies, array): (&[GlobalAddr; MAX_REPLICAS], bool),
     who: Copier,
+    dead: &mut dyn FnMut() -> Vec<u64>,
     bucket: &mut [u8],
     out: &mut Copied,
 ) -> Result<u64> {
@@ -272,6 +293,10 @@ async fn copy_bucket(
         if now.saturating_sub(recovered_at) > who.patience_ms {
             // A dead compute blade's lock: its recovery releases it.
             recovery::recover(ctx, db, Which::Expired).await?;
+            let gone = dead();
+            if !gone.is_empty() {
+                out.reaped += recovery::settle(ctx, db, &gone, who.give_up_ms).await?.len() as u64;
+            }
             recovered_at = now;
         }
         ctx.sleep_ns(1_000_000).await;

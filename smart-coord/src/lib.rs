@@ -408,6 +408,7 @@ pub struct Member {
 }
 
 /// A connection to the coordinator (etcd).
+#[derive(Clone)]
 pub struct Coordinator {
     rt: Arc<tokio::runtime::Runtime>,
     client: Client,

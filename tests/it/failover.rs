@@ -467,13 +467,25 @@ fn rebuild_online(c: &Cluster, i: usize, rate: &str) -> String {
 /// `rebuild --online` at `rate` MB/s onto it, once it said that the blade
 /// joins (epoch 3): the runs and the copy (its stdout read past that line).
 fn a_blade_joining(c: &mut Cluster, name: &str, secs: &str, i: usize, rate: &str) -> (Run, Run, Child) {
+    a_blade_joining_with(c, name, secs, (i, rate), &[])
+}
+
+/// [`a_blade_joining`] with environment variables `env` for the copy.
+fn a_blade_joining_with(
+    c: &mut Cluster,
+    name: &str,
+    secs: &str,
+    (i, rate): (usize, &str),
+    env: &[(&str, &str)],
+) -> (Run, Run, Child) {
     let (a, b) = (start_run(c, &format!("{name}-a"), secs), start_run(c, &format!("{name}-b"), secs));
     std::thread::sleep(Duration::from_millis(1500));
     kill9(&mut c.blades[i].child);
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(show(c)["config"]["epoch"], 2);
     c.replace(i);
-    let mut copy = online(c, i, rate).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut copy =
+        online(c, i, rate).envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     // Read through the child's own handle: the pipe stays open for what it
     // prints later.
     let Some(Ok(joins)) = BufReader::new(copy.stdout.as_mut().unwrap()).lines().next() else {
@@ -573,6 +585,50 @@ fn blade_0_rebuilt_online_under_running_compute_blades_takes_back_the_registry_a
     // A second failure, of another blade: survived (blade 0's copies and
     // its registry serve again; the mirror on blade 2 is lost with it).
     a_second_failure_survived(c, (a, b), 0, before);
+}
+
+/// While blade 0 joins, the compute blades register in its mirror, where
+/// nothing expires. One is SIGKILLed mid-copy: if the copy waits on its
+/// locks, it fences and settles it (its membership lapsed). The other is
+/// SIGKILLed once the copy is made, and the copy aborts right after the
+/// take-in, before it fences and settles: registrations are left in the
+/// mirror with nothing alive to settle them. The next run fences and
+/// settles them there before its first transaction, and audits clean.
+#[test]
+fn registrations_left_in_blade_0_s_mirror_at_its_take_in_are_settled_by_the_next_run() {
+    let etcd = Etcd::start();
+    let mut c = Cluster::start(&etcd.url, "leftover0");
+    loaded(&c);
+    let env = [("SMART_RS_TEST_TAKE_IN", "die-after:3000")];
+    let (mut a, mut b, mut copy) = a_blade_joining_with(&mut c, "lo", "60", (0, "0.2"), &env);
+    std::thread::sleep(Duration::from_millis(1500));
+    kill9(&mut a.child);
+    let mut out = BufReader::new(copy.stdout.take().unwrap()).lines();
+    let copied = out.by_ref().map_while(Result::ok).find(|l| l.contains("copied to memory blade 0"));
+    let copied = copied.expect("the copy did not finish");
+    kill9(&mut b.child);
+    // How many of the dead the copy settled (0 if it met none of their locks).
+    let reaped: usize = copied.split("retried; ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(reaped <= 1, "{copied}");
+    eprintln!("{copied}");
+    let st = wait_bounded(&mut copy, Duration::from_secs(60), "the copy did not abort");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut copy.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!st.success() && err.contains("aborting right after taking memory blade 0 in"), "{err}");
+    let cfg = &show(&c)["config"];
+    assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][0]["state"].as_str()), (Some(4), Some("active")), "{cfg}");
+    let (_, ea, _) = finish(a, Duration::from_secs(10), "compute blade a");
+    let (_, eb, _) = finish(b, Duration::from_secs(10), "compute blade b");
+    for e in [&ea, &eb] {
+        assert!(e.contains("writing to memory blade 0 as it joins"), "it ran while blade 0 joined: {e}");
+    }
+    // The next run (audited at its end) settles them first.
+    let (st, err, rec) = finish(start_run(&c, "lo-c", "2"), Duration::from_secs(60), "the next run did not end");
+    assert!(st.success(), "{err}");
+    let left = if reaped == 1 { "1 registration" } else { "2 registrations" };
+    assert!(err.contains(&format!("{left} left in blade 0's mirror from before it was taken in")), "{copied}\n{err}");
+    assert!(rec["committed"].as_u64().unwrap() > 0, "{rec}");
+    clean(&c, "after the registrations left in the mirror were settled");
 }
 
 #[test]

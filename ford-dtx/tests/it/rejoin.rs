@@ -273,3 +273,48 @@ fn blade_0_joining_keeps_its_mirror_as_the_registry_until_the_mirror_s_registrat
         assert_eq!(rt.block_on(async move { audited(&ctx, &d, &w).await }), money, "{polls} polls");
     }
 }
+
+/// A compute blade dies mid-transfer while blade 0 joins, registered in the
+/// mirror, where nothing expires: the copy waits on its locks, recovery of
+/// expired registrations frees nothing, and the copy fails; told it is dead
+/// (`copy_reaping`, as the coordinator's lapsed membership tells it), the
+/// copy settles it and goes through, and the database audits clean.
+#[test]
+fn a_compute_blade_dead_in_the_mirror_is_settled_by_the_copy_it_blocks() {
+    let t: Arc<dyn Transport> = backends::embedded(3).transport;
+    let (mut rt, db, first) = open(&t, &spec("reap0", &[8, 8, 8], 16, 2), 1, 1);
+    let dtx = first.open_thread(rt.ctx());
+    rt.block_on(async move { load(&dtx).await });
+    first.close(&*t).unwrap();
+    let ctx = rt.ctx();
+    let joining = Arc::new(rt.block_on(async move { Db::open_view(&ctx, "reap0", &[], &[0]).await }).unwrap().unwrap());
+    // Dies holding its locks: every item locked, nothing written yet.
+    let dying = Registration::register(t.clone(), joining.clone(), 1, 1, LEASE).unwrap();
+    let nonce = dying.fence_tag();
+    let dtx = dying.open_thread(rt.ctx());
+    rt.block_on(async move {
+        let mut tx = dtx.txn(0);
+        tx.begin();
+        let _ = (tx.update(0, 1), tx.update(2, 4));
+        tx.execute().await.unwrap();
+        // Dropped holding its locks, as a process killed there.
+        drop(tx);
+    });
+    drop(dying);
+    let copy = Registration::register(t.clone(), joining.clone(), 1, 1, LEASE).unwrap();
+    let who = Copier { give_up_ms: 300, patience_ms: 50, ..copier(&copy) };
+    let (ctx, v) = (rt.ctx(), joining.clone());
+    let blocked = rt.block_on(async move { rejoin::copy(&ctx, &v, 0, who, |_| Ok(())).await });
+    assert!(matches!(&blocked, Err(ford_dtx::DtxError::Config(m)) if m.contains("stayed locked")), "{blocked:?}");
+    let (ctx, v) = (rt.ctx(), joining.clone());
+    let copied = rt
+        .block_on(async move {
+            rejoin::add_copies(&ctx, &v, 0).await?;
+            rejoin::copy_reaping(&ctx, &v, 0, who, |_| Ok(()), || vec![nonce]).await
+        })
+        .unwrap();
+    assert_eq!(copied.reaped, 1, "{copied:?}");
+    copy.close(&*t).unwrap();
+    let (ctx, d) = (rt.ctx(), db.clone());
+    assert_eq!(rt.block_on(async move { audited(&ctx, &d, "after the copy").await }), 3 * ACCOUNTS * START);
+}
