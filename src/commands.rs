@@ -395,6 +395,14 @@ fn dtx_on<W: Workload + Clone + 'static>(
                 m.halt.clone(),
                 std::time::Duration::from_millis(500),
                 lost.clone(),
+                entered.as_ref().filter(|_| lost.contains(&0) || joins.contains(&0)).map(|e| crate::coord::Reap {
+                    s: s.clone(),
+                    c: e.c.clone(),
+                    v: e.v.clone(),
+                    db: job.cfg.db.clone(),
+                    joining: joins.clone(),
+                    lease: job.cfg.lease.max(std::time::Duration::from_secs(1)),
+                }),
             )?),
             None => None,
         };

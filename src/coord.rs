@@ -165,9 +165,57 @@ pub struct Watchdog {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// What a [`Watchdog`] also does while blade 0 is out of the configuration
+/// or joining it: registrations in the database's mirror never expire, so a
+/// compute blade that dies there would hold its locks until the next change
+/// of the configuration. Every `every`, the registrations claimed in the
+/// mirror whose compute blade's membership is gone without its leaving
+/// ([`dead_tags`]) are fenced on the blades in use and settled there.
+#[derive(Debug)]
+pub struct Reap {
+    /// The session (the blades' secret, the time-out).
+    pub s: Session,
+    /// The coordinator.
+    pub c: Coordinator,
+    /// The configuration the run acts under.
+    pub v: Versioned,
+    /// The database.
+    pub db: String,
+    /// The blades joining.
+    pub joining: Vec<u16>,
+    /// How often, and the settling's wait (from the run's lease).
+    pub lease: Duration,
+}
+
+impl Reap {
+    /// One round: the registrations settled (none if blade 0 is in).
+    fn once(&self, rt: &mut Runtime, out: &[u16]) -> Result<usize> {
+        let (ctx, name, out, joining) = (rt.ctx(), self.db.clone(), out.to_vec(), self.joining.clone());
+        let Some(db) = rt.block_on(async move { ford_dtx::db::Db::open_view(&ctx, &name, &out, &joining).await })?
+        else {
+            return Ok(0);
+        };
+        if db.mirror.is_none() {
+            return Ok(0);
+        }
+        let ctx = rt.ctx();
+        let d = db.clone();
+        let claimed: Vec<u64> =
+            rt.block_on(async move { ford_dtx::registry::slots(&ctx, &d).await })?.iter().map(|s| s.nonce()).collect();
+        let dead: Vec<u64> = dead_tags(&self.c)?.into_iter().filter(|t| claimed.contains(t)).collect();
+        if dead.is_empty() {
+            return Ok(0);
+        }
+        revoke_tags(&self.s, &self.v, &dead)?;
+        let (ctx, tags, wait_ms) = (rt.ctx(), dead.clone(), ford_dtx::recovery::settle_wait_ms(self.lease));
+        let rec = rt.block_on(async move { ford_dtx::recovery::settle(&ctx, &db, &tags, wait_ms).await })?;
+        Ok(rec.len())
+    }
+}
+
 impl Watchdog {
     /// Starts watching the blades of `t` but those of `skip` (out of the
-    /// configuration).
+    /// configuration), and reaping with `reap` (if given).
     ///
     /// # Errors
     /// The thread cannot be started.
@@ -177,6 +225,7 @@ impl Watchdog {
         halt: Arc<AtomicBool>,
         period: Duration,
         skip: Vec<u16>,
+        reap: Option<Reap>,
     ) -> Result<Watchdog> {
         let stop = Arc::new(AtomicBool::new(false));
         let dead = Arc::new(std::sync::Mutex::new(None));
@@ -188,11 +237,32 @@ impl Watchdog {
             ..RuntimeConfig::default()
         };
         let (st, de) = (stop.clone(), dead.clone());
+        let big = RuntimeConfig { request_timeout: Some(timeout(s)), ..RuntimeConfig::default() };
         let thread = std::thread::Builder::new().name("blade-watchdog".into()).spawn(move || {
             let Ok(mut rt) = Runtime::new(&*t, 0, cfg) else { return };
             let ctx = rt.ctx();
             let n = ctx.blades().len() as u16;
+            let mut reaped_at = std::time::Instant::now();
+            let mut reaper: Option<Runtime> = None;
             while !st.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Some(r) = reap.as_ref().filter(|r| reaped_at.elapsed() >= r.lease) {
+                    reaped_at = std::time::Instant::now();
+                    if reaper.is_none() {
+                        reaper = Runtime::new(&*t, 0, big.clone()).ok();
+                    }
+                    if let Some(rrt) = reaper.as_mut() {
+                        match r.once(rrt, &skip) {
+                            Ok(0) => {}
+                            Ok(k) => eprintln!(
+                                "{}: {k} dead compute blade{} settled in blade 0's mirror (membership lapsed; fenced \
+                                 on the blades in use)",
+                                r.db,
+                                if k == 1 { "" } else { "s" }
+                            ),
+                            Err(x) => eprintln!("note: settling dead compute blades in blade 0's mirror: {x:#}"),
+                        }
+                    }
+                }
                 for b in (0..n).filter(|b| !skip.contains(b)) {
                     let c = ctx.clone();
                     if let Err(e) = rt.block_on(async move { c.read_u64(smart_core::GlobalAddr::new(b, 0)).await }) {
@@ -516,18 +586,27 @@ fn fence_members(
 /// The fence tags of compute blades that registered and whose membership
 /// is gone without their leaving: dead, or halted (a compute blade whose
 /// etcd lease lapses stops locking and committing before it could have
-/// expired), or paused. Revoked on every memory blade `v` has in use, so
-/// that none of their verbs lands again, and returned: their
-/// registrations may then be settled like a failover's earlier epoch.
+/// expired), or paused.
 ///
 /// # Errors
-/// etcd errors; a blade that cannot be reached or refuses.
-pub fn reap(s: &Session, c: &Coordinator, v: &Versioned) -> Result<Vec<u64>> {
+/// etcd errors.
+pub fn dead_tags(c: &Coordinator) -> Result<Vec<u64>> {
     let live: std::collections::HashSet<u64> = c.members()?.iter().map(|m| m.fence_tag).collect();
     let mut dead: Vec<u64> =
         c.fence_records()?.into_iter().map(|m| m.fence_tag).filter(|t| *t != 0 && !live.contains(t)).collect();
     dead.sort_unstable();
     dead.dedup();
+    Ok(dead)
+}
+
+/// [`dead_tags`], revoked on every memory blade `v` has in use, so that
+/// none of their verbs lands again: their registrations may then be
+/// settled like a failover's earlier epoch.
+///
+/// # Errors
+/// etcd errors; a blade that cannot be reached or refuses.
+pub fn reap(s: &Session, c: &Coordinator, v: &Versioned) -> Result<Vec<u64>> {
+    let dead = dead_tags(c)?;
     if !dead.is_empty() {
         revoke_tags(s, v, &dead)?;
     }
