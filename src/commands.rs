@@ -740,16 +740,12 @@ fn go_on(s: &Session, t: &dyn Transport, fo: &crate::coord::FailedOver, d: &smal
         })
         .with_context(|| format!("transactions stop: settling the earlier epoch's transactions; {}", hint()))?;
     if s.run.progress {
-        let sum = |f: fn(&ford_dtx::recovery::Recovered) -> u64| rec.iter().map(f).sum::<u64>();
         eprintln!(
-            "{}: {} registration{} of the earlier epoch settled here ({} rolled back, {} rolled forward, {} \
-             locks released)",
+            "{}: {} registration{} of the earlier epoch settled here ({})",
             fo.cause,
             rec.len(),
             if rec.len() == 1 { "" } else { "s" },
-            sum(|r| r.rolled_back),
-            sum(|r| r.rolled_forward),
-            sum(|r| r.released)
+            crate::coord::settled(&rec)
         );
     }
     Ok(GoOn { transport: t2, removed, joining, fenced: fo.fenced.clone() })
@@ -782,25 +778,17 @@ fn settle_mirror_leftovers(
     if left.is_empty() {
         return Ok(());
     }
-    let fenced = crate::coord::revoke_tags(s, &e.v, &left)?;
-    let (ctx, name) = (rt.ctx(), d.db.clone());
-    let (tags, wait_ms) = (left.clone(), ford_dtx::recovery::settle_wait_ms(d.lease));
-    let rec = rt.block_on(async move {
-        let Some(db) = ford_dtx::db::Db::open_view(&ctx, &name, &[], &[0]).await? else { return Ok(Vec::new()) };
-        ford_dtx::recovery::settle(&ctx, &db, &tags, wait_ms).await
-    })?;
-    let sum = |f: fn(&ford_dtx::recovery::Recovered) -> u64| rec.iter().map(f).sum::<u64>();
+    // In the mirror: blade 0 as joining (written, its registry not read).
+    let (fenced, rec) = crate::coord::fence_and_settle(s, &e.v, &mut rt, (&d.db, &[], &[0]), &left, d.lease)?;
     eprintln!(
         "{}: {} registration{} left in blade 0's mirror from before it was taken in (nothing settled {}): fenced on \
-         memory blades {} and settled there ({} rolled back, {} rolled forward, {} locks released)",
+         memory blades {} and settled there ({})",
         d.db,
         left.len(),
         if left.len() == 1 { "" } else { "s" },
         if left.len() == 1 { "it" } else { "them" },
         ford_dtx::rebuild::blade_list(&fenced),
-        sum(|r| r.rolled_back),
-        sum(|r| r.rolled_forward),
-        sum(|r| r.released)
+        crate::coord::settled(&rec)
     );
     Ok(())
 }
@@ -1313,7 +1301,7 @@ fn rebuild_online(
     let mut rt = smart_core::Runtime::new(t, 0, s.run.runtime.clone())?;
     // Blade 0's databases are found through their mirrors, and opened as
     // they stand for it (its catalog and registry) until it is taken in.
-    let mirrors = if n == 0 { blade0_mirrors(&mut rt, job)? } else { Vec::new() };
+    let mirrors = if n == 0 { blade0_mirrors(&mut rt)? } else { Vec::new() };
     let names = if n == 0 { mirrors.iter().map(|m| m.db.name.clone()).collect() } else { rebuilt_dbs(&mut rt, job)? };
     if names.is_empty() {
         anyhow::bail!("no FORD database on these blades: nothing to rebuild");
@@ -1526,25 +1514,15 @@ fn rebuild_online(
     Ok(Outcome::of(true, false))
 }
 
-/// The mirrors of the databases `job` rebuilds on blade 0 (all, without
-/// `--db`), read on the first blade of the set that keeps them.
+/// The mirrors of every database, which blade 0 comes back with (`--db`
+/// does not apply to it), read on blade 1 (a set has at least 2 blades,
+/// and only blade 0 is lost).
 ///
 /// # Errors
-/// A database named that keeps no mirror there; verb errors.
-fn blade0_mirrors(rt: &mut smart_core::Runtime, job: &RebuildJob) -> Result<Vec<ford_dtx::mirror::Mirror>> {
-    let (ctx, wanted) = (rt.ctx(), job.dbs.clone());
-    Ok(rt.block_on(async move {
-        let from = ford_dtx::mirror::blades(&ctx).next().ok_or_else(|| {
-            ford_dtx::DtxError::Config("one memory blade: nothing else says what blade 0 held".into())
-        })?;
-        let mirrors = ford_dtx::mirror::list(&ctx, from).await?;
-        if let Some(w) = wanted.iter().find(|w| !mirrors.iter().any(|m| &m.db.name == *w)) {
-            return Err(ford_dtx::DtxError::Config(format!("no mirror of a database {w:?} on memory blade {from}")));
-        }
-        Ok::<_, ford_dtx::DtxError>(
-            mirrors.into_iter().filter(|m| wanted.is_empty() || wanted.contains(&m.db.name)).collect(),
-        )
-    })?)
+/// Verb errors.
+fn blade0_mirrors(rt: &mut smart_core::Runtime) -> Result<Vec<ford_dtx::mirror::Mirror>> {
+    let ctx = rt.ctx();
+    Ok(rt.block_on(async move { ford_dtx::mirror::list(&ctx, 1).await })?)
 }
 
 /// Refuses a fresh blade of `lost` too small for what was lost there (up

@@ -190,9 +190,8 @@ pub struct Reap {
 impl Reap {
     /// One round: the registrations settled (none if blade 0 is in).
     fn once(&self, rt: &mut Runtime, out: &[u16]) -> Result<usize> {
-        let (ctx, name, out, joining) = (rt.ctx(), self.db.clone(), out.to_vec(), self.joining.clone());
-        let Some(db) = rt.block_on(async move { ford_dtx::db::Db::open_view(&ctx, &name, &out, &joining).await })?
-        else {
+        let (ctx, name, o, joining) = (rt.ctx(), self.db.clone(), out.to_vec(), self.joining.clone());
+        let Some(db) = rt.block_on(async move { ford_dtx::db::Db::open_view(&ctx, &name, &o, &joining).await })? else {
             return Ok(0);
         };
         if db.mirror.is_none() {
@@ -206,10 +205,8 @@ impl Reap {
         if dead.is_empty() {
             return Ok(0);
         }
-        revoke_tags(&self.s, &self.v, &dead)?;
-        let (ctx, tags, wait_ms) = (rt.ctx(), dead.clone(), ford_dtx::recovery::settle_wait_ms(self.lease));
-        let rec = rt.block_on(async move { ford_dtx::recovery::settle(&ctx, &db, &tags, wait_ms).await })?;
-        Ok(rec.len())
+        let at = (self.db.as_str(), out, self.joining.as_slice());
+        Ok(fence_and_settle(&self.s, &self.v, rt, at, &dead, self.lease)?.1.len())
     }
 }
 
@@ -581,6 +578,44 @@ fn fence_members(
         active.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
     );
     Ok((said, tags))
+}
+
+/// Fences registrations `tags` on every memory blade `v` has in use, then
+/// settles them in database `name` as the view with blades `out` out and
+/// `joining` joining reads it (its mirror while blade 0 is out or joins).
+/// Returns the blades fenced and what was settled (nothing if the
+/// database does not exist).
+///
+/// # Errors
+/// A blade that cannot be reached or refuses; the settling's errors.
+pub fn fence_and_settle(
+    s: &Session,
+    v: &Versioned,
+    rt: &mut Runtime,
+    (name, out, joining): (&str, &[u16], &[u16]),
+    tags: &[u64],
+    lease: Duration,
+) -> Result<(Vec<u16>, Vec<ford_dtx::recovery::Recovered>)> {
+    let fenced = revoke_tags(s, v, tags)?;
+    let (ctx, name, out, joining) = (rt.ctx(), name.to_string(), out.to_vec(), joining.to_vec());
+    let (tags, wait_ms) = (tags.to_vec(), ford_dtx::recovery::settle_wait_ms(lease));
+    let rec = rt.block_on(async move {
+        let Some(db) = ford_dtx::db::Db::open_view(&ctx, &name, &out, &joining).await? else { return Ok(Vec::new()) };
+        ford_dtx::recovery::settle(&ctx, &db, &tags, wait_ms).await
+    })?;
+    Ok((fenced, rec))
+}
+
+/// What settling did, for messages: `R rolled back, F rolled forward, L
+/// locks released`.
+pub fn settled(rec: &[ford_dtx::recovery::Recovered]) -> String {
+    let sum = |f: fn(&ford_dtx::recovery::Recovered) -> u64| rec.iter().map(f).sum::<u64>();
+    format!(
+        "{} rolled back, {} rolled forward, {} locks released",
+        sum(|r| r.rolled_back),
+        sum(|r| r.rolled_forward),
+        sum(|r| r.released)
+    )
 }
 
 /// The fence tags of compute blades that registered and whose membership

@@ -535,6 +535,20 @@ fn a_second_failure_survived(mut c: Cluster, (a, b): (Run, Run), i: usize, befor
     assert!(after >= before + committed, "committed transactions lost: {before} + {committed} > {after}");
 }
 
+/// The output of an online copy to blade `i` that succeeded: it copied
+/// SmallBank's records and took the blade in at epoch 4, which the
+/// configuration shows active.
+fn taken_in(c: &Cluster, done: std::process::Output, i: usize) -> String {
+    let out = format!("{}{}", String::from_utf8_lossy(&done.stdout), String::from_utf8_lossy(&done.stderr));
+    assert!(done.status.success(), "{out}");
+    eprintln!("{out}");
+    assert!(out.contains(&format!("smallbank: copied to memory blade {i} while transactions ran")), "{out}");
+    assert!(out.contains("taken into the configuration: epoch 4"), "{out}");
+    let cfg = &show(c)["config"];
+    assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][i]["state"].as_str()), (Some(4), Some("active")), "{cfg}");
+    out
+}
+
 #[test]
 fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_failure_is_survived() {
     let etcd = Etcd::start();
@@ -549,17 +563,10 @@ fn a_blade_rebuilt_online_under_running_compute_blades_is_taken_in_and_a_second_
     assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][1]["state"].as_str()), (Some(3), Some("joining")), "{cfg}");
     // Resumed, holding the compute blades at half their throughput before
     // the copy (the pace reads what they publish in the registry).
-    let done = online(&c, 1, "1").args(["--foreground-share", "0.5"]).output().unwrap();
-    let out = format!("{}{}", String::from_utf8_lossy(&done.stdout), String::from_utf8_lossy(&done.stderr));
-    assert!(done.status.success(), "{out}");
-    eprintln!("{out}");
+    let out = taken_in(&c, online(&c, 1, "1").args(["--foreground-share", "0.5"]).output().unwrap(), 1);
     assert!(out.contains("memory blade 1 is joining since epoch 3 (a copy to it stopped): copying again"), "{out}");
     assert!(out.contains("txn/s with the blade joining, before the copy"), "the foreground published: {out}");
     assert!(out.contains("pace: the compute blades kept"), "{out}");
-    assert!(out.contains("smallbank: copied to memory blade 1 while transactions ran"), "{out}");
-    assert!(out.contains("taken into the configuration: epoch 4"), "{out}");
-    let cfg = &show(&c)["config"];
-    assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][1]["state"].as_str()), (Some(4), Some("active")), "{cfg}");
     // A second failure, of another blade: survived (blade 1's copies are
     // whole again).
     a_second_failure_survived(c, (a, b), 1, before);
@@ -574,14 +581,7 @@ fn blade_0_rebuilt_online_under_running_compute_blades_takes_back_the_registry_a
     // (its catalog and registry), and a fresh blade 0 is copied while they
     // run; taken in, its registry is blade 0's again.
     let (a, b, copy) = a_blade_joining(&mut c, "on0", "20", 0, "1");
-    let done = copy.wait_with_output().unwrap();
-    let out = format!("{}{}", String::from_utf8_lossy(&done.stdout), String::from_utf8_lossy(&done.stderr));
-    assert!(done.status.success(), "{out}");
-    eprintln!("{out}");
-    assert!(out.contains("smallbank: copied to memory blade 0 while transactions ran"), "{out}");
-    assert!(out.contains("taken into the configuration: epoch 4"), "{out}");
-    let cfg = &show(&c)["config"];
-    assert_eq!((cfg["epoch"].as_u64(), cfg["blades"][0]["state"].as_str()), (Some(4), Some("active")), "{cfg}");
+    taken_in(&c, copy.wait_with_output().unwrap(), 0);
     // A second failure, of another blade: survived (blade 0's copies and
     // its registry serve again; the mirror on blade 2 is lost with it).
     a_second_failure_survived(c, (a, b), 0, before);

@@ -37,6 +37,18 @@ async fn load(dtx: &ford_dtx::Dtx) {
     }
 }
 
+/// Three embedded blades with database `name` of three tables (k = 2),
+/// [`load`]ed by a registration closed since: the transport (keep it: it
+/// holds the blades), a runtime and the database.
+fn loaded(name: &str) -> (Arc<dyn Transport>, Runtime, Arc<Db>) {
+    let t: Arc<dyn Transport> = backends::embedded(3).transport;
+    let (mut rt, db, first) = open(&t, &spec(name, &[8, 8, 8], 16, 2), 1, 1);
+    let dtx = first.open_thread(rt.ctx());
+    rt.block_on(async move { load(&dtx).await });
+    first.close(&*t).unwrap();
+    (t, rt, db)
+}
+
 /// Three embedded blades, three tables, k = 2 (blade 1 holds table 0's
 /// backup and table 1's primary). Blade 1 goes out; transactions go on
 /// without it and add overflow buckets to tables 0 and 1 (none there); then
@@ -203,11 +215,7 @@ fn a_copier_killed_mid_copy_leaves_no_lock_and_the_copy_made_again_is_whole() {
 #[test]
 fn blade_0_joining_keeps_its_mirror_as_the_registry_until_the_mirror_s_registrations_are_settled() {
     for polls in [4, 9, 14] {
-        let t: Arc<dyn Transport> = backends::embedded(3).transport;
-        let (mut rt, db, first) = open(&t, &spec("rejoin0", &[8, 8, 8], 16, 2), 1, 1);
-        let dtx = first.open_thread(rt.ctx());
-        rt.block_on(async move { load(&dtx).await });
-        first.close(&*t).unwrap();
+        let (t, mut rt, db) = loaded("rejoin0");
         let money = 3 * ACCOUNTS * START;
         // Blade 0 fresh: its copies and its registry zeroed, then the
         // catalog and the roots written back with the registry empty.
@@ -281,11 +289,7 @@ fn blade_0_joining_keeps_its_mirror_as_the_registry_until_the_mirror_s_registrat
 /// copy settles it and goes through, and the database audits clean.
 #[test]
 fn a_compute_blade_dead_in_the_mirror_is_settled_by_the_copy_it_blocks() {
-    let t: Arc<dyn Transport> = backends::embedded(3).transport;
-    let (mut rt, db, first) = open(&t, &spec("reap0", &[8, 8, 8], 16, 2), 1, 1);
-    let dtx = first.open_thread(rt.ctx());
-    rt.block_on(async move { load(&dtx).await });
-    first.close(&*t).unwrap();
+    let (t, mut rt, db) = loaded("reap0");
     let ctx = rt.ctx();
     let joining = Arc::new(rt.block_on(async move { Db::open_view(&ctx, "reap0", &[], &[0]).await }).unwrap().unwrap());
     // Dies holding its locks: every item locked, nothing written yet.
