@@ -168,7 +168,7 @@ pub struct Watchdog {
 /// What a [`Watchdog`] also does while blade 0 is out of the configuration
 /// or joining it: registrations in the database's mirror never expire, so a
 /// compute blade that dies there would hold its locks until the next change
-/// of the configuration. Every `every`, the registrations claimed in the
+/// of the configuration. Every `lease`, the registrations claimed in the
 /// mirror whose compute blade's membership is gone without its leaving
 /// ([`dead_tags`]) are fenced on the blades in use and settled there.
 #[derive(Debug)]
@@ -834,10 +834,8 @@ fn blade0_quiet(s: &Session, c: &Coordinator, v: &Versioned) -> Result<()> {
             who.join(", ")
         );
     }
-    let mut tags: Vec<u64> = c.fence_records()?.into_iter().map(|m| m.fence_tag).filter(|t| *t != 0).collect();
-    tags.sort_unstable();
-    tags.dedup();
-    revoke_in_use(v, &tags, secret_of(s).as_deref(), timeout(s))?;
+    // No member runs: every recorded tag is a dead one's.
+    reap(s, c, v)?;
     Ok(())
 }
 
